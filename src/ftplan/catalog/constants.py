@@ -1,0 +1,68 @@
+"""Memory-model constants (CUDA context, allocator reserve, ...) from ``data/memory_constants.json``.
+
+Loaded on first use and validated: every constant needs ``value``, ``source`` and ``status``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+
+from ..errors import CatalogError
+
+__all__ = ["MemoryConstants", "memory_constants"]
+
+_REQUIRED = (
+    "cuda_context_bytes",
+    "cublas_workspace_bytes",
+    "allocator_reserve_fraction",
+    "allocator_reserve_min_bytes",
+    "ddp_bucket_cap_bytes",
+    "zero_bucket_bytes",
+    "bnb_8bit_block_size",
+    "bnb_8bit_min_size",
+)
+
+
+@dataclass(frozen=True)
+class MemoryConstants:
+    cuda_context_bytes: int
+    cuda_context_bytes_amd: int
+    cublas_workspace_bytes: int
+    allocator_reserve_fraction: float
+    allocator_reserve_min_bytes: int
+    ddp_bucket_cap_bytes: int
+    zero_bucket_bytes: int
+    bnb_8bit_block_size: int
+    bnb_8bit_min_size: int
+
+    def context_bytes(self, vendor: str | None) -> int:
+        return self.cuda_context_bytes_amd if (vendor or "").lower() == "amd" else self.cuda_context_bytes
+
+
+def parse_constants(data: dict, where: str) -> MemoryConstants:
+    values = {}
+    for key in _REQUIRED:
+        entry = data.get(key)
+        if not isinstance(entry, dict) or "value" not in entry:
+            raise CatalogError(f"{where}: constant {key!r} is missing or has no 'value'")
+        if not entry.get("source"):
+            raise CatalogError(f"{where}: constant {key!r} has no 'source'")
+        v = entry["value"]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+            raise CatalogError(f"{where}: constant {key!r} must be a non-negative number, got {v!r}")
+        values[key] = v
+    amd = data["cuda_context_bytes"].get("by_vendor", {}).get("amd", values["cuda_context_bytes"])
+    return MemoryConstants(cuda_context_bytes_amd=int(amd), **values)
+
+
+@lru_cache(maxsize=1)
+def memory_constants() -> MemoryConstants:
+    path = resources.files("ftplan.catalog") / "data" / "memory_constants.json"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise CatalogError(f"cannot read bundled memory_constants.json: {e}") from None
+    return parse_constants(data, "memory_constants.json")

@@ -21,7 +21,7 @@ from fractions import Fraction
 
 from .catalog.constants import MemoryConstants, memory_constants
 from .job import PRECISIONS, Job, Layout, lora_targets, validate_job
-from .model import LayerGroup, LinearSpec, ModelSpec
+from .model import LayerGroup, LinearSpec, MlpSpec, ModelSpec, MoeSpec
 from .units import GIB, dtype_bytes
 
 __all__ = [
@@ -299,135 +299,259 @@ def model_states(model: ModelSpec, job: Job, consts: MemoryConstants | None = No
 @dataclass(frozen=True)
 class _Dtypes:
     compute: int  # bytes of the matmul dtype (autocast or model dtype)
-    resid: int  # bytes of the residual stream (dtype of the embedding weight)
-    lora_in: int  # bytes of the tensors entering LoRA A (dropout output)
+    resid: int  # bytes of the residual stream (dtype of the embedding output)
+    train_w: int  # bytes of trainable weights (0 when the base is frozen)
+    norm_out: int  # bytes of a norm's output (weight dtype promoted with the stream dtype)
+    full: bool  # base weights trainable
+    expert: int  # bytes of routed-expert activations (grouped_mm)
 
 
-def _act_dtypes(job: Job) -> _Dtypes:
+def _act_dtypes(job: Job, backend: str) -> _Dtypes:
     prec = PRECISIONS[job.precision]
     compute = int(dtype_bytes(prec["compute"]))
     if job.method == "full":
-        resid = int(dtype_bytes(prec["trainable"]))
+        w = int(dtype_bytes(prec["trainable"]))
+        resid = w
+        norm_w = w
     elif job.method == "lora":
-        resid = int(dtype_bytes(prec["frozen"]))
-    else:  # qlora: prepare_model_for_kbit_training upcasts the embedding to fp32
-        resid = 4
+        resid = norm_w = int(dtype_bytes(prec["frozen"]))
+        w = 0
+    else:  # qlora: prepare_model_for_kbit_training upcasts embedding and norms to fp32
+        resid = norm_w = 4
+        w = 0
         compute = int(dtype_bytes(job.quant.compute_dtype))
-    return _Dtypes(compute=compute, resid=resid, lora_in=resid)
+    # transformers' grouped_mm experts: autocast covers them on CUDA; on CPU they run in the
+    # weight dtype
+    expert = compute if backend == "cuda" else (w or resid)
+    return _Dtypes(compute=compute, resid=resid, train_w=w, norm_out=max(norm_w, resid),
+                   full=job.method == "full", expert=expert)
 
 
-def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, tp: int) -> int:
+def _norm_saved(t: int, width: int, dt: _Dtypes, trainable: bool, in_bytes: int) -> int:
+    """HF RMSNorm in fp32: saves the fp32 input (the input itself when it is fp32), the fp32
+    rsqrt per row, and the normalized tensor when the weight is trainable."""
+    out = t * width * 4 + t * 4
+    if trainable:
+        out += t * width * max(in_bytes, 4 if dt.train_w == 4 else in_bytes)
+    return out
+
+
+def _linear_inputs(t: int, width: int, n_consumers: int, in_bytes: int, dt: _Dtypes) -> int:
+    """Inputs saved by ``n_consumers`` trainable linears reading one tensor of ``in_bytes``:
+    autocast makes one copy per linear when the input is not in the compute dtype."""
+    if not dt.full or n_consumers == 0:
+        return 0
+    return (n_consumers if in_bytes != dt.compute else 1) * t * width * dt.compute
+
+
+def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, tp: int,
+                       backend: str) -> int:
     """Bytes autograd saves for one decoder layer of group ``g`` for one micro-batch."""
     b, s = job.micro_batch, job.seq_len
     t = b * s
     h = model.hidden_size
     a = g.attention
-    c, r = dt.compute, dt.resid
-    cast = c != r  # matmul inputs need a cast copy
-
-    def norm(width: int) -> int:
-        # RMSNorm in fp32: saves the fp32 input (a copy when the stream is not fp32), the
-        # normalized output in the stream dtype and the fp32 rsqrt per row
-        return t * width * (4 if r != 4 else 0) + t * width * 4 + t * width * r + t * 4
-
+    c = dt.compute
+    heads = a.num_heads // tp
     total = 0
-    total += norm(h)  # input norm; its output (stream dtype) feeds the projections
-    q = a.num_heads * a.head_dim // tp
-    kv = a.num_kv_heads * a.head_dim // tp if a.num_kv_heads >= tp else a.head_dim
-    v = a.num_heads * a.v_head_dim // tp
-    # projections: each nn.Linear saves its input (a fresh autocast copy per linear when casting)
-    n_in = 1 if a.fused_qkv else 3
-    total += (n_in if cast else 1) * t * h * c
-    # attention core (sdpa / flash): q, k, v after rope, output, logsumexp
-    total += t * (q + 2 * kv) * c + t * v * c + b * (a.num_heads // tp) * s * 4
-    if job.attn_impl == "eager":
-        total += b * (a.num_heads // tp) * s * s * (c + c)  # scores and softmax probs
-    total += t * v * c  # o_proj input (contiguous copy of the attention output)
-    total += norm(h)
+    n_norms = g.norms_per_layer
+    total += _norm_saved(t, h, dt, dt.full, dt.resid)  # input norm
+    if n_norms == 4:  # gemma: post-attention norm (on o_proj output) and pre/post feed-forward
+        total += 2 * _norm_saved(t, h, dt, dt.full, c) + _norm_saved(t, h, dt, dt.full, dt.resid)
+    else:
+        total += _norm_saved(t, h, dt, dt.full, dt.resid)  # post-attention norm
+    masked = g.window is not None and s > g.window and job.attn_impl != "flash"
+    if a.is_mla:
+        total += _mla_saved(a, t, b, s, h, dt, heads, backend)
+    else:
+        q = heads * a.head_dim
+        kv_heads = max(1, a.num_kv_heads // tp)
+        gqa_native = job.attn_impl == "flash" or (job.attn_impl == "sdpa" and not masked and a.head_dim <= 256)
+        kv_saved = kv_heads if gqa_native else heads
+        total += _linear_inputs(t, h, 1 if a.fused_qkv else 3, dt.norm_out if dt.full else dt.resid, dt)
+        if a.qk_norm:
+            total += _norm_saved(t, q, dt, dt.full, c) - t * q * 4 + t * q * 4
+            total += _norm_saved(t, kv_heads * a.head_dim, dt, dt.full, c)
+        if job.attn_impl == "eager":
+            total += t * q * c + 2 * t * heads * a.head_dim * c  # q and repeated k, v
+            total += b * heads * s * s * (4 + c)  # fp32 softmax output and its compute-dtype copy
+            total += t * q * c if (dt.full or _lora_on(model, job, "o_proj")) else 0  # o_proj input
+        else:
+            total += t * q * c + 2 * t * kv_saved * a.head_dim * c  # q, k, v after rope
+            total += t * heads * a.v_head_dim * c + b * heads * s * 4  # output + logsumexp
+        if masked:
+            total += b * s * s * c  # the sliding-window mask, materialized per layer
     if g.mlp is not None:
-        total += _mlp_saved(g.mlp.intermediate_size // tp, t, h, c, cast, g.mlp.fused_gate_up)
+        total += _mlp_saved(g.mlp, t, h, dt, tp, n_norms == 4)
     if g.moe is not None:
-        m = g.moe
-        routed = t * m.top_k
-        total += t * m.num_experts * 4 + routed * 8  # router logits fp32 + routing weights/indices
-        total += _mlp_saved(m.expert_intermediate_size, routed, h, c, True, True) // max(1, tp)
-        if m.shared is not None:
-            total += _mlp_saved(m.shared.intermediate_size // tp, t, h, c, cast, False)
-    total += _lora_saved(g, model, job, dt, t, tp)
+        total += _moe_saved(g.moe, t, h, dt, tp)
+    total += _lora_saved(g, model, job, dt, t, tp, backend)
     return total
 
 
-def _mlp_saved(i: int, t: int, h: int, c: int, cast: bool, fused: bool) -> int:
-    n_in = 1 if fused or not cast else 2
-    # inputs of gate/up, act input (gate out), act output and up output for the product,
-    # down_proj input
-    return n_in * t * h * c + t * i * c * 4
+def _lora_on(model: ModelSpec, job: Job, module: str) -> bool:
+    return job.uses_lora and module in lora_targets(model, job.lora)
 
 
-def _lora_saved(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t: int, tp: int) -> int:
+def _mlp_saved(m: MlpSpec, t: int, h: int, dt: _Dtypes, tp: int, gemma: bool) -> int:
+    i = m.intermediate_size // tp
+    c = dt.compute
+    in_bytes = c if gemma and not dt.full else (dt.norm_out if dt.full else dt.resid)
+    if gemma:
+        in_bytes = dt.norm_out if dt.full else dt.resid
+    out = _linear_inputs(t, h, 1 if m.fused_gate_up else 2, in_bytes, dt)
+    # act saves its input (gate out); the product saves act out and up out; (full) down's input
+    if m.fused_gate_up:
+        out += t * 2 * i * c + t * i * c  # gate_up output storage, act output
+    else:
+        out += 3 * t * i * c
+    if dt.full:
+        out += t * i * c
+    return out
+
+
+def _moe_saved(m: MoeSpec, t: int, h: int, dt: _Dtypes, tp: int) -> int:
+    routed = t * m.top_k
+    e = dt.expert
+    i = m.expert_intermediate_size
+    out = 0
+    # router: input copy in the compute dtype, fp32 softmax over experts, top-k ids, weights
+    out += t * h * dt.compute + t * m.num_experts * 4 + routed * 8 + t * 4 + routed * 4
+    # experts (grouped_mm): three index vectors, gathered inputs, gate_up output, act output,
+    # product, routing weights, down output; offsets per expert
+    out += 3 * routed * 8 + m.num_experts * 4 + routed * 4
+    out += routed * e * (h + 2 * i + i + i + h)
+    if m.shared is not None:
+        out += _mlp_saved(m.shared, t, h, dt, tp, False)
+    return out // max(1, tp) if tp > 1 else out
+
+
+def _mla_saved(a, t: int, b: int, s: int, h: int, dt: _Dtypes, heads: int, backend: str) -> int:
+    c = dt.compute
+    out = 0
+    n_in = (1 if a.q_lora_rank else 1) + 1  # q_a (or q) and kv_a read the normed input
+    out += _linear_inputs(t, h, n_in, dt.norm_out, dt)
+    if a.q_lora_rank:
+        out += _norm_saved(t, a.q_lora_rank, dt, dt.full, c) + (t * a.q_lora_rank * c if dt.full else 0)
+    out += _norm_saved(t, a.kv_lora_rank, dt, dt.full, c) + (t * a.kv_lora_rank * c if dt.full else 0)
+    qk = heads * a.head_dim
+    v = heads * a.v_head_dim
+    if backend == "cpu":  # sdpa math fallback (qk and v head dims differ): scores are kept
+        out += 3 * b * heads * s * s * 4 + t * v * 4 + t * qk * 4
+    else:  # memory-efficient kernel: q, k, v, output, logsumexp
+        out += 2 * t * qk * c + t * v * c + t * v * c + b * heads * s * 4
+    return out
+
+
+def _lora_saved(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t: int, tp: int,
+                backend: str) -> int:
+    """Per decoder layer: PEFT casts the input to the adapter dtype (fp32), applies dropout
+    (CUDA saves a bool mask, CPU a mask in the input dtype), autocast copies the dropout output
+    for ``lora_A`` and ``lora_B`` saves its r-wide input."""
     if not job.uses_lora:
         return 0
     targets = lora_targets(model, job.lora)
     r = job.lora.r
+    c = dt.compute
+    mask = 0 if job.lora.dropout == 0 else (1 if backend == "cuda" else 4)
     out = 0
-    for lin in model.linears():
-        if not lin.is_module or lin.module not in targets:
-            continue
-        per_layer = lin.count // model.num_layers if lin.category != "lm_head" else 0
-        if per_layer == 0:
-            continue
-        x = t * lin.in_features * dt.lora_in
-        if job.lora.dropout > 0:
-            out_one = x + t * lin.in_features  # dropout output + bool mask
-        else:
-            out_one = 0
-        out_one += t * r * dt.compute  # lora_B input
-        out += per_layer * out_one
-    return out * g.count // g.count  # per layer of this group
+    for lin in _group_linears(model, g):
+        if lin.is_module and lin.module in targets:
+            width = lin.in_features
+            out += t * width * (mask + c) + t * r * c
+    return out
+
+
+def _group_linears(model: ModelSpec, g: LayerGroup) -> list[LinearSpec]:
+    from .model import _attention_linears, _mlp_linears
+
+    out = _attention_linears(g.attention, model.hidden_size, 1)
+    if g.mlp is not None:
+        out += _mlp_linears(g.mlp, model.hidden_size, 1, "mlp")
+    if g.moe is not None and g.moe.shared is not None:
+        out += _mlp_linears(g.moe.shared, model.hidden_size, 1, "mlp")
+    return out
 
 
 def _logits_bytes(model: ModelSpec, job: Job, dt: _Dtypes, tp: int) -> tuple[int, int]:
-    """(saved, transient) bytes of the lm_head output and the loss in transformers 5.
+    """(saved, transient) bytes of the final norm, lm_head and loss in transformers 5.
 
-    The lm_head output is returned in the compute dtype; ``ForCausalLMLoss`` upcasts it to fp32
-    and cross-entropy's log-softmax saves its fp32 output. In backward, the fp32 gradient of the
-    logits and its compute-dtype cast exist at once.
+    ``ForCausalLMLoss`` upcasts the logits to fp32 and cross-entropy's log-softmax saves its fp32
+    output; the shifted labels (int64) are saved too. Transient: the compute-dtype logits, their
+    fp32 copy, and in backward the fp32 gradient of the log-softmax and its cast.
     """
     t = job.micro_batch * job.seq_len
+    h = model.hidden_size
     v = model.vocab_size // tp
     c = dt.compute
-    saved = t * v * c + t * v * 4 + t * model.hidden_size * c + t * 8
+    saved = _norm_saved(t, h, dt, dt.full, dt.resid)
+    saved += _linear_inputs(t, h, 1, dt.norm_out, dt)
+    if job.uses_lora and "lm_head" in job.lora.target_modules:
+        saved += t * h * (c + 1) + t * job.lora.r * c
+    saved += t * v * 4 + t * 8 + 4
     if model.final_logit_softcap:
-        saved += 2 * t * v * c
-    transient = t * v * 4 + t * v * 4  # fp32 upcast + grad_input of log-softmax
+        saved += t * v * c  # tanh output
+    transient = t * v * (c + 4 + 4)
     return saved, transient
 
 
-def saved_activation_bytes(model: ModelSpec, job: Job, layout: Layout | None = None) -> int:
-    """Bytes autograd holds between forward and backward for one micro-batch on one GPU."""
-    return _activations(model, job, layout or Layout())[0]
+def _first_layer_discount(model: ModelSpec, job: Job, dt: _Dtypes, backend: str) -> int:
+    """With a frozen embedding (LoRA/QLoRA, no checkpointing) the first layer's input does not
+    require grad: the LoRA dropouts reading it keep no mask."""
+    t = job.micro_batch * job.seq_len
+    h = model.hidden_size
+    out = 0
+    if job.uses_lora and job.lora.dropout > 0:
+        mask = 1 if backend == "cuda" else 4
+        targets = lora_targets(model, job.lora)
+        first = _group_linears(model, model.groups[0])
+        for lin in first:
+            if lin.in_features == h and lin.category == "attention" and lin.module in targets:
+                out += t * h * mask
+    return out
 
 
-def _activations(model: ModelSpec, job: Job, layout: Layout) -> tuple[int, int, int]:
+def _model_level_saved(model: ModelSpec, job: Job, dt: _Dtypes) -> int:
+    t = job.micro_batch * job.seq_len
+    a = model.attention
+    out = t * 8 if dt.full else 0  # embedding backward keeps the token ids
+    if not a.is_mla:
+        n_rope = 2 if model.family == "gemma3_text" else 1
+        out += n_rope * 2 * job.seq_len * a.head_dim * dt.resid  # RoPE cos, sin: (1, s, d), shared
+    else:
+        out += 2 * job.seq_len * a.qk_rope_head_dim * dt.resid
+    return out
+
+
+def saved_activation_bytes(model: ModelSpec, job: Job, layout: Layout | None = None,
+                           *, backend: str = "cuda") -> int:
+    """Bytes autograd holds between forward and backward for one micro-batch on one GPU:
+    activations plus the final norm, lm_head and loss tensors. Excludes weight copies (autocast
+    casts are counted with the weights)."""
+    saved, logits_saved, _ = _activations(model, job, layout or Layout(), backend)
+    return saved + logits_saved
+
+
+def _activations(model: ModelSpec, job: Job, layout: Layout, backend: str = "cuda") -> tuple[int, int, int]:
     """(saved activations, logits+loss saved, backward transient) per GPU."""
-    dt = _act_dtypes(job)
+    dt = _act_dtypes(job, backend)
     tp, pp = layout.tp, layout.pp
     t = job.micro_batch * job.seq_len
-    per_layer = [(g, _layer_saved_bytes(g, model, job, dt, tp)) for g in model.groups]
-    layers_on_gpu = Fraction(1, pp)
-    # 1F1B pipeline: the first stage holds pp micro-batches in flight -> about all layers' worth
-    inflight = pp
+    per_layer = [(g, _layer_saved_bytes(g, model, job, dt, tp, backend)) for g in model.groups]
     if job.gradient_checkpointing:
+        # HF non-reentrant checkpointing keeps each layer's hidden-state input; one layer is
+        # recomputed at a time in backward
         saved = sum(g.count * t * model.hidden_size * dt.resid for g, _ in per_layer)
         recompute = max(x for _, x in per_layer)
     else:
         saved = sum(g.count * x for g, x in per_layer)
         recompute = 0
-    saved = int(saved * layers_on_gpu * inflight)
-    saved += t * 8  # input ids (int64)
+        if not dt.full:
+            saved -= _first_layer_discount(model, job, dt, backend)
+    # pipeline 1F1B: a stage holds layers/pp, for up to pp micro-batches in flight
+    saved = saved * min(pp, max(1, job.grad_accum)) // pp if pp > 1 else saved
+    saved += _model_level_saved(model, job, dt)
     logits_saved, logits_transient = _logits_bytes(model, job, dt, tp)
-    if pp > 1:
-        logits_saved, logits_transient = logits_saved, logits_transient  # last stage only
     transient = max(recompute, logits_transient)
     return saved, logits_saved, transient
 

@@ -1,0 +1,216 @@
+"""Measurement records: one JSON object per line (JSON Lines), appended crash-safely.
+
+Schema ``ftplan.measurement/1`` (every record has every top-level key; unknown keys are kept):
+
+``schema``      "ftplan.measurement/1"
+``key``         stable string identifying the measured configuration (model ref, job, layout,
+                device kind, tiny); ``ftplan measure --matrix`` skips rows whose key is present
+``outcome``     "ok" | "oom" (CUDA/torch out-of-memory: a result, not a crash) | "error"
+``error``       one-line message for "oom"/"error", else null
+``timestamp``   UTC ISO-8601; ``host``: hostname
+``model``       {ref, name, hf_id, family, params_total, tiny, config}: ``config`` is the raw
+                config.json *actually built* (the shrunk one when tiny), so ``ftplan validate``
+                can recompute the prediction with the current formulas without the catalog
+``job``         every field of :class:`ftplan.job.Job` (lora / quant as nested objects)
+``layout``      every field of :class:`ftplan.job.Layout` (measure runs single-GPU)
+``run``         {device: "cuda"|"cpu", tiny, steps, warmup, seed, attn_implementation, notes}
+``env``         {python, torch, transformers, peft, bitsandbytes, accelerate, cuda, driver,
+                gpu_name, gpu_total_bytes, cpu}
+``measured``    {baseline_allocated_bytes, baseline_reserved_bytes (after build, before the first
+                step), peak_allocated_bytes, peak_reserved_bytes (torch.cuda.max_memory_*; null on
+                cpu), nvml_used_before_bytes (device, before CUDA init), nvml_used_bytes (device,
+                after the steps), nvml_process_bytes (this process, if NVML can see it),
+                reserved_at_nvml_bytes (torch.cuda.memory_reserved when nvml_used_bytes was read),
+                step_times_s [...], median_step_s, tokens_per_s, loss_first, loss_last,
+                cpu: {param_bytes, grad_bytes, optimizer_state_bytes, saved_activation_bytes} or
+                null (exact tensor accounting, recorded on every device)}
+``predicted``   ftplan's prediction when measured: {peak_allocated_bytes, peak_reserved_bytes,
+                device_total_bytes, components, model_states_bytes, tokens_per_s, ftplan_version}
+
+Crash safety: a record is written with one ``write`` of the whole line plus ``\\n`` on a file
+opened for appending, then flushed and fsync'ed; earlier lines are never rewritten or truncated.
+If the file's last line lacks its newline (a writer killed mid-line), the new record starts on a
+fresh line; the torn fragment stays and :func:`load_records` reports it as ``file:line``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from ..errors import MeasurementError
+
+__all__ = [
+    "SCHEMA",
+    "OUTCOMES",
+    "append_record",
+    "load_records",
+    "record_key",
+    "job_to_dict",
+    "job_from_dict",
+    "layout_to_dict",
+    "layout_from_dict",
+    "existing_keys",
+]
+
+SCHEMA = "ftplan.measurement/1"
+OUTCOMES = ("ok", "oom", "error")
+REQUIRED = ("schema", "key", "outcome", "model", "job", "layout", "run", "measured")
+
+
+# ---------------------------------------------------------------------------------------------
+# job / layout <-> plain dicts
+# ---------------------------------------------------------------------------------------------
+def job_to_dict(job) -> dict[str, Any]:
+    d = dataclasses.asdict(job)
+    d["lora"]["target_modules"] = list(d["lora"]["target_modules"])
+    d["quant"]["skip_modules"] = list(d["quant"]["skip_modules"])
+    return d
+
+
+def job_from_dict(d: dict[str, Any]):
+    from ..job import Job, LoraSpec, QuantSpec
+
+    d = dict(d)
+    known = {f.name for f in dataclasses.fields(Job)}
+    lora = dict(d.pop("lora", None) or {})
+    quant = dict(d.pop("quant", None) or {})
+    if "target_modules" in lora:
+        lora["target_modules"] = tuple(lora["target_modules"])
+    if "skip_modules" in quant:
+        quant["skip_modules"] = tuple(quant["skip_modules"])
+    lora = {k: v for k, v in lora.items() if k in {f.name for f in dataclasses.fields(LoraSpec)}}
+    quant = {k: v for k, v in quant.items() if k in {f.name for f in dataclasses.fields(QuantSpec)}}
+    return Job(**{k: v for k, v in d.items() if k in known}, lora=LoraSpec(**lora), quant=QuantSpec(**quant))
+
+
+def layout_to_dict(layout) -> dict[str, Any]:
+    return dataclasses.asdict(layout)
+
+
+def layout_from_dict(d: dict[str, Any] | None):
+    from ..job import Layout
+
+    d = d or {}
+    known = {f.name for f in dataclasses.fields(Layout)}
+    return Layout(**{k: v for k, v in d.items() if k in known})
+
+
+def record_key(model_ref: str, job, layout, device: str, tiny: bool) -> str:
+    """The identity of a measured configuration (not of one run): used to resume matrices."""
+    doc = {"model": model_ref, "job": job_to_dict(job), "layout": layout_to_dict(layout),
+           "device": device, "tiny": bool(tiny)}
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"))
+
+
+# ---------------------------------------------------------------------------------------------
+# writing
+# ---------------------------------------------------------------------------------------------
+def _needs_newline(path: Path) -> bool:
+    """True when ``path`` is non-empty and does not end with a newline (a torn last line)."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return False
+    if size == 0:
+        return False
+    with open(path, "rb") as f:
+        f.seek(size - 1)
+        return f.read(1) != b"\n"
+
+
+def append_record(path: str | os.PathLike, record: dict[str, Any]) -> None:
+    """Append ``record`` as one line of ``path`` (created with its folder if missing).
+
+    One ``os.write`` of the complete line on an ``O_APPEND`` descriptor, then ``fsync``: a crash
+    leaves either the whole line or (at worst) a torn tail that the next append steps over.
+    """
+    if record.get("schema") != SCHEMA:
+        raise MeasurementError(f"record has schema {record.get('schema')!r}, expected {SCHEMA!r}")
+    line = json.dumps(record, sort_keys=False, separators=(",", ":"), allow_nan=False) + "\n"
+    p = Path(path)
+    if p.exists() and not p.is_file():
+        raise MeasurementError(f"{str(p)!r} is not a regular file", "pass a .jsonl file path with --out")
+    if p.parent and not p.parent.exists():
+        p.parent.mkdir(parents=True, exist_ok=True)
+    data = line.encode("utf-8")
+    if _needs_newline(p):
+        data = b"\n" + data  # never truncate: start the record on a fresh line
+    try:
+        fd = os.open(p, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise MeasurementError(f"cannot open {str(p)!r} for appending: {e.strerror}") from None
+    try:
+        view = memoryview(data)
+        while view:  # os.write may write less than asked (rare, e.g. signals); finish the line
+            n = os.write(fd, view)
+            view = view[n:]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# ---------------------------------------------------------------------------------------------
+# reading
+# ---------------------------------------------------------------------------------------------
+def _check_record(obj: Any) -> str | None:
+    if not isinstance(obj, dict):
+        return "not a JSON object"
+    if obj.get("schema") != SCHEMA:
+        return f"schema {obj.get('schema')!r} is not {SCHEMA!r}"
+    missing = [k for k in REQUIRED if k not in obj]
+    if missing:
+        return "missing field(s) " + ", ".join(missing)
+    if obj["outcome"] not in OUTCOMES:
+        return f"outcome {obj['outcome']!r} is not one of {', '.join(OUTCOMES)}"
+    return None
+
+
+def load_records(paths: Iterable[str | os.PathLike], *, strict_files: bool = True
+                 ) -> tuple[list[dict[str, Any]], list[str]]:
+    """(valid records, problems). Each problem is ``file:line: what``; bad lines are skipped.
+
+    Every record gets ``_source`` = ``file:line``. A missing file raises ``MeasurementError``
+    when ``strict_files`` (the CLI's behaviour), else it is reported as a problem.
+    """
+    records: list[dict[str, Any]] = []
+    problems: list[str] = []
+    for path in paths:
+        p = Path(path)
+        if not p.is_file():
+            if strict_files:
+                raise MeasurementError(f"no record file {str(p)!r}", "pass existing .jsonl files")
+            problems.append(f"{p}: no such file")
+            continue
+        try:
+            text = p.read_bytes().decode("utf-8", errors="replace")
+        except OSError as e:
+            raise MeasurementError(f"cannot read {str(p)!r}: {e.strerror}") from None
+        for i, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                problems.append(f"{p}:{i}: malformed JSON ({e.msg} at column {e.colno})")
+                continue
+            why = _check_record(obj)
+            if why:
+                problems.append(f"{p}:{i}: {why}")
+                continue
+            obj["_source"] = f"{p}:{i}"
+            records.append(obj)
+    return records, problems
+
+
+def existing_keys(path: str | os.PathLike, outcomes: tuple[str, ...] = ("ok", "oom")) -> set[str]:
+    """Keys of the records in ``path`` with one of ``outcomes`` (errors are retried on resume)."""
+    p = Path(path)
+    if not p.is_file():
+        return set()
+    recs, _ = load_records([p], strict_files=False)
+    return {r["key"] for r in recs if r.get("outcome") in outcomes}

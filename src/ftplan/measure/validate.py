@@ -1,0 +1,362 @@
+"""``ftplan validate``: ftplan's predictions against measurement records.
+
+For every record the prediction is *recomputed* with the current formulas from the stored model
+config, job and layout (the stored prediction is history, not the yardstick). Errors are signed
+``(predicted - measured) / measured`` in percent; statistics are over their absolute values:
+median, p90 (nearest rank: the ``ceil(0.9 n)``-th smallest) and max.
+
+Groups: ``gpu`` (CUDA, full-size models: the accuracy that counts), ``gpu-tiny`` and ``cpu``
+(CPU runs; only exact tensor accounting, no allocator: model states and saved activations).
+A *false fit* is a record measured OOM whose predicted device total (reserved + CUDA context) fits
+the GPU's memory; a *missed fit* is the reverse (measured ok, predicted not to fit).
+
+Targets (GPU group): peak allocated median <= 3 % and max <= 10 %, zero false fits, tokens/s
+median <= 10 %. ``benchmarks/ratchet.json`` holds the best figures reached; ``--update-ratchet``
+only ever lowers them (or fills an empty one).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from ..errors import FtplanError, MeasurementError
+from .records import job_from_dict, layout_from_dict, load_records
+
+__all__ = [
+    "TARGETS",
+    "RATCHET_KEYS",
+    "default_record_paths",
+    "default_ratchet_path",
+    "evaluate_record",
+    "summarize",
+    "stats",
+    "validate_records",
+    "validate_paths",
+    "current_figures",
+    "check_ratchet",
+    "update_ratchet",
+    "render_text",
+]
+
+TARGETS = {
+    "gpu.peak_allocated.median_pct": 3.0,
+    "gpu.peak_allocated.max_pct": 10.0,
+    "gpu.false_fits": 0,
+    "gpu.tokens_per_s.median_pct": 10.0,
+}
+
+#: figures the ratchet tracks (all: lower is better)
+RATCHET_KEYS = (
+    "gpu.peak_allocated.median_pct",
+    "gpu.peak_allocated.max_pct",
+    "gpu.peak_reserved.median_pct",
+    "gpu.peak_reserved.max_pct",
+    "gpu.tokens_per_s.median_pct",
+    "gpu.false_fits",
+    "cpu.model_states.median_pct",
+    "cpu.model_states.max_pct",
+    "cpu.activations.median_pct",
+    "cpu.activations.max_pct",
+)
+
+METRICS = ("peak_allocated", "peak_reserved", "device_total", "tokens_per_s", "model_states", "activations")
+
+
+def _repo_root() -> Path:
+    here = Path(__file__).resolve()
+    for parent in here.parents:
+        if (parent / "benchmarks").is_dir() and (parent / "pyproject.toml").is_file():
+            return parent
+    return Path.cwd()
+
+
+def default_record_paths() -> list[Path]:
+    """Every ``benchmarks/measurements/*.jsonl`` (of the working directory, else of the repo)."""
+    for root in (Path.cwd(), _repo_root()):
+        d = root / "benchmarks" / "measurements"
+        if d.is_dir():
+            return sorted(d.glob("*.jsonl"))
+    return []
+
+
+def default_ratchet_path() -> Path:
+    for root in (Path.cwd(), _repo_root()):
+        p = root / "benchmarks" / "ratchet.json"
+        if p.is_file():
+            return p
+    return _repo_root() / "benchmarks" / "ratchet.json"
+
+
+# ---------------------------------------------------------------------------------------------
+# one record
+# ---------------------------------------------------------------------------------------------
+def _pct(pred: float | None, meas: float | None) -> float | None:
+    if pred is None or meas is None or meas <= 0:
+        return None
+    return (pred - meas) / meas * 100.0
+
+
+def _group(rec: dict[str, Any]) -> str:
+    run = rec.get("run") or {}
+    if run.get("device") == "cuda":
+        return "gpu-tiny" if run.get("tiny") else "gpu"
+    return "cpu"
+
+
+def evaluate_record(rec: dict[str, Any], predict_fn=None) -> dict[str, Any]:
+    """One row of the validation: predicted (recomputed), measured, signed errors in %."""
+    from ..model import model_from_config
+    from .run import predict
+
+    predict_fn = predict_fn or predict
+    m = rec["model"]
+    spec = model_from_config(m["config"], name=m.get("name"), hf_id=m.get("hf_id"))
+    job = job_from_dict(rec["job"])
+    layout = layout_from_dict(rec.get("layout"))
+    env = rec.get("env") or {}
+    pred = predict_fn(spec, job, layout, env.get("gpu_name"))
+    meas = rec["measured"] or {}
+    ok = rec["outcome"] == "ok"
+    row: dict[str, Any] = {
+        "source": rec.get("_source"),
+        "model": m.get("name"),
+        "method": job.method,
+        "group": _group(rec),
+        "outcome": rec["outcome"],
+        "job": f"{job.method} {job.precision} {job.optimizer} b={job.micro_batch} s={job.seq_len}"
+               f"{' gc' if job.gradient_checkpointing else ''}",
+    }
+    gpu_total = env.get("gpu_total_bytes")
+    fits = None if not gpu_total else pred["device_total_bytes"] <= gpu_total
+    row["predicted_fits"] = fits
+    row["false_fit"] = bool(rec["outcome"] == "oom" and fits)
+    row["missed_fit"] = bool(ok and fits is False)
+
+    def put(name: str, p, x) -> None:
+        row[f"{name}_predicted"] = p
+        row[f"{name}_measured"] = x
+        row[f"{name}_err_pct"] = _pct(p, x) if ok else None
+
+    put("peak_allocated", pred["peak_allocated_bytes"], meas.get("peak_allocated_bytes"))
+    put("peak_reserved", pred["peak_reserved_bytes"], meas.get("peak_reserved_bytes"))
+    put("device_total", pred["device_total_bytes"], meas.get("nvml_process_bytes"))
+    put("tokens_per_s", pred.get("tokens_per_s"), meas.get("tokens_per_s"))
+    t = meas.get("tensors") or {}
+    copies = t.get("saved_weight_copy_bytes") or 0
+    ms = None
+    if all(t.get(k) is not None for k in ("param_bytes", "grad_bytes", "optimizer_state_bytes")):
+        # autocast's low-precision weight copies are 'master_weights' in ftplan's model states
+        ms = t["param_bytes"] + t["grad_bytes"] + t["optimizer_state_bytes"] + copies
+    put("model_states", pred.get("model_states_bytes"), ms)
+    comp = pred.get("components") or {}
+    act_meas = None if t.get("saved_activation_bytes") is None else t["saved_activation_bytes"] - copies
+    act_pred = (comp.get("activations", 0) + comp.get("logits_and_loss", 0)) if comp else None
+    put("activations", act_pred, act_meas)
+    return row
+
+
+# ---------------------------------------------------------------------------------------------
+# statistics
+# ---------------------------------------------------------------------------------------------
+def stats(errors: list[float | None]) -> dict[str, Any]:
+    """n, median, p90 (nearest rank), max of the absolute values (None entries ignored)."""
+    vals = sorted(abs(e) for e in errors if e is not None)
+    n = len(vals)
+    if n == 0:
+        return {"n": 0, "median_pct": None, "p90_pct": None, "max_pct": None}
+    mid = n // 2
+    median = vals[mid] if n % 2 else (vals[mid - 1] + vals[mid]) / 2
+    p90 = vals[max(0, math.ceil(0.9 * n) - 1)]
+    return {"n": n, "median_pct": median, "p90_pct": p90, "max_pct": vals[-1]}
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {"n": len(rows)}
+    for metric in METRICS:
+        out[metric] = stats([r.get(f"{metric}_err_pct") for r in rows])
+    out["false_fits"] = sum(1 for r in rows if r["false_fit"])
+    out["missed_fits"] = sum(1 for r in rows if r["missed_fit"])
+    out["oom"] = sum(1 for r in rows if r["outcome"] == "oom")
+    out["errors"] = sum(1 for r in rows if r["outcome"] == "error")
+    return out
+
+
+def validate_records(records: list[dict[str, Any]], problems: list[str] | None = None,
+                     predict_fn=None) -> dict[str, Any]:
+    problems = list(problems or [])
+    rows = []
+    for rec in records:
+        try:
+            rows.append(evaluate_record(rec, predict_fn))
+        except (FtplanError, KeyError, TypeError, ValueError) as e:
+            msg = e.one_line() if isinstance(e, FtplanError) else f"{type(e).__name__}: {e}"
+            problems.append(f"{rec.get('_source', '?')}: cannot recompute the prediction ({msg})")
+    groups: dict[str, Any] = {}
+    for g in ("gpu", "gpu-tiny", "cpu"):
+        grows = [r for r in rows if r["group"] == g]
+        if not grows:
+            continue
+        by_method = {}
+        for meth in sorted({r["method"] for r in grows}):
+            by_method[meth] = summarize([r for r in grows if r["method"] == meth])
+        groups[g] = {"all": summarize(grows), "by_method": by_method}
+    report: dict[str, Any] = {
+        "schema": "ftplan.validation/1",
+        "n_records": len(records),
+        "problems": problems,
+        "groups": groups,
+        "rows": rows,
+        "targets": dict(TARGETS),
+    }
+    report["figures"] = current_figures(report)
+    report["target_misses"] = _target_misses(report)
+    report["meets_targets"] = not report["target_misses"]
+    return report
+
+
+def validate_paths(paths) -> dict[str, Any]:
+    paths = list(paths)
+    records, problems = load_records(paths)
+    report = validate_records(records, problems)
+    report["files"] = [str(p) for p in paths]
+    ratchet_path = default_ratchet_path()
+    if ratchet_path.is_file():
+        ratchet = read_ratchet(ratchet_path)
+        report["ratchet"] = {"path": str(ratchet_path), "violations": check_ratchet(report, ratchet)}
+        if report["ratchet"]["violations"]:
+            report["meets_targets"] = False
+    return report
+
+
+def _target_misses(report: dict[str, Any]) -> list[str]:
+    figs = report["figures"]
+    out = []
+    for key, limit in TARGETS.items():
+        v = figs.get(key)
+        if v is not None and v > limit:
+            out.append(f"{key} = {v:.2f} > target {limit}")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# ratchet
+# ---------------------------------------------------------------------------------------------
+def current_figures(report: dict[str, Any]) -> dict[str, float | int | None]:
+    figs: dict[str, float | int | None] = {}
+    for key in RATCHET_KEYS:
+        group, metric, *rest = key.split(".")
+        g = report["groups"].get(group)
+        if g is None:
+            figs[key] = None
+            continue
+        a = g["all"]
+        if metric == "false_fits":
+            figs[key] = a["false_fits"] if a["n"] else None
+        else:
+            figs[key] = a[metric][rest[0]]
+    return figs
+
+
+def read_ratchet(path: str | os.PathLike) -> dict[str, Any]:
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise MeasurementError(f"cannot read ratchet {str(path)!r}: {e}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("figures"), dict):
+        raise MeasurementError(f"ratchet {str(path)!r} has no 'figures' object")
+    return data
+
+
+def check_ratchet(report: dict[str, Any], ratchet: dict[str, Any], tol: float = 1e-6) -> list[str]:
+    """Figures worse than the ratchet (or gone: the records that set them are missing)."""
+    figs = report["figures"]
+    out = []
+    for key, best in ratchet["figures"].items():
+        if best is None:
+            continue
+        cur = figs.get(key)
+        if cur is None:
+            out.append(f"{key}: no records now (ratchet {best})")
+        elif cur > best + tol:
+            out.append(f"{key}: {cur:.4f} is worse than the ratchet {best}")
+    return out
+
+
+def _ceil4(x: float | int) -> float | int:
+    return x if isinstance(x, int) else math.ceil(x * 10000 - 1e-9) / 10000
+
+
+def update_ratchet(report: dict[str, Any], path: Path | None = None) -> list[str]:
+    """Lower each ratchet figure to the current one when better; never raise one. Returns changes."""
+    path = path or default_ratchet_path()
+    data = read_ratchet(path) if path.is_file() else {"schema": "ftplan.ratchet/1", "figures": {}}
+    figs = data["figures"]
+    changed = []
+    for key in RATCHET_KEYS:
+        cur = report["figures"].get(key)
+        best = figs.get(key)
+        if cur is None:
+            figs.setdefault(key, best)
+            continue
+        cur = _ceil4(cur)
+        if best is None or cur < best:
+            figs[key] = cur
+            changed.append(f"{key}: {best} -> {cur}")
+    if changed:
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(data, indent=2) + "\n")
+        os.replace(tmp, path)
+    return changed
+
+
+# ---------------------------------------------------------------------------------------------
+# text
+# ---------------------------------------------------------------------------------------------
+def _f(v) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
+def render_text(report: dict[str, Any]) -> str:
+    from ..report import table
+
+    lines = [f"{report['n_records']} record(s) from {len(report.get('files', []))} file(s); "
+             "errors in % of measured, |error| median / p90 / max"]
+    if "gpu" not in report["groups"]:
+        lines.append("no GPU records yet: GPU accuracy targets not assessed "
+                     "(run benchmarks/run_campaign.sh on a GPU machine)")
+    rows = []
+    for g, data in report["groups"].items():
+        items = [("all", data["all"])] + (list(data["by_method"].items()) if len(data["by_method"]) > 1 else [])
+        for name, s in items:
+            def trio(metric: str) -> str:
+                x = s[metric]
+                return f"{_f(x['median_pct'])} / {_f(x['p90_pct'])} / {_f(x['max_pct'])}" if x["n"] else "-"
+
+            if g == "cpu":
+                rows.append((g, name, s["n"], "-", "-", "-", trio("model_states"), trio("activations"), "-", "-"))
+            else:
+                rows.append((g, name, s["n"], trio("peak_allocated"), trio("peak_reserved"),
+                             trio("tokens_per_s"), trio("model_states"), trio("activations"),
+                             s["false_fits"], s["oom"]))
+    if rows:
+        lines.append(table(("group", "method", "n", "peak alloc", "peak reserved", "tokens/s",
+                            "model states", "saved act.", "false fits", "oom"), rows, "llrlllllrr"))
+    if report["target_misses"]:
+        lines.append("targets missed: " + "; ".join(report["target_misses"]))
+    elif "gpu" in report["groups"]:
+        lines.append("GPU targets met (alloc median <= 3 %, max <= 10 %, no false fits, tokens/s median <= 10 %)")
+    rat = report.get("ratchet")
+    if rat:
+        if rat["violations"]:
+            lines.append("worse than the ratchet: " + "; ".join(rat["violations"]))
+        else:
+            lines.append(f"ratchet {rat['path']}: held")
+    if report.get("ratchet_updated"):
+        lines.append("ratchet tightened: " + "; ".join(report["ratchet_updated"]))
+    if report["problems"]:
+        lines.append(f"{len(report['problems'])} problem line(s) skipped (see warnings)")
+    return "\n".join(lines)

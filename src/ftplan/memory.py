@@ -252,6 +252,20 @@ def _qlora_frozen_bytes(model: ModelSpec, job: Job) -> tuple[Fraction, Fraction]
     return quant_bytes, Fraction(unquantized)
 
 
+def _autocast_weight_elems(model: ModelSpec, backend: str = "cuda") -> int:
+    """Weights autocast copies to the compute dtype and keeps for backward: every matmul weight
+    (nn.Linear weights without biases, MoE routers, the lm_head or the tied embedding). On CUDA the
+    grouped_mm experts are autocast too; on CPU they run in fp32."""
+    n = 0
+    for lin in model.linears():
+        if lin.is_module or backend == "cuda":
+            n += lin.count * lin.in_features * lin.out_features
+    n += model.params.router
+    if model.tie_word_embeddings:
+        n += model.params.embedding
+    return n
+
+
 def model_states(model: ModelSpec, job: Job, consts: MemoryConstants | None = None) -> ModelStates:
     consts = consts or memory_constants()
     prec = PRECISIONS[job.precision]
@@ -264,7 +278,7 @@ def model_states(model: ModelSpec, job: Job, consts: MemoryConstants | None = No
         mixed = prec["compute"] != train_dtype
         # autocast keeps a compute-dtype copy of every weight it casts; ZeRO/FSDP keep a bf16
         # working copy next to the fp32 master: same bytes, different owner (see estimate_memory)
-        master = dtype_bytes(prec["compute"]) * n_train if mixed else Fraction(0)
+        master = dtype_bytes(prec["compute"]) * _autocast_weight_elems(model) if mixed else Fraction(0)
         grad_b = dtype_bytes(prec["grad"])
         param_b = dtype_bytes(train_dtype)
     else:

@@ -115,8 +115,8 @@ def tiny_config(config: dict) -> dict:
         out["max_window_layers"] = min(int(cfg["max_window_layers"]), 2)
     if cfg.get("query_pre_attn_scalar"):
         out["query_pre_attn_scalar"] = 16
-    out.pop("torch_dtype", None)
-    out.pop("dtype", None)
+    for k in ("torch_dtype", "dtype", "bos_token_id", "eos_token_id", "pad_token_id"):
+        out.pop(k, None)  # token ids of the real vocabulary do not fit the tiny one
     out["model_type"] = model_type
     return out
 
@@ -561,9 +561,19 @@ class _SavedBytes:
         ptr, nb = _storage(t)
         if ptr not in self.param_ptrs and ptr not in self.seen:
             self.seen[ptr] = nb
-            if t.dim() == 2 and tuple(t.shape) in self.weight_shapes:
+            if self._is_weight_copy(t):
                 self.weight_copies[ptr] = nb  # autocast's low-precision copy of a weight
         return t
+
+    def _is_weight_copy(self, t) -> bool:
+        """A cast of a trainable parameter: ``ToCopyBackward0`` straight off an ``AccumulateGrad``."""
+        if t.dim() != 2 or tuple(t.shape) not in self.weight_shapes:
+            return False
+        fn = t.grad_fn
+        if fn is None or type(fn).__name__ != "ToCopyBackward0":
+            return False
+        nxt = [f for f, _ in fn.next_functions if f is not None]
+        return len(nxt) == 1 and type(nxt[0]).__name__ == "AccumulateGrad"
 
     @staticmethod
     def unpack(t):

@@ -903,7 +903,8 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> tuple[int, dict[s
     Returns ``(total_unique_bytes, bytes_by_state_key_unique, total_bytes_counting_shared_per_param)``.
     bitsandbytes' quantization maps ``qmap1``/``qmap2`` are the same tensor object for every parameter,
     hence the unique/per-param distinction. Non-tensor state (Python ints like bnb's/Adafactor's
-    ``step``, Adafactor's ``RMS`` float) costs no tensor memory and is ignored.
+    ``step``) costs no tensor memory and is ignored; transformers' Adafactor keeps ``RMS`` as a 0-dim
+    fp32 tensor per parameter (4 bytes, counted).
     """
     seen: set[int] = set()
     by_key: dict[str, int] = defaultdict(int)
@@ -1032,6 +1033,7 @@ def measure_step(
     checkpoint_kwargs: dict | None = None,
     keep_records: bool = True,
     track_ops: bool = True,
+    forward_only: bool = False,
 ) -> StepMeasure:
     """Run ONE real training step and count bytes exactly.
 
@@ -1052,6 +1054,12 @@ def measure_step(
         checkpoint_kwargs: passed to ``activation_checkpointing_enable`` (``None`` = HF default,
             non-reentrant). Use ``{"use_reentrant": True}`` to measure reentrant checkpointing.
         keep_records: keep per-storage :class:`SavedRecord` s in the result.
+        forward_only: stop after counting the saved activations (no backward, no optimizer step,
+            so the weights are not changed); gradient/optimizer fields are then 0.
+
+    Note: a full step really updates the weights (``optimizer.step()``), so repeated calls on the
+    same model see different weights (MoE routing may change; byte counts with the default
+    ``grouped_mm`` experts do not depend on the routing).
 
     Field meanings (bytes, exact): ``param_bytes`` = all parameter storages once (tied counted once);
     ``trainable_param_bytes``/``frozen_param_bytes`` split it by ``requires_grad``; ``grad_bytes`` =
@@ -1100,12 +1108,19 @@ def measure_step(
         by_kind[r.op] += r.nbytes
         by_module[r.module or "<top>"] += r.nbytes
 
-    loss.backward()
-    grad_bytes = _unique_param_bytes(p.grad for p in params if p.grad is not None)
-    opt = make_optimizer(optimizer, trainable, lr=lr)
-    opt.step()
-    opt_total, opt_by_key, opt_per_param = optimizer_state_bytes(opt)
     loss_value = float(loss.detach().float())
+    if forward_only:
+        grad_bytes = opt_total = opt_per_param = 0
+        opt_by_key: dict[str, int] = {}
+    else:
+        loss.backward()
+        grad_bytes = _unique_param_bytes(p.grad for p in params if p.grad is not None)
+        opt = make_optimizer(optimizer, trainable, lr=lr)
+        opt.step()
+        opt_total, opt_by_key, opt_per_param = optimizer_state_bytes(opt)
+        del opt
+        for p in params:
+            p.grad = None
     del loss
 
     return StepMeasure(

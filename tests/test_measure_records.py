@@ -1,0 +1,97 @@
+"""Measurement records: crash-safe appends, torn lines, malformed lines (no torch needed)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ftplan.errors import MeasurementError
+from ftplan.job import Job, Layout, LoraSpec, QuantSpec
+from ftplan.measure.records import (
+    SCHEMA,
+    append_record,
+    existing_keys,
+    job_from_dict,
+    job_to_dict,
+    layout_from_dict,
+    layout_to_dict,
+    load_records,
+    record_key,
+)
+
+
+def _rec(i: int, outcome: str = "ok") -> dict:
+    return {"schema": SCHEMA, "key": f"k{i}", "outcome": outcome, "error": None, "model": {}, "job": {},
+            "layout": {}, "run": {}, "measured": {"i": i}}
+
+
+def test_append_never_rewrites_earlier_lines(tmp_path):
+    f = tmp_path / "sub" / "r.jsonl"
+    append_record(f, _rec(1))
+    first = f.read_bytes()
+    append_record(f, _rec(2))
+    append_record(f, _rec(3))
+    data = f.read_bytes()
+    assert data.startswith(first)  # the earlier bytes are untouched
+    assert data.endswith(b"\n") and data.count(b"\n") == 3
+    recs, problems = load_records([f])
+    assert [r["measured"]["i"] for r in recs] == [1, 2, 3] and problems == []
+    assert recs[1]["_source"] == f"{f}:2"
+
+
+def test_torn_last_line_is_kept_and_stepped_over(tmp_path):
+    f = tmp_path / "r.jsonl"
+    append_record(f, _rec(1))
+    with open(f, "ab") as fh:  # a writer killed mid-line
+        fh.write(b'{"schema": "ftplan.measurement/1", "key": "k2", "outc')
+    before = f.read_bytes()
+    append_record(f, _rec(3))
+    after = f.read_bytes()
+    assert after.startswith(before)  # never truncated
+    recs, problems = load_records([f])
+    assert [r["key"] for r in recs] == ["k1", "k3"]
+    assert len(problems) == 1 and problems[0].startswith(f"{f}:2: malformed JSON")
+
+
+def test_malformed_and_foreign_lines_reported_with_file_line(tmp_path):
+    f = tmp_path / "r.jsonl"
+    f.write_text(json.dumps(_rec(1)) + "\nnot json\n" + json.dumps({"schema": "other/1"}) + "\n\n"
+                 + json.dumps({**_rec(4), "outcome": "weird"}) + "\n")
+    recs, problems = load_records([f])
+    assert len(recs) == 1
+    assert [p.split(": ")[0] for p in problems] == [f"{f}:2", f"{f}:3", f"{f}:5"]
+
+
+def test_missing_file_is_one_error(tmp_path):
+    with pytest.raises(MeasurementError, match="no record file"):
+        load_records([tmp_path / "nope.jsonl"])
+    recs, problems = load_records([tmp_path / "nope.jsonl"], strict_files=False)
+    assert recs == [] and "no such file" in problems[0]
+
+
+def test_refuses_records_without_schema(tmp_path):
+    with pytest.raises(MeasurementError):
+        append_record(tmp_path / "r.jsonl", {"key": "x"})
+
+
+def test_job_layout_roundtrip_and_key():
+    job = Job(method="qlora", micro_batch=4, seq_len=512, gradient_checkpointing=True,
+              lora=LoraSpec(r=8, target_modules=("q_proj", "v_proj")), quant=QuantSpec(quant_type="fp4"))
+    d = json.loads(json.dumps(job_to_dict(job)))
+    assert job_from_dict(d) == job
+    lay = Layout()
+    assert layout_from_dict(json.loads(json.dumps(layout_to_dict(lay)))) == lay
+    k1 = record_key("m", job, lay, "cuda", False)
+    assert k1 == record_key("m", job_from_dict(d), lay, "cuda", False)
+    assert k1 != record_key("m", job.with_(micro_batch=2), lay, "cuda", False)
+    assert k1 != record_key("m", job, lay, "cpu", False)
+
+
+def test_existing_keys_retries_errors(tmp_path):
+    f = tmp_path / "r.jsonl"
+    append_record(f, _rec(1, "ok"))
+    append_record(f, _rec(2, "oom"))
+    append_record(f, _rec(3, "error"))
+    assert existing_keys(f) == {"k1", "k2"}
+    assert existing_keys(tmp_path / "none.jsonl") == set()

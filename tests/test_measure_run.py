@@ -1,0 +1,175 @@
+"""``ftplan measure`` end to end on CPU with tiny models; OOM as an outcome; resumable matrices."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("peft")
+
+import ftplan.cli as cli  # noqa: E402
+from ftplan.cli_measure import add_measure_commands, row_to_argv  # noqa: E402
+from ftplan.measure import run as R  # noqa: E402
+from ftplan.measure.records import SCHEMA, load_records  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+# the real qwen2.5-0.5b architecture (tied embeddings, q/k/v biases): shrunk by --tiny
+QWEN = {"model_type": "qwen2", "vocab_size": 151936, "hidden_size": 896, "intermediate_size": 4864,
+        "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
+        "tie_word_embeddings": True, "max_position_embeddings": 32768, "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-06, "hidden_act": "silu"}
+
+
+@pytest.fixture()
+def config_path(tmp_path):
+    p = tmp_path / "qwen.json"
+    p.write_text(json.dumps(QWEN))
+    return str(p)
+
+
+@pytest.fixture(autouse=True)
+def _wire(monkeypatch):
+    monkeypatch.setattr(cli, "_add_measure_commands", add_measure_commands)
+
+
+def main(*argv) -> int:
+    return cli.main([str(a) for a in argv])
+
+
+def test_cpu_end_to_end_writes_valid_record(config_path, tmp_path, capsys):
+    out = tmp_path / "r.jsonl"
+    rc = main("measure", config_path, "--tiny", "--method", "lora", "--steps", 3, "--seq-len", 32,
+              "--micro-batch", 2, "--device", "cpu", "--out", out)
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "measured" in text and "predicted" in text
+    recs, problems = load_records([out])
+    assert problems == [] and len(recs) == 1
+    r = recs[0]
+    assert r["schema"] == SCHEMA and r["outcome"] == "ok"
+    assert r["run"]["device"] == "cpu" and r["run"]["tiny"] is True and r["model"]["tiny"] is True
+    assert r["model"]["config"]["hidden_size"] == 64 and r["model"]["config"]["tie_word_embeddings"] is True
+    m = r["measured"]
+    assert len(m["step_times_s"]) == 3 and m["median_step_s"] > 0 and m["tokens_per_s"] > 0
+    assert m["peak_allocated_bytes"] is None  # no caching allocator on CPU
+    t = m["tensors"]
+    assert t["param_bytes"] > 0 and t["grad_bytes"] > 0 and t["optimizer_state_bytes"] > 0
+    assert t["saved_activation_bytes"] > 0
+    p = r["predicted"]
+    assert p["peak_allocated_bytes"] > 0 and p["device_total_bytes"] >= p["peak_reserved_bytes"]
+    assert r["env"]["torch"] == torch.__version__ and r["job"]["method"] == "lora"
+    # LoRA: the trainable parameters are the adapters, whose count ftplan predicts exactly
+    assert p["params_trainable"] * 4 * 4 == t["grad_bytes"] * 4  # fp32 grads of every adapter
+    # validate reads it back (CPU group, model states / activations only)
+    assert main("validate", out) == 0
+    assert "cpu" in capsys.readouterr().out
+
+
+def test_oom_is_an_outcome(config_path, tmp_path, monkeypatch, capsys):
+    def boom(*a, **k):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(R, "_train_steps", boom)
+    out = tmp_path / "r.jsonl"
+    rc = main("measure", config_path, "--tiny", "--steps", 2, "--seq-len", 16, "--device", "cpu", "--out", out)
+    assert rc == 0
+    (r,), _ = load_records([out])
+    assert r["outcome"] == "oom" and "out of memory" in r["error"]
+    assert r["measured"]["peak_is_lower_bound"] is True
+    assert "\n" not in r["error"]
+
+
+def test_other_failure_is_error_outcome(config_path, tmp_path, monkeypatch):
+    def bad(*a, **k):
+        raise ValueError("shape mismatch\nsecond line")
+
+    monkeypatch.setattr(R, "_train_steps", bad)
+    out = tmp_path / "r.jsonl"
+    assert main("measure", config_path, "--tiny", "--steps", 1, "--seq-len", 16, "--device", "cpu",
+                "--out", out) == 1
+    (r,), _ = load_records([out])
+    assert r["outcome"] == "error" and r["error"] == "ValueError: shape mismatch second line"
+
+
+def test_matrix_resumes_and_builds_once(config_path, tmp_path, monkeypatch, capsys):
+    matrix = tmp_path / "m.csv"
+    matrix.write_text(
+        "model,method,micro_batch,seq_len,gc,steps\n"
+        f"{config_path},full,1,16,false,2\n"
+        f"{config_path},lora,1,16,false,2\n"
+        f"{config_path},full,2,16,true,2\n"
+        f"{config_path},lora,2,24,false,2\n"
+    )
+    out = tmp_path / "r.jsonl"
+    builds = []
+    real_build = R._build
+    monkeypatch.setattr(R, "_build", lambda *a, **k: builds.append(a[2].method) or real_build(*a, **k))
+    real_measure = R.measure
+    calls = []
+
+    def interrupted(*a, **k):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real_measure(*a, **k)
+
+    monkeypatch.setattr(R, "measure", interrupted)
+    assert main("measure", "--matrix", matrix, "--tiny", "--device", "cpu", "--out", out) == 130
+    recs, _ = load_records([out])
+    assert len(recs) == 2
+    # rows are grouped by model build: full (rows 1, 3) first, one build for both
+    assert [r["job"]["method"] for r in recs] == ["full", "full"]
+    assert builds == ["full"] and recs[1]["run"]["model_reused"] is True
+    monkeypatch.setattr(R, "measure", real_measure)
+    assert main("measure", "--matrix", matrix, "--tiny", "--device", "cpu", "--out", out) == 0
+    recs, problems = load_records([out])
+    assert problems == [] and len(recs) == 4 and len({r["key"] for r in recs}) == 4
+    assert builds == ["full", "lora"]
+    err = capsys.readouterr().err
+    assert "skipped" in err and "4/4" in err
+
+
+def test_row_to_argv():
+    argv = row_to_argv({"model": "m", "method": "qlora", "batch": 4, "gc": True, "double_quant": False,
+                        "lora_targets": ["q_proj", "v_proj"], "steps": 3})
+    assert argv == ["--method", "qlora", "--micro-batch", "4", "--gc", "--no-double-quant",
+                    "--lora-targets", "q_proj,v_proj"]
+
+
+def test_tiny_config_keeps_structure():
+    t = R.tiny_config({**QWEN})
+    assert t["hidden_size"] == 64 and t["num_hidden_layers"] == 2 and t["tie_word_embeddings"] is True
+    assert t["num_key_value_heads"] == 2 and t["model_type"] == "qwen2"
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (("measure", "no-such-model-xyz", "--steps", 1), "unknown model"),
+    (("measure", "{cfg}", "--tiny", "--steps", 0, "--device", "cpu"), "--steps"),
+    (("measure", "{cfg}", "--method", "lorax", "--device", "cpu"), "unknown method"),
+    (("measure", "{cfg}", "--gpus", 2, "--device", "cpu"), "one GPU"),
+    (("measure", "--matrix", "{tmp}/missing.yaml", "--out", "{tmp}/o.jsonl"), "no matrix file"),
+    (("validate", "{tmp}/missing.jsonl"), "no record file"),
+    (("validate", "{tmp}/bad.jsonl"), "malformed JSON"),
+])
+def test_bad_inputs_one_line_exit_2(argv, needle, config_path, tmp_path, capsys):
+    (tmp_path / "bad.jsonl").write_text("{not json\n")
+    argv = [str(a).format(cfg=config_path, tmp=tmp_path) for a in argv]
+    assert main(*argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err and needle in err[-1] and err[-1].startswith("ftplan: error:")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_lora_tiny(config_path, tmp_path):
+    out = tmp_path / "r.jsonl"
+    assert main("measure", config_path, "--tiny", "--method", "lora", "--steps", 3, "--seq-len", 64,
+                "--device", "cuda", "--out", out) == 0
+    (r,), _ = load_records([out])
+    m = r["measured"]
+    assert r["outcome"] == "ok" and m["peak_allocated_bytes"] >= m["baseline_allocated_bytes"] > 0
+    assert m["peak_reserved_bytes"] >= m["peak_allocated_bytes"]

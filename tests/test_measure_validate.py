@@ -1,0 +1,114 @@
+"""``ftplan validate``: statistics, false fits, the ratchet (no torch needed)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ftplan.measure import validate as V
+from ftplan.measure.records import SCHEMA, load_records
+
+ROOT = Path(__file__).resolve().parents[1]
+GIB = 1024**3
+
+TINY_LLAMA = {"model_type": "llama", "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "max_position_embeddings": 4096}
+
+
+def _record(i: int, *, outcome="ok", alloc=None, reserved=None, tps=None, method="full", device="cuda",
+            gpu_total=80 * GIB) -> dict:
+    job = {"method": method, "precision": "bf16-mixed", "optimizer": "adamw", "micro_batch": 1,
+           "seq_len": 128, "grad_accum": 1, "gradient_checkpointing": False, "attn_impl": "sdpa",
+           "lora": {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": ["all-linear"]},
+           "quant": {}, "dataset_tokens": None, "epochs": 1.0}
+    return {"schema": SCHEMA, "key": f"k{i}", "outcome": outcome, "error": None,
+            "model": {"name": "tiny", "config": TINY_LLAMA}, "job": job, "layout": {},
+            "run": {"device": device, "tiny": False}, "env": {"gpu_name": "X", "gpu_total_bytes": gpu_total},
+            "measured": {"peak_allocated_bytes": alloc, "peak_reserved_bytes": reserved, "tokens_per_s": tps},
+            "_source": f"synthetic:{i}"}
+
+
+def _fixed_predict(spec, job, layout, gpu_name):
+    # a constant prediction: 100 for allocated, 200 reserved, 1000 tokens/s, device total 50 GiB
+    return {"peak_allocated_bytes": 100, "peak_reserved_bytes": 200, "device_total_bytes": 50 * GIB,
+            "model_states_bytes": None, "components": {}, "tokens_per_s": 1000.0}
+
+
+def test_stats_hand_computed():
+    s = V.stats([1.0, -2.0, 3.0, None, -4.0, 10.0])
+    # |errors| sorted: 1 2 3 4 10 -> median 3, p90 nearest rank ceil(4.5)=5th -> 10, max 10
+    assert s == {"n": 5, "median_pct": 3.0, "p90_pct": 10.0, "max_pct": 10.0}
+    s = V.stats([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, -12])
+    # n=12: median (6+7)/2; p90 = ceil(10.8)=11th -> 11
+    assert s["median_pct"] == 6.5 and s["p90_pct"] == 11 and s["max_pct"] == 12
+    assert V.stats([None]) == {"n": 0, "median_pct": None, "p90_pct": None, "max_pct": None}
+
+
+def test_synthetic_record_set():
+    # measured allocations 100/(1+e): errors +25 %, -20 %, +5 %, 0 %; one OOM that was predicted to fit,
+    # one OOM correctly predicted not to fit (80 GiB card vs 50 GiB predicted -> fits; 40 GiB card -> not)
+    recs = [
+        _record(1, alloc=80, reserved=250, tps=800),  # +25 %, reserved -20 %, tps +25 %
+        _record(2, alloc=125, reserved=200, tps=1000),  # -20 %, 0 %, 0 %
+        _record(3, alloc=95.238095238, reserved=190.47619, tps=1100),  # ~+5 %
+        _record(4, alloc=100, reserved=160, tps=None, method="lora"),  # 0 %, +25 %
+        _record(5, outcome="oom", alloc=79 * GIB),  # false fit
+        _record(6, outcome="oom", gpu_total=40 * GIB),  # predicted not to fit: fine
+        _record(7, alloc=100, device="cpu"),  # CPU: never counted as GPU accuracy
+        _record(8, outcome="error"),
+    ]
+    rep = V.validate_records(recs, predict_fn=_fixed_predict)
+    g = rep["groups"]["gpu"]["all"]
+    assert g["n"] == 7 and g["oom"] == 2 and g["errors"] == 1
+    a = g["peak_allocated"]
+    assert a["n"] == 4
+    assert a["median_pct"] == pytest.approx((5 + 20) / 2) and a["max_pct"] == pytest.approx(25)
+    assert a["p90_pct"] == pytest.approx(25)
+    assert g["false_fits"] == 1 and g["missed_fits"] == 0
+    assert rep["groups"]["gpu"]["by_method"]["lora"]["peak_allocated"]["n"] == 1
+    assert g["tokens_per_s"]["n"] == 3 and g["tokens_per_s"]["median_pct"] == pytest.approx(9.0909, abs=1e-3)
+    assert "cpu" in rep["groups"] and rep["groups"]["cpu"]["all"]["n"] == 1
+    figs = rep["figures"]
+    assert figs["gpu.false_fits"] == 1 and figs["gpu.peak_allocated.max_pct"] == pytest.approx(25)
+    assert not rep["meets_targets"]
+    assert any("false_fits" in m for m in rep["target_misses"])
+    text = V.render_text(rep)
+    assert "gpu" in text and "false fits" in text
+
+
+def test_ratchet_only_tightens(tmp_path):
+    path = tmp_path / "ratchet.json"
+    path.write_text(json.dumps({"schema": "ftplan.ratchet/1",
+                                "figures": {"gpu.peak_allocated.median_pct": 5.0, "gpu.false_fits": 0}}))
+    worse = {"figures": {"gpu.peak_allocated.median_pct": 7.0, "gpu.false_fits": 2,
+                         "gpu.peak_allocated.max_pct": 9.123456}}
+    changed = V.update_ratchet(worse, path)
+    data = json.loads(path.read_text())["figures"]
+    assert data["gpu.peak_allocated.median_pct"] == 5.0 and data["gpu.false_fits"] == 0
+    assert data["gpu.peak_allocated.max_pct"] == 9.1235  # empty slot filled (rounded up)
+    assert changed == ["gpu.peak_allocated.max_pct: None -> 9.1235"]
+    better = {"figures": {"gpu.peak_allocated.median_pct": 2.0, "gpu.false_fits": 0}}
+    V.update_ratchet(better, path)
+    assert json.loads(path.read_text())["figures"]["gpu.peak_allocated.median_pct"] == 2.0
+    ratchet = V.read_ratchet(path)
+    assert V.check_ratchet({"figures": {**data, "gpu.peak_allocated.median_pct": 2.5}}, ratchet)
+    assert not V.check_ratchet({"figures": {**data, "gpu.peak_allocated.median_pct": 1.0,
+                                            "gpu.peak_allocated.max_pct": 9.0}}, ratchet)
+
+
+def test_committed_records_hold_the_ratchet():
+    """Current formulas over benchmarks/measurements/*.jsonl are no worse than benchmarks/ratchet.json."""
+    paths = sorted((ROOT / "benchmarks" / "measurements").glob("*.jsonl"))
+    if not paths:
+        pytest.skip("no committed measurement records")
+    records, problems = load_records(paths)
+    assert problems == [], problems
+    rep = V.validate_records(records)
+    assert not any("cannot recompute" in p for p in rep["problems"]), rep["problems"]
+    ratchet = V.read_ratchet(ROOT / "benchmarks" / "ratchet.json")
+    assert V.check_ratchet(rep, ratchet) == []
+    if "gpu" in rep["groups"]:
+        assert rep["figures"]["gpu.false_fits"] == 0

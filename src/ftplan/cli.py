@@ -204,11 +204,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_planner_commands(sub) -> None:
-    """recommend / compare / fit / gpus / offers (planner issue)."""
+    """recommend / compare / fit / gpus / offers."""
+    from .cli_planner import add_planner_commands
+
+    add_planner_commands(sub)
 
 
 def _add_measure_commands(sub) -> None:
-    """measure / validate (measurement issue)."""
+    """measure / validate (torch is imported only when they run)."""
+    from .cli_measure import add_measure_commands
+
+    add_measure_commands(sub)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

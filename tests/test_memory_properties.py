@@ -1,0 +1,142 @@
+"""Properties of the memory model over random options (hypothesis), and bad-input handling."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ftplan.catalog.models import load_model_catalog, resolve_model
+from ftplan.cli import main
+from ftplan.errors import FtplanError
+from ftplan.job import Job, Layout, LoraSpec
+from ftplan.memory import estimate_memory
+
+MODELS = sorted(load_model_catalog())
+jobs = st.builds(
+    Job,
+    method=st.sampled_from(["full", "lora", "qlora"]),
+    precision=st.sampled_from(["bf16-mixed", "bf16", "fp32", "fp16-mixed"]),
+    optimizer=st.sampled_from(["adamw", "adamw_8bit", "paged_adamw_8bit", "adafactor", "sgd"]),
+    micro_batch=st.integers(1, 16),
+    seq_len=st.integers(1, 32768),
+    gradient_checkpointing=st.booleans(),
+    attn_impl=st.sampled_from(["sdpa", "flash", "eager"]),
+    lora=st.builds(LoraSpec, r=st.integers(1, 256), dropout=st.sampled_from([0.0, 0.05, 0.1])),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(name=st.sampled_from(MODELS), job=jobs, grow=st.integers(1, 4096), which=st.sampled_from(["seq", "mb"]))
+def test_memory_never_falls_as_batch_or_sequence_grows(name, job, grow, which):
+    model = resolve_model(name)
+    a = estimate_memory(model, job)
+    bigger = job.with_(seq_len=job.seq_len + grow) if which == "seq" else job.with_(micro_batch=job.micro_batch + grow % 8 + 1)
+    b = estimate_memory(model, bigger)
+    assert b.peak_allocated_bytes >= a.peak_allocated_bytes
+    assert b.device_total_bytes >= a.device_total_bytes
+    assert b.model_states_bytes == a.model_states_bytes
+
+
+@settings(max_examples=40, deadline=None)
+@given(name=st.sampled_from(MODELS), job=jobs, n=st.integers(2, 64))
+def test_zero3_model_states_never_rise_with_more_gpus(name, job, n):
+    model = resolve_model(name)
+    small = estimate_memory(model, job, Layout(gpus_per_node=n, strategy="zero3"))
+    large = estimate_memory(model, job, Layout(gpus_per_node=n + 1, strategy="zero3"))
+    assert large.model_states_bytes <= small.model_states_bytes
+
+
+@settings(max_examples=40, deadline=None)
+@given(name=st.sampled_from(MODELS), job=jobs)
+def test_components_add_up(name, job):
+    mem = estimate_memory(resolve_model(name), job)
+    c = mem.components
+    assert all(v >= 0 for v in c.values())
+    assert mem.peak_reserved_bytes == mem.peak_allocated_bytes + c["allocator_reserve"]
+    assert mem.device_total_bytes == mem.peak_reserved_bytes + c["cuda_context"]
+
+
+def test_fractional_bytes_are_exact():
+    # 4-bit weights weigh half a byte: a QLoRA 70B base is ~35 GB, never 0 (llm-analysis' bug)
+    mem = estimate_memory(resolve_model("llama-3.1-70b"), Job(method="qlora"))
+    assert 30e9 < mem.components["frozen_weights"] < 50e9
+
+
+def test_70b_full_model_states_and_b200(capsys):
+    assert main(["estimate", "llama-3.1-70b", "--seq-len", "2048", "--gpu", "b200", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["params_total"] == 70_553_706_496
+    assert doc["per_gpu"]["model_states_bytes"] > 1.1e12
+    assert doc["fits"] is False
+
+
+def test_70b_qlora_json_schema(capsys):
+    assert main(["estimate", "llama-3.1-70b", "--method", "qlora", "--seq-len", "2048", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["params_total"] == 70_553_706_496
+    for key in ("components", "model_states_bytes", "peak_allocated_bytes", "peak_reserved_bytes",
+                "device_total_bytes"):
+        assert key in doc["per_gpu"]
+    assert "host_bytes" in doc and "params_trainable" in doc
+
+
+@pytest.mark.parametrize("argv", [
+    ["estimate", "llama-70b"],
+    ["estimate", "llama-3.1-70b", "--method", "lora", "--lora-r", "0"],
+    ["estimate", "llama-3.1-70b", "--seq-len", "0"],
+    ["estimate", "llama-3.1-70b", "--seq-len", "-5"],
+    ["estimate", "llama-3.1-70b", "--gpus", "3", "--tp", "3"],
+    ["estimate", "llama-3.1-70b", "--method", "lora", "--lora-targets", "c_attn"],
+    ["estimate", "llama-3.1-70b", "--method", "fp8"],
+    ["estimate", "llama-3.1-70b", "--optimizer", "adamw8"],
+    ["estimate", "llama-3.1-70b", "--gpu", "h1000"],
+    ["estimate", "/nonexistent/config.json"],
+    ["estimate", "llama-3.1-70b", "--strategy", "zero3"],
+])
+def test_bad_input_is_one_line_exit_2(argv, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("ftplan: error:") and "\n" not in err and "Traceback" not in err
+
+
+def test_malformed_and_unsupported_configs(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    assert main(["estimate", str(bad)]) == 2
+    gpt2 = tmp_path / "gpt2"
+    gpt2.mkdir()
+    (gpt2 / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_embd": 768}))
+    assert main(["estimate", str(gpt2)]) == 2
+    err = capsys.readouterr().err
+    assert "unsupported architecture" in err and "llama" in err
+    neg = tmp_path / "neg.json"
+    neg.write_text(json.dumps({"model_type": "llama", "hidden_size": -1}))
+    assert main(["estimate", str(neg)]) == 2
+
+
+@settings(max_examples=50, deadline=None)
+@given(seq=st.integers(-10, 10**6), mb=st.integers(-3, 64), r=st.integers(-2, 512),
+       method=st.sampled_from(["full", "lora", "qlora", "bogus"]), tp=st.integers(1, 9),
+       gpus=st.integers(1, 16), strategy=st.sampled_from(["single", "ddp", "zero3", "fsdp", "zero9"]))
+def test_cli_never_tracebacks(seq, mb, r, method, tp, gpus, strategy):
+    argv = ["estimate", "qwen2.5-7b", "--seq-len", str(seq), "--micro-batch", str(mb), "--lora-r", str(r),
+            "--method", method, "--tp", str(tp), "--gpus", str(gpus), "--strategy", strategy, "--json"]
+    err, out = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+        rc = main(argv)
+    assert rc in (0, 2), err.getvalue()
+    if rc == 2:
+        assert err.getvalue().startswith("ftplan: error:") and err.getvalue().count("\n") == 1
+
+
+def test_model_resolution_by_hub_id_and_alias():
+    assert resolve_model("meta-llama/Llama-3.1-70B").name == "llama-3.1-70b"
+    assert resolve_model("LLAMA-3.1-70B").name == "llama-3.1-70b"
+    with pytest.raises(FtplanError) as e:
+        resolve_model("llama-3.1-7b")
+    assert "did you mean" in e.value.one_line() and "llama-3.1-70b" in e.value.one_line()

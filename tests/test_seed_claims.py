@@ -64,6 +64,9 @@ def test_70b_full_needs_more_than_one_8gpu_node_without_offload(llama70, strateg
     for g in load_gpus().values():
         if g.memory_bytes <= 192 * GB:
             assert not mem.fits(g.memory_bytes, margin=0.05), g.name
-    # two nodes of 8 x 80 GB with ZeRO-3 do fit (the articles' "two 8x H100 servers")
     if strategy in ("zero3", "fsdp"):
-        assert estimate_memory(llama70, job, Layout(8, 2, strategy)).fits(80 * GB, margin=0.05)
+        # the articles' "two 8x H100 servers" are not enough either with bf16-mixed AdamW
+        # (fp32 weights + bf16 copy + fp32 grads + 2 fp32 states = 18 B/param: ~79 GB/GPU of
+        # states over 16 GPUs); four are
+        assert not estimate_memory(llama70, job, Layout(8, 2, strategy)).fits(80 * GB, margin=0.05)
+        assert estimate_memory(llama70, job, Layout(8, 4, strategy)).fits(80 * GB, margin=0.05)

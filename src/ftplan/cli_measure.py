@@ -203,3 +203,15 @@ def add_measure_commands(sub) -> None:
     v.add_argument("--skip-bad", action="store_true",
                    help="skip malformed record lines with a warning (default: report them, exit 2)")
     v.set_defaults(func=cmd_validate)
+
+
+def main(argv=None) -> int:
+    """``python -m ftplan.cli_measure ...``: the ftplan CLI with measure/validate wired in."""
+    from . import cli
+
+    cli._add_measure_commands = add_measure_commands
+    return cli.main(argv)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

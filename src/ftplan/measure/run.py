@@ -567,9 +567,12 @@ class _SavedBytes:
 
     def _is_weight_copy(self, t) -> bool:
         """A cast of a trainable parameter: ``ToCopyBackward0`` straight off an ``AccumulateGrad``."""
-        if t.dim() != 2 or tuple(t.shape) not in self.weight_shapes:
+        if t.dim() != 2 or not ({tuple(t.shape), tuple(t.shape)[::-1]} & self.weight_shapes):
             return False
         fn = t.grad_fn
+        while fn is not None and type(fn).__name__ in ("TBackward0", "TransposeBackward0", "ViewBackward0",
+                                                      "PermuteBackward0"):
+            fn = fn.next_functions[0][0] if fn.next_functions else None  # linear saves weight.t()
         if fn is None or type(fn).__name__ != "ToCopyBackward0":
             return False
         nxt = [f for f, _ in fn.next_functions if f is not None]

@@ -84,7 +84,9 @@ DTYPES: dict[str, torch.dtype] = {
 # --------------------------------------------------------------------------------------------------
 
 #: One tiny but structurally faithful ``config.json``-style dict per family, keyed by HF model_type.
-#: Sizes: hidden 64, 2-3 layers, vocab 512, intermediate 128. Sliding windows are 16 tokens, i.e. smaller
+#: Sizes: hidden 64, 2-3 layers, vocab 512, intermediate 120 (MoE expert intermediate 24; chosen so that no
+#: two of h, I, Im, V are small multiples of each other, which keeps fitted formulas unambiguous). Sliding
+#: windows are 16 tokens, i.e. smaller
 #: than the sequence lengths the tests use (32), so the window really masks something where it applies.
 #: Features exercised:
 #:
@@ -93,7 +95,7 @@ DTYPES: dict[str, torch.dtype] = {
 #: * mixtral: 4 experts top-2 (fused 3-D experts), GQA, untied, no sliding window (like Mixtral-8x7B).
 #: * qwen2: q/k/v biases (hard-coded in the architecture), tied embeddings, GQA.
 #: * qwen3: ``head_dim=32 != 64/4``, q_norm/k_norm, GQA, untied.
-#: * qwen3_moe: ``head_dim=32``, q/k norms, 4 experts top-2 with ``moe_intermediate_size=32``,
+#: * qwen3_moe: ``head_dim=32``, q/k norms, 4 experts top-2 with ``moe_intermediate_size=24``,
 #:   ``decoder_sparse_step=1`` and ``mlp_only_layers=[0]`` (layer 0 dense, layers 1-2 MoE).
 #: * gemma2: ``head_dim=32``, ``query_pre_attn_scalar=32``, layers alternate sliding(16)/full,
 #:   attention soft-capping 50 and final-logit soft-capping 30, pre/post feed-forward norms, tied.
@@ -106,7 +108,7 @@ TINY_CONFIGS: dict[str, dict] = {
         "model_type": "llama",
         "vocab_size": 512,
         "hidden_size": 64,
-        "intermediate_size": 128,
+        "intermediate_size": 120,
         "num_hidden_layers": 2,
         "num_attention_heads": 4,
         "num_key_value_heads": 2,
@@ -117,7 +119,7 @@ TINY_CONFIGS: dict[str, dict] = {
         "model_type": "mistral",
         "vocab_size": 512,
         "hidden_size": 64,
-        "intermediate_size": 128,
+        "intermediate_size": 120,
         "num_hidden_layers": 2,
         "num_attention_heads": 4,
         "num_key_value_heads": 2,
@@ -129,7 +131,7 @@ TINY_CONFIGS: dict[str, dict] = {
         "model_type": "mixtral",
         "vocab_size": 512,
         "hidden_size": 64,
-        "intermediate_size": 128,
+        "intermediate_size": 120,
         "num_hidden_layers": 2,
         "num_attention_heads": 4,
         "num_key_value_heads": 2,
@@ -143,7 +145,7 @@ TINY_CONFIGS: dict[str, dict] = {
         "model_type": "qwen2",
         "vocab_size": 512,
         "hidden_size": 64,
-        "intermediate_size": 128,
+        "intermediate_size": 120,
         "num_hidden_layers": 2,
         "num_attention_heads": 4,
         "num_key_value_heads": 2,
@@ -155,7 +157,7 @@ TINY_CONFIGS: dict[str, dict] = {
         "model_type": "qwen3",
         "vocab_size": 512,
         "hidden_size": 64,
-        "intermediate_size": 128,
+        "intermediate_size": 120,
         "num_hidden_layers": 2,
         "num_attention_heads": 4,
         "num_key_value_heads": 2,
@@ -168,8 +170,8 @@ TINY_CONFIGS: dict[str, dict] = {
         "model_type": "qwen3_moe",
         "vocab_size": 512,
         "hidden_size": 64,
-        "intermediate_size": 128,
-        "moe_intermediate_size": 32,
+        "intermediate_size": 120,
+        "moe_intermediate_size": 24,
         "num_hidden_layers": 3,
         "num_attention_heads": 4,
         "num_key_value_heads": 2,
@@ -187,7 +189,7 @@ TINY_CONFIGS: dict[str, dict] = {
         "model_type": "gemma2",
         "vocab_size": 512,
         "hidden_size": 64,
-        "intermediate_size": 128,
+        "intermediate_size": 120,
         "num_hidden_layers": 3,
         "num_attention_heads": 4,
         "num_key_value_heads": 2,
@@ -204,7 +206,7 @@ TINY_CONFIGS: dict[str, dict] = {
         "model_type": "gemma3_text",
         "vocab_size": 512,
         "hidden_size": 64,
-        "intermediate_size": 128,
+        "intermediate_size": 120,
         "num_hidden_layers": 3,
         "num_attention_heads": 4,
         "num_key_value_heads": 2,
@@ -219,7 +221,7 @@ TINY_CONFIGS: dict[str, dict] = {
         "model_type": "phi3",
         "vocab_size": 512,
         "hidden_size": 64,
-        "intermediate_size": 128,
+        "intermediate_size": 120,
         "num_hidden_layers": 2,
         "num_attention_heads": 4,
         "num_key_value_heads": 2,
@@ -234,8 +236,8 @@ TINY_CONFIGS: dict[str, dict] = {
         "model_type": "deepseek_v3",
         "vocab_size": 512,
         "hidden_size": 64,
-        "intermediate_size": 128,
-        "moe_intermediate_size": 32,
+        "intermediate_size": 120,
+        "moe_intermediate_size": 24,
         "num_hidden_layers": 3,
         "num_attention_heads": 4,
         "num_key_value_heads": 4,

@@ -418,6 +418,10 @@ def fitted_components(res: Result, syms: dict[str, int]) -> tuple[dict[tuple[str
 # ------------------------------------------------------------------------------------------------
 
 
+def _sort_scope(sc: str) -> tuple:
+    return (0, int(sc[1:])) if sc.startswith("L") else (1, 0)
+
+
 def component_table(res: Result, syms: dict[str, int]) -> list[str]:
     fc, problems = fitted_components(res, syms)
     by_comp: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))

@@ -632,7 +632,10 @@ class SavedTensorTracker:
       saved by ``addmm``) and of any tensor in ``exclude`` are EXCLUDED (reported separately as
       ``excluded_bytes``). Autocast's low-precision weight copies are NOT parameters and ARE counted;
     * a storage counts only while at least one of its saved references is still held by the graph
-      (tensors saved by a sub-graph whose output was dropped are freed and not counted);
+      (tensors saved by a sub-graph whose output was dropped are freed and not counted; e.g. DeepSeek-V3's
+      group-limited routing saves ``topk`` indices on a branch that only feeds a non-differentiable
+      ``topk`` and is dropped at once). When such an address is reused by a later saved tensor, a fresh
+      record is started (the old one moves to ``retired``);
     * activation checkpointing: tensors saved *inside* a non-reentrant checkpointed region go to the
       checkpoint's own inner hooks (the outer hook never sees them) and are not kept - correct, they
       are recomputed. The region's positional tensor inputs are kept as ``SavedTensor`` s by
@@ -671,6 +674,8 @@ class SavedTensorTracker:
             self._excluded.add(storage_key(t))
         self._excluded.discard(0)
         self.records: dict[int, SavedRecord] = {}
+        #: records whose storage was released during the forward (address later reused)
+        self.retired: list[SavedRecord] = []
         self._holders: dict[int, list[weakref.ref]] = defaultdict(list)
         self._excluded_seen: dict[int, int] = {}
         self._closures: list[tuple[weakref.ref, list[torch.Tensor]]] = []
@@ -713,6 +718,13 @@ class SavedTensorTracker:
         else:
             op = "<python>"
         rec = self.records.get(key)
+        if rec is not None and not any(r() is not None for r in self._holders[key]):
+            # every earlier save of this address was released (its sub-graph died) and the CPU allocator
+            # handed the address out again: it is a different tensor now, start a fresh record
+            rec.alive = False
+            self.retired.append(rec)
+            self._holders[key] = []
+            rec = None
         if rec is None:
             gf = t.grad_fn
             rec = SavedRecord(
@@ -728,7 +740,6 @@ class SavedTensorTracker:
             self.records[key] = rec
         else:
             rec.n_saves += 1
-            rec.nbytes = max(rec.nbytes, nbytes)
         rec.savers.append(f"{module}:{op}")
         self._holders[key].append(weakref.ref(held))
         return held

@@ -58,7 +58,7 @@ def component(rec: tr.SavedRecord) -> tuple[str, str]:
         return "model", "ckpt closure (layer kwargs: cos/sin, mask, position_ids)"
     if len(layers) > 1:
         # one storage saved by several layers: position embeddings (cos/sin) or the shared mask
-        if rec.op == "scaled_dot_product_attention" or len(rec.shape) == 4 and rec.shape[-1] == rec.shape[-2]:
+        if rec.op == "scaled_dot_product_attention":
             return "model", "attention mask (shared by layers)"
         return "model", "rope cos/sin (shared by layers)"
     m = _LAYER_RE.search(mod)

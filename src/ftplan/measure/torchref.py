@@ -294,7 +294,6 @@ def build_model(
     attn_implementation: str = "eager",
     seed: int = 0,
     experts_implementation: str | None = None,
-    quantization: str | None = None,
 ) -> nn.Module:
     """Build a real ``AutoModelForCausalLM`` from a config.json-style dict, with random weights.
 
@@ -309,12 +308,6 @@ def build_model(
         seed: ``torch.manual_seed`` before initialisation, so builds are reproducible.
         experts_implementation: MoE experts kernel (``None`` = transformers' default, which is
             ``"grouped_mm"`` for the fused-experts families; ``"eager"`` loops over experts).
-        quantization: ``None``, ``"nf4"``, ``"nf4-dq"`` (double quantization), ``"fp4"`` or ``"int8"``:
-            the random model is saved to a temporary directory and reloaded with
-            ``from_pretrained(quantization_config=BitsAndBytesConfig(...), device_map="cpu")`` - the
-            real bitsandbytes path (4-bit runs on CPU with bitsandbytes 0.50; compute dtype = ``dtype``).
-            ``prepare_model_for_kbit_training`` is NOT applied (it upcasts every non-quantized parameter
-            to fp32; call it yourself to mirror a QLoRA recipe).
 
     Returns:
         The model, in train mode.
@@ -336,42 +329,8 @@ def build_model(
         else:
             model = AutoModelForCausalLM.from_config(hf_config, **kwargs)
             model = model.to(device)
-    if quantization is not None:
-        model = _requantize(model, quantization, torch_dtype, attn_implementation, experts_implementation)
     model.train()
     return model
-
-
-def _requantize(
-    model: nn.Module,
-    quantization: str,
-    torch_dtype: torch.dtype,
-    attn_implementation: str,
-    experts_implementation: str | None,
-) -> nn.Module:
-    import tempfile
-
-    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
-
-    q = quantization.lower()
-    if q in ("nf4", "nf4-dq", "fp4", "fp4-dq"):
-        qc = BitsAndBytesConfig(
-            load_in_4bit=True,
-            bnb_4bit_quant_type=q.split("-")[0],
-            bnb_4bit_use_double_quant=q.endswith("-dq"),
-            bnb_4bit_compute_dtype=torch_dtype,
-        )
-    elif q == "int8":
-        qc = BitsAndBytesConfig(load_in_8bit=True)
-    else:
-        raise ValueError(f"unknown quantization {quantization!r}")
-    kwargs: dict[str, Any] = {"attn_implementation": attn_implementation, "dtype": torch_dtype}
-    if experts_implementation is not None:
-        kwargs["experts_implementation"] = experts_implementation
-    with tempfile.TemporaryDirectory() as d, warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model.save_pretrained(d)
-        return AutoModelForCausalLM.from_pretrained(d, quantization_config=qc, device_map="cpu", **kwargs)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -424,7 +383,7 @@ def _categorise(model: nn.Module, name: str, param: nn.Parameter) -> str:
         if segs and segs[-1] == "shared_expert_gate":
             return "router"
         return "mlp"
-    if _is_router(owner, segs) or ("bias" in pname and "router" in pname):
+    if _is_router(owner, segs) or "bias" in pname and "router" in pname:
         return "router"
     if any(s == "experts" for s in segs):
         return "experts"
@@ -508,11 +467,6 @@ class LoraApplied:
     non_linear_weights: dict[str, tuple[int, ...]]
     #: LoRA parameter elements (lora_A + lora_B [+ magnitude...])
     lora_params: int
-    #: the adapter config as PEFT left it (after its transformers-v5 MoE rewrite)
-    peft_target_modules: list[str] = dataclasses.field(default_factory=list)
-    peft_target_parameters: list[str] = dataclasses.field(default_factory=list)
-    rank_pattern: dict[str, int] = dataclasses.field(default_factory=dict)
-    alpha_pattern: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def _strip_peft_prefix(name: str) -> str:
@@ -534,42 +488,29 @@ def apply_lora(
 ) -> LoraApplied:
     """Wrap ``model`` with real ``peft.get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", ...))``.
 
-    Findings (peft 0.21.2 + transformers 5.23, verified by ``tests/test_torchref_harness.py`` and
+    Findings (peft 0.21.2, transformers 5.23, verified by ``tests/test_torchref_harness.py`` and
     ``benchmarks/notes/make_inventory.py``):
 
-    * Dense families: ``"all-linear"`` wraps every ``nn.Linear`` except the output embedding
-      (``lm_head``, found via ``get_output_embeddings()``; excluded whether tied or not): q/k/v/o, phi3's
-      fused ``qkv_proj``/``gate_up_proj``, MLA's ``q_a_proj``/``q_b_proj``/``kv_a_proj_with_mqa``/
-      ``kv_b_proj``, gate/up/down. Embeddings and norms are never targeted.
-    * MoE families whose v5 layout changed (mixtral, and every model transformers maps to the
-      ``qwen2_moe`` conversion pattern, incl. qwen3_moe and deepseek_v3): PEFT's
-      ``convert_peft_config_for_transformers`` REWRITES the config. ``all-linear`` is resolved to leaf
-      names, then ``gate_proj``/``up_proj``/``down_proj`` (``w1``/``w3``/``w2``) and ``gate`` are moved
-      to ``target_parameters`` = ``{"gate_up_proj", "down_proj", "gate.weight"}``: the fused 3-D routed
-      experts get a PEFT ``ParamWrapper`` LoRA (per expert; ``gate_up_proj`` at rank ``2r`` and alpha
-      ``2*alpha`` via rank/alpha patterns, ``down_proj`` at rank ``r``; lora_A ``[r_eff*E, in]``, lora_B
-      ``[out, r_eff*E]``) and the ROUTER weight gets one too (lora_A ``[r, h]``, lora_B ``[E, r]``).
-      Side effect: because those names leave ``target_modules``, dense MLP layers (qwen3_moe
-      ``mlp_only_layers``, deepseek's first ``first_k_dense_replace`` layers) and DeepSeek's
-      ``shared_experts`` are NOT targeted at all (see ``untargeted_linear``).
-    * ``ParamWrapper`` raises ``ValueError("... does not work with lora_dropout != 0")``, so
-      ``all-linear`` with ``dropout > 0`` FAILS on those MoE models (the error is propagated).
-    * ``ParamWrapper`` materialises ``W + scale * B @ A`` for ALL experts on every forward
-      (``baddbmm``; fp32 path) and grouped_mm saves it for backward: a full expert-weight-sized tensor per
-      wrapped 3-D parameter and MoE layer shows up as *activation* memory.
-    * ``lora_dropout > 0`` inserts an ``nn.Dropout`` on the LoRA branch input of each wrapped layer
-      (each q/k/v gets its own mask and dropped copy); ``lora_dropout == 0`` uses ``nn.Identity``.
-    * Every base parameter is frozen; LoRA weights are created in the base weight's dtype.
+    * ``"all-linear"`` targets every ``nn.Linear`` except the output embedding (``lm_head``, found
+      via ``get_output_embeddings()``), whether or not it is tied.
+    * It does NOT reach MoE routed experts in transformers v5: they are fused 3-D ``nn.Parameter``
+      (``experts.gate_up_proj``/``experts.down_proj``), not ``nn.Linear``. Only ``target_parameters``
+      (e.g. ``["experts.gate_up_proj", "experts.down_proj"]``) adds LoRA to them (PEFT's
+      ``ParamWrapper``: lora_A ``[r*E, in]``, lora_B ``[out, r*E]`` per 3-D weight).
+    * It does NOT reach the routers (``*TopKRouter`` hold a bare ``nn.Parameter``), nor embeddings.
+    * It DOES reach MoE shared experts (DeepSeek ``shared_experts.*_proj`` are ``nn.Linear``), dense
+      MLPs, every attention projection including MLA's ``q_a_proj``/``q_b_proj``/
+      ``kv_a_proj_with_mqa``/``kv_b_proj`` and phi3's fused ``qkv_proj``/``gate_up_proj``.
+    * ``lora_dropout > 0`` inserts an ``nn.Dropout`` on the LoRA branch input of each wrapped layer;
+      ``lora_dropout == 0`` uses ``nn.Identity`` (no mask, no copy).
+    * Every base parameter is frozen (``requires_grad=False``); LoRA weights have the model dtype.
 
     Args:
         model: a model from :func:`build_model` (modified in place by PEFT).
         r, alpha, dropout: LoRA rank, ``lora_alpha`` and ``lora_dropout``.
         target_modules: ``"all-linear"`` or a list of module name suffixes.
-        target_parameters: optional explicit PEFT ``target_parameters`` (3-D expert weights).
+        target_parameters: optional list for PEFT's ``target_parameters`` (3-D expert weights).
         bias: LoRA ``bias`` option (``"none"`` by default).
-
-    Returns:
-        :class:`LoraApplied` with the PEFT model and what was really targeted (after PEFT's rewrite).
     """
     from peft import LoraConfig, get_peft_model
 
@@ -592,7 +533,6 @@ def apply_lora(
             non_linear[n] = tuple(p.shape)
     peft_model = get_peft_model(model, LoraConfig(**kwargs))
     tuner = peft_model.base_model
-    pc = peft_model.peft_config["default"]
     targeted = sorted({_strip_peft_prefix(n) for n in getattr(tuner, "targeted_module_names", [])})
     targeted_params = sorted({_strip_peft_prefix(n) for n in getattr(tuner, "targeted_parameter_names", [])})
     lora_params = sum(p.numel() for n, p in peft_model.named_parameters() if _LORA_RE.search(n))
@@ -604,12 +544,6 @@ def apply_lora(
         untargeted_linear=sorted(base_linear - set(targeted)),
         non_linear_weights=non_linear,
         lora_params=lora_params,
-        peft_target_modules=(
-            [pc.target_modules] if isinstance(pc.target_modules, str) else sorted(pc.target_modules or [])
-        ),
-        peft_target_parameters=sorted(pc.target_parameters or []),
-        rank_pattern=dict(pc.rank_pattern or {}),
-        alpha_pattern=dict(pc.alpha_pattern or {}),
     )
 
 
@@ -790,7 +724,6 @@ class SavedTensorTracker:
             rec.alive = False
             self.retired.append(rec)
             self._holders[key] = []
-            del self.records[key]
             rec = None
         if rec is None:
             gf = t.grad_fn
@@ -1023,9 +956,6 @@ class StepMeasure:
     saved_by_kind: dict[str, int]
     n_trainable_tensors: int
     # --- extras useful for debugging / exact formulas ---
-    #: bitsandbytes quantization state (4-bit absmax/code/nested absmax, 8-bit SCB) included in
-    #: ``param_bytes``/``frozen_param_bytes`` (Params4bit storages themselves are the packed uint8)
-    quant_state_bytes: int = 0
     buffer_bytes: int = 0
     saved_by_module: dict[str, int] = dataclasses.field(default_factory=dict)
     optimizer_state_by_key: dict[str, int] = dataclasses.field(default_factory=dict)
@@ -1038,36 +968,15 @@ class StepMeasure:
     meta: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
-def _quant_state_tensors(p: torch.Tensor) -> list[torch.Tensor]:
-    """Tensors hanging off a bitsandbytes ``Params4bit.quant_state`` (absmax, code, nested state2...)."""
-    out: list[torch.Tensor] = []
-    qs = getattr(p, "quant_state", None)
-    depth = 0
-    while qs is not None and depth < 4:
-        for name in ("absmax", "code", "offset"):
-            t = getattr(qs, name, None)
-            if isinstance(t, torch.Tensor):
-                out.append(t)
-        qs = getattr(qs, "state2", None)
-        depth += 1
-    scb = getattr(p, "SCB", None)  # Int8Params row scales
-    if isinstance(scb, torch.Tensor):
-        out.append(scb)
-    return out
-
-
-def _unique_param_bytes(params: Iterable[torch.Tensor], *, with_quant_state: bool = False) -> int:
-    """Bytes of distinct storages; optionally plus bitsandbytes quantization state of each param."""
+def _unique_param_bytes(params: Iterable[torch.Tensor]) -> int:
     seen: set[int] = set()
     total = 0
     for p in params:
-        tensors = [p] + (_quant_state_tensors(p) if with_quant_state else [])
-        for t in tensors:
-            key = storage_key(t)
-            if key in seen and key != 0:
-                continue
-            seen.add(key)
-            total += storage_nbytes(t)
+        key = storage_key(p)
+        if key in seen and key != 0:
+            continue
+        seen.add(key)
+        total += storage_nbytes(p)
     return total
 
 
@@ -1111,8 +1020,7 @@ def set_gradient_checkpointing(model: nn.Module, enable: bool, checkpoint_kwargs
             else:  # pragma: no cover - transformers < 5.x
                 hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpoint_kwargs)
             frozen = any(not p.requires_grad for p in model.parameters())
-            hooked = getattr(hf, "_require_grads_hook", None) is not None
-            if frozen and not hooked and hasattr(hf, "enable_input_require_grads"):
+            if frozen and getattr(hf, "_require_grads_hook", None) is None and hasattr(hf, "enable_input_require_grads"):
                 hf.enable_input_require_grads()
         else:
             on = getattr(hf, "is_activation_checkpointing", None)
@@ -1166,8 +1074,7 @@ def measure_step(
     same model see different weights (MoE routing may change; byte counts with the default
     ``grouped_mm`` experts do not depend on the routing).
 
-    Field meanings (bytes, exact): ``param_bytes`` = all parameter storages once (tied counted once;
-    for bitsandbytes 4-bit weights the packed uint8 storage plus its ``quant_state`` tensors);
+    Field meanings (bytes, exact): ``param_bytes`` = all parameter storages once (tied counted once);
     ``trainable_param_bytes``/``frozen_param_bytes`` split it by ``requires_grad``; ``grad_bytes`` =
     ``p.grad`` storages after backward; ``optimizer_state_bytes`` = every tensor in
     ``optimizer.state`` once (AdamW: ``exp_avg`` + ``exp_avg_sq`` + a 4-byte fp32 ``step`` tensor per
@@ -1230,10 +1137,9 @@ def measure_step(
     del loss
 
     return StepMeasure(
-        param_bytes=_unique_param_bytes(params, with_quant_state=True),
-        trainable_param_bytes=_unique_param_bytes(trainable, with_quant_state=True),
-        frozen_param_bytes=_unique_param_bytes(frozen, with_quant_state=True),
-        quant_state_bytes=_unique_param_bytes(params, with_quant_state=True) - _unique_param_bytes(params),
+        param_bytes=_unique_param_bytes(params),
+        trainable_param_bytes=_unique_param_bytes(trainable),
+        frozen_param_bytes=_unique_param_bytes(frozen),
         grad_bytes=grad_bytes,
         optimizer_state_bytes=opt_total,
         saved_activation_bytes=saved,

@@ -103,6 +103,31 @@ def test_dropped_subgraph_is_not_counted():
     del kept
 
 
+def test_reused_address_of_released_save_starts_a_fresh_record():
+    lin = nn.Linear(IN, OUT)
+    x = _x()
+    with tr.SavedTensorTracker(lin) as t:
+        for _ in range(3):  # released saves: the allocator is free to hand the addresses out again
+            tmp = torch.sigmoid(lin(x).double())
+            del tmp
+        kept = torch.relu(torch.randn(B, S, 2 * OUT, requires_grad=True) * 1.0)
+    assert t.by_op() == {"relu": B * S * 2 * OUT * F32}
+    assert all(not r.alive for r in t.retired)
+    del kept
+
+
+def test_autocast_weight_copies_are_activations_and_named():
+    lin = nn.Linear(IN, OUT)
+    x = _x(requires_grad=True)  # so that the (cast) weight is needed for the input gradient
+    with tr.SavedTensorTracker(lin) as t, torch.autocast("cpu", dtype=torch.bfloat16):
+        y = lin(x)
+    recs = {r.param_copy: r for r in t.alive_records()}
+    assert recs["weight"].nbytes == IN * OUT * 2  # the bf16 copy of the fp32 weight is kept for backward
+    assert recs[""].nbytes == B * S * IN * 2  # the bf16 copy of the input
+    assert t.excluded_bytes() == 0
+    del y
+
+
 def test_attribution_by_module_and_op():
     model = nn.Sequential(nn.Linear(IN, OUT), nn.ReLU())
     with tr.SavedTensorTracker(model) as t:
@@ -332,3 +357,35 @@ def test_lora_with_checkpointing_measures():
     assert m.trainable_param_bytes == la.lora_params * F32 == m.grad_bytes
     assert m.saved_by_kind["checkpoint_input"] == 2 * (2 * 32 * 64 * F32)
     assert m.loss == m.loss  # not NaN
+
+
+def test_lora_on_bf16_model_keeps_fp32_adapters_and_fp32_input_copies():
+    model = tr.build_model(tr.TINY_CONFIGS["llama"], dtype="bf16", attn_implementation="sdpa")
+    la = tr.apply_lora(model, r=8, alpha=16, dropout=0.0, target_modules="all-linear")
+    m = tr.measure_step(la.model, batch=2, seq_len=32, gradient_checkpointing=False, forward_only=True)
+    assert m.trainable_param_bytes == la.lora_params * F32
+    lora_in = [r for r in m.records if r.module.endswith("lora_A.default")]
+    assert lora_in and all(r.dtype == "float32" for r in lora_in)
+    # q, k and v each keep their own fp32 copy of the (shared, bf16) normed input in layer 1
+    qkv = [
+        r
+        for r in lora_in
+        if ".layers.1.self_attn." in r.module and r.module.split(".")[-3] in ("q_proj", "k_proj", "v_proj")
+    ]
+    assert len(qkv) == 3 and len({r.key for r in qkv}) == 3
+
+
+def test_qlora_nf4_runs_on_cpu_and_counts_quant_state():
+    pytest.importorskip("bitsandbytes")
+    model = tr.build_model(tr.TINY_CONFIGS["llama"], dtype="bf16", quantization="nf4", attn_implementation="sdpa")
+    q_proj = model.model.layers[0].self_attn.q_proj
+    assert type(q_proj).__name__ == "Linear4bit"
+    assert tr.total_params(model) == tr.total_params(tr.build_model(tr.TINY_CONFIGS["llama"]))
+    assert len([mod for mod in model.modules() if type(mod).__name__ == "Linear4bit"]) == 7 * 2
+    la = tr.apply_lora(model, r=8, alpha=16, dropout=0.0, target_modules="all-linear")
+    m = tr.measure_step(la.model, batch=2, seq_len=32, gradient_checkpointing=True)
+    # packed 4-bit weights are half a byte per element; absmax/code are reported and included
+    assert m.quant_state_bytes > 0
+    assert m.trainable_param_bytes == la.lora_params * F32  # PEFT upcasts adapters to fp32
+    assert m.grad_bytes == m.trainable_param_bytes
+    assert m.loss == m.loss

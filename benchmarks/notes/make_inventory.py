@@ -56,12 +56,17 @@ def component(rec: tr.SavedRecord) -> tuple[str, str]:
     layers = {int(m.group(1)) for s in rec.savers for m in [_LAYER_RE.search(s)] if m}
     if rec.op == "checkpoint_closure":
         return "model", "ckpt closure (layer kwargs: cos/sin, mask, position_ids)"
+    m = _LAYER_RE.search(mod)
+    if rec.param_copy:
+        return (f"L{m.group(1)}" if m else "model"), "compute-dtype copies of parameters (autocast / PEFT casts)"
+    is_rope = rec.op == "mul" and mod.endswith("self_attn") and len(rec.shape) == 4 and rec.shape[0] == 1
     if len(layers) > 1:
         # one storage saved by several layers: position embeddings (cos/sin) or the shared mask
         if rec.op == "scaled_dot_product_attention":
             return "model", "attention mask (shared by layers)"
         return "model", "rope cos/sin (shared by layers)"
-    m = _LAYER_RE.search(mod)
+    if is_rope and m is not None:
+        return f"L{m.group(1)}", "rope cos/sin (this layer type only)"
     if m is None:
         if "embed_tokens" in mod:
             return "model", "embedding (input_ids)"
@@ -82,8 +87,6 @@ def component(rec: tr.SavedRecord) -> tuple[str, str]:
     rest = mod[m.end():]
     parts = rest.split(".") if rest else []
     if "lora_dropout" in parts or any(p.startswith("lora_") for p in parts):
-        # e.g. self_attn.q_proj.lora_A.default -> lora q_proj
-        target = next((p for p in reversed(parts) if p.endswith(("proj", "gate", "experts", "mqa")) or p in ("gate", "experts")), "?")
         kind = "dropout mask/out" if "lora_dropout" in parts else ("A in" if "lora_A" in parts else "B in")
         return scope, f"lora {kind}"
     if not parts:
@@ -143,11 +146,11 @@ def _solve(rows: list[list[Fraction]], rhs: list[Fraction]) -> list[Fraction]:
     return [m[i][n] / m[i][i] for i in range(n)]
 
 
-BASIS_LABELS = ["b*s", "b*s^2", "s", "b", ""]
+BASIS_LABELS = ["b*s", "b*s^2", "s", "s^2", "b", ""]
 
 
 def _basis(b: int, s: int) -> list[Fraction]:
-    return [Fraction(b * s), Fraction(b * s * s), Fraction(s), Fraction(b), Fraction(1)]
+    return [Fraction(b * s), Fraction(b * s * s), Fraction(s), Fraction(s * s), Fraction(b), Fraction(1)]
 
 
 def fit(values: dict[tuple[int, int], int]) -> tuple[list[Fraction], bool]:
@@ -252,6 +255,7 @@ COMPONENT_SYMS: list[tuple[str, tuple[str, ...]]] = [
     ("lm_head", ("h",)),
     ("embedding", ()),
     ("rope", ("hd", "rope")),
+    ("compute-dtype copies", ()),
     ("ckpt closure", ("hd", "rope")),
     ("attention mask", ()),
     ("q/k norm", ("nh*hd", "kv*hd", "nh", "kv")),
@@ -261,7 +265,7 @@ COMPONENT_SYMS: list[tuple[str, tuple[str, ...]]] = [
     ("q/k/v proj", ("h",)),
     ("checkpoint input", ("h",)),
     ("o_proj", ("nh*hd", "nh*vhd")),
-    ("attention core", ("nh*hd", "kv*hd", "nh", "nh*(nope+rope)", "nh*vhd", "nh*(nope+vhd)", "kv_lora+rope", "rope")),
+    ("attention core", ("nh*hd", "kv*hd", "nh", "kv", "nh*(nope+rope)", "nh*vhd", "nh*(nope+vhd)", "kv_lora+rope")),
     ("shared experts", ("h", "Im")),
     ("mlp", ("h", "I")),
     ("router", ("h", "E", "k")),
@@ -293,10 +297,10 @@ class Formula:
             if c == 0:
                 continue
             elems = c / es
-            if i == 4 or elems.denominator != 1 or elems < 0:
+            if i == len(BASIS_LABELS) - 1 or elems.denominator != 1 or elems < 0:
                 self.raw[(i, dtype)] += c
                 continue
-            dec = decompose(int(elems), sq_syms if i == 1 else syms)
+            dec = decompose(int(elems), sq_syms if i == 1 else ({} if i in (3, 4) else syms))
             if dec is None:
                 self.raw[(i, dtype)] += c
                 continue
@@ -309,7 +313,7 @@ class Formula:
         for i, dt in keys:
             t = {k: v for k, v in self.terms.get((i, dt), {}).items() if v}
             raw = self.raw.get((i, dt), Fraction(0))
-            if i == 4:
+            if i == len(BASIS_LABELS) - 1:
                 if raw:
                     groups[i].append(f"{raw}B")
                 continue
@@ -337,10 +341,12 @@ class Variant:
     attn: str
     gc: bool
     mode: str  # "full" | "lora_d0.1" | "lora_d0.0"
+    amp: bool = False  # fp32 weights + torch.autocast(bf16) around the forward (HF Trainer bf16=True)
 
     @property
     def label(self) -> str:
-        return f"{self.mode} {self.dtype} {self.attn} {'ckpt' if self.gc else 'no-ckpt'}"
+        dt = "fp32 weights + autocast(bf16)" if self.amp else self.dtype
+        return f"{self.mode} {dt} {self.attn} {'ckpt' if self.gc else 'no-ckpt'}"
 
 
 @dataclasses.dataclass
@@ -372,7 +378,8 @@ def run_variant(v: Variant, model: torch.nn.Module, la: tr.LoraApplied | None) -
     totals: dict = {}
     calls = 0
     for p in POINTS:
-        m = tr.measure_step(model, batch=p[0], seq_len=p[1], gradient_checkpointing=v.gc, forward_only=True)
+        m = tr.measure_step(model, batch=p[0], seq_len=p[1], gradient_checkpointing=v.gc, forward_only=True,
+                            dtype="bf16" if v.amp else None)
         per_point[p] = m.records
         totals[p] = m.saved_activation_bytes
         if p == MAIN:
@@ -384,7 +391,7 @@ def _record_keys(recs: list[tr.SavedRecord]) -> list[tuple]:
     seen: dict[tuple, int] = defaultdict(int)
     out = []
     for r in recs:
-        base = (r.module, r.op, r.producer, r.dtype, len(r.shape))
+        base = (r.module, r.op, r.producer, r.dtype, len(r.shape), r.param_copy)
         out.append(base + (seen[base],))
         seen[base] += 1
     return out
@@ -408,7 +415,7 @@ def fitted_components(res: Result, syms: dict[str, int]) -> tuple[dict[tuple[str
         if not ok:
             problems.append(f"{sc} {comp} {r.module}:{r.op} {r.dtype} values {vals}")
             # fall back to the b=2,s=32 bytes as a constant so totals stay right
-            coef = [Fraction(0)] * 4 + [Fraction(vals.get(MAIN, 0))]
+            coef = [Fraction(0)] * (len(BASIS_LABELS) - 1) + [Fraction(vals.get(MAIN, 0))]
         out[(sc, comp)].add(coef, r.dtype, syms_for(comp, syms))
     return out, problems
 
@@ -475,7 +482,6 @@ def model_level_records(res: Result) -> list[str]:
 
 
 def interesting_layer(fam: str) -> int:
-    cfg = tr.TINY_CONFIGS[fam]
     if fam in ("qwen3_moe", "deepseek_v3"):
         return 1  # first MoE layer (layer 0 is dense)
     return 0
@@ -483,20 +489,28 @@ def interesting_layer(fam: str) -> int:
 
 def profiler_section(families: list[str]) -> list[str]:
     lines = [
-        "| family | attn | ckpt | hook saved B | profiler live B | live − hook | explained as |",
-        "|---|---|---|---:|---:|---:|---|",
+        "| family | variant | attn | ckpt | hook saved B | profiler live B | live − hook | explained as |",
+        "|---|---|---|---|---:|---:|---:|---|",
     ]
+    runs = [("full fp32", "fp32", None, "eager"), ("full fp32", "fp32", None, "sdpa"),
+            ("LoRA r8 d0 bf16", "bf16", 0.0, "sdpa")]
     for fam in families:
-        for attn in ("eager", "sdpa"):
+        for label, dtype, lora_d, attn in runs:
             if fam == "gemma2" and attn == "sdpa":
+                attn = "eager" if lora_d is not None else None
+            if attn is None:
                 continue
-            model = tr.build_model(tr.TINY_CONFIGS[fam], attn_implementation=attn)
+            model = tr.build_model(tr.TINY_CONFIGS[fam], dtype=dtype, attn_implementation=attn)
+            if lora_d is not None:
+                model = tr.apply_lora(model, r=8, alpha=16, dropout=lora_d, target_modules="all-linear").model
             for gc in (False, True):
                 lb = tr.live_bytes_after_forward(model, batch=MAIN[0], seq_len=MAIN[1], gradient_checkpointing=gc)
                 ex = lb.explain()
                 parts = []
                 if ex.get("loss"):
                     parts.append(f"loss {ex['loss']}")
+                if ex.get("input_ids"):
+                    parts.append(f"input_ids {ex['input_ids']} (not saved: frozen embedding)")
                 if ex.get("wrapped_number_scalars_8B"):
                     parts.append(f"{ex['wrapped_number_scalars_8B'] // 8}×8 B scalars")
                 if ex.get("checkpoint_rng_state"):
@@ -506,7 +520,7 @@ def profiler_section(families: list[str]) -> list[str]:
                 if lb.saved_not_live:
                     parts.append(f"hook-only {sum(lb.saved_not_live.values())}")
                 lines.append(
-                    f"| {fam} | {attn} | {'on' if gc else 'off'} | {lb.hook_saved_bytes} | {lb.live_bytes} | "
+                    f"| {fam} | {label} | {attn} | {'on' if gc else 'off'} | {lb.hook_saved_bytes} | {lb.live_bytes} | "
                     f"{lb.live_bytes - lb.hook_saved_bytes} | {', '.join(parts)} |"
                 )
     return lines
@@ -527,7 +541,6 @@ def main(argv: list[str] | None = None) -> int:
         cfg = tr.TINY_CONFIGS[fam]
         print(f"[{time.time() - t0:6.1f}s] {fam}", file=sys.stderr)
         body += [f"## {fam}", ""]
-        syms0 = symbols(fam, cfg, None)
         body.append("Config: " + ", ".join(f"`{k}={v}`" for k, v in cfg.items() if k != "model_type") + ".")
         body.append("")
         body.append("Symbols used in formulas: " + ", ".join(f"{k}={v}" for k, v in symbols(fam, cfg, 8).items())
@@ -571,23 +584,24 @@ def main(argv: list[str] | None = None) -> int:
                             body += ["", "model-level storages:", ""]
                             body += model_level_records(res)
                             body += ["", "</details>", ""]
-        # mixed precision example
-        if fam in ("llama", "mixtral") and not args.quick:
-            model = tr.build_model(cfg, dtype="fp32", attn_implementation="sdpa")
-            m = tr.measure_step(model, batch=2, seq_len=32, gradient_checkpointing=False, dtype="bf16", forward_only=True)
-            body += ["### full, fp32 weights + torch.autocast(bf16) (HF Trainer bf16=True), sdpa, no-ckpt", ""]
-            body.append(f"Total saved: {m.saved_activation_bytes} B. By op: `{dict(sorted(m.saved_by_kind.items()))}`.")
-            body.append("")
-            casts = [r for r in m.records if r.producer == "ToCopyBackward0" and r.dtype == "bfloat16" and len(r.shape) == 2 and r.op == "linear"]
-            body.append(f"Autocast copies counted as activations (bf16 weight casts saved by linear): {len(casts)} storages, "
-                        f"{sum(r.nbytes for r in casts)} B.")
-            body.append("")
+        # mixed precision: fp32 weights + autocast(bf16), full fine-tuning
+        if not args.quick:
+            attn = attns[-1]
+            v0 = Variant(fam, "fp32", attn, False, "full", amp=True)
+            model, la = build(v0)
+            for gc in (False, True):
+                v = Variant(fam, "fp32", attn, gc, "full", amp=True)
+                res = run_variant(v, model, la)
+                body += [f"### {v.label}", ""]
+                body += component_table(res, symbols(fam, cfg, None))
+                body.append("")
     print(f"[{time.time() - t0:6.1f}s] profiler cross-check", file=sys.stderr)
     prof = profiler_section(args.families)
 
     doc += HEADER.format(date=datetime.date.today().isoformat(), torch=torch.__version__,
+                         points=", ".join(f"({b},{q})" for b, q in POINTS),
                          tf=__import__("transformers").__version__, peft=__import__("peft").__version__).splitlines()
-    doc += ["", "## Hook vs allocator (profiler) cross-check, fp32, b=2, s=32", ""]
+    doc += ["", "## Hook vs allocator (profiler) cross-check, b=2, s=32", ""]
     doc += PROFILER_NOTE.splitlines()
     doc += [""] + prof + [""]
     doc += body
@@ -612,9 +626,11 @@ without calling hooks), the 4-byte loss itself — see the cross-check table.
 
 **How to read the tables.** Components are grouped per decoder layer (`L0`, `L1`, … ; identical layers are
 merged, e.g. `L0,1`) and at model level. `bytes @b=2,s=32` is the measured size; `×(b·s·h·e)` divides it by
-b·s·hidden·(element size of the model dtype). The exact formula is an exact integer fit over
-(b, s) ∈ {{(2,32), (1,32), (2,48), (3,40)}} of `A·b·s + B·b·s² + C·s + D`, split by the dtype of the saved
-tensors: `b*s·[f32:(2*h + 1) + bf16:(h)]` means per token 4·(2h+1) bytes of fp32 plus 2·h bytes of bf16.
+b·s·hidden·(element size of the model dtype). The exact formula is, per saved storage, an exact integer
+fit over (b, s) ∈ {points} of `A·b·s + B·b·s² + C·s + D·s² + E·b + F` (checked to reproduce every point;
+failures would be listed under the table), summed per component and split by the dtype of the saved
+tensors: `b*s·[f32:(2*h + 1) + bf16:(h)]` means per token 4·(2h+1) bytes of fp32 plus 2·h bytes of bf16;
+`b*s^2·[f32:(nh)]` means 4·nh bytes per batch row and query×key pair.
 Symbol readings are found automatically (smallest integer combination; when two symbols have the same value
 they are shown as `a|b`), so read them together with the record listings. Sliding windows (16) are smaller
 than every s used, so windowed layers are measured where the window matters.
@@ -622,57 +638,76 @@ than every s used, so windowed layers are measured where the window matters.
 ## Main findings (read this first)
 
 1. **HF v5 checkpointing is non-reentrant** (`activation_checkpointing_enable()` default
-   `{{"use_reentrant": False}}`; `gradient_checkpointing_enable` is a deprecated alias). What survives per
-   checkpointed decoder layer is exactly its input `hidden_states` (b·s·h in the model dtype), plus once per
-   model the closure tensors (cos and sin: s·rope_dim each, in the model dtype — `(1, s, hd)`; `position_ids`
-   int64 s; the 4-D mask when one is materialised: eager always `(b,1,s,s)` in the model dtype, sdpa only with
-   sliding windows). Everything after the last layer is NOT checkpointed: final norm, lm_head input, fp32
-   log-softmax (b·s·V·4) and targets stay. HF also calls `enable_input_require_grads()` on enable.
-2. **Loss / logits.** `ForCausalLMLoss` upcasts logits with `.float()` and calls `cross_entropy`; what is saved is
-   the fp32 `log_softmax` output (b·s·V·4 bytes — in every dtype), the int64 shifted targets (b·s·8) and a 4-byte
-   `total_weight`. The logits themselves (b·s·V in the model dtype) and their fp32 copy are *not saved* (they
-   are transient peaks during the forward, freed once the loss exists and outputs are dropped). Gemma2's final
-   soft-capping (`tanh(logits/30)*30`) saves the tanh output (b·s·V, model dtype) — see gemma2.
-3. **RMSNorm** (llama-style: upcast to fp32, `x*rsqrt(var+eps)`, cast back, `weight*x`) saves per token:
-   fp32 input h (in bf16 models this is the fp32 *copy*), fp32 rsqrt 1, and the normalised x in the model dtype
-   h → fp32 models `4·(2h+1)`, bf16 models `4·(h+1) + 2·h` bytes/token. Gemma norms compute `1 + weight` every
-   call (h elements saved per norm, constant). With LoRA (frozen norm weight) the `weight*x` operand is not saved.
-4. **Linear layers save their input once per storage**: q/k/v share the normed input, gate/up share theirs;
-   o_proj's input is the attention output (shared with sdpa's saved `out`), down_proj's input is `act(g)*u`.
-5. **Eager attention** saves q and k (after RoPE, k after `repeat_kv` i.e. nh heads, copies), the fp32 softmax
-   output (b·nh·s²·4), its cast to the model dtype when bf16 (b·nh·s²·2, as the matmul operand), v after
-   `repeat_kv`. No pre-softmax scores, no dropout mask at attention_dropout=0. Sliding windows do not reduce it.
-6. **SDPA on CPU** dispatches to the CPU flash kernel (no s² matrix): saves q, k, v, out and an fp32 logsumexp
-   (b·nh·s·4). k/v are kv-head sized (`enable_gqa`) only when no mask is passed; with a sliding-window mask
-   HF repeats k/v to nh heads and sdpa also saves the mask (b·1·s·s in the model dtype, shared by layers).
-   DeepSeek-V3 MLA (qk head dim 24 ≠ v head dim 16) falls back to the *math* kernel on CPU, which saves the
-   s² softmax like eager. CUDA kernels differ (flash/mem-efficient save q,k,v,out,lse with padded lse and
-   RNG seed/offset); use these CPU numbers for eager exactly and for sdpa as the kernel-independent part.
-7. **MoE (transformers v5 fused experts, `grouped_mm`)** saves, per MoE layer, with S = b·s·top_k rows: the
-   router input (shared with the experts' input), router probabilities (b·s·E), top-k indices (int64),
-   normalisation temporaries, the permuted/duplicated token copy (S·h), the full gate_up output (S·2·Im,
-   because silu and the `up` multiply keep views of it), act·up (S·Im), per-row routing weights, the down
-   output (S·h), int64 permutation indices (3·S·8) and the int32 group offsets (E·4). No per-expert capacity
-   padding: it is exactly proportional to tokens × top_k.
+   `{{"use_reentrant": False}}`; `gradient_checkpointing_enable` is a deprecated alias that forwards to it).
+   Per checkpointed decoder layer exactly its input `hidden_states` survives (b·s·h, model dtype), plus once
+   per model the tensors captured by the layers' keyword arguments: cos and sin (`(1, s, rope_dim)` each,
+   model dtype; gemma3 has a second pair for its full-attention layers), `position_ids` (int64, s) and any
+   materialised mask (eager: `(b,1,s,s)` in the model dtype per distinct layer type; sdpa: only for sliding
+   windows, as a `(1,1,s,s)` bool). Everything after the last layer is not checkpointed: final norm,
+   lm_head input, fp32 log-softmax and targets stay. HF also calls `enable_input_require_grads()`.
+2. **Loss / logits.** `ForCausalLMLoss` upcasts the logits (`.float()`) and calls `cross_entropy`; saved are
+   the fp32 `log_softmax` output (b·s·V·4 bytes in every model dtype), the int64 shifted targets (b·s·8) and
+   a 4-byte `total_weight`. The logits (b·s·V, model dtype) and their fp32 copy are NOT saved: they are
+   transient (peak) memory, freed once the loss exists and the outputs are dropped. Gemma2's final
+   soft-capping (`tanh(logits/30)*30`) additionally saves the tanh output (b·s·V, model dtype). Edge case:
+   with b = 1, `labels[..., 1:].contiguous()` is already contiguous, so the saved targets are the padded
+   `(1, s+1)` labels (8·(s+1) bytes) — the fits use b ≥ 2.
+3. **RMSNorm** (llama style: upcast to fp32, `x*rsqrt(mean(x²)+eps)`, cast back, `weight*x`) saves per token
+   the fp32 input (h; a fresh fp32 copy in bf16 models), the fp32 rsqrt (1) and the normalised x in the model
+   dtype (h): fp32 models `4·(2h+1)`, bf16 models `4·(h+1) + 2·h` bytes/token. Gemma norms compute entirely
+   in fp32 (`x.float()`, `* (1 + weight.float())`, cast at the end), so they keep `4·(2h+1)` bytes/token even
+   in bf16 models, plus the fp32 `1 + weight` (h elements, constant) per call. With frozen norm weights
+   (LoRA) the normalised x is not saved: `4·(h+1)` only. Per-head q/k norms (qwen3, gemma3) cost
+   `(nh+kv)·(2·hd+1)` fp32 elements/token (`(nh+kv)·(hd+1)` with frozen weights).
+4. **Linear layers save their input once per storage** (q/k/v share the normed input, gate/up share
+   theirs; o_proj's input is sdpa's saved `out`; down_proj's input is `act(g)*u`). Dense MLP (SwiGLU/GeGLU):
+   `h + 4·I` per token (gate/up input, gate out, act out, up out, product). phi3's fused `gate_up_proj`
+   costs the same 4·I: its 2·I output is kept whole because views of it are saved.
+5. **Eager attention** saves q and k after RoPE (k after `repeat_kv`, i.e. nh heads), v after `repeat_kv`,
+   the fp32 softmax output (b·nh·s²·4) and, in bf16 models, also its bf16 cast (b·nh·s²·2) as the matmul
+   operand. No pre-softmax scores, no dropout mask at attention_dropout = 0, sliding windows do not shrink
+   anything. Gemma2 soft-capping adds the tanh output (b·nh·s², model dtype). RoPE itself saves only the
+   shared cos/sin.
+6. **SDPA on CPU** runs the CPU flash kernel (no s² matrix): saved are q, k, v, out and an fp32 logsumexp
+   (b·nh·s·4). k/v keep kv heads (`enable_gqa`) only when no mask is passed; with a sliding-window mask HF
+   repeats k/v to nh heads and every sliding layer's sdpa saves its own float copy of the mask (b·s² in the
+   model dtype). DeepSeek-V3 MLA (qk head dim ≠ v head dim) falls back to the *math* kernel on CPU, which
+   saves the s² softmax like eager. Gemma2 has no sdpa path in transformers 5 (soft-capping). CUDA kernels
+   differ (flash / mem-efficient save q, k, v, out, an lse with padded length, RNG seed/offset).
+7. **MoE (transformers v5 fused experts, default `experts_implementation="grouped_mm"`, also on CPU)** saves
+   per MoE layer, with S = b·s·k (k = top-k): router input (h, shared with the experts' input if no other
+   saver), router probabilities (E), routing weights/normaliser (k + 1), top-k indices (int64 k); in the
+   experts the permuted token copy (S·h), the whole gate_up output (S·2·Im; silu and the `up` multiply keep
+   views of it), act (S·Im), act·up (S·Im), per-row weights (S), the down output (S·h), three int64 index
+   vectors (3·S) and the int32 group offsets (E·4). No capacity padding: exactly proportional to b·s·k.
+   DeepSeek's shared experts are a dense MLP with I = Im·n_shared (4·Im per token).
 8. **LoRA (peft 0.21).** `all-linear` targets every `nn.Linear` except `lm_head`. On v5 MoE models
-   (mixtral, qwen3_moe, deepseek_v3) PEFT *rewrites* `all-linear`: the expert projections and the router
-   become `target_parameters` (`gate_up_proj` at rank 2r and alpha 2α, `down_proj` at rank r, router
-   `gate.weight` at rank r), and the names `gate_proj/up_proj/down_proj` are removed from `target_modules` —
-   so dense MLP layers (qwen3_moe layer 0, deepseek layer 0) and DeepSeek's shared experts end up
-   **untargeted**. Such `ParamWrapper` LoRA refuses `lora_dropout != 0` (ValueError), and each forward
-   materialises `W + ΔW` for *all* experts (saved by grouped_mm → activations ≈ the expert weights' size per
-   MoE layer). LoRA dropout (p>0) adds per wrapped linear a dropout noise tensor (on CPU: model dtype, on CUDA
-   it is a bool mask) plus the dropped input (model dtype); dropout 0.0 uses `nn.Identity`.
-   Without checkpointing, HF/PEFT do not make the embedding output require grad, so layer 0's frozen
-   computations save less (norm inputs are not saved until something requires grad).
+   (mixtral, qwen3_moe, deepseek_v3) PEFT *rewrites* `all-linear`: expert projections and the router become
+   `target_parameters` (`gate_up_proj` at rank 2r and alpha 2α, `down_proj` at rank r, router `gate.weight`
+   at rank r) and `gate_proj/up_proj/down_proj` leave `target_modules`, so dense MLP layers (qwen3_moe
+   layer 0, deepseek layer 0) and DeepSeek's shared experts end up **untargeted**. `ParamWrapper` refuses
+   `lora_dropout != 0` (ValueError), and each forward materialises `W + ΔW` for *all* experts, which
+   grouped_mm saves → activations ≈ the experts' weight bytes per MoE layer.
+9. **LoRA adapters are fp32 on bf16 models** (`get_peft_model(autocast_adapter_dtype=True)` default) and each
+   LoRA layer casts its input to fp32 before `lora_A`: every wrapped linear saves its own fp32 copy of its
+   input (q, k, v no longer share), plus the fp32 `lora_B` input (r). LoRA dropout p > 0 adds, per wrapped
+   linear, the dropout noise (CPU: a scaled float tensor in the input dtype; CUDA's `native_dropout` keeps a
+   1-byte bool mask instead) and the dropped copy; p = 0 uses `nn.Identity`. Without checkpointing the
+   embedding output does not require grad, so layer 0 saves less (frozen ops on grad-free inputs save
+   nothing); with checkpointing HF's `enable_input_require_grads()` changes that.
+10. **Mixed precision (fp32 weights + `torch.autocast(bf16)`, HF Trainer `bf16=True`)**: each linear saves a
+   bf16 copy of its weight (reported as `autocast weight copies`, lm_head's V·h included) and its own bf16
+   copy of its input (q, k, v each), norms and the loss stay fp32.
 """
 
 PROFILER_NOTE = """`profiler live` = bytes allocated during the forward and still allocated at its end, replayed by address from
 `torch.profiler.profile(activities=[CPU], profile_memory=True)` (`live_bytes_after_forward`); `hook saved` = the
 hook measurement of the *same* forward (same addresses, so every block is matched). The differences are fully
 explained: the 4-byte loss (an output, not saved), 8-byte float64 "wrapped number" scalars that autograd saves
-without calling hooks (e.g. `attn_weights * scaling` in eager attention, soft-capping divisions), and with
-checkpointing one 5056-byte CPU RNG-state tensor per checkpointed layer (host memory even on GPU)."""
+without calling hooks (e.g. `attn_weights * scaling` in eager attention, soft-capping divisions, LoRA's
+`* scaling`), with checkpointing one 5056-byte CPU RNG-state tensor per checkpointed layer (host memory even
+on GPU), and with LoRA the `input_ids` themselves (created inside the profiled region and held by the caller;
+with a frozen embedding nothing saves them)."""
 
 
 if __name__ == "__main__":

@@ -62,6 +62,7 @@ __all__ = [
     "SavedTensorTracker",
     "StepMeasure",
     "measure_step",
+    "set_gradient_checkpointing",
     "make_optimizer",
     "optimizer_state_bytes",
     "LiveBytes",
@@ -294,6 +295,7 @@ def build_model(
     attn_implementation: str = "eager",
     seed: int = 0,
     experts_implementation: str | None = None,
+    quantization: str | None = None,
 ) -> nn.Module:
     """Build a real ``AutoModelForCausalLM`` from a config.json-style dict, with random weights.
 
@@ -308,6 +310,13 @@ def build_model(
         seed: ``torch.manual_seed`` before initialisation, so builds are reproducible.
         experts_implementation: MoE experts kernel (``None`` = transformers' default, which is
             ``"grouped_mm"`` for the fused-experts families; ``"eager"`` loops over experts).
+        quantization: ``None``, ``"nf4"``, ``"nf4-dq"`` (double quantization), ``"fp4"`` or ``"int8"``:
+            the random model is saved to a temporary directory and reloaded with
+            ``from_pretrained(quantization_config=BitsAndBytesConfig(...), device_map="cpu")`` - the
+            real bitsandbytes path (4-bit and int8 both run on CPU with bitsandbytes 0.50; compute dtype =
+            ``dtype``).
+            ``prepare_model_for_kbit_training`` is NOT applied (it upcasts every non-quantized parameter
+            to fp32; call it yourself to mirror a QLoRA recipe).
 
     Returns:
         The model, in train mode.
@@ -329,8 +338,42 @@ def build_model(
         else:
             model = AutoModelForCausalLM.from_config(hf_config, **kwargs)
             model = model.to(device)
+    if quantization is not None:
+        model = _requantize(model, quantization, torch_dtype, attn_implementation, experts_implementation)
     model.train()
     return model
+
+
+def _requantize(
+    model: nn.Module,
+    quantization: str,
+    torch_dtype: torch.dtype,
+    attn_implementation: str,
+    experts_implementation: str | None,
+) -> nn.Module:
+    import tempfile
+
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    q = quantization.lower()
+    if q in ("nf4", "nf4-dq", "fp4", "fp4-dq"):
+        qc = BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type=q.split("-")[0],
+            bnb_4bit_use_double_quant=q.endswith("-dq"),
+            bnb_4bit_compute_dtype=torch_dtype,
+        )
+    elif q == "int8":
+        qc = BitsAndBytesConfig(load_in_8bit=True)
+    else:
+        raise ValueError(f"unknown quantization {quantization!r}")
+    kwargs: dict[str, Any] = {"attn_implementation": attn_implementation, "dtype": torch_dtype}
+    if experts_implementation is not None:
+        kwargs["experts_implementation"] = experts_implementation
+    with tempfile.TemporaryDirectory() as d, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.save_pretrained(d)
+        return AutoModelForCausalLM.from_pretrained(d, quantization_config=qc, device_map="cpu", **kwargs)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -383,7 +426,7 @@ def _categorise(model: nn.Module, name: str, param: nn.Parameter) -> str:
         if segs and segs[-1] == "shared_expert_gate":
             return "router"
         return "mlp"
-    if _is_router(owner, segs) or "bias" in pname and "router" in pname:
+    if _is_router(owner, segs) or ("bias" in pname and "router" in pname):
         return "router"
     if any(s == "experts" for s in segs):
         return "experts"
@@ -467,6 +510,11 @@ class LoraApplied:
     non_linear_weights: dict[str, tuple[int, ...]]
     #: LoRA parameter elements (lora_A + lora_B [+ magnitude...])
     lora_params: int
+    #: the adapter config as PEFT left it (after its transformers-v5 MoE rewrite)
+    peft_target_modules: list[str] = dataclasses.field(default_factory=list)
+    peft_target_parameters: list[str] = dataclasses.field(default_factory=list)
+    rank_pattern: dict[str, int] = dataclasses.field(default_factory=dict)
+    alpha_pattern: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def _strip_peft_prefix(name: str) -> str:
@@ -485,32 +533,52 @@ def apply_lora(
     target_modules: str | list[str] = "all-linear",
     target_parameters: list[str] | None = None,
     bias: str = "none",
+    autocast_adapter_dtype: bool = True,
 ) -> LoraApplied:
     """Wrap ``model`` with real ``peft.get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", ...))``.
 
-    Findings (peft 0.21.2, transformers 5.23, verified by ``tests/test_torchref_harness.py`` and
+    Findings (peft 0.21.2 + transformers 5.23, verified by ``tests/test_torchref_harness.py`` and
     ``benchmarks/notes/make_inventory.py``):
 
-    * ``"all-linear"`` targets every ``nn.Linear`` except the output embedding (``lm_head``, found
-      via ``get_output_embeddings()``), whether or not it is tied.
-    * It does NOT reach MoE routed experts in transformers v5: they are fused 3-D ``nn.Parameter``
-      (``experts.gate_up_proj``/``experts.down_proj``), not ``nn.Linear``. Only ``target_parameters``
-      (e.g. ``["experts.gate_up_proj", "experts.down_proj"]``) adds LoRA to them (PEFT's
-      ``ParamWrapper``: lora_A ``[r*E, in]``, lora_B ``[out, r*E]`` per 3-D weight).
-    * It does NOT reach the routers (``*TopKRouter`` hold a bare ``nn.Parameter``), nor embeddings.
-    * It DOES reach MoE shared experts (DeepSeek ``shared_experts.*_proj`` are ``nn.Linear``), dense
-      MLPs, every attention projection including MLA's ``q_a_proj``/``q_b_proj``/
-      ``kv_a_proj_with_mqa``/``kv_b_proj`` and phi3's fused ``qkv_proj``/``gate_up_proj``.
-    * ``lora_dropout > 0`` inserts an ``nn.Dropout`` on the LoRA branch input of each wrapped layer;
-      ``lora_dropout == 0`` uses ``nn.Identity`` (no mask, no copy).
-    * Every base parameter is frozen (``requires_grad=False``); LoRA weights have the model dtype.
+    * Dense families: ``"all-linear"`` wraps every ``nn.Linear`` except the output embedding
+      (``lm_head``, found via ``get_output_embeddings()``; excluded whether tied or not): q/k/v/o, phi3's
+      fused ``qkv_proj``/``gate_up_proj``, MLA's ``q_a_proj``/``q_b_proj``/``kv_a_proj_with_mqa``/
+      ``kv_b_proj``, gate/up/down. Embeddings and norms are never targeted.
+    * MoE families whose v5 layout changed (mixtral, and every model transformers maps to the
+      ``qwen2_moe`` conversion pattern, incl. qwen3_moe and deepseek_v3): PEFT's
+      ``convert_peft_config_for_transformers`` REWRITES the config. ``all-linear`` is resolved to leaf
+      names, then ``gate_proj``/``up_proj``/``down_proj`` (``w1``/``w3``/``w2``) and ``gate`` are moved
+      to ``target_parameters`` = ``{"gate_up_proj", "down_proj", "gate.weight"}``: the fused 3-D routed
+      experts get a PEFT ``ParamWrapper`` LoRA (per expert; ``gate_up_proj`` at rank ``2r`` and alpha
+      ``2*alpha`` via rank/alpha patterns, ``down_proj`` at rank ``r``; lora_A ``[r_eff*E, in]``, lora_B
+      ``[out, r_eff*E]``) and the ROUTER weight gets one too (lora_A ``[r, h]``, lora_B ``[E, r]``).
+      Side effect: because those names leave ``target_modules``, dense MLP layers (qwen3_moe
+      ``mlp_only_layers``, deepseek's first ``first_k_dense_replace`` layers) and DeepSeek's
+      ``shared_experts`` are NOT targeted at all (see ``untargeted_linear``).
+    * ``ParamWrapper`` raises ``ValueError("... does not work with lora_dropout != 0")``, so
+      ``all-linear`` with ``dropout > 0`` FAILS on those MoE models (the error is propagated).
+    * ``ParamWrapper`` materialises ``W + scale * B @ A`` for ALL experts on every forward and
+      grouped_mm saves it for backward: a full expert-weight-sized tensor per wrapped 3-D parameter and
+      MoE layer shows up as *activation* memory.
+    * ``lora_dropout > 0`` inserts an ``nn.Dropout`` on the LoRA branch input of each wrapped layer
+      (each q/k/v gets its own mask and dropped copy); ``lora_dropout == 0`` uses ``nn.Identity``.
+    * Every base parameter is frozen. LoRA weights are FP32 even on a bf16/fp16 base model: PEFT's
+      ``autocast_adapter_dtype=True`` (default of ``get_peft_model``) upcasts them, and each LoRA layer
+      casts its input to fp32 (``_cast_input_dtype``) before ``lora_A`` - so in bf16 models every wrapped
+      linear saves its OWN fp32 copy of its input (q/k/v no longer share one storage) plus the fp32
+      ``lora_B`` input (r per token); trainable parameters, gradients and optimizer states are fp32.
+      Pass ``autocast_adapter_dtype=False`` to keep adapters in the model dtype.
 
     Args:
         model: a model from :func:`build_model` (modified in place by PEFT).
         r, alpha, dropout: LoRA rank, ``lora_alpha`` and ``lora_dropout``.
         target_modules: ``"all-linear"`` or a list of module name suffixes.
-        target_parameters: optional list for PEFT's ``target_parameters`` (3-D expert weights).
+        target_parameters: optional explicit PEFT ``target_parameters`` (3-D expert weights).
         bias: LoRA ``bias`` option (``"none"`` by default).
+        autocast_adapter_dtype: passed to ``get_peft_model`` (PEFT default ``True``: fp32 adapters).
+
+    Returns:
+        :class:`LoraApplied` with the PEFT model and what was really targeted (after PEFT's rewrite).
     """
     from peft import LoraConfig, get_peft_model
 
@@ -531,8 +599,9 @@ def apply_lora(
         owner, _ = _owner(model, n)
         if id(p) not in linear_param_ids and not isinstance(owner, nn.Embedding) and not _is_norm(owner):
             non_linear[n] = tuple(p.shape)
-    peft_model = get_peft_model(model, LoraConfig(**kwargs))
+    peft_model = get_peft_model(model, LoraConfig(**kwargs), autocast_adapter_dtype=autocast_adapter_dtype)
     tuner = peft_model.base_model
+    pc = peft_model.peft_config["default"]
     targeted = sorted({_strip_peft_prefix(n) for n in getattr(tuner, "targeted_module_names", [])})
     targeted_params = sorted({_strip_peft_prefix(n) for n in getattr(tuner, "targeted_parameter_names", [])})
     lora_params = sum(p.numel() for n, p in peft_model.named_parameters() if _LORA_RE.search(n))
@@ -544,6 +613,12 @@ def apply_lora(
         untargeted_linear=sorted(base_linear - set(targeted)),
         non_linear_weights=non_linear,
         lora_params=lora_params,
+        peft_target_modules=(
+            [pc.target_modules] if isinstance(pc.target_modules, str) else sorted(pc.target_modules or [])
+        ),
+        peft_target_parameters=sorted(pc.target_parameters or []),
+        rank_pattern=dict(pc.rank_pattern or {}),
+        alpha_pattern=dict(pc.alpha_pattern or {}),
     )
 
 
@@ -577,6 +652,10 @@ class SavedRecord:
     n_saves: int = 1  #: how many times autograd saved a view of this storage
     savers: list[str] = dataclasses.field(default_factory=list)  #: "module:op" of every save
     alive: bool = True  #: still referenced by the graph when the report was taken
+    #: name of the parameter this storage is a dtype cast of (autocast's low-precision weight copies),
+    #: found through the grad_fn chain (``TBackward0``/``ToCopyBackward0`` -> ``AccumulateGrad``); only
+    #: detectable for parameters that require grad
+    param_copy: str = ""
 
 
 class _Held:
@@ -687,8 +766,10 @@ class SavedTensorTracker:
         self._ops = _OpStack() if track_ops else None
         self._mod_stack: list[nn.Module] = []
         self._names: dict[int, str] = {}
+        self._param_names: dict[int, str] = {}
         if model is not None:
             self._names = {id(m): _strip_peft_prefix(n) for n, m in model.named_modules()}
+            self._param_names = {id(p): _strip_peft_prefix(n) for n, p in model.named_parameters()}
         self._stack = contextlib.ExitStack()
 
     # ---- hooks -----------------------------------------------------------------------------
@@ -727,6 +808,7 @@ class SavedTensorTracker:
             rec = None
         if rec is None:
             gf = t.grad_fn
+            param_copy = self._param_copy_of(gf) if gf is not None else ""
             rec = SavedRecord(
                 key=key,
                 nbytes=nbytes,
@@ -736,6 +818,7 @@ class SavedTensorTracker:
                 module_type=module_type,
                 op=op,
                 producer=type(gf).__name__ if gf is not None else "",
+                param_copy=param_copy,
             )
             self.records[key] = rec
         else:
@@ -743,6 +826,22 @@ class SavedTensorTracker:
         rec.savers.append(f"{module}:{op}")
         self._holders[key].append(weakref.ref(held))
         return held
+
+    def _param_copy_of(self, gf: Any) -> str:
+        """Name of the parameter reached from ``gf`` through view/cast nodes only ('' if none)."""
+        node = gf
+        for _ in range(4):
+            name = type(node).__name__
+            if name == "AccumulateGrad":
+                return self._param_names.get(id(node.variable), "")
+            if name not in ("ToCopyBackward0", "TBackward0", "ViewBackward0", "TransposeBackward0",
+                            "PermuteBackward0", "ExpandBackward0", "UnsqueezeBackward0"):
+                return ""
+            nxt = [f for f, _ in node.next_functions if f is not None]
+            if len(nxt) != 1:
+                return ""
+            node = nxt[0]
+        return ""
 
     @staticmethod
     def _unpack(held: _Held) -> torch.Tensor:
@@ -956,6 +1055,9 @@ class StepMeasure:
     saved_by_kind: dict[str, int]
     n_trainable_tensors: int
     # --- extras useful for debugging / exact formulas ---
+    #: bitsandbytes quantization state (4-bit absmax/code/nested absmax, 8-bit SCB) included in
+    #: ``param_bytes``/``frozen_param_bytes`` (Params4bit storages themselves are the packed uint8)
+    quant_state_bytes: int = 0
     buffer_bytes: int = 0
     saved_by_module: dict[str, int] = dataclasses.field(default_factory=dict)
     optimizer_state_by_key: dict[str, int] = dataclasses.field(default_factory=dict)
@@ -968,15 +1070,36 @@ class StepMeasure:
     meta: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
-def _unique_param_bytes(params: Iterable[torch.Tensor]) -> int:
+def _quant_state_tensors(p: torch.Tensor) -> list[torch.Tensor]:
+    """Tensors hanging off a bitsandbytes ``Params4bit.quant_state`` (absmax, code, nested state2...)."""
+    out: list[torch.Tensor] = []
+    qs = getattr(p, "quant_state", None)
+    depth = 0
+    while qs is not None and depth < 4:
+        for name in ("absmax", "code", "offset"):
+            t = getattr(qs, name, None)
+            if isinstance(t, torch.Tensor):
+                out.append(t)
+        qs = getattr(qs, "state2", None)
+        depth += 1
+    scb = getattr(p, "SCB", None)  # Int8Params row scales
+    if isinstance(scb, torch.Tensor):
+        out.append(scb)
+    return out
+
+
+def _unique_param_bytes(params: Iterable[torch.Tensor], *, with_quant_state: bool = False) -> int:
+    """Bytes of distinct storages; optionally plus bitsandbytes quantization state of each param."""
     seen: set[int] = set()
     total = 0
     for p in params:
-        key = storage_key(p)
-        if key in seen and key != 0:
-            continue
-        seen.add(key)
-        total += storage_nbytes(p)
+        tensors = [p] + (_quant_state_tensors(p) if with_quant_state else [])
+        for t in tensors:
+            key = storage_key(t)
+            if key in seen and key != 0:
+                continue
+            seen.add(key)
+            total += storage_nbytes(t)
     return total
 
 
@@ -1020,7 +1143,8 @@ def set_gradient_checkpointing(model: nn.Module, enable: bool, checkpoint_kwargs
             else:  # pragma: no cover - transformers < 5.x
                 hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpoint_kwargs)
             frozen = any(not p.requires_grad for p in model.parameters())
-            if frozen and getattr(hf, "_require_grads_hook", None) is None and hasattr(hf, "enable_input_require_grads"):
+            hooked = getattr(hf, "_require_grads_hook", None) is not None
+            if frozen and not hooked and hasattr(hf, "enable_input_require_grads"):
                 hf.enable_input_require_grads()
         else:
             on = getattr(hf, "is_activation_checkpointing", None)
@@ -1074,7 +1198,8 @@ def measure_step(
     same model see different weights (MoE routing may change; byte counts with the default
     ``grouped_mm`` experts do not depend on the routing).
 
-    Field meanings (bytes, exact): ``param_bytes`` = all parameter storages once (tied counted once);
+    Field meanings (bytes, exact): ``param_bytes`` = all parameter storages once (tied counted once;
+    for bitsandbytes 4-bit weights the packed uint8 storage plus its ``quant_state`` tensors);
     ``trainable_param_bytes``/``frozen_param_bytes`` split it by ``requires_grad``; ``grad_bytes`` =
     ``p.grad`` storages after backward; ``optimizer_state_bytes`` = every tensor in
     ``optimizer.state`` once (AdamW: ``exp_avg`` + ``exp_avg_sq`` + a 4-byte fp32 ``step`` tensor per
@@ -1100,6 +1225,11 @@ def measure_step(
     params = [p for _, p in _unique_named_parameters(model)]
     trainable = [p for p in params if p.requires_grad]
     frozen = [p for p in params if not p.requires_grad]
+    # parameter bytes are taken before the step (bitsandbytes int8 may move its SCB scales in forward)
+    param_bytes = _unique_param_bytes(params, with_quant_state=True)
+    trainable_param_bytes = _unique_param_bytes(trainable, with_quant_state=True)
+    frozen_param_bytes = _unique_param_bytes(frozen, with_quant_state=True)
+    quant_state_bytes = param_bytes - _unique_param_bytes(params)
 
     torch.manual_seed(seed)
     input_ids = torch.randint(0, vocab, (batch, seq_len), device=device)
@@ -1137,9 +1267,10 @@ def measure_step(
     del loss
 
     return StepMeasure(
-        param_bytes=_unique_param_bytes(params),
-        trainable_param_bytes=_unique_param_bytes(trainable),
-        frozen_param_bytes=_unique_param_bytes(frozen),
+        param_bytes=param_bytes,
+        trainable_param_bytes=trainable_param_bytes,
+        frozen_param_bytes=frozen_param_bytes,
+        quant_state_bytes=quant_state_bytes,
         grad_bytes=grad_bytes,
         optimizer_state_bytes=opt_total,
         saved_activation_bytes=saved,
@@ -1199,11 +1330,14 @@ class LiveBytes:
     checkpoint_calls: int = 0
 
     def explain(self) -> dict[str, int]:
-        """Classify ``not_saved_live`` blocks: loss, checkpoint RNG states (5056 B), 8-byte scalars."""
+        """Classify ``not_saved_live`` blocks: loss, input_ids (when not saved, e.g. frozen embedding),
+        checkpoint RNG states (5056 B), 8-byte wrapped-number scalars; anything else is ``other``."""
         out: dict[str, int] = defaultdict(int)
         for key, nb in self.not_saved_live.items():
             if key == self.loss_key:
                 out["loss"] += nb
+            elif key == self.input_key:
+                out["input_ids"] += nb  # allocated in the region and held by the caller, not saved
             elif nb == 5056:
                 out["checkpoint_rng_state"] += nb
             elif nb == 8:

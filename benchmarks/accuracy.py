@@ -41,16 +41,10 @@ GIB = 1024**3
 
 
 def _largest_layer_params(spec) -> int:
-    best = 0
+    from ftplan.memory import largest_layer_params
+
     h = spec.hidden_size
-    for g in spec.groups:
-        a = g.attention
-        n = h * (a.num_heads * a.head_dim + 2 * a.num_kv_heads * a.head_dim) + a.num_heads * a.v_head_dim * h
-        if g.mlp is not None:
-            n += 3 * h * g.mlp.intermediate_size
-        if g.moe is not None:
-            n += g.moe.num_experts * 3 * h * g.moe.expert_intermediate_size
-        best = max(best, n)
+    best = largest_layer_params(spec)
     return max(best, spec.vocab_size * h)  # the embedding is often the largest module
 
 

@@ -22,7 +22,7 @@ from fractions import Fraction
 from .catalog.constants import MemoryConstants, memory_constants
 from .job import PRECISIONS, Job, Layout, lora_targets, validate_job
 from .model import LayerGroup, LinearSpec, MlpSpec, ModelSpec, MoeSpec
-from .units import GIB, dtype_bytes
+from .units import dtype_bytes
 
 __all__ = [
     "MemoryBreakdown",
@@ -384,7 +384,7 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
         kv_saved = kv_heads if gqa_native else heads
         total += _linear_inputs(t, h, 1 if a.fused_qkv else 3, dt.norm_out if dt.full else dt.resid, dt)
         if a.qk_norm:
-            total += _norm_saved(t, q, dt, dt.full, c) - t * q * 4 + t * q * 4
+            total += _norm_saved(t, q, dt, dt.full, c)
             total += _norm_saved(t, kv_heads * a.head_dim, dt, dt.full, c)
         if job.attn_impl == "eager":
             total += t * q * c + 2 * t * heads * a.head_dim * c  # q and repeated k, v
@@ -410,9 +410,7 @@ def _lora_on(model: ModelSpec, job: Job, module: str) -> bool:
 def _mlp_saved(m: MlpSpec, t: int, h: int, dt: _Dtypes, tp: int, gemma: bool) -> int:
     i = m.intermediate_size // tp
     c = dt.compute
-    in_bytes = c if gemma and not dt.full else (dt.norm_out if dt.full else dt.resid)
-    if gemma:
-        in_bytes = dt.norm_out if dt.full else dt.resid
+    in_bytes = dt.norm_out if dt.full else dt.resid
     out = _linear_inputs(t, h, 1 if m.fused_gate_up else 2, in_bytes, dt)
     # act saves its input (gate out); the product saves act out and up out; (full) down's input
     if m.fused_gate_up:
@@ -667,24 +665,18 @@ def estimate_memory(
     )
 
 
-def _largest_layer_bytes(model: ModelSpec, job: Job) -> int:
-    prec = PRECISIONS[job.precision]
-    c = int(dtype_bytes(prec["compute"]))
+def largest_layer_params(model: ModelSpec) -> int:
+    """Weights of the largest decoder layer (what ZeRO-3/FSDP gather at once)."""
     best = 0
     for g in model.groups:
-        n = 0
-        for lin in model.linears():
-            pass
-        h = model.hidden_size
-        a = g.attention
-        n = h * (a.num_heads * a.head_dim + 2 * a.num_kv_heads * a.head_dim) + a.num_heads * a.v_head_dim * h
-        if g.mlp is not None:
-            n += 3 * h * g.mlp.intermediate_size
+        n = sum(lin.params for lin in _group_linears(model, g))
         if g.moe is not None:
-            n += g.moe.num_experts * 3 * h * g.moe.expert_intermediate_size
-        best = max(best, n * c)
+            m = g.moe
+            n += m.num_experts * 3 * model.hidden_size * m.expert_intermediate_size
+        best = max(best, n)
     return best
 
 
-def gib(n: int) -> float:
-    return n / GIB
+def _largest_layer_bytes(model: ModelSpec, job: Job) -> int:
+    c = int(dtype_bytes(PRECISIONS[job.precision]["compute"]))
+    return largest_layer_params(model) * c

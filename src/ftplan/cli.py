@@ -200,6 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_planner_commands(sub)
     _add_measure_commands(sub)
+    _add_export_commands(sub)
+    _add_web_commands(sub)
     return p
 
 
@@ -215,6 +217,20 @@ def _add_measure_commands(sub) -> None:
     from .cli_measure import add_measure_commands
 
     add_measure_commands(sub)
+
+
+def _add_export_commands(sub) -> None:
+    """export / train (launch files for a plan; local training imports torch only when it runs)."""
+    from .cli_export import add_export_commands
+
+    add_export_commands(sub)
+
+
+def _add_web_commands(sub) -> None:
+    """serve (the local web app; fastapi is imported only when it runs)."""
+    from .cli_web import add_web_commands
+
+    add_web_commands(sub)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

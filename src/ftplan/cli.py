@@ -201,6 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_planner_commands(sub)
     _add_measure_commands(sub)
     _add_export_commands(sub)
+    _add_train_commands(sub)
     _add_web_commands(sub)
     return p
 
@@ -220,10 +221,17 @@ def _add_measure_commands(sub) -> None:
 
 
 def _add_export_commands(sub) -> None:
-    """export / train (launch files for a plan; local training imports torch only when it runs)."""
+    """export (launch files for a plan: accelerate, DeepSpeed, SkyPilot, TRL script)."""
     from .cli_export import add_export_commands
 
     add_export_commands(sub)
+
+
+def _add_train_commands(sub) -> None:
+    """train (runs a plan on this machine; torch is imported only when it runs)."""
+    from .cli_train import add_train_commands
+
+    add_train_commands(sub)
 
 
 def _add_web_commands(sub) -> None:

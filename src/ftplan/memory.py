@@ -21,7 +21,7 @@ from fractions import Fraction
 
 from .catalog.constants import MemoryConstants, memory_constants
 from .job import PRECISIONS, Job, Layout, lora_targets, validate_job
-from .model import LayerGroup, LinearSpec, MlpSpec, ModelSpec, MoeSpec
+from .model import FAMILIES, LayerGroup, LinearSpec, MlpSpec, ModelSpec, MoeSpec
 from .units import dtype_bytes
 
 __all__ = [
@@ -341,12 +341,22 @@ def _act_dtypes(job: Job, backend: str) -> _Dtypes:
                    full=job.method == "full", expert=expert)
 
 
-def _norm_saved(t: int, width: int, dt: _Dtypes, trainable: bool, in_bytes: int) -> int:
-    """HF RMSNorm in fp32: saves the fp32 input (the input itself when it is fp32), the fp32
-    rsqrt per row, and the normalized tensor when the weight is trainable."""
-    out = t * width * 4 + t * 4
-    if trainable:
-        out += t * width * max(in_bytes, 4 if dt.train_w == 4 else in_bytes)
+def _norm_saved(t: int, width: int, in_bytes: int, trainable: bool, *, rows: int | None = None,
+                gemma: bool = False) -> int:
+    """Bytes one RMSNorm call saves over ``t`` tokens of ``width`` features (``rows`` rsqrt
+    values: ``t``, or ``t`` x heads for per-head q/k norms).
+
+    llama style (``x.float()``, ``x * rsqrt(mean(x^2) + eps)``, cast back, ``weight * x``): the
+    fp32 input (a fresh copy unless it already is fp32), the fp32 rsqrt, and, when the weight is
+    trainable, the normalised tensor cast back to the input dtype. gemma style computes entirely
+    in fp32 and scales by ``1 + weight``: the normalised tensor stays fp32 and the fp32
+    ``1 + weight`` vector is saved too."""
+    rows = t if rows is None else rows
+    out = t * width * 4 + rows * 4
+    if gemma:
+        out += width * 4 + (t * width * 4 if trainable else 0)
+    elif trainable:
+        out += t * width * in_bytes
     return out
 
 
@@ -367,13 +377,12 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
     a = g.attention
     c = dt.compute
     heads = a.num_heads // tp
-    total = 0
-    n_norms = g.norms_per_layer
-    total += _norm_saved(t, h, dt, dt.full, dt.resid)  # input norm
-    if n_norms == 4:  # gemma: post-attention norm (on o_proj output) and pre/post feed-forward
-        total += 2 * _norm_saved(t, h, dt, dt.full, c) + _norm_saved(t, h, dt, dt.full, dt.resid)
+    gemma = FAMILIES[model.family].norm_style == "gemma"
+    total = _norm_saved(t, h, dt.resid, dt.full, gemma=gemma)  # input norm
+    if g.norms_per_layer == 4:  # gemma: post-attention norm (on o_proj output) and pre/post feed-forward
+        total += 2 * _norm_saved(t, h, c, dt.full, gemma=gemma) + _norm_saved(t, h, dt.resid, dt.full, gemma=gemma)
     else:
-        total += _norm_saved(t, h, dt, dt.full, dt.resid)  # post-attention norm
+        total += _norm_saved(t, h, dt.resid, dt.full, gemma=gemma)  # post-attention norm
     masked = g.window is not None and s > g.window and job.attn_impl != "flash"
     if a.is_mla:
         total += _mla_saved(a, t, b, s, h, dt, heads, backend)
@@ -383,20 +392,27 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
         gqa_native = job.attn_impl == "flash" or (job.attn_impl == "sdpa" and not masked and a.head_dim <= 256)
         kv_saved = kv_heads if gqa_native else heads
         total += _linear_inputs(t, h, 1 if a.fused_qkv else 3, dt.norm_out if dt.full else dt.resid, dt)
-        if a.qk_norm:
-            total += _norm_saved(t, q, dt, dt.full, c)
-            total += _norm_saved(t, kv_heads * a.head_dim, dt, dt.full, c)
+        if a.qk_norm:  # per-head norms on the q/k projections (compute dtype)
+            total += _norm_saved(t, q, c, dt.full, rows=t * heads, gemma=gemma)
+            total += _norm_saved(t, kv_heads * a.head_dim, c, dt.full, rows=t * kv_heads, gemma=gemma)
         if job.attn_impl == "eager":
             total += t * q * c + 2 * t * heads * a.head_dim * c  # q and repeated k, v
-            total += b * heads * s * s * (4 + c)  # fp32 softmax output and its compute-dtype copy
-            total += t * q * c if (dt.full or _lora_on(model, job, "o_proj")) else 0  # o_proj input
+            # fp32 softmax output and (when the compute dtype is narrower) its cast for the matmul
+            total += b * heads * s * s * (4 + (c if c != 4 else 0))
+            if a.softcap:
+                total += b * heads * s * s * c  # tanh output of the soft-capping
+            total += t * q * c if dt.full else 0  # o_proj input (contiguous copy of the output)
         else:
             total += t * q * c + 2 * t * kv_saved * a.head_dim * c  # q, k, v after rope
             total += t * heads * a.v_head_dim * c + b * heads * s * 4  # output + logsumexp
-        if masked:
-            total += b * s * s * c  # the sliding-window mask, materialized per layer
+            if a.fused_qkv and dt.full and backend == "cpu":
+                # q sliced from the fused projection is made contiguous head-major, so the CPU
+                # kernel's output is too and o_proj's input is a separate contiguous copy
+                total += t * heads * a.v_head_dim * c
+            if masked:
+                total += b * s * s * c  # sdpa's float copy of the sliding-window mask, per layer
     if g.mlp is not None:
-        total += _mlp_saved(g.mlp, t, h, dt, tp, n_norms == 4)
+        total += _mlp_saved(g.mlp, t, h, dt, tp, g.norms_per_layer == 4)
     if g.moe is not None:
         total += _moe_saved(g.moe, t, h, dt, tp)
     total += _lora_saved(g, model, job, dt, t, tp, backend)
@@ -444,8 +460,8 @@ def _mla_saved(a, t: int, b: int, s: int, h: int, dt: _Dtypes, heads: int, backe
     n_in = (1 if a.q_lora_rank else 1) + 1  # q_a (or q) and kv_a read the normed input
     out += _linear_inputs(t, h, n_in, dt.norm_out, dt)
     if a.q_lora_rank:
-        out += _norm_saved(t, a.q_lora_rank, dt, dt.full, c) + (t * a.q_lora_rank * c if dt.full else 0)
-    out += _norm_saved(t, a.kv_lora_rank, dt, dt.full, c) + (t * a.kv_lora_rank * c if dt.full else 0)
+        out += _norm_saved(t, a.q_lora_rank, c, dt.full) + (t * a.q_lora_rank * c if dt.full else 0)
+    out += _norm_saved(t, a.kv_lora_rank, c, dt.full) + (t * a.kv_lora_rank * c if dt.full else 0)
     qk = heads * a.head_dim
     v = heads * a.v_head_dim
     if backend == "cpu":  # sdpa math fallback (qk and v head dims differ): scores are kept
@@ -496,42 +512,60 @@ def _logits_bytes(model: ModelSpec, job: Job, dt: _Dtypes, tp: int) -> tuple[int
     h = model.hidden_size
     v = model.vocab_size // tp
     c = dt.compute
-    saved = _norm_saved(t, h, dt, dt.full, dt.resid)
+    saved = _norm_saved(t, h, dt.resid, dt.full, gemma=FAMILIES[model.family].norm_style == "gemma")
     saved += _linear_inputs(t, h, 1, dt.norm_out, dt)
     if job.uses_lora and "lm_head" in job.lora.target_modules:
         saved += t * h * (c + 1) + t * job.lora.r * c
-    saved += t * v * 4 + t * 8 + 4
+    # fp32 log-softmax, the shifted int64 targets (with b = 1 the slice of the padded labels is
+    # already contiguous, so the whole (1, s + 1) storage stays), the fp32 total weight
+    saved += t * v * 4 + 8 * (t if job.micro_batch > 1 else job.seq_len + 1) + 4
     if model.final_logit_softcap:
         saved += t * v * c  # tanh output
     transient = t * v * (c + 4 + 4)
     return saved, transient
 
 
+#: attention projections that read the (normed) decoder-layer input
+_READS_LAYER_INPUT = frozenset({"q_proj", "k_proj", "v_proj", "qkv_proj", "q_a_proj", "kv_a_proj_with_mqa"})
+
+
 def _first_layer_discount(model: ModelSpec, job: Job, dt: _Dtypes, backend: str) -> int:
     """With a frozen embedding (LoRA/QLoRA, no checkpointing) the first layer's input does not
-    require grad: the LoRA dropouts reading it keep no mask."""
+    require grad: its input norm saves nothing and the LoRA dropouts reading it keep no mask."""
     t = job.micro_batch * job.seq_len
     h = model.hidden_size
-    out = 0
+    out = _norm_saved(t, h, dt.resid, False, gemma=FAMILIES[model.family].norm_style == "gemma")
     if job.uses_lora and job.lora.dropout > 0:
         mask = 1 if backend == "cuda" else 4
         targets = lora_targets(model, job.lora)
         first = _group_linears(model, model.groups[0])
         for lin in first:
-            if lin.in_features == h and lin.category == "attention" and lin.module in targets:
+            if lin.module in _READS_LAYER_INPUT and lin.module in targets:
                 out += t * h * mask
     return out
 
 
 def _model_level_saved(model: ModelSpec, job: Job, dt: _Dtypes) -> int:
-    t = job.micro_batch * job.seq_len
+    """Tensors saved once per model: token ids, the shared RoPE tables and, under (non-reentrant)
+    checkpointing, what the layers' recompute closures capture: position ids and any
+    materialised attention mask (eager: ``(b, 1, s, s)`` in the residual dtype per distinct layer
+    type; sdpa: a ``(1, 1, s, s)`` bool per sliding window shorter than the sequence)."""
+    b, s = job.micro_batch, job.seq_len
+    t = b * s
     a = model.attention
     out = t * 8 if dt.full else 0  # embedding backward keeps the token ids
     if not a.is_mla:
         n_rope = 2 if model.family == "gemma3_text" else 1
-        out += n_rope * 2 * job.seq_len * a.head_dim * dt.resid  # RoPE cos, sin: (1, s, d), shared
+        out += n_rope * 2 * s * a.head_dim * dt.resid  # RoPE cos, sin: (1, s, d), shared
     else:
-        out += 2 * job.seq_len * a.qk_rope_head_dim * dt.resid
+        out += 2 * s * a.qk_rope_head_dim * dt.resid
+    if job.gradient_checkpointing:
+        out += s * 8  # position_ids
+        kinds = {g.window if g.window is not None and s > g.window else None for g in model.groups}
+        if job.attn_impl == "eager":
+            out += len(kinds) * b * s * s * dt.resid
+        elif job.attn_impl == "sdpa":
+            out += sum(s * s for w in kinds if w is not None)
     return out
 
 

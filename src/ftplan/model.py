@@ -51,6 +51,9 @@ class Family:
     moe: str | None = None  # None | "mixtral" | "qwen3_moe" | "deepseek_v3"
     mla: bool = False
     activation_key: str = "hidden_act"
+    #: "llama": RMSNorm upcasts to fp32 and casts the normalised tensor back before the weight;
+    #: "gemma": computes entirely in fp32 with a (1 + weight) scale, casting only the result
+    norm_style: str = "llama"
 
 
 _LLAMA_LIKE = dict(
@@ -113,7 +116,7 @@ FAMILIES: dict[str, Family] = {
              "hidden_activation": "gelu_pytorch_tanh", "attn_logit_softcapping": 50.0,
              "final_logit_softcapping": 30.0, "query_pre_attn_scalar": 256,
              "max_position_embeddings": 8192},
-            norms_per_layer=4, activation_key="hidden_activation",
+            norms_per_layer=4, activation_key="hidden_activation", norm_style="gemma",
         ),
         Family(
             "gemma3_text",
@@ -123,7 +126,7 @@ FAMILIES: dict[str, Family] = {
              "sliding_window_pattern": 6, "hidden_activation": "gelu_pytorch_tanh",
              "attn_logit_softcapping": None, "final_logit_softcapping": None,
              "query_pre_attn_scalar": 256, "max_position_embeddings": 131072},
-            norms_per_layer=4, qk_norm=True, activation_key="hidden_activation",
+            norms_per_layer=4, qk_norm=True, activation_key="hidden_activation", norm_style="gemma",
         ),
         Family(
             "phi3",

@@ -154,6 +154,10 @@ def cmd_estimate(a: argparse.Namespace) -> int:
     from .memory import estimate_memory
     from .report import estimate_json, estimate_text
 
+    if a.plot:
+        from .plot import check_plot_path
+
+        check_plot_path(a.plot)  # before any work: bad extension / no matplotlib -> one line
     model = resolve_model(a.model)
     job = job_from_args(a)
     layout = layout_from_args(a)
@@ -169,6 +173,11 @@ def cmd_estimate(a: argparse.Namespace) -> int:
         _emit_json(estimate_json(model, job, layout, mem, gpu))
     else:
         print(estimate_text(model, job, layout, mem, gpu))
+    if a.plot:
+        from .plot import plot_breakdown
+
+        plot_breakdown(estimate_json(model, job, layout, mem, gpu), a.plot)
+        print(f"wrote {a.plot}", file=sys.stderr)
     return 0
 
 
@@ -196,6 +205,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_layout_options(s)
     s.add_argument("--gpu", default=None, help="GPU name (e.g. h100-sxm): say whether it fits")
     s.add_argument("--json", action="store_true")
+    s.add_argument("--plot", default=None, metavar="FILE",
+                   help="also draw the breakdown to FILE.png or FILE.svg (needs ftplan[plot])")
     s.set_defaults(func=cmd_estimate)
 
     _add_planner_commands(sub)

@@ -17,7 +17,8 @@ from .cli import _tokens, add_job_options, job_from_args
 from .errors import ConfigError
 
 __all__ = ["add_planner_commands", "RECOMMEND_SCHEMA", "COMPARE_SCHEMA", "FIT_SCHEMA", "GPUS_SCHEMA",
-           "OFFERS_SCHEMA"]
+           "OFFERS_SCHEMA", "plan_dict", "recommend_doc", "compare_plans", "compare_doc", "fit_doc",
+           "gpus_doc", "offers_doc"]
 
 RECOMMEND_SCHEMA = "ftplan.recommend/1"
 COMPARE_SCHEMA = "ftplan.compare/1"
@@ -93,6 +94,8 @@ def add_planner_commands(sub) -> None:
         add_job_options(s)
         _add_offer_options(s)
         _add_search_options(s)
+        s.add_argument("--plot", default=None, metavar="FILE",
+                       help="also draw cost vs time of every plan to FILE.png or FILE.svg (needs ftplan[plot])")
         s.set_defaults(func=func)
 
     s = sub.add_parser("fit", help="longest sequence, largest micro-batch and fewest GPUs on a GPU type")
@@ -279,19 +282,100 @@ def _footer_lines(ps) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------
+# --json documents (shared with the web app's /api/)
+# ---------------------------------------------------------------------------------------------
+def recommend_doc(model, job, ps, top: int = 10) -> dict[str, Any]:
+    """The ``ftplan.recommend/1`` document of a PlanSet (``top`` plans, the Pareto frontier, why-not)."""
+    doc = _header_doc(RECOMMEND_SCHEMA, model, job, ps)
+    doc["plans"] = [plan_dict(p) for p in ps.top(top)]
+    doc["pareto"] = [plan_dict(p) for p in ps.pareto()]
+    doc["plans_total"] = len(ps.plans)
+    doc["infeasible"] = [_infeasible_dict(i) for i in ps.infeasible]
+    return doc
+
+
+def compare_plans(ps) -> tuple:
+    """The best plan per GPU type, by cost of the completed job (or by time with objective time)."""
+    best = ps.best_per_gpu()
+    if ps.objective != "cost":
+        best = tuple(sorted(best, key=lambda p: (p.hours, p.usd)))
+    return best
+
+
+def compare_doc(model, job, ps) -> dict[str, Any]:
+    """The ``ftplan.compare/1`` document of a PlanSet."""
+    doc = _header_doc(COMPARE_SCHEMA, model, job, ps)
+    doc["per_gpu"] = [plan_dict(p) for p in compare_plans(ps)]
+    doc["infeasible"] = [_infeasible_dict(i) for i in ps.infeasible]
+    return doc
+
+
+def fit_doc(model, job, results, margin: float) -> dict[str, Any]:
+    """The ``ftplan.fit/1`` document of a list of FitResults."""
+    return {"schema": FIT_SCHEMA, "model": {"name": model.name, "hf_id": model.hf_id},
+            "job": {"method": job.method, "seq_len": job.seq_len, "micro_batch": job.micro_batch,
+                    "gradient_checkpointing": job.gradient_checkpointing},
+            "margin": margin,
+            "results": [{"gpu": r.gpu, "memory_bytes": r.memory_bytes, "usable_bytes": r.usable_bytes,
+                         "fits": r.fits, "device_total_bytes": r.device_total_bytes,
+                         "max_seq_len": r.max_seq_len, "max_micro_batch": r.max_micro_batch,
+                         "min_gpus": r.min_gpus, "notes": list(r.notes)} for r in results]}
+
+
+def gpus_doc(gpus) -> dict[str, Any]:
+    """The ``ftplan.gpus/1`` document of a GPU catalog (name -> GpuSpec)."""
+    docs = []
+    for g in gpus.values():
+        docs.append({k: getattr(g, k) for k in (
+            "name", "display_name", "vendor", "arch", "memory_bytes", "mem_bw_tbps", "bf16_tflops",
+            "fp16_tflops", "tf32_tflops", "fp32_tflops", "fp8_tflops", "fp4_tflops", "tdp_w",
+            "intra_node_link", "intra_node_bw_gbps", "max_gpus_per_node", "supports_bitsandbytes",
+            "supports_flash_attention", "supports_fp8_training", "supports_fp4_training", "source")}
+            | {"aliases": list(g.aliases)})
+    return {"schema": GPUS_SCHEMA, "gpus": docs}
+
+
+def offers_doc(offers, today, max_age_days: int) -> dict[str, Any]:
+    """The ``ftplan.offers/1`` document of offers (in the order given)."""
+    from .catalog.offers import is_stale
+
+    return {"schema": OFFERS_SCHEMA, "today": today.isoformat(), "max_age_days": max_age_days,
+            "offers": [{"provider": o.provider, "sku": o.sku, "gpu": o.gpu,
+                        "gpus_per_instance": o.gpus_per_instance, "usd_per_gpu_hour": o.usd_per_gpu_hour,
+                        "usd_per_instance_hour": o.usd_per_instance_hour, "pricing": o.pricing,
+                        "region": o.region, "inter_node_network": o.inter_node_network,
+                        "inter_node_gbps": o.inter_node_gbps, "billing_granularity_s": o.billing_granularity_s,
+                        "as_of": o.as_of.isoformat(), "age_days": o.age_days(today),
+                        "stale": is_stale(o, today, max_age_days), "source": o.source, "notes": o.notes}
+                       for o in offers]}
+
+
+# ---------------------------------------------------------------------------------------------
 # commands
 # ---------------------------------------------------------------------------------------------
+def _check_plot(a: argparse.Namespace) -> None:
+    if getattr(a, "plot", None):
+        from .plot import check_plot_path
+
+        check_plot_path(a.plot)  # before the search: bad extension / no matplotlib -> one line
+
+
+def _write_plot(a: argparse.Namespace, model, job, ps) -> None:
+    if getattr(a, "plot", None):
+        from .plot import plot_search
+
+        plot_search(a.plot, model, job, ps, command=a.command)
+        print(f"wrote {a.plot}", file=sys.stderr)
+
+
 def cmd_recommend(a: argparse.Namespace) -> int:
     from .report import table
 
+    _check_plot(a)
     model, job, ps = _run_search(a)
+    _write_plot(a, model, job, ps)
     if a.json:
-        doc = _header_doc(RECOMMEND_SCHEMA, model, job, ps)
-        doc["plans"] = [plan_dict(p) for p in ps.top(a.top)]
-        doc["pareto"] = [plan_dict(p) for p in ps.pareto()]
-        doc["plans_total"] = len(ps.plans)
-        doc["infeasible"] = [_infeasible_dict(i) for i in ps.infeasible]
-        _emit(doc)
+        _emit(recommend_doc(model, job, ps, a.top))
         return 0
     lines = _summary_lines(model, job, ps) + [""]
     if ps.plans:
@@ -311,15 +395,12 @@ def cmd_compare(a: argparse.Namespace) -> int:
     from .report import table
 
     a.objective = "cost" if a.objective == "cost" else a.objective
+    _check_plot(a)
     model, job, ps = _run_search(a)
-    best = ps.best_per_gpu()
-    if ps.objective != "cost":
-        best = tuple(sorted(best, key=lambda p: (p.hours, p.usd)))
+    _write_plot(a, model, job, ps)
+    best = compare_plans(ps)
     if a.json:
-        doc = _header_doc(COMPARE_SCHEMA, model, job, ps)
-        doc["per_gpu"] = [plan_dict(p) for p in best]
-        doc["infeasible"] = [_infeasible_dict(i) for i in ps.infeasible]
-        _emit(doc)
+        _emit(compare_doc(model, job, ps))
         return 0
     rows = []
     for i, p in enumerate(best, 1):
@@ -349,14 +430,7 @@ def cmd_fit(a: argparse.Namespace) -> int:
     job = job_from_args(a)
     results = [fit(model, job, get_gpu(g), safety_margin=a.margin, max_gpus=a.max_gpus) for g in a.gpu]
     if a.json:
-        _emit({"schema": FIT_SCHEMA, "model": {"name": model.name, "hf_id": model.hf_id},
-               "job": {"method": job.method, "seq_len": job.seq_len, "micro_batch": job.micro_batch,
-                       "gradient_checkpointing": job.gradient_checkpointing},
-               "margin": a.margin,
-               "results": [{"gpu": r.gpu, "memory_bytes": r.memory_bytes, "usable_bytes": r.usable_bytes,
-                            "fits": r.fits, "device_total_bytes": r.device_total_bytes,
-                            "max_seq_len": r.max_seq_len, "max_micro_batch": r.max_micro_batch,
-                            "min_gpus": r.min_gpus, "notes": list(r.notes)} for r in results]})
+        _emit(fit_doc(model, job, results, a.margin))
         return 0
     lines = [model.summary(),
              f"job: {job.method}, micro-batch {job.micro_batch} x {job.seq_len}, checkpointing "
@@ -381,15 +455,7 @@ def cmd_gpus(a: argparse.Namespace) -> int:
 
     gpus = load_gpus(a.gpus_file)
     if a.json:
-        docs = []
-        for g in gpus.values():
-            docs.append({k: getattr(g, k) for k in (
-                "name", "display_name", "vendor", "arch", "memory_bytes", "mem_bw_tbps", "bf16_tflops",
-                "fp16_tflops", "tf32_tflops", "fp32_tflops", "fp8_tflops", "fp4_tflops", "tdp_w",
-                "intra_node_link", "intra_node_bw_gbps", "max_gpus_per_node", "supports_bitsandbytes",
-                "supports_flash_attention", "supports_fp8_training", "supports_fp4_training", "source")}
-                | {"aliases": list(g.aliases)})
-        _emit({"schema": GPUS_SCHEMA, "gpus": docs})
+        _emit(gpus_doc(gpus))
         return 0
     rows = []
     for g in gpus.values():
@@ -417,15 +483,7 @@ def cmd_offers(a: argparse.Namespace) -> int:
 
     offers = sorted(offers, key=keys[a.sort])
     if a.json:
-        _emit({"schema": OFFERS_SCHEMA, "today": today.isoformat(), "max_age_days": a.max_age_days,
-               "offers": [{"provider": o.provider, "sku": o.sku, "gpu": o.gpu,
-                           "gpus_per_instance": o.gpus_per_instance, "usd_per_gpu_hour": o.usd_per_gpu_hour,
-                           "usd_per_instance_hour": o.usd_per_instance_hour, "pricing": o.pricing,
-                           "region": o.region, "inter_node_network": o.inter_node_network,
-                           "inter_node_gbps": o.inter_node_gbps, "billing_granularity_s": o.billing_granularity_s,
-                           "as_of": o.as_of.isoformat(), "age_days": o.age_days(today),
-                           "stale": is_stale(o, today, a.max_age_days), "source": o.source, "notes": o.notes}
-                          for o in offers]})
+        _emit(offers_doc(offers, today, a.max_age_days))
         return 0
     rows = []
     n_stale = 0

@@ -1,12 +1,63 @@
 """CLI command for the local web app: serve.
 
 Wired into ``ftplan.cli`` by ``_add_web_commands(sub)`` calling ``add_web_commands(sub)``.
+FastAPI and uvicorn (the ``web`` extra) are imported only when ``ftplan serve`` runs.
 """
 
 from __future__ import annotations
 
-__all__ = ["add_web_commands"]
+import argparse
+import ipaddress
+import sys
+
+from .errors import ConfigError
+
+__all__ = ["add_web_commands", "cmd_serve"]
+
+
+def _port(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= v <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be in 0..65535 (got {v})")
+    return v
 
 
 def add_web_commands(sub) -> None:
-    """Placeholder until `ftplan serve` lands."""
+    """Add ``serve`` to an argparse sub-parser set."""
+    s = sub.add_parser("serve", help="the local web app: job form, plan charts and a JSON API (/api/, /docs)")
+    s.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1: this machine only; the API has no authentication)")
+    s.add_argument("--port", type=_port, default=8000, help="port (default 8000; 0 = any free port)")
+    s.add_argument("--log-level", default="info", help="uvicorn log level (default info)")
+    s.set_defaults(func=cmd_serve)
+
+
+def _is_loopback(host: str) -> bool:
+    if host in ("localhost", "localhost.localdomain"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def cmd_serve(a: argparse.Namespace) -> int:
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn
+    except ImportError as e:
+        raise ConfigError(f"ftplan serve needs fastapi and uvicorn ({e.name or e} is not installed)",
+                          "pip install 'ftplan[web]'") from None
+    from .web import create_app
+
+    if not _is_loopback(a.host):
+        print(f"ftplan serve: warning: binding to {a.host}: the API has no authentication; anyone who can "
+              "reach this address can use it", file=sys.stderr)
+    shown = f"[{a.host}]" if ":" in a.host else a.host
+    print(f"ftplan serve: http://{shown}:{a.port}/  (API docs: /docs, OpenAPI: /openapi.json; Ctrl+C stops)",
+          file=sys.stderr)
+    uvicorn.run(create_app(), host=a.host, port=a.port, log_level=a.log_level.lower())
+    return 0

@@ -342,7 +342,7 @@ def _act_dtypes(job: Job, backend: str) -> _Dtypes:
 
 
 def _norm_saved(t: int, width: int, in_bytes: int, trainable: bool, *, rows: int | None = None,
-                gemma: bool = False) -> int:
+                gemma: bool = False, weight: int | None = None) -> int:
     """Bytes one RMSNorm call saves over ``t`` tokens of ``width`` features (``rows`` rsqrt
     values: ``t``, or ``t`` x heads for per-head q/k norms).
 
@@ -350,11 +350,11 @@ def _norm_saved(t: int, width: int, in_bytes: int, trainable: bool, *, rows: int
     fp32 input (a fresh copy unless it already is fp32), the fp32 rsqrt, and, when the weight is
     trainable, the normalised tensor cast back to the input dtype. gemma style computes entirely
     in fp32 and scales by ``1 + weight``: the normalised tensor stays fp32 and the fp32
-    ``1 + weight`` vector is saved too."""
+    ``1 + weight`` vector (``weight`` elements: ``width``, or the head dim) is saved too."""
     rows = t if rows is None else rows
     out = t * width * 4 + rows * 4
     if gemma:
-        out += width * 4 + (t * width * 4 if trainable else 0)
+        out += (width if weight is None else weight) * 4 + (t * width * 4 if trainable else 0)
     elif trainable:
         out += t * width * in_bytes
     return out
@@ -393,8 +393,9 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
         kv_saved = kv_heads if gqa_native else heads
         total += _linear_inputs(t, h, 1 if a.fused_qkv else 3, dt.norm_out if dt.full else dt.resid, dt)
         if a.qk_norm:  # per-head norms on the q/k projections (compute dtype)
-            total += _norm_saved(t, q, c, dt.full, rows=t * heads, gemma=gemma)
-            total += _norm_saved(t, kv_heads * a.head_dim, c, dt.full, rows=t * kv_heads, gemma=gemma)
+            total += _norm_saved(t, q, c, dt.full, rows=t * heads, gemma=gemma, weight=a.head_dim)
+            total += _norm_saved(t, kv_heads * a.head_dim, c, dt.full, rows=t * kv_heads, gemma=gemma,
+                                 weight=a.head_dim)
         if job.attn_impl == "eager":
             total += t * q * c + 2 * t * heads * a.head_dim * c  # q and repeated k, v
             # fp32 softmax output and (when the compute dtype is narrower) its cast for the matmul
@@ -441,13 +442,22 @@ def _mlp_saved(m: MlpSpec, t: int, h: int, dt: _Dtypes, tp: int, gemma: bool) ->
 def _moe_saved(m: MoeSpec, t: int, h: int, dt: _Dtypes, tp: int) -> int:
     routed = t * m.top_k
     e = dt.expert
+    c = dt.compute
     i = m.expert_intermediate_size
-    out = 0
-    # router: input copy in the compute dtype, fp32 softmax over experts, top-k ids, weights
-    out += t * h * dt.compute + t * m.num_experts * 4 + routed * 8 + t * 4 + routed * 4
+    # router: its input copy in the compute dtype, the expert probabilities, top-k ids, the
+    # normaliser and the normalised top-k weights; then the per-row weights the experts multiply
+    if m.router == "deepseek_v3":  # sigmoid scores stay in the logits' (compute) dtype
+        out = t * h * c + t * m.num_experts * c + routed * 8 + t * c + routed * c
+        per_row = routed * c  # scaled by routed_scaling_factor: a new tensor
+    else:  # softmax in fp32
+        out = t * h * c + t * m.num_experts * 4 + routed * 8 + t * 4 + routed * 4
+        if m.router == "qwen3_moe":  # cast back to the logits' dtype (a no-op in fp32)
+            per_row = routed * c if c != 4 else 0
+        else:
+            per_row = routed * 4
     # experts (grouped_mm): three index vectors, gathered inputs, gate_up output, act output,
-    # product, routing weights, down output; offsets per expert
-    out += 3 * routed * 8 + m.num_experts * 4 + routed * 4
+    # product, per-row weights, down output; offsets per expert
+    out += 3 * routed * 8 + m.num_experts * 4 + per_row
     out += routed * e * (h + 2 * i + i + i + h)
     if m.shared is not None:
         out += _mlp_saved(m.shared, t, h, dt, tp, False)
@@ -464,8 +474,10 @@ def _mla_saved(a, t: int, b: int, s: int, h: int, dt: _Dtypes, heads: int, backe
     out += _norm_saved(t, a.kv_lora_rank, c, dt.full) + (t * a.kv_lora_rank * c if dt.full else 0)
     qk = heads * a.head_dim
     v = heads * a.v_head_dim
-    if backend == "cpu":  # sdpa math fallback (qk and v head dims differ): scores are kept
-        out += 3 * b * heads * s * s * 4 + t * v * 4 + t * qk * 4
+    if backend == "cpu":
+        # qk and v head dims differ: sdpa falls back to the math kernel, which on CPU upcasts to
+        # fp32 and keeps q, k^T, the softmax and v; its output comes back as a separate tensor
+        out += 2 * t * qk * 4 + b * heads * s * s * 4 + t * v * 4 + (t * v * c if dt.full else 0)
     else:  # memory-efficient kernel: q, k, v, output, logsumexp
         out += 2 * t * qk * c + t * v * c + t * v * c + b * heads * s * 4
     return out

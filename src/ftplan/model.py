@@ -200,6 +200,9 @@ class MoeSpec:
     top_k: int
     expert_intermediate_size: int
     shared: MlpSpec | None = None  # shared experts, run on every token
+    #: router implementation (the family's): "mixtral"/"qwen3_moe" softmax in fp32, "deepseek_v3"
+    #: sigmoid in the logits' dtype; qwen3_moe casts the top-k weights back to the logits' dtype
+    router: str = "mixtral"
 
 
 @dataclass(frozen=True)
@@ -562,8 +565,8 @@ def _moe_spec(fam: Family, cfg: Mapping[str, Any]) -> MoeSpec:
                        _int(cfg, "intermediate_size"))
     if fam.moe == "qwen3_moe":
         return MoeSpec(_int(cfg, "num_experts"), _int(cfg, "num_experts_per_tok"),
-                       _int(cfg, "moe_intermediate_size"))
+                       _int(cfg, "moe_intermediate_size"), router="qwen3_moe")
     shared_n = cfg.get("n_shared_experts") or 0
     shared = MlpSpec(h_inter * shared_n) if shared_n else None
     return MoeSpec(_int(cfg, "n_routed_experts"), _int(cfg, "num_experts_per_tok"),
-                   _int(cfg, "moe_intermediate_size"), shared)
+                   _int(cfg, "moe_intermediate_size"), shared, router="deepseek_v3")

@@ -318,6 +318,7 @@ class _Dtypes:
     norm_out: int  # bytes of a norm's output (weight dtype promoted with the stream dtype)
     full: bool  # base weights trainable
     expert: int  # bytes of routed-expert activations (grouped_mm)
+    autocast: bool = False  # mixed precision: matmuls run under torch.autocast
 
 
 def _act_dtypes(job: Job, backend: str) -> _Dtypes:
@@ -338,7 +339,7 @@ def _act_dtypes(job: Job, backend: str) -> _Dtypes:
     # weight dtype
     expert = compute if backend == "cuda" else (w or resid)
     return _Dtypes(compute=compute, resid=resid, train_w=w, norm_out=max(norm_w, resid),
-                   full=job.method == "full", expert=expert)
+                   full=job.method == "full", expert=expert, autocast=job.precision.endswith("-mixed"))
 
 
 def _norm_saved(t: int, width: int, in_bytes: int, trainable: bool, *, rows: int | None = None,
@@ -446,9 +447,12 @@ def _moe_saved(m: MoeSpec, t: int, h: int, dt: _Dtypes, tp: int) -> int:
     i = m.expert_intermediate_size
     # router: its input copy in the compute dtype, the expert probabilities, top-k ids, the
     # normaliser and the normalised top-k weights; then the per-row weights the experts multiply
-    if m.router == "deepseek_v3":  # sigmoid scores stay in the logits' (compute) dtype
-        out = t * h * c + t * m.num_experts * c + routed * 8 + t * c + routed * c
-        per_row = routed * c  # scaled by routed_scaling_factor: a new tensor
+    if m.router == "deepseek_v3":
+        # an fp32 linear (autocast turns it back to the compute dtype); the sigmoid scores and
+        # the top-k weights stay in the logits' dtype
+        r = c if dt.autocast else 4
+        out = t * h * r + t * m.num_experts * r + routed * 8 + t * r + routed * r
+        per_row = routed * r  # scaled by routed_scaling_factor: a new tensor
     else:  # softmax in fp32
         out = t * h * c + t * m.num_experts * 4 + routed * 8 + t * 4 + routed * 4
         if m.router == "qwen3_moe":  # cast back to the logits' dtype (a no-op in fp32)

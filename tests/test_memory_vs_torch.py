@@ -78,6 +78,8 @@ def test_model_states_exact(family, method, request):
         assert 2 * _autocast_weight_elems(spec, backend="cpu") == casts
     else:
         assert st.frozen_weights == r.frozen_param_bytes
+        # autocast's bf16 copies of the fp32 adapters (all but the first layer's q/k/v lora_A)
+        assert st.master_weights == casts
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adafactor"])
@@ -115,3 +117,33 @@ def test_saved_activations_exact_pure_bf16(family, ckpt):
     """Pure bf16 full fine-tuning (no autocast): norms cast back to bf16, DeepSeek's fp32 router."""
     spec, job, r, casts = _run(family, "full", ckpt, 2, 24, precision="bf16")
     assert saved_activation_bytes(spec, job, backend="cpu") == r.saved_activation_bytes - casts
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3", "gemma2", "gemma3_text"])
+@pytest.mark.parametrize("ckpt", [False, True])
+def test_saved_activations_exact_qlora(family, ckpt):
+    """QLoRA through the real stack: bitsandbytes nf4 (double quant) on CPU, PEFT's
+    prepare_model_for_kbit_training (fp32 norms, embedding and lm_head), all-linear LoRA, autocast.
+    Linear4bit returns its input's dtype (fp32), and autocast's bf16 copy of the frozen fp32 lm_head
+    is saved."""
+    pytest.importorskip("bitsandbytes")
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+
+    cfg = TR.TINY_CONFIGS[family]
+    attn = ATTN.get(family, "sdpa")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = TR.build_model(cfg, dtype="bf16", quantization="nf4-dq", attn_implementation=attn)
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=ckpt)
+        model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.1,
+                                                 target_modules="all-linear", task_type="CAUSAL_LM"))
+        orig = TR._model_dtype
+        TR._model_dtype = lambda m: torch.float32
+        try:
+            r = TR.measure_step(model, batch=2, seq_len=24, gradient_checkpointing=ckpt, dtype="bf16")
+        finally:
+            TR._model_dtype = orig
+    casts = sum(x.nbytes for x in r.records if x.producer == "TBackward0")  # LoRA A/B bf16 copies
+    job = Job(method="qlora", micro_batch=2, seq_len=24, gradient_checkpointing=ckpt, attn_impl=attn,
+              lora=LoraSpec(r=8, alpha=16, dropout=0.1))
+    assert saved_activation_bytes(model_from_config(cfg), job, backend="cpu") == r.saved_activation_bytes - casts

@@ -266,6 +266,35 @@ def _autocast_weight_elems(model: ModelSpec, backend: str = "cuda") -> int:
     return n
 
 
+def _first_layer_frozen_a(model: ModelSpec, job: Job) -> int:
+    """lora_A elements of the first layer's projections that read the (grad-free) layer input."""
+    if not job.uses_lora:
+        return 0
+    targets = lora_targets(model, job.lora)
+    return sum(job.lora.r * lin.in_features for lin in _group_linears(model, model.groups[0])
+               if lin.module in _READS_LAYER_INPUT and lin.module in targets)
+
+
+def _autocast_recompute(job: Job, layout: Layout) -> bool:
+    """Autocast copies follow checkpointing (single GPU / DDP under HF Trainer); ZeRO and FSDP
+    keep their own compute-dtype working copy of the weights instead."""
+    return (job.gradient_checkpointing and job.precision.endswith("-mixed")
+            and not (layout.shards_params or layout.shards_optimizer))
+
+
+def _recompute_weight_copy_bytes(model: ModelSpec, job: Job, layout: Layout) -> int:
+    """Under checkpointing with autocast, the compute-dtype weight copies of the one layer being
+    recomputed in backward (all matmul weights in full fine-tuning, the adapters with LoRA)."""
+    prec = PRECISIONS[job.precision]
+    if not _autocast_recompute(job, layout):
+        return 0
+    c = int(dtype_bytes(prec["compute"]))
+    if job.method == "full":
+        return c * largest_layer_params(model) if prec["trainable"] != prec["compute"] else 0
+    n_train, _ = trainable_params(model, job)
+    return c * -(-n_train // model.num_layers)
+
+
 def model_states(model: ModelSpec, job: Job, consts: MemoryConstants | None = None) -> ModelStates:
     consts = consts or memory_constants()
     prec = PRECISIONS[job.precision]
@@ -284,7 +313,12 @@ def model_states(model: ModelSpec, job: Job, consts: MemoryConstants | None = No
     else:
         # PEFT keeps adapters in fp32 (autocast_adapter_dtype=True) whatever the base dtype
         trainable_w = Fraction(4) * n_train
-        master = Fraction(0)
+        # autocast's compute-dtype copies of the fp32 adapters, kept for backward (under
+        # checkpointing one layer's worth at a time, counted with the recompute transient);
+        # lora_A of the first layer's q/k/v reads a grad-free input, so its copy is not kept
+        copies = 0 if job.gradient_checkpointing else n_train - _first_layer_frozen_a(model, job)
+        master = dtype_bytes(prec["compute"]) * copies if prec["compute"] != "fp32" and \
+            job.precision.endswith("-mixed") else Fraction(0)
         grad_b = Fraction(4)
         param_b = Fraction(4)
         if job.method == "lora":
@@ -319,6 +353,7 @@ class _Dtypes:
     full: bool  # base weights trainable
     expert: int  # bytes of routed-expert activations (grouped_mm)
     autocast: bool = False  # mixed precision: matmuls run under torch.autocast
+    base_out: int = 2  # bytes of a frozen base linear's output (bitsandbytes 4-bit: the input dtype)
 
 
 def _act_dtypes(job: Job, backend: str) -> _Dtypes:
@@ -338,8 +373,13 @@ def _act_dtypes(job: Job, backend: str) -> _Dtypes:
     # transformers' grouped_mm experts: autocast covers them on CUDA; on CPU they run in the
     # weight dtype
     expert = compute if backend == "cuda" else (w or resid)
-    return _Dtypes(compute=compute, resid=resid, train_w=w, norm_out=max(norm_w, resid),
-                   full=job.method == "full", expert=expert, autocast=job.precision.endswith("-mixed"))
+    norm_out = max(norm_w, resid)
+    # bitsandbytes' Linear4bit casts its output back to its input's dtype (fp32 after
+    # prepare_model_for_kbit_training); other linears produce the compute dtype
+    base_out = norm_out if job.method == "qlora" else compute
+    return _Dtypes(compute=compute, resid=resid, train_w=w, norm_out=norm_out,
+                   full=job.method == "full", expert=expert, autocast=job.precision.endswith("-mixed"),
+                   base_out=base_out)
 
 
 def _norm_saved(t: int, width: int, in_bytes: int, trainable: bool, *, rows: int | None = None,
@@ -431,10 +471,11 @@ def _mlp_saved(m: MlpSpec, t: int, h: int, dt: _Dtypes, tp: int, gemma: bool) ->
     in_bytes = dt.norm_out if dt.full else dt.resid
     out = _linear_inputs(t, h, 1 if m.fused_gate_up else 2, in_bytes, dt)
     # act saves its input (gate out); the product saves act out and up out; (full) down's input
+    o = dt.base_out
     if m.fused_gate_up:
-        out += t * 2 * i * c + t * i * c  # gate_up output storage, act output
+        out += t * 2 * i * o + t * i * o  # gate_up output storage, act output
     else:
-        out += 3 * t * i * c
+        out += 3 * t * i * o
     if dt.full:
         out += t * i * c
     return out
@@ -535,6 +576,10 @@ def _logits_bytes(model: ModelSpec, job: Job, dt: _Dtypes, tp: int) -> tuple[int
     # fp32 log-softmax, the shifted int64 targets (with b = 1 the slice of the padded labels is
     # already contiguous, so the whole (1, s + 1) storage stays), the fp32 total weight
     saved += t * v * 4 + 8 * (t if job.micro_batch > 1 else job.seq_len + 1) + 4
+    if job.method == "qlora" and dt.autocast and c != 4:
+        # prepare_model_for_kbit_training keeps lm_head in fp32: autocast's compute-dtype copy of
+        # the (frozen) weight is saved for the input gradient
+        saved += model.vocab_size // tp * h * c
     if model.final_logit_softcap:
         saved += t * v * c  # tanh output
     transient = t * v * (c + 4 + 4)
@@ -604,7 +649,7 @@ def _activations(model: ModelSpec, job: Job, layout: Layout, backend: str = "cud
         # HF non-reentrant checkpointing keeps each layer's hidden-state input; one layer is
         # recomputed at a time in backward
         saved = sum(g.count * t * model.hidden_size * dt.resid for g, _ in per_layer)
-        recompute = max(x for _, x in per_layer)
+        recompute = max(x for _, x in per_layer) + _recompute_weight_copy_bytes(model, job, layout)
     else:
         saved = sum(g.count * x for g, x in per_layer)
         recompute = 0
@@ -641,6 +686,12 @@ def estimate_memory(
     frozen = st.frozen_weights / mp
     trainable = st.trainable_weights / mp
     master = st.master_weights / mp
+    if _autocast_recompute(job, layout) and job.method == "full":
+        # HF Trainer's autocast under checkpointing: the layers' weight copies are dropped after
+        # the forward and remade one layer at a time in backward (see the recompute transient);
+        # only the lm_head (or tied embedding) copy stays
+        outside = model.params.lm_head + (model.params.embedding if model.tie_word_embeddings else 0)
+        master = min(st.master_weights, dtype_bytes(PRECISIONS[job.precision]["compute"]) * outside) / mp
     grads = st.gradients / mp
     opt = st.optimizer_states / mp
     host = 0

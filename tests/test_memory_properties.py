@@ -30,10 +30,22 @@ jobs = st.builds(
 )
 
 
+def _peft_ok(model, job):
+    """PEFT refuses LoRA dropout on fused MoE experts (all-linear): such jobs are invalid input."""
+    from dataclasses import replace
+
+    from ftplan.job import lora_wraps_experts
+
+    if lora_wraps_experts(model, job.lora) and job.lora.dropout > 0:
+        return job.with_(lora=replace(job.lora, dropout=0.0))
+    return job
+
+
 @settings(max_examples=60, deadline=None)
 @given(name=st.sampled_from(MODELS), job=jobs, grow=st.integers(1, 4096), which=st.sampled_from(["seq", "mb"]))
 def test_memory_never_falls_as_batch_or_sequence_grows(name, job, grow, which):
     model = resolve_model(name)
+    job = _peft_ok(model, job)
     a = estimate_memory(model, job)
     bigger = job.with_(seq_len=job.seq_len + grow) if which == "seq" else job.with_(micro_batch=job.micro_batch + grow % 8 + 1)
     b = estimate_memory(model, bigger)
@@ -46,6 +58,7 @@ def test_memory_never_falls_as_batch_or_sequence_grows(name, job, grow, which):
 @given(name=st.sampled_from(MODELS), job=jobs, n=st.integers(2, 64))
 def test_zero3_model_states_never_rise_with_more_gpus(name, job, n):
     model = resolve_model(name)
+    job = _peft_ok(model, job)
     small = estimate_memory(model, job, Layout(gpus_per_node=n, strategy="zero3"))
     large = estimate_memory(model, job, Layout(gpus_per_node=n + 1, strategy="zero3"))
     assert large.model_states_bytes <= small.model_states_bytes
@@ -54,7 +67,8 @@ def test_zero3_model_states_never_rise_with_more_gpus(name, job, n):
 @settings(max_examples=40, deadline=None)
 @given(name=st.sampled_from(MODELS), job=jobs)
 def test_components_add_up(name, job):
-    mem = estimate_memory(resolve_model(name), job)
+    model = resolve_model(name)
+    mem = estimate_memory(model, _peft_ok(model, job))
     c = mem.components
     assert all(v >= 0 for v in c.values())
     assert mem.peak_reserved_bytes == mem.peak_allocated_bytes + c["allocator_reserve"]

@@ -61,7 +61,8 @@ def add_job_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--attn", dest="attn_impl", default="sdpa", help="sdpa | flash | eager")
     g.add_argument("--lora-r", type=_positive_int, default=16)
     g.add_argument("--lora-alpha", type=int, default=32)
-    g.add_argument("--lora-dropout", type=float, default=0.05)
+    g.add_argument("--lora-dropout", type=float, default=None,
+                   help="LoRA dropout (default 0.05; 0 where PEFT requires it: all-linear on MoE models)")
     g.add_argument("--lora-targets", default="all-linear",
                    help="comma-separated PEFT target_modules, or all-linear (default)")
     g.add_argument("--quant-type", default="nf4", help="QLoRA 4-bit type: nf4 | fp4")
@@ -83,10 +84,15 @@ def add_layout_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--pp", type=_positive_int, default=1, help="pipeline-parallel degree")
 
 
-def job_from_args(a: argparse.Namespace):
-    from .job import Job, LoraSpec, QuantSpec
+def job_from_args(a: argparse.Namespace, model=None):
+    """The Job of the parsed options. With ``model``, an unset ``--lora-dropout`` becomes 0 where
+    PEFT refuses dropout (all-linear on a transformers-5 MoE model), else 0.05."""
+    from .job import Job, LoraSpec, QuantSpec, lora_wraps_experts
 
-    targets = tuple(t.strip() for t in a.lora_targets.split(",") if t.strip())
+    targets = tuple(t.strip() for t in a.lora_targets.split(",") if t.strip()) or ("all-linear",)
+    dropout = getattr(a, "lora_dropout", None)
+    if dropout is None:
+        dropout = 0.0 if model is not None and lora_wraps_experts(model, LoraSpec(target_modules=targets)) else 0.05
     return Job(
         method=a.method.lower(),
         precision=a.precision.lower(),
@@ -96,8 +102,7 @@ def job_from_args(a: argparse.Namespace):
         grad_accum=a.grad_accum,
         gradient_checkpointing=a.gc,
         attn_impl=a.attn_impl.lower(),
-        lora=LoraSpec(r=a.lora_r, alpha=a.lora_alpha, dropout=a.lora_dropout,
-                      target_modules=targets or ("all-linear",)),
+        lora=LoraSpec(r=a.lora_r, alpha=a.lora_alpha, dropout=dropout, target_modules=targets),
         quant=QuantSpec(quant_type=a.quant_type.lower(), double_quant=not a.no_double_quant,
                         compute_dtype=a.compute_dtype.lower()),
         dataset_tokens=a.tokens,
@@ -159,7 +164,7 @@ def cmd_estimate(a: argparse.Namespace) -> int:
 
         check_plot_path(a.plot)  # before any work: bad extension / no matplotlib -> one line
     model = resolve_model(a.model)
-    job = job_from_args(a)
+    job = job_from_args(a, model)
     layout = layout_from_args(a)
     gpu = None
     vendor = "nvidia"

@@ -158,7 +158,7 @@ def _run_search(a: argparse.Namespace):
     from .planner import recommend
 
     model = resolve_model(a.model)
-    job = job_from_args(a)
+    job = job_from_args(a, model)
     if a.objective not in ("cost", "time"):
         raise ConfigError(f"unknown objective {a.objective!r}", "use --objective cost or time")
     if a.top < 0:
@@ -427,7 +427,7 @@ def cmd_fit(a: argparse.Namespace) -> int:
     from .report import table
 
     model = resolve_model(a.model)
-    job = job_from_args(a)
+    job = job_from_args(a, model)
     results = [fit(model, job, get_gpu(g), safety_margin=a.margin, max_gpus=a.max_gpus) for g in a.gpu]
     if a.json:
         _emit(fit_doc(model, job, results, a.margin))

@@ -26,6 +26,7 @@ __all__ = [
     "Layout",
     "validate_job",
     "lora_targets",
+    "lora_wraps_experts",
 ]
 
 Method = Literal["full", "lora", "qlora", "fp8", "nvfp4"]
@@ -150,12 +151,25 @@ def lora_targets(model: ModelSpec, lora: LoraSpec) -> frozenset[str]:
 
     ``all-linear`` means every ``nn.Linear`` except the output layer (PEFT excludes the
     ``lm_head``); routed experts stored as 3-D parameters (transformers 5) are not ``nn.Linear``.
-    MoE routers in transformers 5 are not ``nn.Linear`` either.
+    On MoE models PEFT (>= 0.18) rewrites ``all-linear``: the MLP projection names leave
+    ``target_modules`` (so dense MLP layers and shared experts stay frozen) and the fused experts
+    and the router become ``target_parameters`` (see :func:`lora_wraps_experts`).
     """
     names = model.module_names()
     if "all-linear" in lora.target_modules:
+        if model.is_moe:
+            mlp = {lin.module for lin in model.linears() if lin.category == "mlp"}
+            return frozenset(n for n in names if n != "lm_head" and n not in mlp)
         return frozenset(n for n in names if n != "lm_head")
     return frozenset(lora.target_modules) & names
+
+
+def lora_wraps_experts(model: ModelSpec, lora: LoraSpec) -> bool:
+    """True when PEFT wraps the fused expert weights (``gate_up_proj`` at rank 2r, ``down_proj``
+    at rank r) and the router weight (rank r) with ``ParamWrapper``: ``all-linear`` on a
+    transformers-5 MoE model. ParamWrapper refuses ``lora_dropout`` > 0 and adds the merged
+    ``W + BA`` of every expert to each forward."""
+    return model.is_moe and "all-linear" in lora.target_modules
 
 
 def _check(cond: bool, problems: list[str], msg: str) -> None:
@@ -195,6 +209,10 @@ def validate_job(model: ModelSpec, job: Job, layout: Layout | None = None) -> No
         _check(lo.r >= 1, p, f"LoRA rank must be >= 1 (got {lo.r})")
         _check(lo.alpha > 0, p, f"LoRA alpha must be > 0 (got {lo.alpha})")
         _check(0.0 <= lo.dropout < 1.0, p, f"LoRA dropout must be in [0, 1) (got {lo.dropout})")
+        _check(not (lora_wraps_experts(model, lo) and lo.dropout > 0), p,
+               f"LoRA dropout {lo.dropout} with all-linear on MoE model {model.name}: PEFT wraps its fused "
+               "experts with ParamWrapper, which refuses lora_dropout > 0 (use --lora-dropout 0, or "
+               "target attention only, e.g. --lora-targets q_proj,k_proj,v_proj,o_proj)")
         names = model.module_names()
         unknown = [t for t in lo.target_modules if t != "all-linear" and t not in names]
         if unknown:

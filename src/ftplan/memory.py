@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 from .catalog.constants import MemoryConstants, memory_constants
-from .job import PRECISIONS, Job, Layout, lora_targets, validate_job
+from .job import PRECISIONS, Job, Layout, lora_targets, lora_wraps_experts, validate_job
 from .model import FAMILIES, LayerGroup, LinearSpec, MlpSpec, ModelSpec, MoeSpec
 from .units import dtype_bytes
 
@@ -109,6 +109,15 @@ def trainable_params(model: ModelSpec, job: Job) -> tuple[int, int]:
     for lin in _lora_linears(model, job):
         count += lin.count * r * (lin.in_features + lin.out_features)
         tensors += 2 * lin.count
+    if lora_wraps_experts(model, job.lora):
+        h = model.hidden_size
+        for g in model.groups:
+            if g.moe is not None:
+                e, im = g.moe.num_experts, g.moe.expert_intermediate_size
+                # ParamWrapper: gate_up_proj A (E*2r, h), B (2*Im, E*2r); down_proj A (E*r, Im),
+                # B (h, E*r); router weight A (r, h), B (E, r)
+                count += g.count * (r * e * (3 * h + 5 * im) + r * (h + e))
+                tensors += 6 * g.count
     return count, tensors
 
 
@@ -456,7 +465,7 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
     if g.mlp is not None:
         total += _mlp_saved(g.mlp, t, h, dt, tp, g.norms_per_layer == 4)
     if g.moe is not None:
-        total += _moe_saved(g.moe, t, h, dt, tp)
+        total += _moe_saved(g.moe, t, h, dt, tp, job.uses_lora and lora_wraps_experts(model, job.lora))
     total += _lora_saved(g, model, job, dt, t, tp, backend)
     return total
 
@@ -481,7 +490,10 @@ def _mlp_saved(m: MlpSpec, t: int, h: int, dt: _Dtypes, tp: int, gemma: bool) ->
     return out
 
 
-def _moe_saved(m: MoeSpec, t: int, h: int, dt: _Dtypes, tp: int) -> int:
+def _moe_saved(m: MoeSpec, t: int, h: int, dt: _Dtypes, tp: int, wrapped: bool = False) -> int:
+    """One MoE layer. ``wrapped``: PEFT ParamWrapper LoRA on the experts and the router, which
+    materialise ``W + BA`` (compute dtype) for every expert and the router in each forward; a
+    frozen router does not save its input."""
     routed = t * m.top_k
     e = dt.expert
     c = dt.compute
@@ -492,14 +504,20 @@ def _moe_saved(m: MoeSpec, t: int, h: int, dt: _Dtypes, tp: int) -> int:
         # an fp32 linear (autocast turns it back to the compute dtype); the sigmoid scores and
         # the top-k weights stay in the logits' dtype
         r = c if dt.autocast else 4
-        out = t * h * r + t * m.num_experts * r + routed * 8 + t * r + routed * r
+        router_in = t * h * r
+        out = t * m.num_experts * r + routed * 8 + t * r + routed * r
         per_row = routed * r  # scaled by routed_scaling_factor: a new tensor
     else:  # softmax in fp32
-        out = t * h * c + t * m.num_experts * 4 + routed * 8 + t * 4 + routed * 4
+        router_in = t * h * c
+        out = t * m.num_experts * 4 + routed * 8 + t * 4 + routed * 4
         if m.router == "qwen3_moe":  # cast back to the logits' dtype (a no-op in fp32)
             per_row = routed * c if c != 4 else 0
         else:
             per_row = routed * 4
+    if dt.full or wrapped:
+        out += router_in
+    if wrapped:  # the merged router and expert weights
+        out += m.num_experts * h * c + m.num_experts * 3 * h * i * c
     # experts (grouped_mm): three index vectors, gathered inputs, gate_up output, act output,
     # product, per-row weights, down output; offsets per expert
     out += 3 * routed * 8 + m.num_experts * 4 + per_row

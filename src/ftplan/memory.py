@@ -165,9 +165,10 @@ def _optimizer_bytes(job: Job, n_params: int, n_tensors: int, param_bytes: Fract
         big_bytes = Fraction(2) * big + Fraction(2 * 4, block) * big
         return big_bytes + 8 * small
     if opt == "adafactor":
-        # factored second moment for matrices (row + column vectors, fp32), full for vectors;
-        # no first moment (HF Adafactor default beta1=None)
-        return Fraction(4) * _adafactor_elems(model, job)
+        # transformers' Adafactor (HF Trainer optim="adafactor"): factored second moment for
+        # matrices (row + column vectors), full for vectors, no first moment (beta1=None), and a
+        # 0-dim RMS tensor per parameter; all fp32 (it computes on an fp32 copy of the grad)
+        return Fraction(4) * _adafactor_elems(model, job) + 4 * n_tensors
     raise AssertionError(opt)
 
 
@@ -198,9 +199,9 @@ def _full_matrices(model: ModelSpec) -> list[tuple[int, int, int]]:
     for lin in model.linears():
         if lin.is_module:
             out.append((lin.out_features, lin.in_features, lin.count))
-        else:
+        else:  # fused experts (E, out, in): Adafactor factors over the last two dims per expert
             e = _experts_of(model)
-            out.append((e * lin.out_features, lin.in_features, lin.count // e))
+            out.append((e * lin.out_features, e * lin.in_features, lin.count // e))
     for g in model.groups:
         if g.moe is not None:
             out.append((g.moe.num_experts, h, g.count))
@@ -228,9 +229,18 @@ def _full_vectors(model: ModelSpec) -> list[tuple[int, int]]:
 def _adafactor_elems(model: ModelSpec, job: Job) -> int:
     if job.uses_lora:
         mats = []
+        r = job.lora.r
         for lin in _lora_linears(model, job):
-            mats.append((job.lora.r, lin.in_features, lin.count))
-            mats.append((lin.out_features, job.lora.r, lin.count))
+            mats.append((r, lin.in_features, lin.count))
+            mats.append((lin.out_features, r, lin.count))
+        if lora_wraps_experts(model, job.lora):
+            h = model.hidden_size
+            for g in model.groups:
+                if g.moe is not None:
+                    e, im = g.moe.num_experts, g.moe.expert_intermediate_size
+                    mats += [(e * 2 * r, h, g.count), (2 * im, e * 2 * r, g.count),  # gate_up A, B
+                             (e * r, im, g.count), (h, e * r, g.count),  # down A, B
+                             (r, h, g.count), (e, r, g.count)]  # router A, B
         vecs: list[tuple[int, int]] = []
     else:
         mats = _full_matrices(model)

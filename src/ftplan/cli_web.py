@@ -12,7 +12,11 @@ import sys
 
 from .errors import ConfigError
 
-__all__ = ["add_web_commands", "cmd_serve"]
+__all__ = ["add_web_commands", "cmd_serve", "KEEP_ALIVE_S"]
+
+#: idle keep-alive connections live this long (uvicorn's default, 5 s, races with clients such as
+#: httpx that reuse an idle connection for a POST just as the server closes it: a failed request)
+KEEP_ALIVE_S = 30
 
 
 def _port(text: str) -> int:
@@ -31,6 +35,8 @@ def add_web_commands(sub) -> None:
     s.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1: this machine only; the API has no authentication)")
     s.add_argument("--port", type=_port, default=8000, help="port (default 8000; 0 = any free port)")
+    s.add_argument("--workers", type=int, default=1,
+                   help="worker processes (default 1; each keeps its own result cache)")
     s.add_argument("--log-level", default="info", help="uvicorn log level (default info)")
     s.set_defaults(func=cmd_serve)
 
@@ -51,13 +57,15 @@ def cmd_serve(a: argparse.Namespace) -> int:
     except ImportError as e:
         raise ConfigError(f"ftplan serve needs fastapi and uvicorn ({e.name or e} is not installed)",
                           "pip install 'ftplan[web]'") from None
-    from .web import create_app
-
+    if a.workers < 1:
+        raise ConfigError(f"--workers must be >= 1 (got {a.workers})", "e.g. --workers 2")
     if not _is_loopback(a.host):
         print(f"ftplan serve: warning: binding to {a.host}: the API has no authentication; anyone who can "
               "reach this address can use it", file=sys.stderr)
     shown = f"[{a.host}]" if ":" in a.host else a.host
     print(f"ftplan serve: http://{shown}:{a.port}/  (API docs: /docs, OpenAPI: /openapi.json; Ctrl+C stops)",
           file=sys.stderr)
-    uvicorn.run(create_app(), host=a.host, port=a.port, log_level=a.log_level.lower())
+    # an import string + factory: what uvicorn needs for more than one worker
+    uvicorn.run("ftplan.web.app:create_app", factory=True, host=a.host, port=a.port, workers=a.workers,
+                log_level=a.log_level.lower(), ws="none", timeout_keep_alive=KEEP_ALIVE_S)
     return 0

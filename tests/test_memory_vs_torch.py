@@ -82,12 +82,14 @@ def test_model_states_exact(family, method, request):
         assert st.master_weights == casts
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "adafactor"])
+@pytest.mark.parametrize("optimizer", ["sgd", "adafactor", "adamw_8bit", "paged_adamw_8bit"])
 @pytest.mark.parametrize("method", ["full", "lora"])
 @pytest.mark.parametrize("family", ["llama", "qwen3", "mixtral", "deepseek_v3"])
 def test_other_optimizers_exact(family, method, optimizer):
-    """SGD (momentum buffer) and transformers' Adafactor (factored rows/columns, per-expert for
-    fused 3-D experts, a 0-dim RMS per tensor) state bytes, full and LoRA."""
+    """SGD (momentum buffer), transformers' Adafactor (factored rows/columns, per-expert for fused
+    3-D experts, a 0-dim RMS per tensor) and bitsandbytes 8-bit AdamW on CPU (uint8 states, an fp32
+    absmax per 256-block of each tensor, the two shared qmaps, fp32 states below 4096 elements):
+    state bytes exact, full and LoRA, dense and MoE."""
     spec, job, r, _ = _run(family, method, False, 1, 16, optimizer=optimizer)
     assert model_states(spec, job).optimizer_states == r.optimizer_state_bytes
 

@@ -103,22 +103,8 @@ def trainable_params(model: ModelSpec, job: Job) -> tuple[int, int]:
     if not job.uses_lora:
         n_tensors = _full_tensor_count(model)
         return model.params.total, n_tensors
-    r = job.lora.r
-    count = 0
-    tensors = 0
-    for lin in _lora_linears(model, job):
-        count += lin.count * r * (lin.in_features + lin.out_features)
-        tensors += 2 * lin.count
-    if lora_wraps_experts(model, job.lora):
-        h = model.hidden_size
-        for g in model.groups:
-            if g.moe is not None:
-                e, im = g.moe.num_experts, g.moe.expert_intermediate_size
-                # ParamWrapper: gate_up_proj A (E*2r, h), B (2*Im, E*2r); down_proj A (E*r, Im),
-                # B (h, E*r); router weight A (r, h), B (E, r)
-                count += g.count * (r * e * (3 * h + 5 * im) + r * (h + e))
-                tensors += 6 * g.count
-    return count, tensors
+    mats = _lora_matrices(model, job)
+    return sum(rows * cols * n for rows, cols, n in mats), sum(n for _, _, n in mats)
 
 
 def _full_tensor_count(model: ModelSpec) -> int:
@@ -160,10 +146,17 @@ def _optimizer_bytes(job: Job, n_params: int, n_tensors: int, param_bytes: Fract
     if opt in ("adamw_8bit", "paged_adamw_8bit"):
         # bitsandbytes: uint8 state1/state2 + one fp32 absmax per 256-block each; tensors smaller
         # than min_8bit_size keep fp32 states.
-        small, big = _split_small_tensors(model, job, consts.bnb_8bit_min_size)
         block = consts.bnb_8bit_block_size
-        big_bytes = Fraction(2) * big + Fraction(2 * 4, block) * big
-        return big_bytes + 8 * small
+        small = big = blocks = 0
+        for n_elem, count in _trainable_tensor_sizes(model, job):
+            if n_elem < consts.bnb_8bit_min_size:
+                small += n_elem * count
+            else:
+                big += n_elem * count
+                blocks += -(-n_elem // block) * count
+        # two uint8 states, one fp32 absmax per block each, and the two shared 256-entry fp32
+        # quantization maps (qmap1/qmap2)
+        return 2 * big + 8 * blocks + (2 * 256 * 4 if big else 0) + 8 * small
     if opt == "adafactor":
         # transformers' Adafactor (HF Trainer optim="adafactor"): factored second moment for
         # matrices (row + column vectors), full for vectors, no first moment (beta1=None), and a
@@ -172,39 +165,48 @@ def _optimizer_bytes(job: Job, n_params: int, n_tensors: int, param_bytes: Fract
     raise AssertionError(opt)
 
 
-def _split_small_tensors(model: ModelSpec, job: Job, min_size: int) -> tuple[int, int]:
-    small = big = 0
-    for n_elem, count in _trainable_tensor_sizes(model, job):
-        if n_elem < min_size:
-            small += n_elem * count
-        else:
-            big += n_elem * count
-    return small, big
-
-
 def _trainable_tensor_sizes(model: ModelSpec, job: Job) -> list[tuple[int, int]]:
     """(elements per tensor, how many such tensors) of the trainable parameters."""
     if job.uses_lora:
-        out = []
-        for lin in _lora_linears(model, job):
-            out.append((job.lora.r * lin.in_features, lin.count))
-            out.append((job.lora.r * lin.out_features, lin.count))
-        return out
-    return [(rows * cols, n) for rows, cols, n in _full_matrices(model)] + _full_vectors(model)
+        return [(rows * cols, n) for rows, cols, n in _lora_matrices(model, job)]
+    return [(elems, n) for _, _, elems, n in _full_matrices(model)] + _full_vectors(model)
 
 
-def _full_matrices(model: ModelSpec) -> list[tuple[int, int, int]]:
+def _full_matrices(model: ModelSpec) -> list[tuple[int, int, int, int]]:
+    """(Adafactor row-vector elements, column-vector elements, tensor elements, tensor count) of
+    every weight matrix; fused experts (E, out, in) are one 3-D tensor per layer, factored over
+    the last two dims per expert."""
     h = model.hidden_size
-    out = [(model.vocab_size, h, 1)]
+    out = [(model.vocab_size, h, model.vocab_size * h, 1)]
     for lin in model.linears():
         if lin.is_module:
-            out.append((lin.out_features, lin.in_features, lin.count))
-        else:  # fused experts (E, out, in): Adafactor factors over the last two dims per expert
+            out.append((lin.out_features, lin.in_features, lin.out_features * lin.in_features, lin.count))
+        else:
             e = _experts_of(model)
-            out.append((e * lin.out_features, e * lin.in_features, lin.count // e))
+            out.append((e * lin.out_features, e * lin.in_features, e * lin.out_features * lin.in_features,
+                        lin.count // e))
     for g in model.groups:
         if g.moe is not None:
-            out.append((g.moe.num_experts, h, g.count))
+            out.append((g.moe.num_experts, h, g.moe.num_experts * h, g.count))
+    return out
+
+
+def _lora_matrices(model: ModelSpec, job: Job) -> list[tuple[int, int, int]]:
+    """(rows, cols, count) of every LoRA adapter tensor PEFT creates (A and B per wrapped linear;
+    ParamWrapper's flattened per-expert A/B for fused experts and the router)."""
+    r = job.lora.r
+    out = []
+    for lin in _lora_linears(model, job):
+        out.append((r, lin.in_features, lin.count))
+        out.append((lin.out_features, r, lin.count))
+    if lora_wraps_experts(model, job.lora):
+        h = model.hidden_size
+        for g in model.groups:
+            if g.moe is not None:
+                e, im = g.moe.num_experts, g.moe.expert_intermediate_size
+                out += [(e * 2 * r, h, g.count), (2 * im, e * 2 * r, g.count),  # gate_up A, B
+                        (e * r, im, g.count), (h, e * r, g.count),  # down A, B
+                        (r, h, g.count), (e, r, g.count)]  # router A, B
     return out
 
 
@@ -228,22 +230,10 @@ def _full_vectors(model: ModelSpec) -> list[tuple[int, int]]:
 
 def _adafactor_elems(model: ModelSpec, job: Job) -> int:
     if job.uses_lora:
-        mats = []
-        r = job.lora.r
-        for lin in _lora_linears(model, job):
-            mats.append((r, lin.in_features, lin.count))
-            mats.append((lin.out_features, r, lin.count))
-        if lora_wraps_experts(model, job.lora):
-            h = model.hidden_size
-            for g in model.groups:
-                if g.moe is not None:
-                    e, im = g.moe.num_experts, g.moe.expert_intermediate_size
-                    mats += [(e * 2 * r, h, g.count), (2 * im, e * 2 * r, g.count),  # gate_up A, B
-                             (e * r, im, g.count), (h, e * r, g.count),  # down A, B
-                             (r, h, g.count), (e, r, g.count)]  # router A, B
+        mats = [(rows, cols, n) for rows, cols, n in _lora_matrices(model, job)]
         vecs: list[tuple[int, int]] = []
     else:
-        mats = _full_matrices(model)
+        mats = [(rows, cols, n) for rows, cols, _, n in _full_matrices(model)]
         vecs = _full_vectors(model)
     return sum((r + c) * n for r, c, n in mats) + sum(e * n for e, n in vecs)
 

@@ -463,12 +463,9 @@ def run_streaming(cmd: list[str], log_path: Path, *, env: dict[str, str] | None 
 # predicted vs measured
 # ---------------------------------------------------------------------------------------------
 def _gib(n: float | None) -> str:
-    if n is None:
-        return "-"
-    for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{int(n)} B"
+    from .units import human_bytes
+
+    return human_bytes(n)
 
 
 def _err(pred: float | None, meas: float | None) -> str:

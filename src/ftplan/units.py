@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-__all__ = ["GIB", "GB", "MIB", "DTYPE_BYTES", "dtype_bytes", "to_gib", "to_gb"]
+__all__ = ["GIB", "GB", "MIB", "DTYPE_BYTES", "dtype_bytes", "to_gib", "to_gb", "human_bytes"]
 
 GIB = 2**30
 MIB = 2**20
@@ -44,3 +44,13 @@ def to_gib(n_bytes: float) -> float:
 
 def to_gb(n_bytes: float) -> float:
     return float(n_bytes) / GB
+
+
+def human_bytes(n: float | None) -> str:
+    """``1.50 GiB``, ``12.00 MiB``, ``3 B``; ``-`` for unknown."""
+    if n is None:
+        return "-"
+    for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{int(n)} B"

@@ -845,13 +845,10 @@ def measure(
 # ---------------------------------------------------------------------------------------------
 # printing
 # ---------------------------------------------------------------------------------------------
-def _gib(n: int | None) -> str:
-    if n is None:
-        return "-"
-    for unit, size in (("GiB", GIB), ("MiB", 1024**2), ("KiB", 1024)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n} B"
+def _gib(n: float | None) -> str:
+    from ..units import human_bytes
+
+    return human_bytes(n)
 
 
 def _err(pred: float | None, meas: float | None) -> str:

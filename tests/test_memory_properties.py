@@ -154,3 +154,20 @@ def test_model_resolution_by_hub_id_and_alias():
     with pytest.raises(FtplanError) as e:
         resolve_model("llama-3.1-7b")
     assert "did you mean" in e.value.one_line() and "llama-3.1-70b" in e.value.one_line()
+
+
+def test_moe_all_linear_lora_dropout_follows_peft(capsys):
+    """PEFT's ParamWrapper (all-linear on fused MoE experts) refuses dropout: an unset
+    --lora-dropout becomes 0 there (0.05 elsewhere); an explicit one is one-line bad input."""
+    import json
+
+    assert main(["estimate", "mixtral-8x7b", "--method", "lora", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["job"]["lora"]["dropout"] == 0.0
+    assert main(["estimate", "llama-3.1-8b", "--method", "lora", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["job"]["lora"]["dropout"] == 0.05
+    assert main(["estimate", "mixtral-8x7b", "--method", "lora", "--lora-dropout", "0.1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "ParamWrapper" in err[0] and "--lora-dropout 0" in err[0]
+    # attention-only targets keep dropout (no ParamWrapper)
+    assert main(["estimate", "mixtral-8x7b", "--method", "lora", "--lora-targets", "q_proj,v_proj",
+                 "--lora-dropout", "0.1"]) == 0

@@ -300,3 +300,10 @@ def test_import_loads_nothing_and_serve_needs_the_extra(capsys, monkeypatch):
     assert main(["serve", "--port", "0"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "pip install 'ftplan[web]'" in err
+
+
+def test_moe_lora_dropout_defaults_like_the_cli(client):
+    r = client.post("/api/estimate", json={"model": "mixtral-8x7b", "method": "lora"})
+    assert r.status_code == 200 and r.json()["job"]["lora"]["dropout"] == 0.0
+    r = client.post("/api/estimate", json={"model": "mixtral-8x7b", "method": "lora", "lora_dropout": 0.1})
+    assert r.status_code == 422 and "lora_dropout" in r.text

@@ -13,7 +13,7 @@ import json
 import sys
 from typing import Any
 
-from .cli import _tokens, add_job_options, job_from_args
+from .cli import add_job_options, job_from_args
 from .errors import ConfigError
 
 __all__ = ["add_planner_commands", "RECOMMEND_SCHEMA", "COMPARE_SCHEMA", "FIT_SCHEMA", "GPUS_SCHEMA",

@@ -170,7 +170,8 @@ class JobRequest(BaseModel):
     attn: Literal["sdpa", "flash", "eager"] = "sdpa"
     lora_r: int = Field(16, ge=1, le=65536)
     lora_alpha: int = Field(32, gt=0, le=1 << 20)
-    lora_dropout: float = Field(0.05, ge=0.0, lt=1.0)
+    lora_dropout: float | None = Field(None, ge=0.0, lt=1.0,
+                                       description="default 0.05; 0 where PEFT requires it (all-linear on MoE)")
     lora_targets: list[str] = Field(default_factory=lambda: ["all-linear"],
                                     description="PEFT target_modules (list or comma-separated), or all-linear")
     quant_type: Literal["nf4", "fp4"] = "nf4"
@@ -420,10 +421,10 @@ def _resolve(req: JobRequest):
         raise ApiError("model", msg, kind="ftplan.NotFoundError") from None
 
 
-def _job(req: JobRequest):
+def _job(req: JobRequest, model):
     from ..cli import job_from_args
 
-    return job_from_args(req.namespace())
+    return job_from_args(req.namespace(), model)
 
 
 def _plan(fn: Callable[[], Any], field: str | None = None) -> Any:
@@ -458,7 +459,7 @@ def estimate_bytes(req: EstimateRequest) -> bytes:
     from ..report import estimate_json
 
     model = _resolve(req)
-    job = _job(req)
+    job = _job(req, model)
     a = req.namespace()
     a.gpus_per_node, a.nodes, a.strategy = req.gpus, req.nodes, req.strategy
     a.offload_optimizer, a.offload_params, a.tp, a.pp = req.offload_optimizer, req.offload_params, req.tp, req.pp
@@ -478,7 +479,7 @@ def _search(req: SearchRequest):
     from ..planner import recommend
 
     model = _resolve(req)
-    job = _job(req)
+    job = _job(req, model)
     a = req.namespace()
     offers = _load_offers_api(a)
     ps = _plan(lambda: recommend(model, job, offers, objective=a.objective, deadline_hours=a.deadline,
@@ -520,7 +521,7 @@ def fit_bytes(req: FitRequest) -> bytes:
     from ..planner import fit
 
     model = _resolve(req)
-    job = _job(req)
+    job = _job(req, model)
     gpus = [_plan(lambda g=g: get_gpu(g), "gpu") for g in req.gpu]
     results = [_plan(lambda g=g: fit(model, job, g, safety_margin=req.margin, max_gpus=req.max_gpus))
                for g in gpus]

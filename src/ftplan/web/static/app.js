@@ -17,7 +17,7 @@
   const DEFAULTS = {
     model: "", config: "", config_name: "", method: "full", precision: "bf16-mixed", optimizer: "adamw",
     attn: "sdpa", seq_len: "2048", micro_batch: "auto", global_batch: "", tokens: "20M", epochs: "1",
-    lora_r: "16", lora_alpha: "32", lora_dropout: "0.05", lora_targets: "all-linear", quant_type: "nf4",
+    lora_r: "16", lora_alpha: "32", lora_dropout: "", lora_targets: "all-linear", quant_type: "nf4",
     compute_dtype: "bf16", double_quant: "1", objective: "cost", deadline: "", budget: "", max_gpus: "",
     margin: "0.05", pricing: "on-demand", providers: "", gpus_filter: "",
   };

@@ -20,6 +20,7 @@ __all__ = [
     "OPTIMIZERS",
     "STRATEGIES",
     "ATTN_IMPLS",
+    "OPTIMIZER_IMPLS",
     "LoraSpec",
     "QuantSpec",
     "Job",
@@ -47,6 +48,9 @@ PRECISIONS = {
 OPTIMIZERS = ("adamw", "adamw_8bit", "paged_adamw_8bit", "adafactor", "sgd")
 STRATEGIES = ("single", "ddp", "zero1", "zero2", "zero3", "fsdp")
 ATTN_IMPLS = ("sdpa", "flash", "eager")
+#: how the optimizer step is implemented: one fused kernel (HF Trainer ``adamw_torch_fused``, torch
+#: ``fused=True``), torch's default multi-tensor ``foreach`` path, or the per-tensor for-loop
+OPTIMIZER_IMPLS = ("fused", "foreach", "forloop")
 QUANT_TYPES = ("nf4", "fp4")
 
 
@@ -86,6 +90,9 @@ class Job:
     #: training data, for runtime and cost (tokens per epoch x epochs)
     dataset_tokens: int | None = None
     epochs: float = 1.0
+    #: runtime only: optimizer implementation (see OPTIMIZER_IMPLS) and ``torch.compile`` of the model
+    optimizer_impl: str = "fused"
+    torch_compile: bool = False
 
     @property
     def tokens_per_micro_batch(self) -> int:
@@ -193,6 +200,7 @@ def validate_job(model: ModelSpec, job: Job, layout: Layout | None = None) -> No
         (job.precision, PRECISIONS, "precision"),
         (job.optimizer, OPTIMIZERS, "optimizer"),
         (job.attn_impl, ATTN_IMPLS, "attention implementation"),
+        (job.optimizer_impl, OPTIMIZER_IMPLS, "optimizer implementation"),
         (layout.strategy, STRATEGIES, "strategy"),
     ):
         if value not in choices:

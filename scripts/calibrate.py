@@ -147,7 +147,7 @@ RUNTIME_BOUNDS = {
     "elementwise.scale": (0.2, 3.0),
     "host.dispatch_s_per_op": (1e-6, 5e-5),
     "host.step_fixed_s": (0.0, 0.2),
-    "comm.overlap_efficiency": (0.3, 1.0),
+    "comm.overlap_efficiency": (0.5, 1.0),
 }
 OVER_WEIGHT = 2.0  # over-prediction (the direction in which a user under-budgets) costs double
 

@@ -21,6 +21,7 @@ __all__ = [
     "STRATEGIES",
     "ATTN_IMPLS",
     "OPTIMIZER_IMPLS",
+    "CHECKPOINTING",
     "LoraSpec",
     "QuantSpec",
     "Job",
@@ -51,6 +52,15 @@ ATTN_IMPLS = ("sdpa", "flash", "eager")
 #: how the optimizer step is implemented: one fused kernel (HF Trainer ``adamw_torch_fused``, torch
 #: ``fused=True``), torch's default multi-tensor ``foreach`` path, or the per-tensor for-loop
 OPTIMIZER_IMPLS = ("fused", "foreach", "forloop")
+#: activation checkpointing variants (``Job.checkpointing``; used when ``gradient_checkpointing``):
+#: ``full`` = HF/torch non-reentrant checkpointing of every decoder layer (transformers 5 default),
+#: ``full-reentrant`` = ``use_reentrant=True`` (what TRL forces for PEFT + DeepSpeed ZeRO-3),
+#: ``selective`` = torch selective activation checkpointing with torchtitan's per-op policy (save
+#: the attention kernel's outputs and every other matmul output), ``selective-attention`` = TRL's
+#: ``gradient_checkpointing_kwargs={"selective": True}`` (save the attention kernel's outputs only),
+#: ``every-k`` = checkpoint every ``checkpoint_every``-th decoder layer (torchtitan's layer mode,
+#: ``selective_ac_option=k``), ``none`` = off. (Same names as issue 12's memory model.)
+CHECKPOINTING = ("none", "full", "full-reentrant", "selective", "selective-attention", "every-k")
 QUANT_TYPES = ("nf4", "fp4")
 
 
@@ -93,6 +103,10 @@ class Job:
     #: runtime only: optimizer implementation (see OPTIMIZER_IMPLS) and ``torch.compile`` of the model
     optimizer_impl: str = "fused"
     torch_compile: bool = False
+    #: the checkpointing variant used when ``gradient_checkpointing`` is on (see CHECKPOINTING)
+    checkpointing: str = "full"
+    #: ``every-k``: checkpoint every k-th decoder layer (layers k, 2k, ... counting from 1)
+    checkpoint_every: int = 2
 
     @property
     def tokens_per_micro_batch(self) -> int:
@@ -201,6 +215,7 @@ def validate_job(model: ModelSpec, job: Job, layout: Layout | None = None) -> No
         (job.optimizer, OPTIMIZERS, "optimizer"),
         (job.attn_impl, ATTN_IMPLS, "attention implementation"),
         (job.optimizer_impl, OPTIMIZER_IMPLS, "optimizer implementation"),
+        (job.checkpointing, CHECKPOINTING, "checkpointing variant"),
         (layout.strategy, STRATEGIES, "strategy"),
     ):
         if value not in choices:
@@ -210,6 +225,8 @@ def validate_job(model: ModelSpec, job: Job, layout: Layout | None = None) -> No
     _check(job.seq_len >= 1, p, f"sequence length must be >= 1 (got {job.seq_len})")
     _check(job.grad_accum >= 1, p, f"gradient accumulation must be >= 1 (got {job.grad_accum})")
     _check(job.epochs > 0, p, f"epochs must be > 0 (got {job.epochs})")
+    _check(isinstance(job.checkpoint_every, int) and 1 <= job.checkpoint_every <= model.num_layers, p,
+           f"checkpoint every k-th layer needs 1 <= k <= {model.num_layers} layers (got {job.checkpoint_every})")
     _check(job.dataset_tokens is None or job.dataset_tokens > 0, p,
            f"dataset tokens must be > 0 (got {job.dataset_tokens})")
     if job.uses_lora:

@@ -42,7 +42,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from .catalog.efficiency import Efficiency, efficiency
+from .catalog.efficiency import Efficiency, Recompute, efficiency
 from .errors import ConfigError
 from .job import PRECISIONS, Job, Layout, lora_targets, lora_wraps_experts
 from .memory import model_states
@@ -63,6 +63,7 @@ __all__ = [
     "dequant_time",
     "host_time",
     "step_overhead",
+    "loss_bytes_per_token",
     "optimizer_time",
     "dp_comm",
     "tp_comm",
@@ -74,6 +75,8 @@ __all__ = [
     "pp_bubble_fraction",
     "compute_dtype",
     "rates_for",
+    "recompute_fractions",
+    "Recompute",
 ]
 
 #: Megatron-style row-parallel projections (their input dimension is split under TP)
@@ -166,6 +169,25 @@ def compute_dtype(job: Job) -> str:
     return PRECISIONS[job.precision]["compute"]
 
 
+_NO_RECOMPUTE = Recompute(0.0, 0.0, 0.0)
+
+
+def recompute_fractions(job: Job, eff: Efficiency | None = None) -> Recompute:
+    """What checkpointing recomputes: everything (full), every other matmul and the elementwise ops
+    but not attention (torchtitan's selective per-op policy), all but attention (TRL's selective),
+    or every k-th layer (efficiency.json ``recompute``)."""
+    if not job.gradient_checkpointing:
+        return _NO_RECOMPUTE
+    mode = getattr(job, "checkpointing", "full")
+    if mode == "none":
+        return _NO_RECOMPUTE
+    if mode == "every-k":
+        f = 1.0 / max(1, int(getattr(job, "checkpoint_every", 1)))
+        return Recompute(f, f, f)
+    table = (eff or efficiency()).recompute
+    return table.get(mode) or table["full"]
+
+
 def attention_context(seq_len: int, window: int | None, attn_impl: str) -> float:
     """Average number of keys a query attends to, as the kernel computes them.
 
@@ -189,8 +211,8 @@ _FLOPS_CACHE: dict[tuple, FlopsPerToken] = {}
 
 def flops_per_token(model: ModelSpec, job: Job) -> FlopsPerToken:
     """FLOPs per token of ``job`` on ``model`` (independent of micro-batch and layout)."""
-    key = (model, job.method, job.lora.r, job.lora.target_modules, job.seq_len, job.attn_impl,
-           job.gradient_checkpointing)
+    rc = recompute_fractions(job)
+    key = (model, job.method, job.lora.r, job.lora.target_modules, job.seq_len, job.attn_impl, rc)
     hit = _FLOPS_CACHE.get(key)
     if hit is not None:
         return hit
@@ -222,7 +244,7 @@ def flops_per_token(model: ModelSpec, job: Job) -> FlopsPerToken:
         bwd = 2.0 * fwd
     else:  # frozen base: input gradients only; attention and adapters: input + weight grads
         bwd = base + 2.0 * attn + 2.0 * adapters
-    recompute = (fwd - lm_head) if job.gradient_checkpointing else 0.0
+    recompute = rc.matmul * (base - lm_head + adapters) + rc.attention * attn
     out = FlopsPerToken(forward=fwd, backward=bwd, recompute=recompute, base_matmul=base,
                         attention=attn, adapters=adapters, lm_head=lm_head)
     if len(_FLOPS_CACHE) > 4096:
@@ -247,8 +269,23 @@ def clock_factor(gpu: Any, eff: Efficiency) -> float:
     return (float(cap) / float(tdp)) ** eff.power_exponent
 
 
+_RATES_CACHE: dict[tuple, tuple[Any, Efficiency, Rates]] = {}
+
+
 def rates_for(gpu: Any, job: Job, eff: Efficiency) -> Rates:
     dt = compute_dtype(job)
+    key = (id(gpu), id(eff), dt)
+    hit = _RATES_CACHE.get(key)
+    if hit is not None and hit[0] is gpu and hit[1] is eff:
+        return hit[2]
+    rates = _rates(gpu, dt, eff)
+    if len(_RATES_CACHE) > 1024:
+        _RATES_CACHE.clear()
+    _RATES_CACHE[key] = (gpu, eff, rates)
+    return rates
+
+
+def _rates(gpu: Any, dt: str, eff: Efficiency) -> Rates:
     peak = gpu.peak_tflops(dt)
     if not peak:
         raise ConfigError(f"{getattr(gpu, 'name', gpu)} has no {dt} tensor throughput",
@@ -293,7 +330,7 @@ class _Lin(NamedTuple):
     n: int  # out features on this GPU
     token_fraction: float
     trainable: bool  # weight gradient computed
-    recompute: bool  # forward run again in backward (checkpointing)
+    recompute: float  # share of the forward run again in backward (checkpointing)
     lora_r: int  # 0 = no adapter
 
 
@@ -301,17 +338,17 @@ _PROFILE_CACHE: dict[tuple, tuple[_Lin, ...]] = {}
 
 
 def _linear_profile(model: ModelSpec, job: Job, tp: int, pp: int) -> tuple[_Lin, ...]:
-    key = (model, job.method, job.lora, job.gradient_checkpointing, tp, pp)
+    rc = recompute_fractions(job).matmul
+    key = (model, job.method, job.lora, rc, tp, pp)
     hit = _PROFILE_CACHE.get(key)
     if hit is not None:
         return hit
     targets = lora_targets(model, job.lora) if job.uses_lora else frozenset()
     full = job.method == "full"
-    gc = job.gradient_checkpointing
     lins = list(model.linears())
     out: list[_Lin] = []
     if model.tie_word_embeddings:  # the tied lm_head is a GEMM with the embedding matrix
-        out.append(_Lin(1.0 / pp, model.hidden_size, math.ceil(model.vocab_size / tp), 1.0, full, False, 0))
+        out.append(_Lin(1.0 / pp, model.hidden_size, math.ceil(model.vocab_size / tp), 1.0, full, 0.0, 0))
     for lin in lins:
         k, n = lin.in_features, lin.out_features
         if tp > 1:
@@ -320,7 +357,7 @@ def _linear_profile(model: ModelSpec, job: Job, tp: int, pp: int) -> tuple[_Lin,
             else:
                 n = math.ceil(n / tp)
         r = job.lora.r if (lin.is_module and lin.module in targets) else 0
-        out.append(_Lin(lin.count / pp, k, n, lin.token_fraction, full, gc and lin.category != "lm_head", r))
+        out.append(_Lin(lin.count / pp, k, n, lin.token_fraction, full, 0.0 if lin.category == "lm_head" else rc, r))
     res = tuple(out)
     if len(_PROFILE_CACHE) > 2048:
         _PROFILE_CACHE.clear()
@@ -334,22 +371,41 @@ def matmul_time(model: ModelSpec, job: Job, layout: Layout, tokens: float, rates
     Per weight: forward, input gradient, weight gradient (trainable weights only), and the forward
     again under checkpointing. A LoRA adapter adds ``x @ A`` and ``(xA) @ B`` in each forward and
     their four gradient GEMMs in backward: skinny GEMMs that are memory-bound on the activations.
+    Each GEMM as :func:`gemm_time` (written out inline here: the planner calls this thousands of
+    times).
     """
+    return _matmul_seconds(_linear_profile(model, job, layout.tp, layout.pp), tokens, rates)
+
+
+def _matmul_seconds(lins: tuple[_Lin, ...], tokens: float, rates: Rates) -> float:
+    # gemm_time(m, k, n) = max(2k(mn + half)/P, 2(mk + kn + mn)/B): the compute form divides
+    # 2mkn by P x mn/(mn + half)
+    p = rates.peak_flops * rates.clock * rates.gemm_fraction
+    h = rates.half_work
+    ib = 2.0 / rates.hbm_bytes_per_s
     total = 0.0
-    for lin in _linear_profile(model, job, layout.tp, layout.pp):
-        m = tokens * lin.token_fraction
-        k, n = lin.k, lin.n
-        fwd = gemm_time(m, k, n, rates)
-        t = fwd * (2.0 if lin.recompute else 1.0) + gemm_time(m, n, k, rates)
-        if lin.trainable:
-            t += gemm_time(k, m, n, rates)
-        if lin.lora_r:
-            r = lin.lora_r
-            a_fwd = gemm_time(m, k, r, rates) + gemm_time(m, r, n, rates)
-            t += a_fwd * (2.0 if lin.recompute else 1.0)
-            t += (gemm_time(m, n, r, rates) + gemm_time(m, r, k, rates)  # input gradients
-                  + gemm_time(k, m, r, rates) + gemm_time(r, m, n, rates))  # weight gradients
-        total += lin.count * t
+    for count, k, n, tf, trainable, rc, r in lins:
+        m = tokens * tf
+        if m <= 0:
+            continue
+        mn, mk, kn = m * n, m * k, k * n
+        tm = (mk + kn + mn) * ib  # same operand traffic for forward, dgrad and wgrad
+        tc = 2.0 * k * (mn + h) / p
+        t = (tc if tc > tm else tm) * (1.0 + rc)  # forward (+ recompute)
+        tc = 2.0 * n * (mk + h) / p
+        t += tc if tc > tm else tm  # input gradient
+        if trainable:
+            tc = 2.0 * m * (kn + h) / p
+            t += tc if tc > tm else tm  # weight gradient
+        if r:
+            mr, kr, rn = m * r, k * r, r * n
+            a_fwd = max(2.0 * k * (mr + h) / p, (mk + kr + mr) * ib) + max(2.0 * r * (mn + h) / p, (mr + rn + mn) * ib)
+            t += a_fwd * (1.0 + rc)
+            t += (max(2.0 * n * (mr + h) / p, (mn + rn + mr) * ib)  # dgrad through B
+                  + max(2.0 * r * (mk + h) / p, (mr + kr + mk) * ib)  # dgrad through A
+                  + max(2.0 * m * (kr + h) / p, (mk + mr + kr) * ib)  # grad of A
+                  + max(2.0 * m * (rn + h) / p, (mr + mn + rn) * ib))  # grad of B
+        total += count * t
     return total
 
 
@@ -369,7 +425,7 @@ def attention_time(model: ModelSpec, job: Job, layout: Layout, tokens: float, ra
     f = flops_per_token(model, job)
     if f.attention <= 0:
         return 0.0
-    gc = 1.0 if job.gradient_checkpointing else 0.0
+    gc = recompute_fractions(job, eff).attention
     share = 1.0 / (layout.tp * layout.pp)
     if job.attn_impl == "eager":
         scores = 0.0  # score elements per token (all layers)
@@ -438,25 +494,43 @@ def elementwise_time(model: ModelSpec, job: Job, layout: Layout, tokens: float, 
 
     Layer ops (norms, residual adds, rotary, activation x gate, attention-output copy, LoRA
     scale/add) from the op inventory, forward + ``backward_factor`` x forward + recompute; the fp32
-    cross-entropy on the logits; LoRA-wrapped MoE experts merged in every forward; for mixed-precision full fine-tuning the autocast weight casts
-    (every forward) and gradient casts, and accumulating into fp32 gradients after the first
-    micro-batch (``first_micro_batch_share`` = 1/m).
+    cross-entropy on the logits (:func:`loss_bytes_per_token`); LoRA-wrapped MoE experts merged in
+    every forward; for mixed-precision full fine-tuning the autocast weight casts (every forward)
+    and gradient casts, and accumulating into fp32 gradients after the first micro-batch
+    (``first_micro_batch_share`` = 1/m).
     """
-    layer_bytes, lora_bytes, merged_params = _elementwise_dims(model, job, layout.tp, eff)
-    gc = 1.0 if job.gradient_checkpointing else 0.0
-    passes = 1.0 + eff.elementwise_backward_factor + gc
+    per_token = _elementwise_bytes_per_token(model, job, layout, eff)
+    fixed = _weight_traffic_bytes(model, job, layout, eff, params_per_gpu, first_micro_batch_share)
+    return (tokens * per_token + fixed) / rates.hbm_bytes_per_s
+
+
+def loss_bytes_per_token(model: ModelSpec, job: Job, layout: Layout, eff: Efficiency) -> float:
+    """Bytes moved by the loss per token (transformers' ForCausalLMLoss: logits upcast to fp32,
+    log-softmax, backward); on the last pipeline stage, vocabulary-parallel under TP."""
+    return model.vocab_size / layout.tp / layout.pp * eff.loss_bytes_per_logit
+
+
+def _elementwise_bytes_per_token(model: ModelSpec, job: Job, layout: Layout, eff: Efficiency) -> float:
+    layer_bytes, lora_bytes, _ = _elementwise_dims(model, job, layout.tp, eff)
+    passes = 1.0 + eff.elementwise_backward_factor + recompute_fractions(job, eff).elementwise
     per_token = (layer_bytes + lora_bytes) / layout.pp * passes * eff.elementwise_scale
-    per_token += model.vocab_size / layout.tp / layout.pp * eff.loss_bytes_per_logit
-    total = tokens * per_token
+    return per_token + loss_bytes_per_token(model, job, layout, eff)
+
+
+def _weight_traffic_bytes(model: ModelSpec, job: Job, layout: Layout, eff: Efficiency,
+                          params_per_gpu: float, first_micro_batch_share: float) -> float:
+    rc = recompute_fractions(job, eff)
+    total = 0.0
+    merged_params = _elementwise_dims(model, job, layout.tp, eff)[2]
     if merged_params:  # PEFT ParamWrapper: W + BA of every expert, each forward and its backward
-        total += merged_params / layout.pp * eff.lora_expert_merge_bytes_per_param * (2.0 + gc)
+        total += merged_params / layout.pp * eff.lora_expert_merge_bytes_per_param * (2.0 + rc.matmul)
     if job.method == "full":
         prec = PRECISIONS[job.precision]
         if prec["trainable"] != prec["compute"]:  # autocast: weight cast per forward, grad cast back
-            total += params_per_gpu * eff.autocast_cast_bytes_per_param * (2.0 + gc)
+            total += params_per_gpu * eff.autocast_cast_bytes_per_param * (2.0 + rc.matmul)
         if prec["grad"] == "fp32":
             total += params_per_gpu * eff.grad_accumulate_bytes_per_param * (1.0 - first_micro_batch_share)
-    return total / rates.hbm_bytes_per_s
+    return total
 
 
 def dequant_time(model: ModelSpec, job: Job, layout: Layout, rates: Rates, eff: Efficiency) -> float:
@@ -468,7 +542,7 @@ def dequant_time(model: ModelSpec, job: Job, layout: Layout, rates: Rates, eff: 
     """
     if job.method != "qlora":
         return 0.0
-    passes = 2.0 + (1.0 if job.gradient_checkpointing else 0.0)
+    passes = 2.0 + recompute_fractions(job, eff).matmul
     b = eff.dequant_bytes_per_weight + (eff.dequant_double_quant_extra_bytes if job.quant.double_quant else 0.0)
     q = _quantized_params(model, job) / (layout.tp * layout.pp)
     return passes * q * b / rates.hbm_nominal_bytes_per_s
@@ -477,15 +551,29 @@ def dequant_time(model: ModelSpec, job: Job, layout: Layout, rates: Rates, eff: 
 # ---------------------------------------------------------------------------------------------
 # host (CPU) side
 # ---------------------------------------------------------------------------------------------
+_LORA_COUNT_CACHE: dict[tuple, float] = {}
+
+
+def _lora_module_count(model: ModelSpec, job: Job) -> float:
+    if not job.uses_lora:
+        return 0.0
+    key = (model, job.lora)
+    hit = _LORA_COUNT_CACHE.get(key)
+    if hit is None:
+        targets = lora_targets(model, job.lora)
+        hit = float(sum(lin.count for lin in model.linears() if lin.is_module and lin.module in targets))
+        if len(_LORA_COUNT_CACHE) > 1024:
+            _LORA_COUNT_CACHE.clear()
+        _LORA_COUNT_CACHE[key] = hit
+    return hit
+
+
 def host_time(model: ModelSpec, job: Job, layout: Layout, eff: Efficiency) -> float:
     """CPU seconds to launch one micro-batch: ops per layer (and per LoRA module) x passes x the
     per-op dispatch time; ``torch.compile`` keeps ``compile_op_factor`` of the launches."""
-    n_lora = 0.0
-    if job.uses_lora:
-        targets = lora_targets(model, job.lora)
-        n_lora = sum(lin.count for lin in model.linears() if lin.is_module and lin.module in targets)
+    n_lora = _lora_module_count(model, job)
     ops_fwd = (model.num_layers * eff.ops_per_layer_forward + n_lora * eff.ops_per_lora_module_forward) / layout.pp
-    passes = 1.0 + eff.backward_op_factor + (1.0 if job.gradient_checkpointing else 0.0)
+    passes = 1.0 + eff.backward_op_factor + recompute_fractions(job, eff).elementwise
     ops = ops_fwd * passes * (eff.compile_op_factor if job.torch_compile else 1.0)
     return ops * eff.dispatch_s_per_op
 
@@ -658,7 +746,7 @@ def tp_comm(model: ModelSpec, job: Job, layout: Layout, tokens: float, links: _L
     if tp <= 1:
         return 0.0
     act = tokens * model.hidden_size * float(dtype_bytes(compute_dtype(job)))
-    n_ar = (4 + (2 if job.gradient_checkpointing else 0)) * model.num_layers / layout.pp
+    n_ar = (4.0 + 2.0 * recompute_fractions(job).matmul) * model.num_layers / layout.pp
     return n_ar * all_reduce_time(act, tp, links.intra_bw, links.intra_latency)
 
 
@@ -674,31 +762,102 @@ def pp_comm(model: ModelSpec, job: Job, layout: Layout, tokens: float, links: _L
 # ---------------------------------------------------------------------------------------------
 # the estimate
 # ---------------------------------------------------------------------------------------------
+class _Static(NamedTuple):
+    """Everything of an estimate that does not depend on the micro-batch size or accumulation."""
+
+    model: ModelSpec  # identity check for the id()-keyed cache
+    gpu: Any
+    eff: Efficiency
+    rates: Rates
+    f: FlopsPerToken
+    st: Any
+    lins: tuple
+    params_gpu: float
+    attn_per_token_s: float
+    ew_per_token_s: float
+    dequant_s: float
+    host_s: float
+    links: _Links
+    tp_per_token_s: float
+    tp_latency_s: float
+    pp_per_token_s: float
+    pp_latency_s: float
+    optimizer_s: float
+    offload_xfer_s: float
+    offload_gather_bytes: float
+    startup_hours: float
+
+
+_STATIC_CACHE: dict[tuple, _Static] = {}
+
+
+def _job_static_key(job: Job) -> tuple:
+    return tuple(getattr(job, f) for f in job.__dataclass_fields__ if f not in _PER_CALL_FIELDS)
+
+
+#: Job fields an estimate's static part does not depend on
+_PER_CALL_FIELDS = frozenset({"micro_batch", "grad_accum", "dataset_tokens", "epochs"})
+
+
+def _static(model: ModelSpec, job: Job, layout: Layout, gpu: Any, offer: Any | None, eff: Efficiency) -> _Static:
+    bw = getattr(offer, "inter_node_gbps", None) if offer is not None else None
+    key = (id(model), id(gpu), id(eff), _job_static_key(job), layout, bw)
+    hit = _STATIC_CACHE.get(key)
+    if hit is not None and hit.model is model and hit.gpu is gpu and hit.eff is eff:
+        return hit
+    rates = rates_for(gpu, job, eff)
+    mp = layout.tp * layout.pp
+    st = _states(model, job)
+    params_gpu = st.params_trainable / mp / (layout.dp if layout.shards_params else 1)
+    links = _links(gpu, layout, offer, eff)
+    opt, xfer = optimizer_time(st, job, layout, rates, eff)
+    gather = 0.0
+    if layout.offload_params:  # FSDP CPUOffload: each GPU's shard goes up for forward and backward
+        gather = ((st.params_trainable * float(dtype_bytes(compute_dtype(job)))) if job.method == "full"
+                  else (st.frozen_weights + st.trainable_weights))
+    # both are (bytes proportional to tokens) / bandwidth + latency: two points give the line
+    tp1, tp2 = tp_comm(model, job, layout, 1.0, links), tp_comm(model, job, layout, 2.0, links)
+    pp1, pp2 = pp_comm(model, job, layout, 1.0, links), pp_comm(model, job, layout, 2.0, links)
+    tp0, pp0 = 2.0 * tp1 - tp2, 2.0 * pp1 - pp2
+    res = _Static(
+        model=model, gpu=gpu, eff=eff, rates=rates, f=flops_per_token(model, job), st=st,
+        lins=_linear_profile(model, job, layout.tp, layout.pp), params_gpu=params_gpu,
+        attn_per_token_s=attention_time(model, job, layout, 1.0, rates, eff),
+        ew_per_token_s=_elementwise_bytes_per_token(model, job, layout, eff) / rates.hbm_bytes_per_s,
+        dequant_s=dequant_time(model, job, layout, rates, eff),
+        host_s=host_time(model, job, layout, eff),
+        links=links,
+        tp_per_token_s=tp2 - tp1, tp_latency_s=tp0, pp_per_token_s=pp2 - pp1, pp_latency_s=pp0,
+        optimizer_s=opt, offload_xfer_s=xfer, offload_gather_bytes=gather,
+        startup_hours=(eff.startup_fixed_s + _params_total(model) * 2.0 / eff.startup_load_bytes_per_s) / 3600.0,
+    )
+    if len(_STATIC_CACHE) > 4096:
+        _STATIC_CACHE.clear()
+    _STATIC_CACHE[key] = res
+    return res
+
+
 def estimate_runtime(model: ModelSpec, job: Job, layout: Layout, gpu: Any, *, offer: Any | None = None,
                      eff: Efficiency | None = None) -> RuntimeEstimate:
     """Per-step times and the job's hours on ``layout`` of ``gpu`` (``offer`` gives the network)."""
     eff = eff or efficiency()
-    rates = rates_for(gpu, job, eff)
+    sx = _static(model, job, layout, gpu, offer, eff)
+    rates, f, st, links = sx.rates, sx.f, sx.st, sx.links
     tp, pp, dp = layout.tp, layout.pp, layout.dp
     mp = tp * pp
     world = layout.world_size
     m = job.grad_accum
     tok = float(job.micro_batch * job.seq_len)
 
-    f = flops_per_token(model, job)
-    st = _states(model, job)
-    params_gpu = st.params_trainable / mp / (dp if layout.shards_params else 1)
-
     # -- GPU work of one micro-batch on one GPU
-    t_mm = matmul_time(model, job, layout, tok, rates)
-    t_attn = attention_time(model, job, layout, tok, rates, eff)
-    t_ew = elementwise_time(model, job, layout, tok, rates, eff, params_gpu, 1.0 / m)
-    t_dq = dequant_time(model, job, layout, rates, eff)
-    links = _links(gpu, layout, offer, eff)
-    t_tp = tp_comm(model, job, layout, tok, links)
-    t_ppc = pp_comm(model, job, layout, tok, links)
+    t_mm = _matmul_seconds(sx.lins, tok, rates)
+    t_attn = tok * sx.attn_per_token_s
+    t_ew = tok * sx.ew_per_token_s + _weight_traffic_bytes(model, job, layout, eff, sx.params_gpu, 1.0 / m) / rates.hbm_bytes_per_s
+    t_dq = sx.dequant_s
+    t_tp = tok * sx.tp_per_token_s + sx.tp_latency_s if tp > 1 else 0.0
+    t_ppc = tok * sx.pp_per_token_s + sx.pp_latency_s if pp > 1 else 0.0
     gpu_mb = t_mm + t_attn + t_ew + t_dq
-    host_mb = host_time(model, job, layout, eff)
+    host_mb = sx.host_s
 
     # -- data-parallel communication and how much of it compute hides
     comm = dp_comm(st, model, job, layout, links, eff)
@@ -708,16 +867,14 @@ def estimate_runtime(model: ModelSpec, job: Job, layout: Layout, gpu: Any, *, of
     tail = min(comm.last_backward_s, 2.0 * eff.ddp_bucket_bytes / links.dp_bw) if comm.last_backward_s else 0.0
     exposed_step = _exposed(comm.last_backward_s, bwd_share * gpu_mb, eff, tail) + comm.after_step_s
 
-    mb_time = max(gpu_mb + exposed_mb + t_tp + t_ppc, host_mb)
-    host_bound = host_mb > gpu_mb + exposed_mb + t_tp + t_ppc
+    busy_mb = gpu_mb + exposed_mb + t_tp + t_ppc
+    mb_time = max(busy_mb, host_mb)
     compute = m * gpu_mb
     bubble = (pp - 1) * mb_time if pp > 1 else 0.0
 
-    opt, offload_s = optimizer_time(st, job, layout, rates, eff)
-    if layout.offload_params:  # FSDP CPUOffload: each GPU's shard goes up for forward and backward
-        gather = ((st.params_trainable * float(dtype_bytes(compute_dtype(job)))) if job.method == "full"
-                  else (st.frozen_weights + st.trainable_weights))
-        offload_s += m * 2.0 * gather / mp / dp / eff.pcie_bytes_per_s
+    opt = sx.optimizer_s
+    offload_s = sx.offload_xfer_s + (m * 2.0 * sx.offload_gather_bytes / mp / dp / eff.pcie_bytes_per_s
+                                     if sx.offload_gather_bytes else 0.0)
     fixed = step_overhead(eff)
     step = m * mb_time + bubble + exposed_step + opt + offload_s + fixed
 
@@ -733,7 +890,6 @@ def estimate_runtime(model: ModelSpec, job: Job, layout: Layout, gpu: Any, *, of
         steps = math.ceil(total / tokens_per_step)
         hours = steps * step / 3600.0
     lo, hi = math.exp(eff.band_log_low), math.exp(eff.band_log_high)
-    startup = (eff.startup_fixed_s + model.params.total * 2.0 / eff.startup_load_bytes_per_s) / 3600.0
     dp_raw = comm.raw_s
     return RuntimeEstimate(
         step_time_s=step,
@@ -748,7 +904,7 @@ def estimate_runtime(model: ModelSpec, job: Job, layout: Layout, gpu: Any, *, of
         total_tokens=total,
         steps=steps,
         hours=hours,
-        startup_hours=startup,
+        startup_hours=sx.startup_hours,
         tokens_per_step=tokens_per_step,
         efficiency=achieved,
         breakdown={
@@ -778,11 +934,21 @@ def estimate_runtime(model: ModelSpec, job: Job, layout: Layout, gpu: Any, *, of
         hours_low=None if hours is None else hours * lo,
         hours_high=None if hours is None else hours * hi,
         band_quantiles=eff.band_quantiles,
-        host_bound=host_bound,
+        host_bound=host_mb > busy_mb,
     )
 
 
 _STATES_CACHE: dict[tuple, Any] = {}
+_PARAMS_CACHE: dict[int, tuple[ModelSpec, int]] = {}
+
+
+def _params_total(model: ModelSpec) -> int:
+    hit = _PARAMS_CACHE.get(id(model))
+    if hit is None or hit[0] is not model:
+        if len(_PARAMS_CACHE) > 256:
+            _PARAMS_CACHE.clear()
+        hit = _PARAMS_CACHE[id(model)] = (model, model.params.total)
+    return hit[1]
 _QPARAMS_CACHE: dict[tuple, int] = {}
 
 

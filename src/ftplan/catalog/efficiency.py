@@ -12,11 +12,11 @@ import json
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..errors import CatalogError
 
-__all__ = ["Efficiency", "ElementwiseBytes", "efficiency", "parse_efficiency", "load_efficiency_data",
+__all__ = ["Efficiency", "ElementwiseBytes", "Recompute", "efficiency", "parse_efficiency", "load_efficiency_data",
            "FITTED_KEYS"]
 
 #: the free constants scripts/calibrate.py may fit (dotted paths into efficiency.json)
@@ -28,6 +28,14 @@ FITTED_KEYS = (
     "host.step_fixed_s",
     "comm.overlap_efficiency",
 )
+
+
+class Recompute(NamedTuple):
+    """Share of each kind of forward work run again in backward under activation checkpointing."""
+
+    matmul: float
+    attention: float
+    elementwise: float
 
 
 @dataclass(frozen=True)
@@ -96,6 +104,8 @@ class Efficiency:
     ddp_bucket_bytes: int
     # clocks
     power_exponent: float
+    # activation checkpointing: recomputed share of (matmul, attention, elementwise) per variant
+    recompute: dict[str, Any]
     # start-up
     startup_fixed_s: float
     startup_load_bytes_per_s: float
@@ -182,6 +192,20 @@ def _ew(b: dict, where: str) -> ElementwiseBytes:
     )
 
 
+def _recompute_table(b: dict, where: str) -> dict[str, Any]:
+    out = {}
+    for mode, e in b.items():
+        if mode.startswith("_"):
+            continue
+        if not isinstance(e, dict) or not e.get("source"):
+            raise CatalogError(f"{where}.{mode}: needs matmul, attention, elementwise and a source")
+        out[mode] = Recompute(*(_num(e.get(k), f"{where}.{mode}.{k}", 0, 1)
+                                for k in ("matmul", "attention", "elementwise")))
+    if "full" not in out:
+        raise CatalogError(f"{where}: lacks 'full'")
+    return out
+
+
 def parse_efficiency(data: Any, where: str = "efficiency.json") -> Efficiency:
     """Validate the parsed JSON document and build an :class:`Efficiency`."""
     if not isinstance(data, dict):
@@ -197,6 +221,7 @@ def parse_efficiency(data: Any, where: str = "efficiency.json") -> Efficiency:
     c = _block(data, "comm", where)
     ck = _sourced(data, "clock", where)
     st = _sourced(data, "startup", where)
+    rc_block = _block(data, "recompute", where)
     u = _sourced(data, "uncertainty", where)
     impl = _table(o, "traffic_factor", f"{where}: optimizer", hi=20.0)
     for k in ("fused", "foreach", "forloop"):
@@ -265,6 +290,7 @@ def parse_efficiency(data: Any, where: str = "efficiency.json") -> Efficiency:
         overlap_efficiency=_valued(c.get("overlap_efficiency"), f"{where}: comm.overlap_efficiency", 0, 1),
         ddp_bucket_bytes=int(_valued(c.get("ddp_bucket_bytes"), f"{where}: comm.ddp_bucket_bytes", 1, 1e12)),
         power_exponent=_num(ck.get("power_exponent"), f"{where}: clock.power_exponent", 0, 2),
+        recompute=_recompute_table(rc_block, f"{where}: recompute"),
         startup_fixed_s=_num(st.get("fixed_s"), f"{where}: startup.fixed_s"),
         startup_load_bytes_per_s=_num(st.get("load_bytes_per_s"), f"{where}: startup.load_bytes_per_s", pos),
         band_log_low=lo,

@@ -216,16 +216,16 @@ def ratio_checks(outcomes: list[Outcome]) -> list[dict[str, Any]]:
     by_id = {o.ref.id: o for o in outcomes}
     out = []
 
-    def add(kind: str, a: str, b: str) -> None:
+    def add(kind: str, a: str, b: str, note: str | None = None) -> None:
         if a in by_id and b in by_id:
             oa, ob = by_id[a], by_id[b]
             meas = oa.measured_tps_per_gpu / ob.measured_tps_per_gpu
             pred = oa.predicted_tps_per_gpu / ob.predicted_tps_per_gpu
             out.append({"kind": kind, "a": a, "b": b, "measured": meas, "predicted": pred,
-                        "error": pred / meas - 1.0})
+                        "error": pred / meas - 1.0, "note": note})
 
     for o in outcomes:
         rel = o.ref.raw.get("ratios") or []
         for r in rel:
-            add(r["kind"], o.ref.id, r["vs"])
+            add(r["kind"], o.ref.id, r["vs"], r.get("note"))
     return out

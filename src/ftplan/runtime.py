@@ -154,7 +154,7 @@ class Rates(NamedTuple):
     peak_flops: float  # datasheet dense peak of the compute dtype, FLOP/s
     clock: float  # sustained-clock factor (power cap)
     gemm_fraction: float
-    half_work: float
+    gemm_launch_s: float  # fixed time per GEMM
     flash_fraction: float
     hbm_bytes_per_s: float  # achieved
     hbm_nominal_bytes_per_s: float  # datasheet
@@ -297,7 +297,7 @@ def _rates(gpu: Any, dt: str, eff: Efficiency) -> Rates:
         peak_flops=float(peak) * 1e12,
         clock=clock_factor(gpu, eff),
         gemm_fraction=eff.gemm_fraction(arch, vendor, getattr(gpu, "name", None), getattr(gpu, "bf16_tflops", None)),
-        half_work=eff.half_work(arch),
+        gemm_launch_s=eff.gemm_launch(arch),
         flash_fraction=eff.flash(arch),
         hbm_bytes_per_s=bw * eff.hbm(arch),
         hbm_nominal_bytes_per_s=bw,
@@ -310,18 +310,16 @@ def _rates(gpu: Any, dt: str, eff: Efficiency) -> Rates:
 def gemm_time(m: float, k: float, n: float, rates: Rates, elem_bytes: float = 2.0) -> float:
     """Seconds for one ``(m x k) @ (k x n)`` GEMM.
 
-    Compute: ``2mkn / (peak x clock x fraction x W/(W + half_work))`` with ``W = m n`` output
-    elements (small GEMMs fill the GPU's SMs in few, partial waves: cuBLAS microbenchmarks in
-    efficiency.json); memory: reading both operands and writing the result at the achieved HBM
-    bandwidth. The slower of the two (roofline).
+    The slower of compute, ``2mkn / (peak x clock x fraction)``, and memory, reading both operands
+    and writing the result at the achieved HBM bandwidth (roofline), plus a fixed time per GEMM
+    (launch and wave tail: what makes small GEMMs slow in the cuBLAS microbenchmarks of
+    efficiency.json).
     """
     if m <= 0 or k <= 0 or n <= 0:
         return 0.0
-    w = m * n
-    rate = rates.peak_flops * rates.clock * rates.gemm_fraction * w / (w + rates.half_work)
-    t_compute = 2.0 * m * k * n / rate
+    t_compute = 2.0 * m * k * n / (rates.peak_flops * rates.clock * rates.gemm_fraction)
     t_memory = elem_bytes * (m * k + k * n + m * n) / rates.hbm_bytes_per_s
-    return t_compute if t_compute > t_memory else t_memory
+    return (t_compute if t_compute > t_memory else t_memory) + rates.gemm_launch_s
 
 
 class _Lin(NamedTuple):
@@ -378,33 +376,25 @@ def matmul_time(model: ModelSpec, job: Job, layout: Layout, tokens: float, rates
 
 
 def _matmul_seconds(lins: tuple[_Lin, ...], tokens: float, rates: Rates) -> float:
-    # gemm_time(m, k, n) = max(2k(mn + half)/P, 2(mk + kn + mn)/B): the compute form divides
-    # 2mkn by P x mn/(mn + half)
-    p = rates.peak_flops * rates.clock * rates.gemm_fraction
-    h = rates.half_work
+    # gemm_time written out: max(2mkn / P, 2(mk + kn + mn) / B) + t0 per GEMM
+    ip = 2.0 / (rates.peak_flops * rates.clock * rates.gemm_fraction)
     ib = 2.0 / rates.hbm_bytes_per_s
+    t0 = rates.gemm_launch_s
     total = 0.0
     for count, k, n, tf, trainable, rc, r in lins:
         m = tokens * tf
         if m <= 0:
             continue
-        mn, mk, kn = m * n, m * k, k * n
-        tm = (mk + kn + mn) * ib  # same operand traffic for forward, dgrad and wgrad
-        tc = 2.0 * k * (mn + h) / p
-        t = (tc if tc > tm else tm) * (1.0 + rc)  # forward (+ recompute)
-        tc = 2.0 * n * (mk + h) / p
-        t += tc if tc > tm else tm  # input gradient
-        if trainable:
-            tc = 2.0 * m * (kn + h) / p
-            t += tc if tc > tm else tm  # weight gradient
+        tm = (m * k + k * n + m * n) * ib  # same operand traffic for forward, dgrad and wgrad
+        tc = m * k * n * ip
+        one = (tc if tc > tm else tm) + t0
+        # forward (+ recompute), input gradient, weight gradient of trainable weights
+        t = one * (2.0 + rc + (1.0 if trainable else 0.0))
         if r:
             mr, kr, rn = m * r, k * r, r * n
-            a_fwd = max(2.0 * k * (mr + h) / p, (mk + kr + mr) * ib) + max(2.0 * r * (mn + h) / p, (mr + rn + mn) * ib)
-            t += a_fwd * (1.0 + rc)
-            t += (max(2.0 * n * (mr + h) / p, (mn + rn + mr) * ib)  # dgrad through B
-                  + max(2.0 * r * (mk + h) / p, (mr + kr + mk) * ib)  # dgrad through A
-                  + max(2.0 * m * (kr + h) / p, (mk + mr + kr) * ib)  # grad of A
-                  + max(2.0 * m * (rn + h) / p, (mr + mn + rn) * ib))  # grad of B
+            a = max(m * k * r * ip, (m * k + kr + mr) * ib) + t0  # x @ A and its two gradients
+            b = max(m * r * n * ip, (mr + rn + m * n) * ib) + t0  # (xA) @ B and its two gradients
+            t += (a + b) * (1.0 + rc) + 2.0 * (a + b)
         total += count * t
     return total
 
@@ -512,8 +502,10 @@ def loss_bytes_per_token(model: ModelSpec, job: Job, layout: Layout, eff: Effici
 
 def _elementwise_bytes_per_token(model: ModelSpec, job: Job, layout: Layout, eff: Efficiency) -> float:
     layer_bytes, lora_bytes, _ = _elementwise_dims(model, job, layout.tp, eff)
-    passes = 1.0 + eff.elementwise_backward_factor + recompute_fractions(job, eff).elementwise
-    per_token = (layer_bytes + lora_bytes) / layout.pp * passes * eff.elementwise_scale
+    rc = recompute_fractions(job, eff).elementwise
+    passes = 1.0 + eff.elementwise_backward_factor + rc
+    lora_passes = 1.0 + eff.lora_backward_factor + rc
+    per_token = (layer_bytes * passes + lora_bytes * lora_passes) / layout.pp * eff.elementwise_scale
     return per_token + loss_bytes_per_token(model, job, layout, eff)
 
 

@@ -57,8 +57,8 @@ class Efficiency:
     gemm_default: float
     gemm_measured_tflops: dict[str, float]  # by GPU name: best torch.matmul (bf16) measured
     gemm_training_scale: float
-    gemm_half_work: dict[str, float]  # by arch: output elements at which a GEMM reaches half its peak rate
-    gemm_half_work_default: float
+    gemm_launch_s: dict[str, float]  # by arch: fixed seconds per GEMM (launch, tail)
+    gemm_launch_default_s: float
     # attention
     flash_fraction: dict[str, float]  # by arch: fused attention FLOPs rate / dense peak
     flash_default: float
@@ -79,6 +79,7 @@ class Efficiency:
     lora_bytes_per_out: float
     lora_dropout_bytes_per_in: float
     lora_expert_merge_bytes_per_param: float
+    lora_backward_factor: float
     # host
     dispatch_s_per_op: float
     ops_per_layer_forward: float
@@ -129,8 +130,8 @@ class Efficiency:
             base = self.gemm_peak_fraction.get(a) or self.gemm_by_vendor.get((vendor or "").lower(), self.gemm_default)
         return base * self.gemm_training_scale
 
-    def half_work(self, arch: str | None) -> float:
-        return self.gemm_half_work.get((arch or "").lower(), self.gemm_half_work_default)
+    def gemm_launch(self, arch: str | None) -> float:
+        return self.gemm_launch_s.get((arch or "").lower(), self.gemm_launch_default_s)
 
     def flash(self, arch: str | None) -> float:
         return self.flash_fraction.get((arch or "").lower(), self.flash_default) * self.flash_scale
@@ -244,8 +245,8 @@ def parse_efficiency(data: Any, where: str = "efficiency.json") -> Efficiency:
         gemm_default=_valued(g.get("default"), f"{where}: gemm.default", pos, 1),
         gemm_measured_tflops=_table(g, "measured_bf16_tflops", f"{where}: gemm", hi=None),
         gemm_training_scale=_valued(g.get("training_scale"), f"{where}: gemm.training_scale", 0.05, 2),
-        gemm_half_work=_table(g, "half_work", f"{where}: gemm", hi=None),
-        gemm_half_work_default=_valued(g.get("half_work_default"), f"{where}: gemm.half_work_default", 0, 1e12),
+        gemm_launch_s=_table(g, "launch_s", f"{where}: gemm", hi=1e-3),
+        gemm_launch_default_s=_valued(g.get("launch_default"), f"{where}: gemm.launch_default", 0, 1e-3),
         flash_fraction=_table(a, "flash_fraction", f"{where}: attention"),
         flash_default=_valued(a.get("flash_default"), f"{where}: attention.flash_default", pos, 1),
         flash_scale=_valued(a.get("flash_scale"), f"{where}: attention.flash_scale", 0.05, 5),
@@ -268,6 +269,7 @@ def parse_efficiency(data: Any, where: str = "efficiency.json") -> Efficiency:
                                           f"{where}: elementwise.lora_dropout_bytes_per_in", 0, 1000),
         lora_expert_merge_bytes_per_param=_valued(ew.get("lora_expert_merge_bytes_per_param"),
                                                   f"{where}: elementwise.lora_expert_merge_bytes_per_param", 0, 100),
+        lora_backward_factor=_valued(ew.get("lora_backward_factor"), f"{where}: elementwise.lora_backward_factor", 0, 10),
         dispatch_s_per_op=_valued(h.get("dispatch_s_per_op"), f"{where}: host.dispatch_s_per_op", 0, 1e-3),
         ops_per_layer_forward=_valued(h.get("ops_per_layer_forward"), f"{where}: host.ops_per_layer_forward", 0, 1e4),
         ops_per_lora_module_forward=_valued(h.get("ops_per_lora_module_forward"),

@@ -16,6 +16,7 @@ first size that does not fit (memory grows with it).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .cost import Cost, estimate_cost
-from .errors import ConfigError, FtplanError
+from .errors import ConfigError, FtplanError, did_you_mean
 from .job import Job, Layout, validate_job
 from .memory import MemoryBreakdown, estimate_memory
 from .model import ModelSpec
@@ -239,9 +240,37 @@ class _Fits:
     memory: MemoryBreakdown
 
 
+def _fixed_layouts(lays: list[Layout], stage: str, strategy: str | None, num_gpus: int | None) -> list[Layout]:
+    """The layouts that keep a user-fixed strategy and GPU count (the plain stage's data-parallel
+    layouts are re-labelled with the fixed strategy: ``fsdp``/``zero1`` are not searched)."""
+    if strategy is None and num_gpus is None:
+        return lays
+    out: list[Layout] = []
+    seen: set[Layout] = set()
+    for lay in lays:
+        if num_gpus is not None and lay.world_size != num_gpus:
+            continue
+        if strategy is not None:
+            if lay.world_size == 1:
+                if strategy != "single":
+                    continue
+            elif stage == "plain" and lay.tp == 1 and lay.pp == 1:
+                if strategy == "single":
+                    continue
+                lay = dataclasses.replace(lay, strategy=strategy)
+            elif lay.strategy != strategy and not (lay.dp == 1 and lay.strategy == "single"):
+                continue
+        if lay not in seen:
+            seen.add(lay)
+            out.append(lay)
+    return out
+
+
 def _fitting_variants(memo: _Memo, vendor: str, layout: Layout, job: Job, cap: float,
-                      global_batch: int | None, total_tokens: int | None) -> list[_Fits]:
-    """Every (checkpointing, micro-batch) variant of ``job`` on ``layout`` that fits ``cap``."""
+                      global_batch: int | None, total_tokens: int | None,
+                      fixed_micro_batch: int | None = None) -> list[_Fits]:
+    """Every (checkpointing, micro-batch) variant of ``job`` on ``layout`` that fits ``cap``
+    (only ``fixed_micro_batch`` when given)."""
     out: list[_Fits] = []
     dp = layout.dp
     if global_batch is not None:
@@ -249,12 +278,14 @@ def _fitting_variants(memo: _Memo, vendor: str, layout: Layout, job: Job, cap: f
             return out
         per_rank = global_batch // dp
     for gc in (False, True):
-        mb = 1
-        while mb <= _MAX_MICRO_BATCH:
+        mb = fixed_micro_batch or 1
+        while mb <= max(_MAX_MICRO_BATCH, fixed_micro_batch or 0):
             if global_batch is not None:
                 if mb > per_rank:
                     break
                 if per_rank % mb:
+                    if fixed_micro_batch:
+                        break
                     mb *= 2
                     continue
                 ga = per_rank // mb
@@ -265,8 +296,8 @@ def _fitting_variants(memo: _Memo, vendor: str, layout: Layout, job: Job, cap: f
             if mem is None or mem.device_total_bytes > cap:
                 break  # memory grows with the micro-batch
             out.append(_Fits(layout, variant, mem))
-            if total_tokens is not None and mb * job.seq_len * ga * dp >= total_tokens:
-                break  # one step already covers the whole dataset
+            if fixed_micro_batch or (total_tokens is not None and mb * job.seq_len * ga * dp >= total_tokens):
+                break  # the one micro-batch asked for / one step already covers the whole dataset
             mb *= 2
     return out
 
@@ -309,12 +340,16 @@ def recommend(
     global_batch: int | None = None,
     gpu_catalog: Mapping[str, Any] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    micro_batch: int | None = None,
+    strategy: str | None = None,
+    num_gpus: int | None = None,
 ) -> PlanSet:
     """Rank every plan that fits, for ``job.dataset_tokens x job.epochs`` tokens.
 
     ``global_batch`` (sequences per optimizer step) is kept exactly: grad_accum is chosen per
     layout and micro-batch; without it the job's grad_accum is used. ``gpu_catalog`` maps GPU
-    slugs to specs (default: the bundled catalog).
+    slugs to specs (default: the bundled catalog). ``micro_batch``, ``strategy`` and ``num_gpus``
+    fix those choices instead of searching them (a layout the user has in mind).
     """
     t0 = time.perf_counter()
     if objective not in OBJECTIVES:
@@ -330,7 +365,23 @@ def recommend(
     for v, what in ((deadline_hours, "deadline"), (budget_usd, "budget")):
         if v is not None and not v > 0:
             raise ConfigError(f"{what} must be > 0 (got {v})", f"pass a positive --{what}")
+    if micro_batch is not None and (isinstance(micro_batch, bool) or not isinstance(micro_batch, int) or micro_batch < 1):
+        raise ConfigError(f"micro-batch must be an integer >= 1 (got {micro_batch!r})", "e.g. --micro-batch 4")
+    if num_gpus is not None and (isinstance(num_gpus, bool) or not isinstance(num_gpus, int) or num_gpus < 1):
+        raise ConfigError(f"GPU count must be an integer >= 1 (got {num_gpus!r})", "e.g. --gpus 8")
+    if strategy is not None:
+        from .job import STRATEGIES
+
+        if strategy not in STRATEGIES:
+            hint = did_you_mean(strategy, STRATEGIES) or f"use one of {', '.join(STRATEGIES)}"
+            raise ConfigError(f"unknown strategy {strategy!r}", hint)
+        if strategy == "single" and num_gpus not in (None, 1):
+            raise ConfigError(f"strategy single runs on one GPU, not {num_gpus}", "drop --gpus or pick ddp/fsdp/zero*")
+    if num_gpus is not None and max_gpus is not None and num_gpus > max_gpus:
+        raise ConfigError(f"{num_gpus} GPUs exceed --max-gpus {max_gpus}", "raise --max-gpus or lower --gpus")
     validate_job(model, job)
+    if num_gpus is not None and max_gpus is None:
+        max_gpus = num_gpus
     notes: list[str] = []
     if max_gpus is None:
         max_gpus = DEFAULT_MAX_GPUS
@@ -386,10 +437,11 @@ def recommend(
                 fits: list[_Fits] = []
                 for stage in ("plain", "parallel", "offload"):
                     lays = _layouts_stage(model, gpn_list, node_list, g_max, max_gpus, stage)
+                    lays = _fixed_layouts(lays, stage, strategy, num_gpus)
                     n_layouts += len(lays)
                     for lay in lays:
                         fits.extend(_fitting_variants(memo, gpu.vendor, lay, gjob, cap, global_batch,
-                                                      total_tokens))
+                                                      total_tokens, micro_batch))
                     if fits:
                         break  # tensor/pipeline parallelism and offload only when needed
                 shapes[shape] = fits

@@ -39,3 +39,25 @@ def test_fixed_choices_are_kept(model, offers):
 def test_bad_fixed_choices_are_one_clear_error(model, offers, kw):
     with pytest.raises(ConfigError):
         recommend(model, Job(method="lora", dataset_tokens=10**6), offers, **kw)
+
+
+def test_price_layout_picks_the_cheapest_matching_offer(model, offers):
+    from ftplan.catalog.gpus import load_gpus
+    from ftplan.job import Layout
+    from ftplan.planner import Infeasible, price_layout
+
+    gpu = load_gpus()["h100-sxm"]
+    job = Job(method="lora", seq_len=2048, micro_batch=4, dataset_tokens=50_000_000)
+    lay = Layout(8, 1, "fsdp")
+    plan = price_layout(model, job, lay, gpu, offers)
+    assert not isinstance(plan, Infeasible)
+    matching = [o for o in offers if o.gpu == "h100-sxm" and o.gpus_per_instance >= 8]
+    assert plan.offer in matching
+    assert plan.cost.usd == min(
+        price_layout(model, job, lay, gpu, [o]).cost.usd for o in matching)
+    assert plan.layout == lay and plan.job.micro_batch == 4
+    assert plan.cost.usd_low <= plan.cost.usd <= plan.cost.usd_high
+    # nothing sells 16 GPUs per instance; too big a micro-batch does not fit
+    assert isinstance(price_layout(model, job, Layout(16, 1, "fsdp"), gpu, offers), Infeasible)
+    huge = price_layout(resolve_model("llama-3.1-70b"), Job(dataset_tokens=10**7), Layout(), gpu, offers)
+    assert isinstance(huge, Infeasible) and huge.needed_bytes > huge.available_bytes

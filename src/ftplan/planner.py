@@ -31,7 +31,7 @@ from .model import ModelSpec
 from .runtime import RuntimeEstimate, compute_dtype, estimate_runtime
 from .units import GB
 
-__all__ = ["Plan", "Infeasible", "PlanSet", "SearchStats", "FitResult", "recommend", "fit",
+__all__ = ["Plan", "Infeasible", "PlanSet", "SearchStats", "FitResult", "recommend", "fit", "price_layout",
            "DEFAULT_MAX_GPUS", "OBJECTIVES"]
 
 OBJECTIVES = ("cost", "time")
@@ -653,3 +653,47 @@ def fit(model: ModelSpec, job: Job, gpu: Any, *, safety_margin: float = 0.05,
     return FitResult(gpu=gpu.name, memory_bytes=gpu.memory_bytes, usable_bytes=int(cap), fits=fits_now,
                      device_total_bytes=m0.device_total_bytes if m0 is not None else None,
                      max_seq_len=max_seq, max_micro_batch=max_mb, min_gpus=min_gpus, notes=tuple(notes))
+
+
+# ---------------------------------------------------------------------------------------------
+# one fixed layout
+# ---------------------------------------------------------------------------------------------
+def price_layout(model: ModelSpec, job: Job, layout: Layout, gpu: Any, offers: Iterable[Any], *,
+                 providers: Iterable[str] | None = None, pricing: str | None = None,
+                 safety_margin: float = 0.05) -> Plan | Infeasible:
+    """The job on exactly this layout of ``gpu``, priced on the cheapest matching offer.
+
+    An offer matches when it sells ``gpu`` with at least ``layout.gpus_per_node`` GPUs per
+    instance (``layout.nodes`` instances; several nodes need an offer with an inter-node network).
+    The cost counts whole instances. Returns an :class:`Infeasible` (with the reason) when the
+    layout does not fit the GPU's memory or no offer matches. Needs ``job.dataset_tokens``.
+    """
+    from .catalog.offers import filter_offers
+
+    if not job.dataset_tokens:
+        raise ConfigError("pricing a layout needs the dataset size", "pass --tokens, e.g. --tokens 50M")
+    validate_job(model, job, layout)
+    name = getattr(gpu, "name", str(gpu))
+    gjob, notes, why = _platform_job(job, gpu)
+    if gjob is None:
+        return Infeasible(name, why or "cannot run")
+    mem = estimate_memory(model, gjob, layout, gpu_vendor=getattr(gpu, "vendor", None))
+    cap = gpu.memory_bytes * (1.0 - safety_margin)
+    if mem.device_total_bytes > cap:
+        return Infeasible(name, f"needs {_gb(mem.device_total_bytes)} per GPU, {name} has {_gb(cap)} usable",
+                          needed_bytes=int(mem.device_total_bytes), available_bytes=int(cap),
+                          hint="more GPUs, a sharding strategy, checkpointing or a smaller micro-batch")
+    cands = [o for o in filter_offers(list(offers), providers=list(providers) if providers else None,
+                                      gpus=[name], pricing=pricing)
+             if int(o.gpus_per_instance) >= layout.gpus_per_node and (layout.nodes == 1 or _has_network(o))]
+    if not cands:
+        need = f"{layout.gpus_per_node} x {name} per instance" + (" with an inter-node network" if layout.nodes > 1 else "")
+        return Infeasible(name, f"no offer sells {need}", hint="another --gpu, fewer GPUs per node, or --pricing/--provider")
+    best: Plan | None = None
+    for o in cands:
+        rt = estimate_runtime(model, gjob, layout, gpu, offer=o if layout.nodes > 1 else None)
+        cost = estimate_cost(rt, o, layout, gpu)
+        plan = Plan(o, gpu, layout, gjob, mem, rt, cost, notes=tuple(notes) + tuple(mem.notes))
+        if best is None or _sort_key(plan, "cost") < _sort_key(best, "cost"):
+            best = plan
+    return best

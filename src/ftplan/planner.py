@@ -30,7 +30,7 @@ from .model import ModelSpec
 from .runtime import RuntimeEstimate, compute_dtype, estimate_runtime
 from .units import GB
 
-__all__ = ["Plan", "Infeasible", "PlanSet", "SearchStats", "FitResult", "recommend", "fit",
+__all__ = ["Plan", "Infeasible", "PlanSet", "SearchStats", "FitResult", "recommend", "fit", "platform_job",
            "DEFAULT_MAX_GPUS", "OBJECTIVES"]
 
 OBJECTIVES = ("cost", "time")
@@ -175,7 +175,7 @@ class _Memo:
         return mem
 
 
-def _platform_job(job: Job, gpu: Any) -> tuple[Job | None, list[str], str | None]:
+def platform_job(job: Job, gpu: Any) -> tuple[Job | None, list[str], str | None]:
     """(job adapted to the GPU, notes, reason it cannot run there)."""
     notes: list[str] = []
     if job.method == "qlora" and not getattr(gpu, "supports_bitsandbytes", True):
@@ -191,6 +191,9 @@ def _platform_job(job: Job, gpu: Any) -> tuple[Job | None, list[str], str | None
         job = job.with_(attn_impl="sdpa")
         notes.append(f"flash attention not available on {gpu.name}: sdpa assumed")
     return job, notes, None
+
+
+_platform_job = platform_job  # the name before it was public
 
 
 def _has_network(offer: Any) -> bool:
@@ -318,18 +321,20 @@ def recommend(
     """
     t0 = time.perf_counter()
     if objective not in OBJECTIVES:
-        raise ConfigError(f"unknown objective {objective!r}", "use cost or time")
+        raise ConfigError(f"unknown objective {objective!r}", "use cost or time", field="objective")
     if not job.dataset_tokens:
-        raise ConfigError("the planner needs the dataset size", "pass --tokens, e.g. --tokens 50M")
+        raise ConfigError("the planner needs the dataset size", "pass `tokens`, e.g. `tokens=50M`", field="tokens")
     if not 0.0 <= safety_margin < 1.0:
-        raise ConfigError(f"safety margin must be in [0, 1) (got {safety_margin})", "e.g. --margin 0.05")
+        raise ConfigError(f"safety margin must be in [0, 1) (got {safety_margin})", "e.g. `margin=0.05`",
+                          field="margin")
     if max_gpus is not None and max_gpus < 1:
-        raise ConfigError(f"max GPUs must be >= 1 (got {max_gpus})", "e.g. --max-gpus 16")
+        raise ConfigError(f"max GPUs must be >= 1 (got {max_gpus})", "e.g. `max_gpus=16`", field="max_gpus")
     if global_batch is not None and global_batch < 1:
-        raise ConfigError(f"global batch must be >= 1 (got {global_batch})", "e.g. --global-batch 64")
+        raise ConfigError(f"global batch must be >= 1 (got {global_batch})", "e.g. `global_batch=64`",
+                          field="global_batch")
     for v, what in ((deadline_hours, "deadline"), (budget_usd, "budget")):
         if v is not None and not v > 0:
-            raise ConfigError(f"{what} must be > 0 (got {v})", f"pass a positive --{what}")
+            raise ConfigError(f"{what} must be > 0 (got {v})", f"pass a positive `{what}`", field=what)
     validate_job(model, job)
     notes: list[str] = []
     if max_gpus is None:
@@ -365,7 +370,7 @@ def recommend(
         if gpu is None:
             infeasible.append(Infeasible(slug, f"GPU {slug!r} is not in the GPU catalog"))
             continue
-        gjob, gnotes, why = _platform_job(job, gpu)
+        gjob, gnotes, why = platform_job(job, gpu)
         if gjob is None:
             hint = "try --method lora on this GPU" if job.method == "qlora" else None
             infeasible.append(Infeasible(slug, why or "cannot run", hint=hint))
@@ -529,12 +534,13 @@ def fit(model: ModelSpec, job: Job, gpu: Any, *, safety_margin: float = 0.05,
         max_gpus: int = 1024) -> FitResult:
     """What fits on ``gpu``: longest sequence, largest micro-batch, fewest GPUs per strategy."""
     if not 0.0 <= safety_margin < 1.0:
-        raise ConfigError(f"safety margin must be in [0, 1) (got {safety_margin})", "e.g. --margin 0.05")
+        raise ConfigError(f"safety margin must be in [0, 1) (got {safety_margin})", "e.g. `margin=0.05`",
+                          field="margin")
     validate_job(model, job)
     notes: list[str] = []
-    gjob, gnotes, why = _platform_job(job, gpu)
+    gjob, gnotes, why = platform_job(job, gpu)
     if gjob is None:
-        raise ConfigError(why or f"{job.method} cannot run on {gpu.name}", "pick another GPU or method")
+        raise ConfigError(why or f"{job.method} cannot run on {gpu.name}", "pick another GPU or method", field="gpu")
     notes.extend(gnotes)
     memo = _Memo(model)
     cap = gpu.memory_bytes * (1.0 - safety_margin)

@@ -215,7 +215,7 @@ def runtime_main(argv: list[str]) -> int:
     import math
 
     from ftplan.catalog.efficiency import FITTED_KEYS, load_efficiency_data, parse_efficiency
-    from ftplan.catalog.runtime_reference import _quantile, error_stats, evaluate, load_reference
+    from ftplan.catalog.runtime_reference import quantile, error_stats, evaluate, load_reference
 
     ap = argparse.ArgumentParser(prog="calibrate.py runtime", description="fit the runtime model's free constants")
     ap.add_argument("records", nargs="*", help="ftplan measure JSONL files (default: benchmarks/measurements/*.jsonl)")
@@ -278,7 +278,7 @@ def runtime_main(argv: list[str]) -> int:
     oc, oh = evaluate(calib, eff), evaluate(held, eff)
     lrs = [o.log_ratio for o in oh]
     q = (0.1, 0.9)
-    band = (_quantile(lrs, q[0]), _quantile(lrs, q[1])) if lrs else (-0.25, 0.35)
+    band = (quantile(lrs, q[0]), quantile(lrs, q[1])) if lrs else (-0.25, 0.35)
     summary = {"calibration": error_stats(oc), "holdout": error_stats(oh)}
     print(json.dumps({k: {kk: round(vv, 4) for kk, vv in v.items()} for k, v in summary.items()}, indent=1))
     print(f"band (held-out log(measured/predicted step) q10/q90): {band[0]:+.3f} / {band[1]:+.3f}")

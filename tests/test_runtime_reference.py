@@ -19,7 +19,7 @@ from hypothesis import strategies as hs
 from ftplan.catalog.efficiency import FITTED_KEYS, efficiency, load_efficiency_data, parse_efficiency
 from ftplan.catalog.gpus import load_gpus
 from ftplan.catalog.models import resolve_model
-from ftplan.catalog.runtime_reference import _quantile, error_stats, evaluate, load_reference, ratio_checks
+from ftplan.catalog.runtime_reference import quantile, error_stats, evaluate, load_reference, ratio_checks
 from ftplan.cost import estimate_cost
 from ftplan.errors import CatalogError
 from ftplan.job import Job, LoraSpec, Layout
@@ -134,8 +134,8 @@ def test_calibration_written_matches_the_data(refs, outcomes):
     # the band is the 10th/90th percentile of the held-out log(measured / predicted step time)
     lrs = [o.log_ratio for o in outcomes if o.ref.split == "holdout"]
     u = data["uncertainty"]
-    assert u["log_low"] == pytest.approx(_quantile(lrs, 0.1), abs=2e-3)
-    assert u["log_high"] == pytest.approx(_quantile(lrs, 0.9), abs=2e-3)
+    assert u["log_low"] == pytest.approx(quantile(lrs, 0.1), abs=2e-3)
+    assert u["log_high"] == pytest.approx(quantile(lrs, 0.9), abs=2e-3)
     assert u["n"] == len(lrs)
 
 

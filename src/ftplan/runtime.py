@@ -289,7 +289,8 @@ def _rates(gpu: Any, dt: str, eff: Efficiency) -> Rates:
     peak = gpu.peak_tflops(dt)
     if not peak:
         raise ConfigError(f"{getattr(gpu, 'name', gpu)} has no {dt} tensor throughput",
-                          "pick another --precision (e.g. fp16-mixed) or another GPU")
+                          "pick another `precision` (e.g. `precision=fp16-mixed`) or another `gpu`",
+                          field="precision")
     arch = getattr(gpu, "arch", None)
     vendor = getattr(gpu, "vendor", None)
     bw = float(gpu.mem_bw_tbps) * 1e12
@@ -662,7 +663,8 @@ def _links(gpu: Any, layout: Layout, offer: Any | None, eff: Efficiency) -> _Lin
     if not gbps:
         raise ConfigError(
             f"{layout.nodes} nodes need an inter-node network bandwidth",
-            "pass an offer with inter_node_gbps, or use one node",
+            "price it on an offer with an inter-node network, or use one node (`nodes=1`)",
+            field="nodes",
         )
     # NCCL runs one ring per channel, each crossing the network once per node through a
     # different GPU's NIC: a node's GPUs together push (n-1)/n x the buffer through the node's

@@ -18,7 +18,7 @@ from typing import Any
 from ..errors import CatalogError
 
 __all__ = ["Reference", "Outcome", "load_reference", "predict", "evaluate", "error_stats",
-           "ratio_checks", "log_ratio"]
+           "ratio_checks", "log_ratio", "quantile"]
 
 SPLITS = ("calibration", "holdout", "constant")
 
@@ -181,7 +181,7 @@ def evaluate(refs: list[Reference], eff: Any | None = None) -> list[Outcome]:
     return out
 
 
-def _quantile(xs: list[float], q: float) -> float:
+def quantile(xs: list[float], q: float) -> float:
     """Linear-interpolated quantile (numpy's default 'linear' method)."""
     s = sorted(xs)
     if not s:

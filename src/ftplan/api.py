@@ -161,6 +161,12 @@ class Estimate:
     layout: Layout
     memory: Any  # ftplan.memory.MemoryBreakdown
     gpu: Any = None  # ftplan.catalog.gpus.GpuSpec
+    #: with a GPU: step time, tokens/s, MFU and the calibrated band (ftplan.runtime.RuntimeEstimate)
+    runtime: Any = None
+    #: with a GPU and ``tokens``: the cheapest matching offer's plan (ftplan.planner.Plan), or why
+    #: not (ftplan.planner.Infeasible)
+    priced: Any = None
+    runtime_notes: tuple[str, ...] = ()
 
     @property
     def fits(self) -> bool | None:
@@ -174,17 +180,24 @@ class Estimate:
         """The ``ftplan.estimate/1`` document."""
         from .report import estimate_json
 
-        return estimate_json(self.model, self.job, self.layout, self.memory, self.gpu)
+        return estimate_json(self.model, self.job, self.layout, self.memory, self.gpu, self.runtime,
+                             self.priced, self.runtime_notes)
 
     def text(self) -> str:
         from .report import estimate_text
 
-        return estimate_text(self.model, self.job, self.layout, self.memory, self.gpu)
+        return estimate_text(self.model, self.job, self.layout, self.memory, self.gpu, self.runtime,
+                             self.priced, self.runtime_notes)
 
 
 def estimate(model: ModelRef, job: Job | None = None, layout: Layout | None = None, *, gpu: str | None = None,
-             **options: Any) -> Estimate:
-    """Per-GPU memory breakdown of a job (``ftplan estimate``). ``options``: job and layout options."""
+             offer_list: Sequence[Any] | None = None, **options: Any) -> Estimate:
+    """Per-GPU memory breakdown of a job (``ftplan estimate``). ``options``: job and layout options.
+
+    With ``gpu``: also the runtime of this exact layout (step time, tokens/s, MFU, with the
+    calibrated band); with ``gpu`` and ``tokens``: hours and cost on the cheapest matching
+    on-demand offer (``offer_list``: these offers instead of the bundled catalog).
+    """
     from .memory import estimate_memory
 
     jv, lv = split_values(options, JOB_OPTIONS, LAYOUT_OPTIONS)
@@ -200,7 +213,38 @@ def estimate(model: ModelRef, job: Job | None = None, layout: Layout | None = No
         probs.run(lambda: validate_job(spec, j, lay))
     probs.raise_any()
     mem = estimate_memory(spec, j, lay, gpu_vendor=g.vendor if g is not None else "nvidia")
-    return Estimate(spec, j, lay, mem, g)
+    if g is None:
+        return Estimate(spec, j, lay, mem, g)
+    rt, priced, notes = _layout_runtime(spec, j, lay, g, offer_list)
+    return Estimate(spec, j, lay, mem, g, rt, priced, notes)
+
+
+def _layout_runtime(spec: ModelSpec, job: Job, layout: Layout, gpu: Any, offer_list: Sequence[Any] | None):
+    """(runtime, priced plan or why not, notes) of one layout of one GPU."""
+    from .catalog.offers import filter_offers, load_offers
+    from .planner import Infeasible, platform_job, price_layout
+    from .runtime import estimate_runtime
+
+    notes: list[str] = []
+    gjob, pnotes, why = platform_job(job, gpu)
+    if gjob is None:
+        return None, None, (f"no runtime: {why}",)
+    notes += pnotes
+    offers = list(offer_list) if offer_list is not None else load_offers()
+    offers = filter_offers(offers, gpus=[gpu.name], pricing=None if offer_list is not None else ("on-demand",))
+    priced = price_layout(spec, gjob, layout, gpu, offers) if gjob.dataset_tokens else None
+    if priced is not None and not isinstance(priced, Infeasible):
+        return priced.runtime, priced, tuple(notes)
+    net = None
+    if layout.nodes > 1:  # the network comes from an offer: the cheapest one with one, if any
+        with_net = sorted((o for o in offers if o.inter_node_gbps and int(o.gpus_per_instance) >= layout.gpus_per_node),
+                          key=lambda o: o.usd_per_instance_hour)
+        if not with_net:
+            notes.append(f"no runtime: {layout.nodes} nodes need an offer of {gpu.name} with an inter-node network")
+            return None, priced, tuple(notes)
+        net = with_net[0]
+        notes.append(f"inter-node network of {net.provider} {net.sku}: {net.inter_node_gbps:g} Gb/s per instance")
+    return estimate_runtime(spec, gjob, layout, gpu, offer=net), priced, tuple(notes)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -301,9 +345,12 @@ def _search(model: ModelRef, job: Job | None, options: Mapping[str, Any], offer_
 
         offers = filter_offers(offers, providers=offer_vals.get("providers"), gpus=offer_vals.get("gpus_filter"),
                                pricing=offer_vals.get("pricing"))
+    # a micro-batch, strategy or GPU count given by the user is kept instead of searched
     ps = _recommend(spec, j, offers, objective=search["objective"], deadline_hours=search["deadline"],
                     budget_usd=search["budget"], max_gpus=search["max_gpus"], safety_margin=search["margin"],
-                    global_batch=search["global_batch"], progress=progress)
+                    global_batch=search["global_batch"], progress=progress,
+                    micro_batch=j.micro_batch if jv.get("micro_batch") is not None else None,
+                    strategy=search.get("fixed_strategy"), num_gpus=search.get("fixed_gpus"))
     return spec, j, ps, search
 
 
@@ -311,8 +358,9 @@ def recommend(model: ModelRef, job: Job | None = None, *, offer_list: Sequence[A
               progress: Callable[[int, int], None] | None = None, **options: Any) -> Recommendation:
     """Rank plans (offer, layout, micro-batch, checkpointing) by cost or time (``ftplan recommend``).
 
-    ``options``: job options (``tokens`` is required), search options (``objective``, ``deadline``,
-    ``budget``, ``max_gpus``, ``global_batch``, ``margin``, ``top``) and offer options
+    ``options``: job options (``tokens`` is required; a given ``micro_batch`` is kept, not searched),
+    search options (``objective``, ``deadline``, ``budget``, ``max_gpus``, ``global_batch``,
+    ``margin``, ``top``; ``fixed_strategy`` and ``fixed_gpus`` keep those choices) and offer options
     (``providers``, ``gpus_filter``, ``pricing``, ``offers`` files, ...). ``offer_list``: search
     these :class:`~ftplan.catalog.offers.Offer` s instead of the catalog.
     """

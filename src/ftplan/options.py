@@ -25,7 +25,7 @@ from dataclasses import replace
 from typing import Any
 
 from .errors import ConfigError, Problem
-from .job import Job, Layout
+from .job import STRATEGIES, Job, Layout
 from .optionspec import Option, coerce_values, groups, sorted_names, walk
 
 __all__ = [
@@ -79,6 +79,10 @@ SEARCH_OPTIONS: tuple[Option, ...] = (
            label="safety margin", minimum=0.0, exclusive_maximum=1.0, example=0.05),
     Option("top", "int", 10, "plans to print (default 10)", group="search", metavar="N", label="`top`",
            minimum=0, web_max=100_000, example=10),
+    Option("fixed_strategy", "str", None, "keep this strategy instead of searching it: single | ddp | zero1 | "
+           "zero2 | zero3 | fsdp", choices=STRATEGIES, group="search", flags=("--strategy",), label="strategy"),
+    Option("fixed_gpus", "int", None, "keep this total GPU count instead of searching up to `max_gpus`",
+           group="search", flags=("--gpus",), metavar="N", label="GPU count", minimum=1, web_max=1024, example=8),
 )
 
 #: which offers are searched (files only from the command line: the web never reads a path)

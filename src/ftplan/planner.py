@@ -257,17 +257,17 @@ def _check_fixed(micro_batch: int | None, strategy: str | None, num_gpus: int | 
         raise ConfigError(f"micro-batch must be an integer >= 1 (got {micro_batch!r})", "e.g. `micro_batch=4`",
                           field="micro_batch")
     if num_gpus is not None and (isinstance(num_gpus, bool) or not isinstance(num_gpus, int) or num_gpus < 1):
-        raise ConfigError(f"GPU count must be an integer >= 1 (got {num_gpus!r})", "e.g. `gpus=8`", field="gpus")
+        raise ConfigError(f"GPU count must be an integer >= 1 (got {num_gpus!r})", "e.g. `fixed_gpus=8`", field="fixed_gpus")
     if strategy is not None:
         if strategy not in STRATEGIES:
             hint = did_you_mean(strategy, STRATEGIES) or f"use one of {', '.join(STRATEGIES)}"
-            raise ConfigError(f"unknown strategy {strategy!r}", hint, field="strategy")
+            raise ConfigError(f"unknown strategy {strategy!r}", hint, field="fixed_strategy")
         if strategy == "single" and num_gpus not in (None, 1):
             raise ConfigError(f"strategy single runs on one GPU, not {num_gpus}",
-                              "drop `gpus`, or pick ddp, fsdp or a ZeRO stage", field="strategy")
+                              "drop `fixed_gpus`, or pick ddp, fsdp or a ZeRO stage", field="fixed_strategy")
     if num_gpus is not None and max_gpus is not None and num_gpus > max_gpus:
-        raise ConfigError(f"{num_gpus} GPUs exceed the {max_gpus} of `max_gpus`", "raise `max_gpus` or lower `gpus`",
-                          field="gpus")
+        raise ConfigError(f"{num_gpus} GPUs exceed the {max_gpus} of `max_gpus`",
+                          "raise `max_gpus` or lower `fixed_gpus`", field="fixed_gpus")
 
 
 def _fixed_layouts(lays: list[Layout], stage: str, strategy: str | None, num_gpus: int | None) -> list[Layout]:
@@ -402,7 +402,10 @@ def recommend(
     if num_gpus is not None and max_gpus is None:
         max_gpus = num_gpus
     fixed = _Fixed(micro_batch, strategy, num_gpus)
-    notes: list[str] = []
+    kept = [f"micro-batch {micro_batch}" if micro_batch else "", f"strategy {strategy}" if strategy else "",
+            f"{num_gpus} GPU{'s' if num_gpus != 1 else ''}" if num_gpus else ""]
+    kept_note = ", ".join(k for k in kept if k)
+    notes: list[str] = [f"kept as given (not searched): {kept_note}"] if kept_note else []
     if max_gpus is None:
         max_gpus = DEFAULT_MAX_GPUS
         notes.append(f"searched layouts up to {DEFAULT_MAX_GPUS} GPUs (use --max-gpus to change)")

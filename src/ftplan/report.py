@@ -20,6 +20,7 @@ from .options import job_to_dict, layout_to_dict
 from .units import GB, GIB
 
 __all__ = ["table", "fmt_bytes", "estimate_json", "estimate_text", "plan_dict", "infeasible_dict",
+           "runtime_dict", "cost_dict", "offer_dict", "runtime_text",
            "recommend_doc", "compare_plans", "compare_doc", "fit_doc", "models_doc", "gpus_doc", "offers_doc",
            "ESTIMATE_SCHEMA", "RECOMMEND_SCHEMA", "COMPARE_SCHEMA", "FIT_SCHEMA", "MODELS_SCHEMA", "GPUS_SCHEMA",
            "OFFERS_SCHEMA"]
@@ -56,7 +57,8 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], align: str | No
 
 
 def estimate_json(model: ModelSpec, job: Job, layout: Layout, mem: MemoryBreakdown,
-                  gpu: Any | None = None) -> dict[str, Any]:
+                  gpu: Any | None = None, runtime: Any | None = None, priced: Any | None = None,
+                  runtime_notes: Sequence[str] = ()) -> dict[str, Any]:
     p = model.params
     doc: dict[str, Any] = {
         "schema": ESTIMATE_SCHEMA,
@@ -82,11 +84,46 @@ def estimate_json(model: ModelSpec, job: Job, layout: Layout, mem: MemoryBreakdo
         doc["gpu"] = {"name": gpu.name, "memory_bytes": gpu.memory_bytes}
         doc["fits"] = mem.fits(gpu.memory_bytes)
         doc["headroom_bytes"] = mem.headroom_bytes(gpu.memory_bytes)
+        doc["runtime"] = runtime_dict(runtime) if runtime is not None else None
+        if priced is not None:
+            if hasattr(priced, "cost"):
+                doc["priced"] = {"offer": offer_dict(priced.offer), "runtime": runtime_dict(priced.runtime),
+                                 "cost": cost_dict(priced.cost)}
+            else:
+                doc["priced"] = {"infeasible": infeasible_dict(priced)}
+        doc["runtime_notes"] = list(runtime_notes)
     return doc
 
 
+def _band(lo: float | None, hi: float | None, fmt) -> str:
+    return f" ({fmt(lo)}-{fmt(hi)})" if lo is not None and hi is not None else ""
+
+
+def runtime_text(r, cost: Any | None = None, offer: Any | None = None) -> list[str]:
+    """Lines of a runtime estimate (and its price): value, then the calibrated band in brackets."""
+    q = r.band_quantiles
+    band = f"{q[0]:.0%}-{q[1]:.0%} band of published measurements" if q else "band"
+    hours_f = (lambda h: f"{h:,.2f}" if h < 100 else f"{h:,.0f}")
+    lines = [
+        f"step time  {r.step_time_s:,.3f} s{_band(r.step_time_s_low, r.step_time_s_high, lambda x: f'{x:,.3f}')}"
+        f"  = {r.tokens_per_step:,} tokens",
+        f"throughput {r.tokens_per_s:,.0f} tokens/s{_band(r.tokens_per_s_low, r.tokens_per_s_high, lambda x: f'{x:,.0f}')}"
+        f", MFU {r.mfu:.0%}" + ("  (host-bound: the CPU launching kernels limits it)" if r.host_bound else ""),
+    ]
+    if r.hours is not None:
+        lines.append(f"time       {r.total_hours:,.2f} h{_band(r.total_hours_low, r.total_hours_high, hours_f)}"
+                     f" = {r.steps:,} steps x {r.step_time_s:,.3f} s + {r.startup_hours * 60:,.0f} min start-up")
+    if cost is not None and offer is not None:
+        lines.append(f"cost       ${cost.usd:,.2f}{_band(cost.usd_low, cost.usd_high, lambda x: f'${x:,.2f}')}"
+                     f" on {cost.instances} x {offer.provider} {offer.sku} ({offer.pricing}, "
+                     f"${offer.usd_per_instance_hour:,.2f}/instance-hour, as of {offer.as_of.isoformat()})")
+    lines.append(f"(brackets: the {band})")
+    return lines
+
+
 def estimate_text(model: ModelSpec, job: Job, layout: Layout, mem: MemoryBreakdown,
-                  gpu: Any | None = None) -> str:
+                  gpu: Any | None = None, runtime: Any | None = None, priced: Any | None = None,
+                  runtime_notes: Sequence[str] = ()) -> str:
     p = model.params
     lines = [
         f"{model.name}  ({model.family}, {p.total:,} parameters"
@@ -119,6 +156,16 @@ def estimate_text(model: ModelSpec, job: Job, layout: Layout, mem: MemoryBreakdo
             f"{gpu.name} ({fmt_bytes(gpu.memory_bytes)}): {verdict}, "
             + (f"headroom {fmt_bytes(head)}" if head >= 0 else f"short by {fmt_bytes(-head)}")
         )
+    if runtime is not None:
+        lines.append("")
+        if priced is not None and hasattr(priced, "cost"):
+            lines += runtime_text(priced.runtime, priced.cost, priced.offer)
+        else:
+            lines += runtime_text(runtime)
+            if priced is not None:
+                lines.append(f"not priced: {priced.message()}")
+    for n in runtime_notes:
+        lines.append(f"note: {n}")
     for n in mem.notes:
         lines.append(f"note: {n}")
     return "\n".join(lines)
@@ -135,31 +182,51 @@ def _stale(offer, today=None) -> bool:
     return is_stale(offer, today or _dt.date.today())
 
 
+def runtime_dict(r) -> dict[str, Any]:
+    """A :class:`~ftplan.runtime.RuntimeEstimate` as JSON (``runtime`` of plans and estimates)."""
+    return {"step_time_s": r.step_time_s, "compute_time_s": r.compute_time_s,
+            "comm_time_s": r.comm_time_s, "exposed_comm_s": r.exposed_comm_s,
+            "optimizer_time_s": r.optimizer_time_s, "dequant_time_s": r.dequant_time_s,
+            "tokens_per_s": r.tokens_per_s, "mfu": r.mfu, "flops_per_token": r.flops_per_token,
+            "tokens_per_step": r.tokens_per_step, "total_tokens": r.total_tokens, "steps": r.steps,
+            "training_hours": r.hours, "startup_hours": r.startup_hours, "total_hours": r.total_hours,
+            "band": {"quantiles": list(r.band_quantiles) if r.band_quantiles else None,
+                     "step_time_s": [r.step_time_s_low, r.step_time_s_high],
+                     "tokens_per_s": [r.tokens_per_s_low, r.tokens_per_s_high],
+                     "training_hours": [r.hours_low, r.hours_high],
+                     "total_hours": [r.total_hours_low, r.total_hours_high]},
+            "host_bound": r.host_bound,
+            "breakdown": dict(r.breakdown)}
+
+
+def cost_dict(c) -> dict[str, Any]:
+    """A :class:`~ftplan.cost.Cost` as JSON (``cost`` of plans and estimates)."""
+    return {"instances": c.instances, "gpus_billed": c.gpus_billed, "billed_hours": c.billed_hours,
+            "usd": c.usd, "usd_per_million_tokens": c.usd_per_million_tokens,
+            "energy_kwh_upper_bound": c.energy_kwh, "usd_band": [c.usd_low, c.usd_high]}
+
+
+def offer_dict(o) -> dict[str, Any]:
+    return {"provider": o.provider, "sku": o.sku, "gpu": o.gpu, "gpus_per_instance": o.gpus_per_instance,
+            "usd_per_gpu_hour": o.usd_per_gpu_hour, "usd_per_instance_hour": o.usd_per_instance_hour,
+            "pricing": o.pricing, "region": o.region, "inter_node_network": o.inter_node_network,
+            "inter_node_gbps": o.inter_node_gbps, "billing_granularity_s": o.billing_granularity_s,
+            "as_of": o.as_of.isoformat(), "stale": _stale(o), "source": o.source}
+
+
 def plan_dict(p) -> dict[str, Any]:
     """One plan of a search (``plans[i]`` of ``ftplan.recommend/1``)."""
     o, r, c, m = p.offer, p.runtime, p.cost, p.memory
     return {
-        "offer": {"provider": o.provider, "sku": o.sku, "gpu": o.gpu, "gpus_per_instance": o.gpus_per_instance,
-                  "usd_per_gpu_hour": o.usd_per_gpu_hour, "usd_per_instance_hour": o.usd_per_instance_hour,
-                  "pricing": o.pricing, "region": o.region, "inter_node_network": o.inter_node_network,
-                  "inter_node_gbps": o.inter_node_gbps, "billing_granularity_s": o.billing_granularity_s,
-                  "as_of": o.as_of.isoformat(), "stale": _stale(o), "source": o.source},
+        "offer": offer_dict(o),
         "layout": layout_to_dict(p.layout),
         "strategy_label": p.strategy_label,
         "job": job_to_dict(p.job),
         "memory": {"device_total_bytes": m.device_total_bytes, "peak_allocated_bytes": m.peak_allocated_bytes,
                    "host_bytes": m.host_bytes, "gpu_memory_bytes": p.gpu.memory_bytes,
                    "components": dict(m.components)},
-        "runtime": {"step_time_s": r.step_time_s, "compute_time_s": r.compute_time_s,
-                    "comm_time_s": r.comm_time_s, "exposed_comm_s": r.exposed_comm_s,
-                    "optimizer_time_s": r.optimizer_time_s, "dequant_time_s": r.dequant_time_s,
-                    "tokens_per_s": r.tokens_per_s, "mfu": r.mfu, "flops_per_token": r.flops_per_token,
-                    "tokens_per_step": r.tokens_per_step, "total_tokens": r.total_tokens, "steps": r.steps,
-                    "training_hours": r.hours, "startup_hours": r.startup_hours, "total_hours": r.total_hours,
-                    "breakdown": dict(r.breakdown)},
-        "cost": {"instances": c.instances, "gpus_billed": c.gpus_billed, "billed_hours": c.billed_hours,
-                 "usd": c.usd, "usd_per_million_tokens": c.usd_per_million_tokens,
-                 "energy_kwh_upper_bound": c.energy_kwh},
+        "runtime": runtime_dict(r),
+        "cost": cost_dict(c),
         "cheapest": p.cheapest, "fastest": p.fastest, "pareto": p.pareto,
         "notes": list(p.notes),
     }

@@ -76,7 +76,9 @@ def _estimate_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("model", help=MODEL_HELP)
     add_job_options(s)
     add_layout_options(s)
-    s.add_argument("--gpu", default=None, help="GPU name (e.g. h100-sxm): say whether it fits")
+    s.add_argument("--gpu", default=None,
+                   help="GPU name (e.g. h100-sxm): say whether it fits, and this layout's step time, tokens/s and "
+                        "MFU (with --tokens: hours and cost on the cheapest matching on-demand offer)")
     s.add_argument("--json", action="store_true")
     s.add_argument("--plot", default=None, metavar="FILE",
                    help="also draw the breakdown to FILE.png or FILE.svg (needs ftplan[plot])")
@@ -137,6 +139,14 @@ def _footer_lines(ps) -> list[str]:
             lines.append(f"  {i.gpu}: {i.message()}")
     lines += ["", "hours = training + start-up (provisioning, checkpoint download); $ = instances x price x "
               "hours rounded up to the billing granularity; kWh = GPUs x board power (TDP) x hours, an upper bound."]
+    best = ps.best
+    if best is not None and best.runtime.step_time_s_high is not None:
+        r, c = best.runtime, best.cost
+        q = r.band_quantiles or (0.1, 0.9)
+        lines.append(f"uncertainty: step times x{r.step_time_s_low / r.step_time_s:.2f} to "
+                     f"x{r.step_time_s_high / r.step_time_s:.2f} ({q[0]:.0%}-{q[1]:.0%} of published measurements "
+                     f"against the model, held out from its fit); plan 1: {r.total_hours_low:,.2f}-"
+                     f"{r.total_hours_high:,.2f} h, ${c.usd_low:,.2f}-${c.usd_high:,.2f}.")
     for n in ps.notes:
         lines.append(f"note: {n}")
     return lines
@@ -240,7 +250,8 @@ def _fit_args(s: argparse.ArgumentParser) -> None:
 
 
 COMMANDS = {
-    "estimate": Command("per-GPU memory breakdown of a job", _estimate_args, run_estimate),
+    "estimate": Command("per-GPU memory breakdown of a job; with --gpu its runtime and price on that layout",
+                        _estimate_args, run_estimate),
     "recommend": Command("rank plans (offer, layout, batch) by cost or time, with why-not reasons",
                          _search_args, run_recommend),
     "compare": Command("best plan per accelerator type, ranked by cost of the completed job",

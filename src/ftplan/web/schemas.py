@@ -136,7 +136,11 @@ EstimateRequest = create_model(
 SearchRequest = create_model(
     "SearchRequest", __base__=JobRequest,
     __doc__="``ftplan recommend`` / ``ftplan compare``: job + offer filters + search options.",
-    __validators__=_validators("search", OFFER_OPTIONS, SEARCH_OPTIONS), **option_fields(OFFER_OPTIONS, SEARCH_OPTIONS))
+    __validators__=_validators("search", OFFER_OPTIONS, SEARCH_OPTIONS), **option_fields(OFFER_OPTIONS, SEARCH_OPTIONS),
+    # a search picks the micro-batch per plan unless the request fixes one
+    micro_batch=(Optional[int], Field(None, ge=1, le=65536,
+                                      description="keep this micro-batch (sequences per GPU per step); "
+                                                  "default: chosen per plan")))
 
 ExportRequest = create_model(
     "ExportRequest", __base__=SearchRequest,

@@ -205,7 +205,7 @@
   }
   function searchBody(s) {
     const b = jobBody(s);
-    delete b.micro_batch; // the search chooses the micro-batch per plan
+    if (s.micro_batch === "auto") delete b.micro_batch; // the search chooses the micro-batch per plan
     const int = (k) => { if (s[k] !== "") b[k] = /^-?\d+$/.test(s[k]) ? parseInt(s[k], 10) : s[k]; };
     const flt = (k) => { if (s[k] !== "") b[k] = isFinite(Number(s[k])) ? Number(s[k]) : s[k]; };
     b.objective = s.objective;

@@ -280,6 +280,12 @@
     renderWhyNot(d);
     drawScatter();
   }
+  // the runtime model's calibrated band (10th-90th percentile of published measurements / prediction)
+  function bandText(p) {
+    const h = p.runtime.band && p.runtime.band.total_hours, c = p.cost.usd_band;
+    if (!h || h[0] === null || !c || c[0] === null) return "";
+    return ` — likely ${hours(h[0])}–${hours(h[1])} h, ${usd(c[0])}–${usd(c[1])}`;
+  }
   function renderSummary(d) {
     const box = $("summary");
     box.replaceChildren();
@@ -296,7 +302,7 @@
     const fastest = d.plans.find((p) => p.fastest) || d.pareto[d.pareto.length - 1];
     const say = (what, p) => p ? el("p", {}, el("strong", {}, what + ": "),
       `${usd(p.cost.usd)} in ${hours(p.runtime.total_hours)} h on ${p.layout.gpus_per_node * p.layout.nodes}x ` +
-      `${p.offer.gpu} (${p.offer.provider} ${p.offer.sku}, ${p.strategy_label})`) : null;
+      `${p.offer.gpu} (${p.offer.provider} ${p.offer.sku}, ${p.strategy_label})` + bandText(p)) : null;
     if (d.plans.length) {
       box.append(say("cheapest", cheapest), say("fastest", fastest));
     } else {
@@ -398,7 +404,8 @@
     const X0 = 20, X1 = 620, Y = 42, H = 46;
     const x = (b) => X0 + (b / maxB) * (X1 - X0);
     $("mem-title").textContent = `Per-GPU memory of plan #${S.sel + 1}: ${gb(m.device_total_bytes)} GB on ` +
-      `${p.offer.gpu} (${gb(cap)} GB), ${p.strategy_label}, micro-batch ${p.job.micro_batch}`;
+      `${p.offer.gpu} (${gb(cap)} GB), ${p.strategy_label}, micro-batch ${p.job.micro_batch}; ` +
+      `step ${p.runtime.step_time_s.toFixed(2)} s, ${num(p.runtime.tokens_per_s)} tok/s` + bandText(p);
     // axis and grid
     const step = niceStep(maxB / 1e9, 8);
     for (let v = 0; v * 1e9 <= maxB; v += step) {

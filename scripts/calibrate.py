@@ -220,7 +220,7 @@ def runtime_main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="calibrate.py runtime", description="fit the runtime model's free constants")
     ap.add_argument("records", nargs="*", help="ftplan measure JSONL files (default: benchmarks/measurements/*.jsonl)")
     ap.add_argument("--write", action="store_true", help="write the fit into src/ftplan/catalog/data/efficiency.json")
-    ap.add_argument("--sweeps", type=int, default=4)
+    ap.add_argument("--sweeps", type=int, default=6, help="coordinate-descent sweeps (6: what efficiency.json holds)")
     a = ap.parse_args(argv)
 
     data = load_efficiency_data()

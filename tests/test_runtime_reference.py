@@ -36,7 +36,7 @@ from ftplan.runtime import (
     recompute_fractions,
 )
 
-HYP = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+HYP = settings(max_examples=int(__import__("os").environ.get("FTPLAN_HYP_EXAMPLES", 40)), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @pytest.fixture(scope="module")
@@ -303,7 +303,7 @@ def test_parse_efficiency_validates():
 # ---------------------------------------------------------------------------------------------
 # invariants
 # ---------------------------------------------------------------------------------------------
-_MODELS = ("qwen2.5-0.5b", "llama-3.2-1b", "llama-3.1-8b", "mistral-7b", "qwen3-30b-a3b")
+_MODELS = ("qwen2.5-0.5b", "llama-3.2-1b", "llama-3.2-3b", "llama-3.1-8b", "mistral-7b", "qwen3-30b-a3b")
 _GPUS = ("h100-sxm", "a100-80gb-sxm", "l40s", "rtx-4090", "mi300x")
 
 
@@ -328,13 +328,13 @@ def test_invariants(model, gpu, method, seq, mb, ga, gc, strategy, n):
     if not gc:
         assert estimate_runtime(m, job.with_(gradient_checkpointing=True), lay, g).step_time_s >= r.step_time_s
     # LoRA is never slower per token than full fine-tuning on the same layout (rank 16, all linear
-    # layers) for models of hidden size >= 2048, or when the step is host-bound. Below that the
+    # layers) for models of hidden size >= 3072, or when the step is host-bound. Below that the
     # adapters' memory traffic and launches (which grow with the number of wrapped modules) can
     # cost as much as the weight-gradient FLOPs they save (which shrink with the hidden size), and
     # in host-bound steps PEFT's extra launches per module cost more than the work saved
     if method == "full":
         lo = estimate_runtime(m, job.with_(method="lora"), lay, g)
-        if m.hidden_size >= 2048 and not lo.host_bound:
+        if m.hidden_size >= 3072 and not lo.host_bound:
             assert lo.tokens_per_s >= r.tokens_per_s * (1 - 1e-9)
     # QLoRA never faster than LoRA (it adds dequantization; FSDP moves 4-bit weights though)
     if method == "qlora" and strategy not in ("fsdp",):

@@ -309,12 +309,15 @@ def recommend(
     global_batch: int | None = None,
     gpu_catalog: Mapping[str, Any] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    target: str | None = "accelerate",
 ) -> PlanSet:
     """Rank every plan that fits, for ``job.dataset_tokens x job.epochs`` tokens.
 
     ``global_batch`` (sequences per optimizer step) is kept exactly: grad_accum is chosen per
     layout and micro-batch; without it the job's grad_accum is used. ``gpu_catalog`` maps GPU
-    slugs to specs (default: the bundled catalog).
+    slugs to specs (default: the bundled catalog). ``target`` (an export target of
+    :mod:`ftplan.export.targets`) keeps only layouts whose exported files run them (the reasons
+    for the others are in ``PlanSet.notes``); ``None`` ranks every layout.
     """
     t0 = time.perf_counter()
     if objective not in OBJECTIVES:
@@ -331,6 +334,10 @@ def recommend(
         if v is not None and not v > 0:
             raise ConfigError(f"{what} must be > 0 (got {v})", f"pass a positive --{what}")
     validate_job(model, job)
+    if target is not None:
+        from .export.targets import check_target
+
+        check_target(target)
     notes: list[str] = []
     if max_gpus is None:
         max_gpus = DEFAULT_MAX_GPUS
@@ -347,6 +354,7 @@ def recommend(
         gpu_catalog = load_gpus()
 
     total_tokens = math.ceil(job.dataset_tokens * job.epochs)
+    unrunnable: dict[str, int] = {}  # reason -> layouts left out (export target's rule)
     memo = _Memo(model)
     runtime_cache: dict[tuple, RuntimeEstimate] = {}
     by_gpu: dict[str, list[Any]] = {}
@@ -386,6 +394,8 @@ def recommend(
                 fits: list[_Fits] = []
                 for stage in ("plain", "parallel", "offload"):
                     lays = _layouts_stage(model, gpn_list, node_list, g_max, max_gpus, stage)
+                    if target is not None:
+                        lays = _runnable(lays, gjob, target, model, unrunnable)
                     n_layouts += len(lays)
                     for lay in lays:
                         fits.extend(_fitting_variants(memo, gpu.vendor, lay, gjob, cap, global_batch,
@@ -438,11 +448,29 @@ def recommend(
         infeasible.append(Infeasible(slug, "; ".join(parts),
                                      hint="relax --deadline/--budget or raise --max-gpus"))
 
+    for why in sorted(unrunnable):
+        notes.append(f"left out layouts that the {target} export cannot run: {why} "
+                     "(recommend(target=None) ranks them)")
     plans = _rank(kept, objective)
     stats = SearchStats(offers=len(offers), gpu_types=len(by_gpu), layouts=n_layouts,
                         memory_evals=memo.evals, runtime_evals=len(runtime_cache),
                         candidates=n_candidates, seconds=time.perf_counter() - t0, max_gpus=max_gpus)
     return PlanSet(objective, plans, tuple(infeasible), stats, tuple(notes))
+
+
+def _runnable(layouts: list[Layout], job: Job, target: str, model: ModelSpec,
+              left_out: dict[str, int]) -> list[Layout]:
+    """The layouts the export ``target`` runs (``export.targets.exportable``); counts the others."""
+    from .export.targets import exportable
+
+    out = []
+    for lay in layouts:
+        ok, why = exportable(lay, job, target, model)
+        if ok:
+            out.append(lay)
+        else:
+            left_out[why] = left_out.get(why, 0) + 1
+    return out
 
 
 def _sort_key(p: Plan, objective: str) -> tuple:

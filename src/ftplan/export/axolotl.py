@@ -124,10 +124,11 @@ def axolotl_config(model: ModelSpec, job: Job, layout: Layout, *, kind: str, hsd
         cfg["bfloat16"] = Commented(True, "pure bf16: weights, gradients and optimizer states in bf16")
     cfg["tf32"] = False
     cfg["fp8"] = Commented(False, "FP8 training is not planned by ftplan yet")
-    cfg["gradient_checkpointing"] = job.gradient_checkpointing
-    if job.gradient_checkpointing:
-        cfg["gradient_checkpointing_kwargs"] = {"use_reentrant": False}
-    cfg["activation_offloading"] = bool(getattr(job, "activation_offloading", False)) and job.gradient_checkpointing
+    gc = job.gradient_checkpointing and getattr(job, "checkpointing", "full") != "none"
+    cfg["gradient_checkpointing"] = gc
+    if gc:
+        cfg["gradient_checkpointing_kwargs"] = {"use_reentrant": getattr(job, "checkpointing", "full") == "full-reentrant"}
+    cfg["activation_offloading"] = bool(getattr(job, "activation_offloading", False)) and gc
     cfg["attn_implementation"] = _ATTN[job.attn_impl]
     if getattr(job, "loss", None) == "liger":
         cfg["plugins"] = ["axolotl.integrations.liger.LigerPlugin"]

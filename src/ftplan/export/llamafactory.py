@@ -118,8 +118,10 @@ def llamafactory_config(model: ModelSpec, job: Job, layout: Layout, *, kind: str
     if pure:
         cfg["pure_bf16"] = Commented(True, "pure bf16: weights, gradients and optimizer states in bf16")
     cfg["optim"] = HF_OPTIM[job.optimizer][0]
-    cfg["disable_gradient_checkpointing"] = not job.gradient_checkpointing
-    cfg["use_reentrant_gc"] = Commented(False, "non-reentrant checkpointing, as ftplan plans it")
+    ckpt = getattr(job, "checkpointing", "full")
+    cfg["disable_gradient_checkpointing"] = not (job.gradient_checkpointing and ckpt != "none")
+    cfg["use_reentrant_gc"] = Commented(ckpt == "full-reentrant", "non-reentrant checkpointing unless the plan "
+                                        "says full-reentrant")
     if getattr(job, "loss", None) == "liger":
         cfg["enable_liger_kernel"] = True
     cfg["ddp_timeout"] = 180000000

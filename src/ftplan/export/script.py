@@ -93,7 +93,9 @@ def script_constants(model: ModelSpec, job: Job, layout: Layout, *, model_ref: s
         "MICRO_BATCH": job.micro_batch,
         "GRAD_ACCUM": job.grad_accum,
         "MAX_LENGTH": job.seq_len,
-        "GRADIENT_CHECKPOINTING": job.gradient_checkpointing,
+        "GRADIENT_CHECKPOINTING": job.gradient_checkpointing and getattr(job, "checkpointing", "full") != "none",
+        "REENTRANT": getattr(job, "checkpointing", "full") == "full-reentrant",
+        "LIGER": getattr(job, "loss", "trl") == "liger",
         "ACTIVATION_OFFLOADING": bool(getattr(job, "activation_offloading", False)),
         "PACKING": bool(getattr(job, "packing", False)),
         "PADDING_FREE": bool(getattr(job, "padding_free", False)),
@@ -132,6 +134,8 @@ _COMMENTS = {
     "GRAD_ACCUM": "gradient_accumulation_steps",
     "MAX_LENGTH": "SFTConfig.max_length: sequences are truncated to this many tokens",
     "GRADIENT_CHECKPOINTING": "non-reentrant activation checkpointing",
+    "REENTRANT": "gradient_checkpointing_kwargs use_reentrant (ftplan plans non-reentrant unless asked)",
+    "LIGER": "SFTConfig.use_liger_kernel: Liger's fused linear cross-entropy (CUDA, pip install liger-kernel)",
     "ACTIVATION_OFFLOADING": "SFTConfig.activation_offloading: saved activations kept on the CPU",
     "PACKING": "SFTConfig.packing: concatenate rows into max_length blocks",
     "PADDING_FREE": "SFTConfig.padding_free: flatten the batch (flash attention only)",
@@ -312,7 +316,7 @@ def load_model(model_ref):
 
         model = prepare_model_for_kbit_training(
             model, use_gradient_checkpointing=GRADIENT_CHECKPOINTING,
-            gradient_checkpointing_kwargs={"use_reentrant": False})
+            gradient_checkpointing_kwargs={"use_reentrant": REENTRANT})
     return model
 
 
@@ -473,9 +477,10 @@ def main(argv=None):
         report_to="none",
         disable_tqdm=False,
         **{length: MAX_LENGTH, ckpt: GRADIENT_CHECKPOINTING,
-           ckpt + "_kwargs": {"use_reentrant": False} if GRADIENT_CHECKPOINTING else None},
+           ckpt + "_kwargs": {"use_reentrant": REENTRANT} if GRADIENT_CHECKPOINTING else None},
         **{k: v for k, v in (("packing", PACKING), ("padding_free", PADDING_FREE), ("loss_type", LOSS_TYPE),
-                             ("activation_offloading", ACTIVATION_OFFLOADING)) if k in names},
+                             ("activation_offloading", ACTIVATION_OFFLOADING), ("use_liger_kernel", LIGER))
+           if k in names and (v or k != "use_liger_kernel")},
     )
     model = load_model(args.model)
     Trainer = make_trainer_class(SFTTrainer, TrainerCallback)
@@ -493,8 +498,14 @@ def main(argv=None):
             p.data = p.data.to(dtype)
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
+    # a restarted run (e.g. a recovered spot job) resumes from the last checkpoint in --output-dir
+    from transformers.trainer_utils import get_last_checkpoint
+
+    last = get_last_checkpoint(args.output_dir) if os.path.isdir(args.output_dir) else None
+    if last and trainer.is_world_process_zero():
+        print(f"resuming from {last}")
     t0 = time.perf_counter()
-    trainer.train()
+    trainer.train(resume_from_checkpoint=last)
     wall = time.perf_counter() - t0
     if getattr(trainer, "is_fsdp_enabled", False):  # one consolidated file, not per-rank shards
         trainer.accelerator.state.fsdp_plugin.set_state_dict_type("FULL_STATE_DICT")

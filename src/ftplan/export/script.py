@@ -15,7 +15,10 @@ How the job maps onto the stack (what ftplan's memory model assumes, see README 
   dtype without autocast;
 * QLoRA loads the base with ``BitsAndBytesConfig(load_in_4bit=True, ...)`` and calls
   ``peft.prepare_model_for_kbit_training`` (it upcasts the non-quantized weights to fp32) before
-  ``get_peft_model`` (TRL's own path, PEFT's recommended recipe);
+  ``get_peft_model`` (TRL's own path, PEFT's recommended recipe); sharded QLoRA (FSDP2 / ZeRO-3)
+  stores the 4-bit weights in the compute dtype (``bnb_4bit_quant_storage``), loads on the CPU for
+  the launcher to shard, and skips that upcast (TRL's ``is_sharded_qlora`` path), so the non-quantized
+  weights stay in the compute dtype (less than ftplan's single-GPU QLoRA model counts for them);
 * the trainable parameters are put in the precision's trainable dtype after the trainer is built
   (TRL >= 1.0 casts QLoRA adapters to bf16; ftplan plans PEFT's default fp32 adapters);
 * ftplan's optimizers map to HF ``optim`` names (:data:`HF_OPTIM`), SGD with momentum 0.9;
@@ -109,6 +112,7 @@ def script_constants(model: ModelSpec, job: Job, layout: Layout, *, model_ref: s
         "DOUBLE_QUANT": job.quant.double_quant,
         "COMPUTE_DTYPE": TORCH_DTYPE.get(job.quant.compute_dtype, job.quant.compute_dtype),
         "QUANT_STORAGE": TORCH_DTYPE.get(job.quant.compute_dtype, "uint8") if sharded_qlora else "uint8",
+        "SHARDED_QLORA": sharded_qlora,
         "NUM_EPOCHS": float(job.epochs),
         "WORLD_SIZE": layout.world_size,
         "STRATEGY": layout.strategy,
@@ -149,6 +153,7 @@ _COMMENTS = {
     "DOUBLE_QUANT": "bnb_4bit_use_double_quant",
     "COMPUTE_DTYPE": "bnb_4bit_compute_dtype",
     "QUANT_STORAGE": "bnb_4bit_quant_storage (the compute dtype for FSDP/ZeRO-3 QLoRA)",
+    "SHARDED_QLORA": "FSDP/ZeRO-3 QLoRA: every weight stays in QUANT_STORAGE (no fp32 upcast) so all shard alike",
     "NUM_EPOCHS": "--num-epochs overrides; --max-steps wins over epochs",
     "WORLD_SIZE": "GPUs the plan uses (accelerate launch --num_processes)",
     "STRATEGY": "single | ddp | zero1 | zero2 | zero3 | fsdp (set by the accelerate config)",
@@ -311,7 +316,13 @@ def load_model(model_ref):
                 kwargs["device_map"] = {"": "cpu"}
     model = AutoModelForCausalLM.from_pretrained(model_ref, **kwargs)
     model.config.use_cache = False
-    if METHOD == "qlora":
+    if METHOD == "qlora" and SHARDED_QLORA:
+        # FSDP / ZeRO-3 QLoRA (TRL's and PEFT's recipe): no prepare_model_for_kbit_training, whose fp32 upcast
+        # of the non-quantized weights would leave them in another dtype than the 4-bit storage to shard
+        if GRADIENT_CHECKPOINTING:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": REENTRANT})
+            model.enable_input_require_grads()
+    elif METHOD == "qlora":
         from peft import prepare_model_for_kbit_training
 
         model = prepare_model_for_kbit_training(

@@ -253,9 +253,12 @@ def test_cli_export_live(name, tmp_path, owners, monkeypatch, capsys):
     elif name == "lora-fsdp":
         assert lo["strategy"] == "zero3" and lo["gpus_per_node"] > 1
         assert "distributed_type: FSDP" in (out / "accelerate_config.yaml").read_text()
-    else:
+    else:  # zero3 across nodes runs as FSDP2 by default (over all GPUs: one node cannot hold a 70B's shards)
         assert lo["strategy"] == "zero3" and lo["nodes"] > 1
-        assert (out / "ds_config.json").exists()
+        assert not (out / "ds_config.json").exists()
+        assert "fsdp_version: 2" in (out / "accelerate_config.yaml").read_text()
+        assert doc["target"] == "accelerate" and doc["launch"]["engine"] == "fsdp"
+        assert "--machine_rank $NODE_RANK" in doc["launch"]["command"]
     files = {p.name: p.read_text() for p in out.iterdir()}
     check_bundle(out, plan, files, owners, monkeypatch)
 

@@ -181,3 +181,26 @@ def test_render_stays_light():
             "print(json.dumps([m for m in heavy if m in sys.modules]))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert json.loads(r.stdout) == []
+
+
+def test_target_names_agree():
+    from ftplan.options import EXPORT_TARGETS
+
+    assert EXPORT_TARGETS == TARGETS  # options.py stays below export (no import), so the tuple is repeated
+
+
+def test_cli_export_prints_files_and_launch(tmp_path, capsys):
+    from ftplan.cli import main
+
+    out = tmp_path / "b"
+    assert main(["export", "--from-json", str(DATA / "recommend-70b-full-h100.json"), "--plan", "2",
+                 "--target", "llamafactory", "--dataset", "my/chat", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert f"wrote {out}/ for llamafactory: llamafactory.yaml" in text
+    assert "accelerate launch --config_file accelerate_config.yaml --machine_rank $NODE_RANK" in text
+    assert "-m llamafactory.launcher llamafactory.yaml" in text and "NNODES=8" in text
+    assert "sky launch -c ftplan sky.yaml --env DATASET=my/chat" in text
+    # never silently over a non-empty directory
+    assert main(["export", "--from-json", str(DATA / "recommend-70b-qlora.json"), "--out", str(out)]) == 2
+    assert "not empty" in capsys.readouterr().err
+    assert (out / "llamafactory.yaml").exists()

@@ -65,6 +65,9 @@ JOB_OPTIONS: tuple[Option, ...] = tuple(o for o in walk(Job, group_name="job") i
 LAYOUT_OPTIONS: tuple[Option, ...] = tuple(o for o in walk(Layout, group_name="layout") if o.is_option)
 
 #: search options of recommend / compare / export (arguments of ftplan.planner.recommend)
+#: the export targets (``ftplan.export.targets.TARGETS``; a test holds them equal, options stays below export)
+EXPORT_TARGETS = ("accelerate", "deepspeed", "axolotl", "llamafactory")
+
 SEARCH_OPTIONS: tuple[Option, ...] = (
     Option("objective", "str", "cost", "cost (default) | time", choices=OBJECTIVES, group="search"),
     Option("deadline", "float", None, "finish within this many hours (training + start-up)", group="search",
@@ -79,6 +82,10 @@ SEARCH_OPTIONS: tuple[Option, ...] = (
            label="safety margin", minimum=0.0, exclusive_maximum=1.0, example=0.05),
     Option("top", "int", 10, "plans to print (default 10)", group="search", metavar="N", label="`top`",
            minimum=0, web_max=100_000, example=10),
+    Option("target", "str", "accelerate",
+           "export target whose files must run the ranked layouts: accelerate (default) | deepspeed | axolotl | "
+           "llamafactory | any (rank every layout, e.g. pipeline parallelism, which no exporter runs)",
+           choices=EXPORT_TARGETS + ("any",), group="search", label="export target"),
 )
 
 #: which offers are searched (files only from the command line: the web never reads a path)

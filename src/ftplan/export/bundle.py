@@ -14,6 +14,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from ..job import Job, Layout
 from ..options import job_from_dict, layout_from_dict
 
 __all__ = ["PLAN_SCHEMA", "ACCEPTED_SCHEMAS", "plan_document", "plan_from_json", "load_plan_json",
-           "exportable", "render_bundle", "write_bundle",
+           "exportable", "render_bundle", "render", "Rendered", "write_bundle",
            "ZERO3_BACKENDS"]
 
 PLAN_SCHEMA = "ftplan.plan/1"
@@ -238,10 +239,37 @@ def _hsdp(plan_doc: Mapping[str, Any], model, job: Job, layout: Layout, kind: st
                    f"{layout.gpus_per_node} GPUs the job needs {need / 1e9:,.1f} GB per GPU > {usable / 1e9:,.1f} GB")
 
 
+@dataclass(frozen=True)
+class Rendered:
+    """A rendered bundle: ``files`` (relative path -> text) and how to launch it."""
+
+    files: dict[str, str]
+    target: str
+    kind: str  # the launch kind (export.targets.KINDS)
+    command: str  # the launch line, run from the bundle's folder (<DATA> = the dataset)
+    packages: tuple[str, ...]  # pip requirements of the GPU machine
+    sky_command: str | None  # the SkyPilot line, when sky.yaml was written
+
+    def launch(self, dataset: str | None = None) -> dict[str, Any]:
+        """The launch lines with the dataset filled in (the ``launch`` object of ``ftplan.export/1``)."""
+        data = dataset or "data.jsonl"
+        return {"target": self.target, "engine": self.kind,
+                "setup": "pip install " + " ".join(f'"{p}"' for p in self.packages) if self.packages else None,
+                "command": self.command.replace("<DATA>", data),
+                "sky": self.sky_command.replace("<DATA>", data) if self.sky_command else None}
+
+
 def render_bundle(plan_doc: dict, *, alternatives: Sequence[dict] = (), model_ref: str | None = None,
                   dataset: str | None = None, zero3_backend: str | None = None,
                   target: str = "accelerate") -> dict[str, str]:
-    """The files of the bundle: relative path -> text. Pure: reads only ftplan's bundled catalogs.
+    """The files of the bundle: relative path -> text (:func:`render` without the launch lines)."""
+    return render(plan_doc, alternatives=alternatives, model_ref=model_ref, dataset=dataset,
+                  zero3_backend=zero3_backend, target=target).files
+
+
+def render(plan_doc: dict, *, alternatives: Sequence[dict] = (), model_ref: str | None = None,
+           dataset: str | None = None, zero3_backend: str | None = None, target: str = "accelerate") -> Rendered:
+    """The files of the bundle and its launch lines. Pure: reads only ftplan's bundled catalogs.
 
     ``target`` (:data:`ftplan.export.targets.TARGETS`) picks the engine: ``accelerate`` (default:
     accelerate + the TRL script, FSDP2 / DeepSpeed / TP as :func:`ftplan.export.targets.engine` says),
@@ -304,7 +332,12 @@ def render_bundle(plan_doc: dict, *, alternatives: Sequence[dict] = (), model_re
                                        dataset=dataset, files=names, alternatives=alternatives,
                                        sky_candidates=cands, notes=notes, launch=launch, target=target)
     files["plan.json"] = json.dumps(plan_doc, indent=2) + "\n"
-    return files
+    sky_cmd = None
+    if "sky.yaml" in files:
+        spot = any(c.get("use_spot") for c in cands)
+        sky_cmd = ("sky jobs launch -n ftplan sky.yaml --env DATASET=<DATA>" if spot
+                   else "sky launch -c ftplan sky.yaml --env DATASET=<DATA>")
+    return Rendered(files, target, kind, launch["command"], tuple(launch.get("packages", ())), sky_cmd)
 
 
 def _notes(plan_doc: Mapping[str, Any], job: Job, layout: Layout, kind: str, target: str) -> list[str]:
@@ -360,7 +393,7 @@ def _render_accelerate_files(files: dict[str, str], model, job: Job, layout: Lay
     args = '--model "$MODEL" --dataset "$DATASET" --output-dir "$OUTPUT_DIR"'
     return {
         "packages": setup_packages(job, kind),
-        "command": launch_command(layout, "--dataset DATA --output-dir output"),
+        "command": launch_command(layout, "--dataset <DATA> --output-dir output"),
         "sky_command": launch_command(layout, args),
         "multinode": "accelerate",
     }

@@ -164,7 +164,7 @@ def render_readme(plan: dict[str, Any], *, job: Job, layout: Layout, kind: str, 
     if launch is None:
         from .accelerate import launch_command
 
-        launch = {"packages": list(packages), "command": launch_command(layout, "--dataset DATA --output-dir output")}
+        launch = {"packages": list(packages), "command": launch_command(layout, "--dataset <DATA> --output-dir output")}
     pip = "pip install " + " ".join(f'"{p}"' for p in launch.get("packages", ())) if launch.get("packages") else ""
     L += ["## How to run", ""]
     L += launch.get("data_text", ["The dataset is a JSONL/JSON/Parquet/CSV file, a folder of them, a "
@@ -173,7 +173,7 @@ def render_readme(plan: dict[str, Any], *, job: Job, layout: Layout, kind: str, 
     L += ["**On a machine with the GPUs** (from this folder):", "", "```bash"]
     if pip:
         L.append(pip)
-    command = launch["command"].replace("DATA", data)
+    command = launch["command"].replace("<DATA>", data)
     if layout.nodes > 1:
         L.append(f"# on every node, NODE_RANK = 0..{layout.nodes - 1}, HEAD_IP = the address of node 0:")
         L.append(f"export NODE_RANK=0 HEAD_IP=10.0.0.1 NNODES={layout.nodes} MASTER_ADDR=10.0.0.1 "

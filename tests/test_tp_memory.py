@@ -27,6 +27,7 @@ import pytest
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
+pytestmark = pytest.mark.torch
 
 WORKER = textwrap.dedent('''
     import json, os, sys

@@ -382,14 +382,9 @@ def _render_accelerate_files(files: dict[str, str], model, job: Job, layout: Lay
     files["accelerate_config.yaml"] = render_accelerate_config(layout, job, kind=kind, title=title, hsdp=hsdp)
     if kind in ("deepspeed", "autotp"):
         files["ds_config.json"] = render_deepspeed_config(layout, job)
-    try:
-        from .script import render_train_script
-    except ImportError as e:  # the script renderer is a separate module; say so instead of failing
-        if "script" not in str(e):
-            raise
-        notes.append("train.py was not generated: this ftplan has no script renderer (ftplan.export.script)")
-    else:
-        files["train.py"] = render_train_script(model, job, layout, model_ref=model_ref, kind=kind)
+    from .script import render_train_script
+
+    files["train.py"] = render_train_script(model, job, layout, model_ref=model_ref, kind=kind)
     args = '--model "$MODEL" --dataset "$DATASET" --output-dir "$OUTPUT_DIR"'
     return {
         "packages": setup_packages(job, kind),

@@ -19,7 +19,7 @@ from typing import Literal
 
 from .errors import ConfigError, Problem
 from .model import ModelSpec
-from .optionspec import group, groups, internal, json_field, lower, option, walk
+from .optionspec import group, groups, internal, json_field, lower, option, options_of
 
 __all__ = [
     "METHODS",
@@ -256,7 +256,7 @@ def _option_problems(obj, cls, skip: tuple[str, ...] = ()) -> list[Problem]:
     """Problems of ``obj``'s declared choices and bounds (nested groups only when they apply)."""
     active = {name for name, (_, when) in groups(cls).items() if when is None or getattr(obj, when)}
     out: list[Problem] = []
-    for opt in walk(cls):
+    for opt in options_of(cls):
         head = opt.attr.split(".")[0]
         if opt.name in skip or ("." in opt.attr and head not in active):
             continue

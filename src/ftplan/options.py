@@ -20,6 +20,7 @@ schema. How to add an option: ``docs/extending.md``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -132,25 +133,29 @@ def options_by_name(*tables: tuple[Option, ...]) -> dict[str, Option]:
 # ---------------------------------------------------------------------------------------------
 # JSON
 # ---------------------------------------------------------------------------------------------
-def _jsonable(v: Any) -> Any:
-    return list(v) if isinstance(v, tuple) else v
+@functools.lru_cache(maxsize=None)
+def _layout_of(cls: type) -> tuple[tuple[str, str | None, str | None], ...]:
+    """(field, group's ``when`` or None, json mode or None for a group) per field of ``cls``."""
+    active = groups(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        if f.name in active:
+            out.append((f.name, active[f.name][1] or "", None))
+        else:
+            out.append((f.name, None, f.metadata["ftplan"].json))
+    return tuple(out)
 
 
 def to_dict(obj: Any, *, full: bool = False, data: bool = False) -> dict[str, Any]:
     """The JSON object of an options dataclass (Job, Layout, ... or one that extends them)."""
-    cls = type(obj)
-    active = groups(cls)
     out: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        value = getattr(obj, f.name)
-        if f.name in active:
-            sub_cls, when = active[f.name]
-            if full or when is None or getattr(obj, when):
-                out[f.name] = to_dict(value, full=full, data=data)
-            continue
-        opt = f.metadata["ftplan"]
-        if full or opt.json == "always" or (opt.json == "data" and data):
-            out[f.name] = _jsonable(value)
+    for name, when, mode in _layout_of(type(obj)):
+        value = getattr(obj, name)
+        if mode is None:  # a nested group
+            if full or not when or getattr(obj, when):
+                out[name] = to_dict(value, full=full, data=data)
+        elif full or mode == "always" or (mode == "data" and data):
+            out[name] = list(value) if isinstance(value, tuple) else value
     return out
 
 

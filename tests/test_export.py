@@ -447,7 +447,7 @@ BAD = {
                                        "cannot run on mi300x"),
     "no feasible plan": (lambda t: ["llama-3.1-70b", "--method", "full", "--tokens", "20M", "--budget", "0.01"],
                          "no feasible plan"),
-    "tensor-parallel plan": (lambda t: ["llama-3.1-70b", "--method", "full", "--tokens", "20M",
+    "tensor-parallel plan": (lambda t: ["llama-3.1-70b", "--method", "full", "--tokens", "20M", "--seq-len", "4096",
                                         "--gpus-filter", "b200", "--max-gpus", "8"], "tensor/pipeline"),
     "unknown model in json": (lambda t: ["--from-json", _write(t, "m.json", json.dumps(
         {**json.loads((DATA / "recommend-70b-qlora.json").read_text()),

@@ -20,6 +20,8 @@ __all__ = [
     "OPTIMIZERS",
     "STRATEGIES",
     "ATTN_IMPLS",
+    "CHECKPOINTING",
+    "LOSSES",
     "LoraSpec",
     "QuantSpec",
     "Job",
@@ -47,6 +49,20 @@ PRECISIONS = {
 OPTIMIZERS = ("adamw", "adamw_8bit", "paged_adamw_8bit", "adafactor", "sgd")
 STRATEGIES = ("single", "ddp", "zero1", "zero2", "zero3", "fsdp")
 ATTN_IMPLS = ("sdpa", "flash", "eager")
+#: activation checkpointing variants (``Job.checkpointing``; used when ``gradient_checkpointing``):
+#: ``full`` = HF/torch non-reentrant checkpointing of every decoder layer (transformers 5 default),
+#: ``full-reentrant`` = ``use_reentrant=True`` (what TRL forces for PEFT + DeepSpeed ZeRO-3),
+#: ``selective`` = torch selective activation checkpointing with torchtitan's per-op policy (save
+#: the attention kernel's outputs and every other matmul output), ``selective-attention`` = TRL's
+#: ``gradient_checkpointing_kwargs={"selective": True}`` (save the attention kernel's outputs only),
+#: ``every-k`` = checkpoint every ``checkpoint_every``-th decoder layer (torchtitan's layer mode,
+#: ``selective_ac_option=k``), ``none`` = off
+CHECKPOINTING = ("none", "full", "full-reentrant", "selective", "selective-attention", "every-k")
+#: the loss path: ``trl`` = TRL >= 1.x SFTTrainer's fused LM head (``loss_type="nll"``, alias
+#: ``chunked_nll``: chunked log-probabilities, the logits are never materialised), ``hf`` =
+#: transformers' ``ForCausalLMLoss`` through ``model(labels=...)`` (full logits, upcast to fp32),
+#: ``liger`` = Liger-Kernel's fused linear cross-entropy (Triton, CUDA only)
+LOSSES = ("trl", "hf", "liger")
 QUANT_TYPES = ("nf4", "fp4")
 
 
@@ -77,15 +93,43 @@ class Job:
     precision: str = "bf16-mixed"
     optimizer: str = "adamw"
     micro_batch: int = 1
-    seq_len: int = 2048
+    #: TRL SFTConfig's ``max_length`` default (sequences are truncated to it)
+    seq_len: int = 1024
     grad_accum: int = 1
-    gradient_checkpointing: bool = False
+    #: TRL SFTConfig turns checkpointing on by default, and PEFT's prepare_model_for_kbit_training
+    #: turns it on for QLoRA; ``checkpointing`` says which variant
+    gradient_checkpointing: bool = True
     attn_impl: str = "sdpa"
     lora: LoraSpec = field(default_factory=LoraSpec)
     quant: QuantSpec = field(default_factory=QuantSpec)
     #: training data, for runtime and cost (tokens per epoch x epochs)
     dataset_tokens: int | None = None
     epochs: float = 1.0
+    #: the checkpointing variant used when ``gradient_checkpointing`` is on (see CHECKPOINTING)
+    checkpointing: str = "full"
+    #: ``every-k``: checkpoint every k-th decoder layer (layers k, 2k, ... counting from 1)
+    checkpoint_every: int = 2
+    #: TRL ``activation_offloading=True``: tensors saved for backward go to pinned host memory
+    activation_offloading: bool = False
+    #: the loss path (see LOSSES)
+    loss: str = "trl"
+    #: TRL ``padding_free=True``: the micro-batch is one row of ``micro_batch x seq_len`` tokens
+    #: with position_ids (flash-attention varlen; sdpa/eager get a block-diagonal mask)
+    padding_free: bool = False
+    #: TRL ``packing=True`` (``packing_strategy="bfd"``, which implies padding-free)
+    packing: bool = False
+
+    @property
+    def ac_mode(self) -> str:
+        """The activation checkpointing in effect: ``none`` or one of the variants."""
+        if not self.gradient_checkpointing:
+            return "none"
+        return self.checkpointing
+
+    @property
+    def is_padding_free(self) -> bool:
+        """TRL flattens the micro-batch into one row (``padding_free``, or ``packing`` with bfd)."""
+        return self.padding_free or self.packing
 
     @property
     def tokens_per_micro_batch(self) -> int:
@@ -193,6 +237,8 @@ def validate_job(model: ModelSpec, job: Job, layout: Layout | None = None) -> No
         (job.precision, PRECISIONS, "precision"),
         (job.optimizer, OPTIMIZERS, "optimizer"),
         (job.attn_impl, ATTN_IMPLS, "attention implementation"),
+        (job.checkpointing, CHECKPOINTING, "checkpointing variant"),
+        (job.loss, LOSSES, "loss path"),
         (layout.strategy, STRATEGIES, "strategy"),
     ):
         if value not in choices:
@@ -202,6 +248,8 @@ def validate_job(model: ModelSpec, job: Job, layout: Layout | None = None) -> No
     _check(job.seq_len >= 1, p, f"sequence length must be >= 1 (got {job.seq_len})")
     _check(job.grad_accum >= 1, p, f"gradient accumulation must be >= 1 (got {job.grad_accum})")
     _check(job.epochs > 0, p, f"epochs must be > 0 (got {job.epochs})")
+    _check(isinstance(job.checkpoint_every, int) and 1 <= job.checkpoint_every <= model.num_layers, p,
+           f"checkpoint every k-th layer needs 1 <= k <= {model.num_layers} layers (got {job.checkpoint_every})")
     _check(job.dataset_tokens is None or job.dataset_tokens > 0, p,
            f"dataset tokens must be > 0 (got {job.dataset_tokens})")
     if job.uses_lora:

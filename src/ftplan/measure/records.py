@@ -76,6 +76,8 @@ def job_from_dict(d: dict[str, Any]):
     from ..job import Job, LoraSpec, QuantSpec
 
     d = dict(d)
+    # records from before the loss path was a job option measured model(labels=...): transformers' loss
+    d.setdefault("loss", "hf")
     known = {f.name for f in dataclasses.fields(Job)}
     lora = dict(d.pop("lora", None) or {})
     quant = dict(d.pop("quant", None) or {})

@@ -209,7 +209,7 @@ def test_schema_doc_is_json():
     assert doc["schema"] == "ftplan.options/1"
     assert [o["name"] for o in doc["groups"]["job"]] == [o.name for o in JOB_OPTIONS]
     seq = next(o for o in doc["groups"]["job"] if o["name"] == "seq_len")
-    assert seq["default"] == 2048 and seq["flag"] == "--seq-len" and seq["minimum"] == 1
+    assert seq["default"] == 1024 and seq["flag"] == "--seq-len" and seq["minimum"] == 1  # TRL max_length
 
 
 # ---------------------------------------------------------------------------------------------

@@ -29,14 +29,14 @@ __all__ = ["recompute_flops_per_token", "loss_extra_flops_per_token"]
 def _layer_mm_flops(g: LayerGroup, model: ModelSpec, job: Job) -> tuple[float, float]:
     """(all matmul FLOPs per token of one layer, FLOPs of the mm outputs torchtitan's policy
     caches: the 1st, 3rd, ... ``aten.mm`` of the layer)."""
-    from .memory import _group_linears
+    from .memory import layer_linears
 
     h = model.hidden_size
     r = job.lora.r
     targets = lora_targets(model, job.lora) if job.uses_lora else frozenset()
     mms: list[float] = []  # FLOPs of each aten.mm in order
     other = 0.0  # addmm (biased) and grouped_mm experts: never cached
-    lins = {lin.module: lin for lin in _group_linears(model, g)}
+    lins = {lin.module: lin for lin in layer_linears(model, g)}
     a = g.attention
     order = (["q_a_proj", "q_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj"] if a.is_mla
              else ["qkv_proj", "q_proj", "k_proj", "v_proj"]) + ["o_proj"]
@@ -82,9 +82,9 @@ def recompute_flops_per_token(model: ModelSpec, job: Job, attention_flops_per_to
     mode = job.ac_mode
     if mode == "none":
         return 0.0
-    from .memory import _checkpointed_counts
+    from .memory import checkpointed_layer_counts
 
-    counts = _checkpointed_counts(model, job)
+    counts = checkpointed_layer_counts(model, job)
     attn_per_layer = attention_flops_per_token / max(1, model.num_layers)
     out = 0.0
     for g, n in zip(model.groups, counts):

@@ -21,7 +21,7 @@ from fractions import Fraction
 
 from .catalog.constants import MemoryConstants, memory_constants
 from .job import PRECISIONS, Job, Layout, lora_targets, lora_wraps_experts, validate_job
-from .model import FAMILIES, LayerGroup, LinearSpec, MlpSpec, ModelSpec, MoeSpec
+from .model import FAMILIES, LayerGroup, LinearSpec, MlpSpec, ModelSpec, MoeSpec, layer_group_order
 from .units import dtype_bytes
 
 __all__ = [
@@ -30,6 +30,10 @@ __all__ = [
     "estimate_memory",
     "model_states",
     "saved_activation_bytes",
+    "activation_parts",
+    "ActivationParts",
+    "checkpointed_layer_counts",
+    "layer_linears",
     "trainable_params",
     "COMPONENTS",
 ]
@@ -788,30 +792,14 @@ def _model_level_saved(model: ModelSpec, job: Job, dt: _Dtypes) -> int:
 # ---------------------------------------------------------------------------------------------
 # activation checkpointing variants
 # ---------------------------------------------------------------------------------------------
-def _layer_group_order(model: ModelSpec) -> list[int]:
-    """Index into ``model.groups`` of every decoder layer, in order (groups merge non-adjacent
-    identical layers, e.g. gemma's alternating sliding/full attention)."""
-    from .model import _layer_windows, _moe_layers, text_config
+def checkpointed_layer_counts(model: ModelSpec, job: Job) -> list[int]:
+    """Checkpointed decoder layers per group of ``model.groups`` under ``job.ac_mode``."""
+    return _checkpointed_counts(model, job)
 
-    n = model.num_layers
-    fam = FAMILIES[model.family]
-    order: list[int] | None = None
-    if model.config:
-        cfg0 = text_config(model.config)
-        cfg = {**fam.defaults, **{k: v for k, v in cfg0.items() if v is not None or k not in fam.defaults}}
-        windows = _layer_windows(fam, cfg, n)
-        moe = _moe_layers(fam, cfg, n)
-        order = []
-        for i in range(n):
-            gi = next((j for j, g in enumerate(model.groups)
-                       if g.window == windows[i] and (g.moe is not None) == moe[i]), None)
-            if gi is None:
-                order = None
-                break
-            order.append(gi)
-    if order is None or [order.count(j) for j in range(len(model.groups))] != [g.count for g in model.groups]:
-        order = [j for j, g in enumerate(model.groups) for _ in range(g.count)]
-    return order
+
+def layer_linears(model: ModelSpec, g: LayerGroup) -> list[LinearSpec]:
+    """The ``nn.Linear`` kinds of one decoder layer of group ``g`` (attention, MLP, shared experts)."""
+    return _group_linears(model, g)
 
 
 def _checkpointed_counts(model: ModelSpec, job: Job) -> list[int]:
@@ -823,7 +811,7 @@ def _checkpointed_counts(model: ModelSpec, job: Job) -> list[int]:
     if mode != "every-k":
         return [g.count for g in model.groups]
     counts = [0] * len(model.groups)
-    for i, gi in enumerate(_layer_group_order(model)):
+    for i, gi in enumerate(layer_group_order(model)):
         if i % job.checkpoint_every == 0:
             counts[gi] += 1
     return counts
@@ -874,9 +862,9 @@ def _layer_matmul_outputs(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes
         out.append(t * g.moe.num_experts * c)  # router logits
         mlp = g.moe.shared
     if mlp is not None:
-        from .model import _mlp_linears
+        from .model import mlp_linears
 
-        for lin in _mlp_linears(mlp, model.hidden_size, 1, "mlp"):
+        for lin in mlp_linears(mlp, model.hidden_size, 1, "mlp"):
             if lin.module in ("gate_up_proj", "gate_proj", "up_proj", "down_proj"):
                 proj(lin, lin.out_features // tp if lin.module in col else lin.out_features)
     return out
@@ -994,7 +982,7 @@ def _offload_events(model: ModelSpec, job: Job, dt: _Dtypes, tp: int,
     ck = job.ac_mode != "none"
     every = job.checkpoint_every if job.ac_mode == "every-k" else 1
     rope_done = False
-    for i, gi in enumerate(_layer_group_order(model)):
+    for i, gi in enumerate(layer_group_order(model)):
         g = model.groups[gi]
         if ck and i % every == 0:
             x = t * h * dt.resid  # the checkpoint input

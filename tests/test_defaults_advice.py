@@ -61,7 +61,7 @@ def test_assumptions_name_each_default_and_its_source():
     for field in ("gradient_checkpointing", "seq_len", "micro_batch", "precision", "optimizer", "loss",
                   "attn_impl", "activation_offloading", "packing", "lora", "quant"):
         assert field in names, field
-        assert names[field].text and names[field].source and names[field].option
+        assert names[field].text and names[field].source and names[field].change
     assert "TRL" in names["gradient_checkpointing"].source and "PEFT" in names["gradient_checkpointing"].source
     assert "max_length" in names["seq_len"].source
     # options the user set are not assumptions

@@ -161,6 +161,10 @@ class Estimate:
     layout: Layout
     memory: Any  # ftplan.memory.MemoryBreakdown
     gpu: Any = None  # ftplan.catalog.gpus.GpuSpec
+    #: the defaults the answer rests on (:class:`ftplan.advice.Assumption`)
+    assumptions: tuple = ()
+    #: with a GPU the job does not fit: the single changes that make it fit (:class:`ftplan.advice.Suggestion`)
+    advice: tuple = ()
 
     @property
     def fits(self) -> bool | None:
@@ -174,12 +178,16 @@ class Estimate:
         """The ``ftplan.estimate/1`` document."""
         from .report import estimate_json
 
-        return estimate_json(self.model, self.job, self.layout, self.memory, self.gpu)
+        return estimate_json(self.model, self.job, self.layout, self.memory, self.gpu, self.assumptions,
+                             self.advice)
 
-    def text(self) -> str:
+    def text(self, renderer: Any = None) -> str:
+        """The text answer; ``renderer`` (:class:`ftplan.errors.Renderer`) writes option references
+        (the CLI's writes flags)."""
         from .report import estimate_text
 
-        return estimate_text(self.model, self.job, self.layout, self.memory, self.gpu)
+        return estimate_text(self.model, self.job, self.layout, self.memory, self.gpu, self.assumptions,
+                             self.advice, renderer)
 
 
 def estimate(model: ModelRef, job: Job | None = None, layout: Layout | None = None, *, gpu: str | None = None,
@@ -200,7 +208,15 @@ def estimate(model: ModelRef, job: Job | None = None, layout: Layout | None = No
         probs.run(lambda: validate_job(spec, j, lay))
     probs.raise_any()
     mem = estimate_memory(spec, j, lay, gpu_vendor=g.vendor if g is not None else "nvidia")
-    return Estimate(spec, j, lay, mem, g)
+    from .advice import fit_advice, job_assumptions
+
+    # a ready Job counts as set where it differs from the defaults; options count where given
+    given = {k for k, v in jv.items() if v is not None}
+    assumed = job_assumptions(j, lay, explicit=given if job is None else None)
+    if job is not None:
+        assumed = tuple(a for a in assumed if a.field not in given)
+    advice = fit_advice(spec, j, lay, g) if g is not None and not mem.fits(g.memory_bytes) else ()
+    return Estimate(spec, j, lay, mem, g, assumed, advice)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -595,6 +595,8 @@ class FitResult:
     max_micro_batch: int | None  # largest micro-batch on one GPU at the job's sequence length
     min_gpus: dict[str, int | None] = field(default_factory=dict)  # fewest GPUs per strategy
     notes: tuple[str, ...] = ()
+    #: when the job does not fit one GPU: the single changes that make it fit (ftplan.advice)
+    advice: tuple = ()
 
 
 def fit(model: ModelSpec, job: Job, gpu: Any, *, safety_margin: float = 0.05,
@@ -671,6 +673,12 @@ def fit(model: ModelSpec, job: Job, gpu: Any, *, safety_margin: float = 0.05,
         if found is None and fits_now and strategy != "ddp":
             pass
         min_gpus[label] = found
+    advice = ()
+    if not fits_now:
+        from .advice import fit_advice
+
+        advice = fit_advice(model, gjob, one, gpu, margin=safety_margin)
     return FitResult(gpu=gpu.name, memory_bytes=gpu.memory_bytes, usable_bytes=int(cap), fits=fits_now,
+                     advice=advice,
                      device_total_bytes=m0.device_total_bytes if m0 is not None else None,
                      max_seq_len=max_seq, max_micro_batch=max_mb, min_gpus=min_gpus, notes=tuple(notes))

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .cost import Cost, estimate_cost
@@ -53,6 +53,8 @@ class Plan:
     fastest: bool = False
     pareto: bool = False
     notes: tuple[str, ...] = ()
+    host: Any = None  # HostRequirements (host RAM / disk per node), see ftplan.host
+    risk: Any = None  # SpotRisk on preemptible offers, see ftplan.risk
 
     @property
     def hours(self) -> float:
@@ -62,6 +64,15 @@ class Plan:
     @property
     def usd(self) -> float:
         return self.cost.usd
+
+    @property
+    def expected_usd(self) -> float:
+        """Cost of the completed job: with preemptions on spot offers, else ``usd``."""
+        return self.risk.expected_usd if self.risk is not None else self.cost.usd
+
+    @property
+    def expected_hours(self) -> float:
+        return self.risk.expected_hours if self.risk is not None else self.hours
 
     @property
     def strategy_label(self) -> str:
@@ -127,7 +138,7 @@ class PlanSet:
         return next((p for p in self.plans if p.fastest), None)
 
     def pareto(self) -> tuple[Plan, ...]:
-        return tuple(sorted((p for p in self.plans if p.pareto), key=lambda p: (p.usd, p.hours)))
+        return tuple(sorted((p for p in self.plans if p.pareto), key=lambda p: (p.expected_usd, p.expected_hours)))
 
     def top(self, n: int) -> tuple[Plan, ...]:
         return self.plans[: max(0, n)]
@@ -309,8 +320,15 @@ def recommend(
     global_batch: int | None = None,
     gpu_catalog: Mapping[str, Any] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    preemption_rate: float | None = None,
+    checkpoint_interval_s: float | None = None,
 ) -> PlanSet:
     """Rank every plan that fits, for ``job.dataset_tokens x job.epochs`` tokens.
+
+    Every plan carries the host RAM / disk it needs (``Plan.host``); an offer whose instance is
+    known to lack the host RAM is rejected with the reason. Spot offers carry the expected cost
+    and time with preemptions (``Plan.risk``; ``preemption_rate`` per instance-hour overrides the
+    catalog's, ``checkpoint_interval_s`` the optimum interval) and are ranked on it.
 
     ``global_batch`` (sequences per optimizer step) is kept exactly: grad_accum is chosen per
     layout and micro-batch; without it the job's grad_accum is used. ``gpu_catalog`` maps GPU
@@ -355,6 +373,8 @@ def recommend(
 
     raw: list[Plan] = []
     infeasible: list[Infeasible] = []
+    extras_cache: dict[tuple, Any] = {}
+    host_rejects: dict[str, list[tuple[Any, str]]] = {}
     n_layouts = 0
     n_candidates = 0
     gpu_names = sorted(by_gpu)
@@ -406,35 +426,50 @@ def recommend(
                 if cur is not None and cur.runtime.total_hours <= rt.total_hours:
                     continue
                 cost = estimate_cost(rt, offer, f.layout, gpu)
+                host, risk, reject, xnotes = _plan_extras(model, f, offer, rt, extras_cache, preemption_rate,
+                                                          checkpoint_interval_s)
+                if reject is not None:
+                    host_rejects.setdefault(slug, []).append((offer, reject))
+                    continue
                 best[f.layout] = Plan(offer, gpu, f.layout, f.job, f.memory, rt, cost,
-                                      notes=tuple(gnotes) + f.memory.notes)
+                                      notes=tuple(gnotes) + f.memory.notes + xnotes, host=host, risk=risk)
             raw.extend(best.values())
             gpu_plans += len(best)
-        if gpu_plans == 0:
+        if gpu_plans == 0 and slug in host_rejects:
+            offer, why_host = host_rejects[slug][0]
+            infeasible.append(Infeasible(slug, f"{offer.provider} {offer.sku}: {why_host}",
+                                         hint="an instance with more host RAM, or a layout without CPU offload"))
+        elif gpu_plans == 0:
             infeasible.append(_why_not(memo, model, gjob, gpu, cap, safety_margin, by_gpu[slug],
                                        max_gpus, global_batch))
+        elif slug in host_rejects:
+            seen_offers = set()
+            for offer, why_host in host_rejects[slug]:
+                if id(offer) not in seen_offers:
+                    seen_offers.add(id(offer))
+                    notes.append(f"rejected {offer.provider} {offer.sku} ({slug}): {why_host}")
     if progress is not None:
         progress(len(gpu_names), len(gpu_names))
 
     # constraints
     kept = raw
     if deadline_hours is not None:
-        kept = [p for p in kept if p.hours <= deadline_hours]
+        kept = [p for p in kept if p.expected_hours <= deadline_hours]
     if budget_usd is not None:
-        kept = [p for p in kept if p.usd <= budget_usd]
+        kept = [p for p in kept if p.expected_usd <= budget_usd]
     dropped = {p.gpu.name for p in raw} - {p.gpu.name for p in kept}
     for slug in sorted(dropped):
         mine = [p for p in raw if p.gpu.name == slug]
         parts = []
-        fastest = min(mine, key=lambda p: p.hours)
-        cheapest = min(mine, key=lambda p: p.usd)
-        if deadline_hours is not None and fastest.hours > deadline_hours:
-            parts.append(f"fastest plan takes {fastest.hours:,.1f} h > deadline {deadline_hours:g} h")
-        if budget_usd is not None and cheapest.usd > budget_usd:
-            parts.append(f"cheapest plan costs ${cheapest.usd:,.0f} > budget ${budget_usd:,.0f}")
+        fastest = min(mine, key=lambda p: p.expected_hours)
+        cheapest = min(mine, key=lambda p: p.expected_usd)
+        if deadline_hours is not None and fastest.expected_hours > deadline_hours:
+            parts.append(f"fastest plan takes {fastest.expected_hours:,.1f} h > deadline {deadline_hours:g} h")
+        if budget_usd is not None and cheapest.expected_usd > budget_usd:
+            parts.append(f"cheapest plan costs ${cheapest.expected_usd:,.0f} > budget ${budget_usd:,.0f}")
         if not parts:
-            parts.append(f"no plan meets both deadline and budget (fastest {fastest.hours:,.1f} h "
-                         f"for ${fastest.usd:,.0f}; cheapest ${cheapest.usd:,.0f} in {cheapest.hours:,.1f} h)")
+            parts.append(f"no plan meets both deadline and budget (fastest {fastest.expected_hours:,.1f} h "
+                         f"for ${fastest.expected_usd:,.0f}; cheapest ${cheapest.expected_usd:,.0f} in {cheapest.expected_hours:,.1f} h)")
         infeasible.append(Infeasible(slug, "; ".join(parts),
                                      hint="relax --deadline/--budget or raise --max-gpus"))
 
@@ -445,13 +480,38 @@ def recommend(
     return PlanSet(objective, plans, tuple(infeasible), stats, tuple(notes))
 
 
+def _plan_extras(model: ModelSpec, f: _Fits, offer: Any, rt: RuntimeEstimate, cache: dict,
+                 preemption_rate: float | None, checkpoint_interval_s: float | None):
+    """(host requirements, spot risk or None, why the offer's instance cannot hold it, notes)."""
+    from .host import check_offer, disk_note, host_requirements
+    from .risk import spot_risk
+
+    key = (f.layout, f.job)
+    host = cache.get(key)
+    if host is None:
+        host = cache[key] = host_requirements(model, f.job, f.layout, f.memory)
+    reject = check_offer(host, offer)
+    notes: tuple[str, ...] = ()
+    dn = disk_note(host, offer)
+    if dn:
+        notes += (dn,)
+    risk = None
+    if reject is None and offer.pricing == "spot":
+        risk = spot_risk(rt, offer, f.layout, host.checkpoint, rate_per_hour=preemption_rate,
+                         checkpoint_interval_s=checkpoint_interval_s)
+        if risk.rate_assumed:
+            notes += (f"no published preemption rate for {offer.provider}: {risk.rate_per_hour:g}/h assumed "
+                      "(pass --preemption-rate)",)
+    return host, risk, reject, notes
+
+
 def _sort_key(p: Plan, objective: str) -> tuple:
     tie = (p.offer.provider, p.offer.sku, str(getattr(p.offer, "region", "")), p.layout.world_size,
            p.layout.strategy, p.layout.tp, p.layout.pp, p.layout.offload_optimizer,
            p.layout.offload_params, p.layout.gpus_per_node)
     if objective == "time":
-        return (p.hours, p.usd, *tie)
-    return (p.usd, p.hours, *tie)
+        return (p.expected_hours, p.expected_usd, *tie)
+    return (p.expected_usd, p.expected_hours, *tie)
 
 
 def _rank(plans: list[Plan], objective: str) -> tuple[Plan, ...]:
@@ -464,18 +524,16 @@ def _rank(plans: list[Plan], objective: str) -> tuple[Plan, ...]:
     frontier: set[int] = set()
     best_h = math.inf
     last: tuple[float, float] | None = None
-    for p in sorted(plans, key=lambda p: (p.usd, p.hours)):
-        if p.hours < best_h:
+    for p in sorted(plans, key=lambda p: (p.expected_usd, p.expected_hours)):
+        if p.expected_hours < best_h:
             frontier.add(id(p))
-            best_h = p.hours
-            last = (p.usd, p.hours)
-        elif last is not None and (p.usd, p.hours) == last:
+            best_h = p.expected_hours
+            last = (p.expected_usd, p.expected_hours)
+        elif last is not None and (p.expected_usd, p.expected_hours) == last:
             frontier.add(id(p))
     out = []
     for p in ordered:
-        out.append(Plan(p.offer, p.gpu, p.layout, p.job, p.memory, p.runtime, p.cost,
-                        cheapest=p is cheapest, fastest=p is fastest, pareto=id(p) in frontier,
-                        notes=p.notes))
+        out.append(replace(p, cheapest=p is cheapest, fastest=p is fastest, pareto=id(p) in frontier))
     return tuple(out)
 
 

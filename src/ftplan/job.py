@@ -108,6 +108,9 @@ class Layout:
     offload_params: bool = False
     tp: int = 1
     pp: int = 1
+    #: expert parallelism (MoE): routed experts split over ``ep`` ranks of the data-parallel
+    #: group, tokens exchanged with all-to-all (see ftplan.expert_parallel)
+    ep: int = 1
 
     @property
     def world_size(self) -> int:
@@ -139,6 +142,8 @@ class Layout:
             parts.append(f"tp={self.tp}")
         if self.pp > 1:
             parts.append(f"pp={self.pp}")
+        if self.ep > 1:
+            parts.append(f"ep={self.ep}")
         if self.offload_optimizer:
             parts.append("offload-optimizer")
         if self.offload_params:
@@ -175,6 +180,30 @@ def lora_wraps_experts(model: ModelSpec, lora: LoraSpec) -> bool:
 def _check(cond: bool, problems: list[str], msg: str) -> None:
     if not cond:
         problems.append(msg)
+
+
+def _check_ep(model: ModelSpec, layout: Layout, p: list[str]) -> None:
+    """Expert parallelism as transformers' DistributedConfig / torchtitan lay it out: the EP group
+    lies within the data-parallel x tensor-parallel ranks (``ep`` a multiple of ``tp`` dividing
+    ``dp x tp``), every rank holds ``num_experts / ep`` whole experts."""
+    ep = layout.ep
+    if ep < 1:
+        p.append(f"expert-parallel degree must be >= 1 (got {ep})")
+        return
+    if not model.is_moe:
+        p.append(f"expert parallelism needs a mixture-of-experts model ({model.name} has no experts; drop --ep)")
+        return
+    experts = sorted({g.moe.num_experts for g in model.groups if g.moe is not None})
+    for e in experts:
+        _check(e % ep == 0, p, f"expert-parallel degree {ep} must divide the {e} experts of {model.name}")
+    dp_tp = layout.dp * layout.tp
+    _check(ep % layout.tp == 0 and dp_tp % ep == 0, p,
+           f"expert-parallel degree {ep} must be a multiple of tp={layout.tp} and divide dp x tp = {dp_tp} "
+           "(the EP group lies within the data-parallel ranks)")
+    _check(layout.pp == 1, p, "expert parallelism with pipeline parallelism is not modelled (use pp=1)")
+    _check(not (layout.offload_optimizer or layout.offload_params), p,
+           "expert parallelism with CPU offload is not modelled (drop the offload)")
+    _check(layout.strategy != "single", p, "expert parallelism needs a data-parallel strategy (fsdp, zero1/2/3, ddp)")
 
 
 def validate_job(model: ModelSpec, job: Job, layout: Layout | None = None) -> None:
@@ -252,6 +281,8 @@ def validate_job(model: ModelSpec, job: Job, layout: Layout | None = None) -> No
                    f"strategy {layout.strategy!r} needs more than one GPU (use single, or --gpus N)")
         elif layout.strategy == "single" and layout.dp > 1:
             p.append(f"{layout.world_size} GPUs need a data-parallel strategy (ddp, zero1/2/3, fsdp)")
+    if layout.ep != 1:
+        _check_ep(model, layout, p)
     if layout.offload_params:
         _check(layout.strategy in ("zero3", "fsdp"), p, "parameter offload needs zero3 or fsdp")
     if layout.offload_optimizer:

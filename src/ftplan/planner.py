@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .cost import Cost, estimate_cost
+from .expert_parallel import ep_degrees, ep_runtime
 from .errors import ConfigError, FtplanError
 from .job import Job, Layout, validate_job
 from .memory import MemoryBreakdown, estimate_memory
@@ -82,6 +83,8 @@ class Plan:
             s += f"+tp{lo.tp}"
         if lo.pp > 1:
             s += f"+pp{lo.pp}"
+        if lo.ep > 1:
+            s += f"+ep{lo.ep}"
         if lo.offload_params:
             s += "+offload(opt,params)"
         elif lo.offload_optimizer:
@@ -224,6 +227,9 @@ def _layouts_stage(model: ModelSpec, gpn_list: Sequence[int], node_list: Sequenc
                     out.append(Layout())
                 else:
                     out.extend(Layout(gpn, nodes, s) for s in _DP_STRATEGIES)
+                    # MoE: expert-parallel variants within a node (see ftplan.expert_parallel)
+                    out.extend(Layout(gpn, nodes, s, ep=k) for k in ep_degrees(model, world, gpn)
+                               for s in _DP_STRATEGIES)
             elif stage == "parallel":
                 for tp in (2, 4, 8):
                     if tp > gpn or heads % tp or world % tp:
@@ -421,6 +427,8 @@ def recommend(
                 rt = runtime_cache.get(rkey)
                 if rt is None:
                     rt = estimate_runtime(model, f.job, f.layout, gpu, offer=offer)
+                    if f.layout.ep > 1:
+                        rt = ep_runtime(rt, model, f.job, f.layout, gpu, offer=offer)
                     runtime_cache[rkey] = rt
                 cur = best.get(f.layout)
                 if cur is not None and cur.runtime.total_hours <= rt.total_hours:
@@ -508,7 +516,7 @@ def _plan_extras(model: ModelSpec, f: _Fits, offer: Any, rt: RuntimeEstimate, ca
 def _sort_key(p: Plan, objective: str) -> tuple:
     tie = (p.offer.provider, p.offer.sku, str(getattr(p.offer, "region", "")), p.layout.world_size,
            p.layout.strategy, p.layout.tp, p.layout.pp, p.layout.offload_optimizer,
-           p.layout.offload_params, p.layout.gpus_per_node)
+           p.layout.offload_params, p.layout.gpus_per_node, p.layout.ep)
     if objective == "time":
         return (p.expected_hours, p.expected_usd, *tie)
     return (p.expected_usd, p.expected_hours, *tie)

@@ -14,7 +14,8 @@ from importlib import resources
 
 from ..errors import CatalogError
 
-__all__ = ["HostConstants", "host_constants", "PreemptionRate", "preemption_rates", "preemption_rate_for"]
+__all__ = ["HostConstants", "host_constants", "PreemptionRate", "preemption_rates", "preemption_rate_for",
+           "MoeConstants", "moe_constants"]
 
 _KEYS = ("process_baseline_bytes", "dataloader_bytes_per_process", "load_shard_bytes",
          "checkpoint_write_bytes_per_s", "checkpoint_read_bytes_per_s", "capacity_wait_s")
@@ -111,3 +112,28 @@ def preemption_rate_for(provider: str, sku: str | None, gpu: str) -> PreemptionR
     best = max(((s, i) for i, r in enumerate(rows) if (s := score(r)) is not None), default=None)
     assert best is not None  # the catch-all row always matches
     return rows[best[1]]
+
+
+@dataclass(frozen=True)
+class MoeConstants:
+    worst_rank_load_factor: float
+    a2a_per_moe_layer_forward: int
+
+
+@lru_cache(maxsize=1)
+def moe_constants() -> MoeConstants:
+    path = resources.files("ftplan.catalog") / "data" / "moe.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise CatalogError(f"cannot read bundled moe.json: {e}") from None
+    vals = {}
+    for k in ("worst_rank_load_factor", "a2a_per_moe_layer_forward"):
+        e = data.get(k)
+        if not isinstance(e, dict) or "value" not in e or not e.get("source"):
+            raise CatalogError(f"moe.json: {k!r} needs a value and a source")
+        v = e["value"]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 1:
+            raise CatalogError(f"moe.json: {k!r} must be a number >= 1, got {v!r}")
+        vals[k] = v
+    return MoeConstants(float(vals["worst_rank_load_factor"]), int(vals["a2a_per_moe_layer_forward"]))

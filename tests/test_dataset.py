@@ -290,3 +290,29 @@ def test_batching_orders_and_errors():
     with pytest.raises(ConfigError) as e:
         simulate_batches(prof, "packd", 256, 4)
     assert "did you mean 'packed'" in e.value.one_line()
+
+
+def test_recommend_plans_from_the_dataset(tmp_path):
+    from ftplan.catalog.offers import load_offers
+    from ftplan.planner import recommend
+
+    model = resolve_model_for_test("qwen2.5-7b")
+    prof = profile_from_lengths([100] * 900 + [3000] * 100)
+    job = Job(method="lora", seq_len=4096)
+    offers = [o for o in load_offers() if o.gpu == "h100-sxm" and o.gpus_per_instance == 1][:2]
+    for batching in ("longest", "packed"):
+        ps = recommend(model, job, offers, dataset=prof, batching=batching)
+        assert ps.plans
+        for p in ps.plans:
+            b = simulate_batches(prof, batching, 4096, p.job.micro_batch, grad_accum=p.job.grad_accum)
+            mj = b.memory_job(p.job)
+            if b.padding_free:
+                mj = mj.with_(attn_impl="flash")
+            assert p.memory == estimate_memory(model, mj, p.layout)
+            assert p.runtime.total_tokens == b.computed_tokens
+    with pytest.raises(ConfigError):
+        recommend(model, job, offers, dataset=prof, batching="nope")
+
+
+def resolve_model_for_test(name):
+    return load_model(name)

@@ -254,11 +254,42 @@ class _Fits:
     layout: Layout
     job: Job
     memory: MemoryBreakdown
+    rjob: Job | None = None  # the job the runtime sees (a dataset's average batch), else ``job``
+
+
+class _DataShapes:
+    """A dataset's batches per micro-batch (see ftplan.dataset): the largest one for memory, the
+    average one and the computed (padded) tokens for the runtime."""
+
+    def __init__(self, profile: Any, batching: str) -> None:
+        self.profile = profile
+        self.batching = batching
+        self.cache: dict[tuple, Any] = {}
+
+    def batches(self, job: Job) -> Any:
+        from .dataset import simulate_batches
+
+        key = (job.seq_len, job.micro_batch, job.grad_accum if self.batching == "bucketed" else 1)
+        b = self.cache.get(key)
+        if b is None:
+            b = self.cache[key] = simulate_batches(self.profile, self.batching, job.seq_len, job.micro_batch,
+                                                   grad_accum=job.grad_accum)
+        return b
+
+    def memory_job(self, job: Job) -> Job:
+        b = self.batches(job)
+        mj = b.memory_job(job)
+        return mj.with_(attn_impl="flash") if b.padding_free else mj
+
+    def runtime_job(self, job: Job) -> Job:
+        return self.batches(job).runtime_job(job)
 
 
 def _fitting_variants(memo: _Memo, vendor: str, layout: Layout, job: Job, cap: float,
-                      global_batch: int | None, total_tokens: int | None) -> list[_Fits]:
-    """Every (checkpointing, micro-batch) variant of ``job`` on ``layout`` that fits ``cap``."""
+                      global_batch: int | None, total_tokens: int | None,
+                      data: _DataShapes | None = None) -> list[_Fits]:
+    """Every (checkpointing, micro-batch) variant of ``job`` on ``layout`` that fits ``cap``
+    (with ``data``: memory at the largest batch the loader forms from the dataset)."""
     out: list[_Fits] = []
     dp = layout.dp
     if global_batch is not None:
@@ -278,10 +309,10 @@ def _fitting_variants(memo: _Memo, vendor: str, layout: Layout, job: Job, cap: f
             else:
                 ga = job.grad_accum
             variant = job.with_(micro_batch=mb, grad_accum=ga, gradient_checkpointing=gc)
-            mem = memo.get(vendor, layout, variant)
+            mem = memo.get(vendor, layout, data.memory_job(variant) if data is not None else variant)
             if mem is None or mem.device_total_bytes > cap:
                 break  # memory grows with the micro-batch
-            out.append(_Fits(layout, variant, mem))
+            out.append(_Fits(layout, variant, mem, data.runtime_job(variant) if data is not None else None))
             if total_tokens is not None and mb * job.seq_len * ga * dp >= total_tokens:
                 break  # one step already covers the whole dataset
             mb *= 2
@@ -328,6 +359,8 @@ def recommend(
     progress: Callable[[int, int], None] | None = None,
     preemption_rate: float | None = None,
     checkpoint_interval_s: float | None = None,
+    dataset: Any | None = None,
+    batching: str = "longest",
 ) -> PlanSet:
     """Rank every plan that fits, for ``job.dataset_tokens x job.epochs`` tokens.
 
@@ -336,6 +369,10 @@ def recommend(
     and time with preemptions (``Plan.risk``; ``preemption_rate`` per instance-hour overrides the
     catalog's, ``checkpoint_interval_s`` the optimum interval) and are ranked on it.
 
+    ``dataset`` (a ``ftplan.dataset.DatasetProfile``): memory is taken at the largest batch the
+    loader forms under ``batching`` with ``job.seq_len`` as max length, time and cost from the
+    tokens it computes (``job.dataset_tokens`` defaults to the dataset's tokens).
+
     ``global_batch`` (sequences per optimizer step) is kept exactly: grad_accum is chosen per
     layout and micro-batch; without it the job's grad_accum is used. ``gpu_catalog`` maps GPU
     slugs to specs (default: the bundled catalog).
@@ -343,6 +380,12 @@ def recommend(
     t0 = time.perf_counter()
     if objective not in OBJECTIVES:
         raise ConfigError(f"unknown objective {objective!r}", "use cost or time")
+    data = None
+    if dataset is not None:
+        data = _DataShapes(dataset, batching)
+        data.batches(job)  # validates the batching now (one clear error)
+        if not job.dataset_tokens:
+            job = job.with_(dataset_tokens=data.batches(job).real_tokens)
     if not job.dataset_tokens:
         raise ConfigError("the planner needs the dataset size", "pass --tokens, e.g. --tokens 50M")
     if not 0.0 <= safety_margin < 1.0:
@@ -415,7 +458,7 @@ def recommend(
                     n_layouts += len(lays)
                     for lay in lays:
                         fits.extend(_fitting_variants(memo, gpu.vendor, lay, gjob, cap, global_batch,
-                                                      total_tokens))
+                                                      total_tokens, data))
                     if fits:
                         break  # tensor/pipeline parallelism and offload only when needed
                 shapes[shape] = fits
@@ -423,12 +466,13 @@ def recommend(
             for f in shapes[shape]:
                 n_candidates += 1
                 bw = offer.inter_node_gbps if f.layout.nodes > 1 else None
-                rkey = (slug, bw, f.layout, f.job)
+                rjob = f.rjob or f.job
+                rkey = (slug, bw, f.layout, rjob)
                 rt = runtime_cache.get(rkey)
                 if rt is None:
-                    rt = estimate_runtime(model, f.job, f.layout, gpu, offer=offer)
+                    rt = estimate_runtime(model, rjob, f.layout, gpu, offer=offer)
                     if f.layout.ep > 1:
-                        rt = ep_runtime(rt, model, f.job, f.layout, gpu, offer=offer)
+                        rt = ep_runtime(rt, model, rjob, f.layout, gpu, offer=offer)
                     runtime_cache[rkey] = rt
                 cur = best.get(f.layout)
                 if cur is not None and cur.runtime.total_hours <= rt.total_hours:

@@ -316,3 +316,15 @@ def test_recommend_plans_from_the_dataset(tmp_path):
 
 def resolve_model_for_test(name):
     return load_model(name)
+
+
+def test_fit_reports_the_cutoff_keeping_n_percent():
+    from ftplan.catalog.gpus import load_gpus
+    from ftplan.planner import fit
+
+    prof = profile_from_lengths(list(range(1, 1001)) + [200_000])
+    r = fit(load_model("qwen2.5-0.5b"), Job(method="lora", seq_len=1024), load_gpus()["h100-sxm"], dataset=prof,
+            keep_pct=(95, 100))
+    assert r.seq_len_cutoffs == {95.0: prof.cutoff(95), 100.0: 200_000}
+    assert any("95 % of the samples untruncated: --seq-len 951 fits one GPU" in n for n in r.notes)
+    assert any("100 % of the samples untruncated: --seq-len 200000 does not fit" in n for n in r.notes)

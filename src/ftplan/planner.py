@@ -633,11 +633,16 @@ class FitResult:
     max_micro_batch: int | None  # largest micro-batch on one GPU at the job's sequence length
     min_gpus: dict[str, int | None] = field(default_factory=dict)  # fewest GPUs per strategy
     notes: tuple[str, ...] = ()
+    #: with a dataset: % of samples kept untruncated -> the sequence-length cut-off that does it
+    seq_len_cutoffs: dict[float, int] = field(default_factory=dict)
 
 
 def fit(model: ModelSpec, job: Job, gpu: Any, *, safety_margin: float = 0.05,
-        max_gpus: int = 1024) -> FitResult:
-    """What fits on ``gpu``: longest sequence, largest micro-batch, fewest GPUs per strategy."""
+        max_gpus: int = 1024, dataset: Any | None = None,
+        keep_pct: Sequence[float] = (90.0, 95.0, 99.0, 100.0)) -> FitResult:
+    """What fits on ``gpu``: longest sequence, largest micro-batch, fewest GPUs per strategy;
+    with ``dataset`` (a ``DatasetProfile``), the sequence-length cut-off that keeps each
+    ``keep_pct`` % of its samples untruncated, and whether it fits one GPU."""
     if not 0.0 <= safety_margin < 1.0:
         raise ConfigError(f"safety margin must be in [0, 1) (got {safety_margin})", "e.g. --margin 0.05")
     validate_job(model, job)
@@ -708,6 +713,15 @@ def fit(model: ModelSpec, job: Job, gpu: Any, *, safety_margin: float = 0.05,
         if found is None and fits_now and strategy != "ddp":
             pass
         min_gpus[label] = found
+    cutoffs: dict[float, int] = {}
+    if dataset is not None:
+        for pct in keep_pct:
+            cut = dataset.cutoff(pct)
+            cutoffs[float(pct)] = cut
+            ok_one = max_seq is not None and cut <= max_seq
+            notes.append(f"{pct:g} % of the samples untruncated: --seq-len {cut} "
+                         + ("fits one GPU" if ok_one else "does not fit one GPU at this micro-batch"))
     return FitResult(gpu=gpu.name, memory_bytes=gpu.memory_bytes, usable_bytes=int(cap), fits=fits_now,
                      device_total_bytes=m0.device_total_bytes if m0 is not None else None,
-                     max_seq_len=max_seq, max_micro_batch=max_mb, min_gpus=min_gpus, notes=tuple(notes))
+                     max_seq_len=max_seq, max_micro_batch=max_mb, min_gpus=min_gpus, notes=tuple(notes),
+                     seq_len_cutoffs=cutoffs)

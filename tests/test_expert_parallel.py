@@ -20,11 +20,10 @@ from ftplan.expert_parallel import (
     all_to_all_time,
     ep_comm_time_s,
     ep_degrees,
-    ep_moe_block_saved,
     ep_rows_per_rank,
 )
 from ftplan.job import Job, Layout, validate_job
-from ftplan.memory import estimate_memory
+from ftplan.memory import estimate_memory, moe_block_saved_bytes
 
 FAMILIES = ("mixtral", "qwen3_moe", "deepseek_v3")
 
@@ -64,7 +63,7 @@ def test_ep_memory_matches_the_gloo_run(ep_runs, family):
         # each MoE block, given the rows this rank received
         assert len(r.moe_saved) == len(r.rows) > 0
         for rows, saved in zip(r.rows, r.moe_saved):
-            assert ep_moe_block_saved(model, job, rows, 2, backend="cpu") == saved
+            assert moe_block_saved_bytes(model, job, ep=2, ep_rows=rows, backend="cpu") == saved
     # all-to-all conservation: every routed (token, expert) row lands on exactly one rank
     for layer in range(len(ranks[0].rows)):
         assert sum(r.rows[layer] for r in ranks) == sum(r.tokens for r in ranks) * moe.top_k

@@ -39,7 +39,6 @@ from .units import dtype_bytes
 __all__ = [
     "ep_rows_per_rank",
     "ep_experts_saved",
-    "ep_moe_block_saved",
     "ep_runtime",
     "expert_state_bytes",
     "ep_rank_states",
@@ -79,18 +78,6 @@ def ep_experts_saved(m: MoeSpec, t: int, rows: int, h: int, dt: Any, ep: int, w_
     return out
 
 
-def ep_moe_block_saved(model: ModelSpec, job: Job, rows: int, ep: int, *, backend: str = "cuda") -> int:
-    """Saved bytes of one MoE block (router, expert-parallel experts, shared experts) on a rank
-    that routes ``job.micro_batch x job.seq_len`` tokens and receives ``rows`` rows (the first
-    MoE layer group of ``model``)."""
-    from .memory import _act_dtypes, _moe_saved, lora_wraps_experts
-
-    g = next(g for g in model.groups if g.moe is not None)
-    wrapped = job.uses_lora and lora_wraps_experts(model, job.lora)
-    return _moe_saved(g.moe, job.micro_batch * job.seq_len, model.hidden_size, _act_dtypes(job, backend), 1,
-                      wrapped, ep=ep, ep_rows=rows)
-
-
 def expert_state_bytes(model: ModelSpec, job: Job, st: Any) -> dict[str, float]:
     """Whole-model bytes of the routed experts in each state component (``st``: model_states)."""
     n = model.params.experts
@@ -119,14 +106,14 @@ def expert_state_bytes(model: ModelSpec, job: Job, st: Any) -> dict[str, float]:
 
 
 def ep_rank_states(model: ModelSpec, job: Job, layout: Layout, st: Any, frozen: float, trainable: float,
-                   master: float, grads: float, opt: float) -> tuple[float, float, float, float, float]:
-    """Per-rank state bytes with EP, from the per-rank bytes the layout gives without it."""
-    from .memory import _autocast_recompute
-
+                   master: float, grads: float, opt: float, *,
+                   master_outside_only: bool = False) -> tuple[float, float, float, float, float]:
+    """Per-rank state bytes with EP, from the per-rank bytes the layout gives without it
+    (``master_outside_only``: the memory model holds only the lm_head's compute copy)."""
     ep, dp, tp, pp = layout.ep, layout.dp, layout.tp, layout.pp
     mp = tp * pp
     x = expert_state_bytes(model, job, st)
-    if _autocast_recompute(job, layout) and job.method == "full":
+    if master_outside_only:
         x["master"] = 0.0  # only the lm_head copy is held: no expert share
     shard = {
         "frozen": layout.shards_params,
@@ -185,9 +172,7 @@ def ep_comm_time_s(model: ModelSpec, job: Job, layout: Layout, bw_bytes_per_s: f
     ep = layout.ep
     if ep <= 1:
         return 0.0
-    from .runtime import compute_dtype
-
-    c = float(dtype_bytes(compute_dtype(job)))
+    c = float(dtype_bytes(_compute_dtype(job)))
     per_fwd = moe_constants().a2a_per_moe_layer_forward
     passes = 2 + (1 if job.gradient_checkpointing else 0)
     t = job.micro_batch * job.seq_len
@@ -199,6 +184,10 @@ def ep_comm_time_s(model: ModelSpec, job: Job, layout: Layout, bw_bytes_per_s: f
         total += g.count * passes * per_fwd * all_to_all_time(rows * model.hidden_size * c, ep, bw_bytes_per_s,
                                                                latency_s)
     return job.grad_accum * total
+
+
+def _compute_dtype(job: Job) -> str:
+    return job.quant.compute_dtype if job.method == "qlora" else PRECISIONS[job.precision]["compute"]
 
 
 def ep_degrees(model: ModelSpec, dp: int, gpus_per_node: int) -> list[int]:
@@ -227,18 +216,16 @@ def ep_runtime(rt: Any, model: ModelSpec, job: Job, layout: Layout, gpu: Any, *,
     import dataclasses
 
     from .catalog.efficiency import efficiency
-    from .runtime import _links, _states, all_gather_time, all_reduce_time, compute_dtype, reduce_scatter_time
 
     ep = layout.ep
     if ep <= 1:
         return rt
     eff = eff or efficiency()
-    st = _states(model, job)
     n_exp = model.params.experts
     if not n_exp:
         return rt
     prec = PRECISIONS[job.precision]
-    c = float(dtype_bytes(compute_dtype(job)))
+    c = float(dtype_bytes(_compute_dtype(job)))
     mp = layout.tp * layout.pp
     dp, m = layout.dp, job.grad_accum
     edp = dp * layout.tp // ep
@@ -251,6 +238,8 @@ def ep_runtime(rt: Any, model: ModelSpec, job: Job, layout: Layout, gpu: Any, *,
         grads = upd = 0.0
     bw_dp, lat_dp, bw_intra = _links(gpu, layout, offer, eff)
     bucket = eff.bucket_bytes
+    all_gather_time = reduce_scatter_time = _ring_half
+    all_reduce_time = _ring_full
 
     def dp_comm(g: float, gr: float, up: float, n: int) -> float:
         s = layout.strategy
@@ -277,8 +266,8 @@ def ep_runtime(rt: Any, model: ModelSpec, job: Job, layout: Layout, gpu: Any, *,
     a2a_lat = eff.latency_intra_s if ep <= layout.gpus_per_node else lat_dp
     a2a = ep_comm_time_s(model, job, layout, a2a_bw, a2a_lat)
     opt_time = rt.optimizer_time_s
-    if not layout.shards_optimizer and job.method == "full" and st.params_trainable:
-        f = n_exp / st.params_trainable
+    if not layout.shards_optimizer and job.method == "full":
+        f = n_exp / model.params.total
         opt_time *= (1.0 - f) + f / ep
     step = (rt.step_time_s - b.get("dp_comm_exposed_s", 0.0) + dp_exposed + a2a
             - rt.optimizer_time_s + opt_time)
@@ -292,3 +281,32 @@ def ep_runtime(rt: Any, model: ModelSpec, job: Job, layout: Layout, gpu: Any, *,
         exposed_comm_s=rt.exposed_comm_s - rt.breakdown.get("dp_comm_exposed_s", 0.0) + dp_exposed + a2a,
         optimizer_time_s=opt_time, tokens_per_s=tps,
         mfu=rt.flops_per_token * tps / (world * peak) if peak else rt.mfu, hours=hours, breakdown=b)
+
+
+# the alpha-beta collectives and links of ftplan.runtime (same formulas; kept here until the
+# runtime model takes the EP term itself, so that this module imports neither runtime nor memory)
+def _ring_full(nbytes: float, n: int, bw: float, latency: float = 0.0, bucket: float | None = None) -> float:
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    buckets = math.ceil(nbytes / bucket) if bucket else 1
+    return 2.0 * (n - 1) / n * nbytes / bw + 2.0 * (n - 1) * latency * buckets
+
+
+def _ring_half(nbytes: float, n: int, bw: float, latency: float = 0.0, bucket: float | None = None) -> float:
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    buckets = math.ceil(nbytes / bucket) if bucket else 1
+    return (n - 1) / n * nbytes / bw + (n - 1) * latency * buckets
+
+
+def _links(gpu: Any, layout: Layout, offer: Any | None, eff: Any) -> tuple[float, float, float]:
+    bw_for = getattr(gpu, "intra_node_bw_for", None)
+    gbs = bw_for(layout.gpus_per_node) if callable(bw_for) else getattr(gpu, "intra_node_bw_gbps", 0)
+    intra = float(gbs or 0) * 1e9 * eff.bus_efficiency
+    if intra <= 0:
+        intra = 1e9
+    if layout.nodes <= 1:
+        return intra, eff.latency_intra_s, intra
+    gbps = getattr(offer, "inter_node_gbps", None) if offer is not None else None
+    per_gpu = float(gbps or 0) / 8.0 * 1e9 / layout.gpus_per_node * eff.bus_efficiency
+    return (min(intra, per_gpu) if per_gpu > 0 else intra), eff.latency_inter_s, intra

@@ -30,6 +30,7 @@ __all__ = [
     "estimate_memory",
     "model_states",
     "saved_activation_bytes",
+    "moe_block_saved_bytes",
     "trainable_params",
     "COMPONENTS",
 ]
@@ -577,7 +578,7 @@ def _lora_saved(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t: int, 
 
 
 def _group_linears(model: ModelSpec, g: LayerGroup) -> list[LinearSpec]:
-    from .model import _attention_linears, _mlp_linears
+    from .model import attention_linears as _attention_linears, mlp_linears as _mlp_linears
 
     out = _attention_linears(g.attention, model.hidden_size, 1)
     if g.mlp is not None:
@@ -694,6 +695,18 @@ def _activations(model: ModelSpec, job: Job, layout: Layout, backend: str = "cud
     return saved, logits_saved, transient
 
 
+def moe_block_saved_bytes(model: ModelSpec, job: Job, *, ep: int = 1, ep_rows: int | None = None,
+                          backend: str = "cuda") -> int:
+    """Bytes one MoE block (router, experts, shared experts) of ``model``'s first MoE layer group
+    saves for backward for one micro-batch; with ``ep`` > 1 on a rank that receives ``ep_rows``
+    (token, expert) rows (default: the busiest rank's, see ftplan.expert_parallel)."""
+    g = next(g for g in model.groups if g.moe is not None)
+    wrapped = job.uses_lora and lora_wraps_experts(model, job.lora)
+    rows = ep_rows if ep_rows is not None else _ep_rows(g, job, ep)
+    return _moe_saved(g.moe, job.micro_batch * job.seq_len, model.hidden_size, _act_dtypes(job, backend), 1,
+                      wrapped, ep=ep, ep_rows=rows)
+
+
 def _ep_rows(g: LayerGroup, job: Job, ep: int) -> int | None:
     if ep <= 1 or g.moe is None:
         return None
@@ -756,8 +769,9 @@ def estimate_memory(
     if getattr(layout, "ep", 1) > 1:
         from .expert_parallel import ep_rank_states
 
-        frozen, trainable, master, grads, opt = ep_rank_states(model, job, layout, st,
-                                                               frozen, trainable, master, grads, opt)
+        frozen, trainable, master, grads, opt = ep_rank_states(
+            model, job, layout, st, frozen, trainable, master, grads, opt,
+            master_outside_only=_autocast_recompute(job, layout) and job.method == "full")
 
     saved, logits_saved, transient = _activations(model, job, layout)
     # transient extras of the layout

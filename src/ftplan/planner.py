@@ -258,6 +258,7 @@ class _Fits:
     job: Job
     memory: MemoryBreakdown
     rjob: Job | None = None  # the job the runtime sees (a dataset's average batch), else ``job``
+    mjob: Job | None = None  # the job memory was taken at (a dataset's largest batch), else ``job``
 
 
 class _DataShapes:
@@ -312,10 +313,11 @@ def _fitting_variants(memo: _Memo, vendor: str, layout: Layout, job: Job, cap: f
             else:
                 ga = job.grad_accum
             variant = job.with_(micro_batch=mb, grad_accum=ga, gradient_checkpointing=gc)
-            mem = memo.get(vendor, layout, data.memory_job(variant) if data is not None else variant)
+            mjob = data.memory_job(variant) if data is not None else None
+            mem = memo.get(vendor, layout, mjob or variant)
             if mem is None or mem.device_total_bytes > cap:
                 break  # memory grows with the micro-batch
-            out.append(_Fits(layout, variant, mem, data.runtime_job(variant) if data is not None else None))
+            out.append(_Fits(layout, variant, mem, data.runtime_job(variant) if data is not None else None, mjob))
             if total_tokens is not None and mb * job.seq_len * ga * dp >= total_tokens:
                 break  # one step already covers the whole dataset
             mb *= 2
@@ -553,6 +555,9 @@ def _best_per_layout(model: ModelSpec, gpu: Any, offer: Any, fits: list[_Fits], 
         if reject is not None:
             extras.host_rejects.setdefault(offer.gpu, []).append((offer, reject))
             continue
+        if f.mjob is not None and f.rjob is not None:
+            xnotes = (f"dataset: memory at the largest batch, {f.mjob.micro_batch} x {f.mjob.seq_len} tokens; "
+                      f"time from {f.rjob.dataset_tokens:,} computed tokens per epoch",) + xnotes
         best[f.layout] = Plan(offer, gpu, f.layout, f.job, f.memory, rt, cost,
                               notes=tuple(gnotes) + f.memory.notes + xnotes, host=host, risk=risk)
     return best

@@ -226,7 +226,7 @@ def _host_spot_section(plan: dict[str, Any]) -> list[str]:
               f"({spot['p_no_preemption']:.0%} chance of none), takes {spot['expected_hours']:,.2f} h and costs "
               f"{_money(spot['expected_usd'])} (uninterrupted: {_money(spot.get('uninterrupted_usd'))}), "
               + (f"checkpointing every {interval:,.2f} h of training to durable storage "
-                 f"({spot["checkpoint_write_s"]:,.1f} s per checkpoint)."
+                 f"({spot['checkpoint_write_s']:,.1f} s per checkpoint)."
                  if interval else "without periodic checkpoints."),
               "Set `--save_steps` so that a checkpoint is written about that often, on a volume or bucket that "
               "survives the instance.", ""]

@@ -310,6 +310,7 @@ def test_recommend_plans_from_the_dataset(tmp_path):
                 mj = mj.with_(attn_impl="flash")
             assert p.memory == estimate_memory(model, mj, p.layout)
             assert p.runtime.total_tokens == b.computed_tokens
+            assert p.cost.usd_per_million_tokens == pytest.approx(p.cost.usd / b.real_tokens * 1e6)
     with pytest.raises(ConfigError):
         recommend(model, job, offers, dataset=prof, batching="nope")
 

@@ -58,13 +58,15 @@ class CheckpointSize:
 
 
 def checkpoint_size(model: ModelSpec, job: Job, layout: Layout | None = None, *,
-                    include_optimizer: bool = True, sharded: bool | None = None) -> CheckpointSize:
+                    include_optimizer: bool = True, sharded: bool | None = None,
+                    states: Any | None = None) -> CheckpointSize:
     """A training checkpoint (``include_optimizer``) or the saved model/adapter (without).
 
     ``sharded`` defaults to the layout: ZeRO-1/2/3 and FSDP write one shard per rank (what
-    ftplan's exports configure: ``SHARDED_STATE_DICT``, DeepSpeed's per-rank optimizer files)."""
+    ftplan's exports configure: ``SHARDED_STATE_DICT``, DeepSpeed's per-rank optimizer files).
+    ``states``: ``model_states(model, job)`` when the caller has it."""
     layout = layout or Layout()
-    st = model_states(model, job)
+    st = states if states is not None else model_states(model, job)
     weights = st.trainable_weights + (st.frozen_weights if job.method == "full" else 0)
     opt = st.optimizer_states if include_optimizer else 0
     if sharded is None:
@@ -135,7 +137,8 @@ def host_requirements(
     baseline = gpn * c.process_baseline_bytes
     offload = gpn * memory.host_bytes
     dataloader = gpn * c.dataloader_bytes_per_process
-    ck = checkpoint_size(model, job, layout)
+    st = model_states(model, job)
+    ck = checkpoint_size(model, job, layout, states=st)
     if ck.sharded:
         # each rank stages its own shard (this node's share)
         save = math.ceil(ck.total_bytes * gpn / layout.world_size)
@@ -148,7 +151,7 @@ def host_requirements(
     # disk
     download = int(model.params.total * 2)  # the hub checkpoint in bf16
     per_node_ck = math.ceil(ck.total_bytes / layout.nodes) if ck.sharded else ck.total_bytes
-    final = checkpoint_size(model, job, layout, include_optimizer=False, sharded=False).total_bytes
+    final = checkpoint_size(model, job, layout, include_optimizer=False, sharded=False, states=st).total_bytes
     disk = {
         "model_download": download,
         "dataset": int(dataset_bytes),

@@ -557,7 +557,11 @@ def _best_per_layout(model: ModelSpec, gpu: Any, offer: Any, fits: list[_Fits], 
             continue
         if f.mjob is not None and f.rjob is not None:
             xnotes = (f"dataset: memory at the largest batch, {f.mjob.micro_batch} x {f.mjob.seq_len} tokens; "
-                      f"time from {f.rjob.dataset_tokens:,} computed tokens per epoch",) + xnotes
+                      f"time from {f.rjob.dataset_tokens:,} computed tokens per epoch; $/M tokens per real token",
+                      ) + xnotes
+            real = (f.job.dataset_tokens or 0) * f.job.epochs
+            if real:
+                cost = replace(cost, usd_per_million_tokens=cost.usd / real * 1e6)
         best[f.layout] = Plan(offer, gpu, f.layout, f.job, f.memory, rt, cost,
                               notes=tuple(gnotes) + f.memory.notes + xnotes, host=host, risk=risk)
     return best

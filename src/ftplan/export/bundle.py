@@ -233,14 +233,9 @@ def render_bundle(plan_doc: dict, *, alternatives: Sequence[dict] = (), model_re
     files["accelerate_config.yaml"] = render_accelerate_config(layout, job, kind=kind, title=title)
     if kind == "deepspeed":
         files["ds_config.json"] = render_deepspeed_config(layout, job)
-    try:
-        from .script import render_train_script
-    except ImportError as e:  # the script renderer is a separate module; say so instead of failing
-        if "script" not in str(e):
-            raise
-        notes.append("train.py was not generated: this ftplan has no script renderer (ftplan.export.script)")
-    else:
-        files["train.py"] = render_train_script(model, job, layout, model_ref=model_ref)
+    from .script import render_train_script
+
+    files["train.py"] = render_train_script(model, job, layout, model_ref=model_ref)
     sky, sky_notes, cands = render_sky_yaml(plan_doc, alternatives, job=job, layout=layout, kind=kind,
                                             model_ref=model_ref, dataset=dataset, title=title,
                                             params_total=plan_doc["model"].get("params_total"))

@@ -39,6 +39,12 @@ from ftplan.runtime import (
 HYP = settings(max_examples=int(__import__("os").environ.get("FTPLAN_HYP_EXAMPLES", 40)), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
+def _J(**kw) -> Job:
+    """A Job with the settings these hand computations assume (no checkpointing, transformers'
+    loss, 2048 tokens), whatever ftplan's defaults are (TRL's: checkpointing on, fused head)."""
+    return Job(**{"gradient_checkpointing": False, "loss": "hf", "seq_len": 2048, **kw})
+
+
 @pytest.fixture(scope="module")
 def refs():
     return load_reference()
@@ -145,7 +151,7 @@ def test_calibration_written_matches_the_data(refs, outcomes):
 def _rates(gpu_name: str, eff=None) -> Rates:
     from ftplan.runtime import rates_for
 
-    return rates_for(load_gpus()[gpu_name], Job(), eff or efficiency())
+    return rates_for(load_gpus()[gpu_name], _J(), eff or efficiency())
 
 
 def test_gemm_term_reproduces_the_cublas_table():
@@ -180,9 +186,9 @@ def test_matmul_time_is_the_sum_of_its_gemms():
     want = 0.0
     for k, n, c in ((512, 512, 4 * 2), (512, 1024, 2 * 2), (1024, 512, 2), (512, 1000, 1)):
         want += c * (gemm_time(t, k, n, r) + gemm_time(t, n, k, r) + gemm_time(k, t, n, r))
-    assert matmul_time(model, Job(), lay, t, r) == pytest.approx(want, rel=1e-12)
+    assert matmul_time(model, _J(), lay, t, r) == pytest.approx(want, rel=1e-12)
     # LoRA r=8 on q_proj only, checkpointing: frozen weights lose the wgrad, q_proj gains 6 skinny GEMMs
-    job = Job(method="lora", lora=LoraSpec(r=8, target_modules=("q_proj",)), gradient_checkpointing=True)
+    job = _J(method="lora", lora=LoraSpec(r=8, target_modules=("q_proj",)), gradient_checkpointing=True)
     want = 0.0
     for k, n, c, rc in ((512, 512, 4 * 2, 1), (512, 1024, 2 * 2, 1), (1024, 512, 2, 1), (512, 1000, 1, 0)):
         want += c * (gemm_time(t, k, n, r) * (1 + rc) + gemm_time(t, n, k, r))
@@ -202,7 +208,7 @@ def test_dequant_term_reproduces_litgpt():
     cfg13 = dict(cfg7, hidden_size=5120, intermediate_size=13824, num_hidden_layers=40,
                  num_attention_heads=40, num_key_value_heads=40)
     r = _rates("a100-40gb-sxm")
-    job = Job(method="qlora", quant=dataclasses.replace(Job().quant, double_quant=False))
+    job = _J(method="qlora", quant=dataclasses.replace(_J().quant, double_quant=False))
     for cfg, ms in ((cfg7, 79.2), (cfg13, 191.4)):
         t = dequant_time(model_from_config(cfg, name="l2"), job, Layout(), r, efficiency())
         assert t * 1e3 == pytest.approx(ms, rel=0.20)
@@ -212,7 +218,7 @@ def test_attention_term_by_hand():
     model = resolve_model("llama-3.1-8b")
     eff = efficiency()
     r = _rates("h100-sxm")
-    job = Job(seq_len=8192, gradient_checkpointing=True)
+    job = _J(seq_len=8192, gradient_checkpointing=True)
     # causal flash: 32 layers x 2 x (s/2) keys x 32 heads x (128 + 128) per token, forward;
     # backward 2.5x, recompute 1x; at peak x flash fraction x fitted scale
     fwd = 32 * 2 * 4096 * 32 * 256
@@ -223,7 +229,7 @@ def test_attention_term_by_hand():
 def test_host_time_by_hand():
     model = resolve_model("llama-3.1-8b")
     eff = efficiency()
-    lora = Job(method="lora", lora=LoraSpec(target_modules=("q_proj", "v_proj")))
+    lora = _J(method="lora", lora=LoraSpec(target_modules=("q_proj", "v_proj")))
     # 32 layers x 55 ops + 64 wrapped modules x 7 ops, forward + 1.5x backward
     want = (32 * 55 + 64 * 7) * 2.5 * eff.dispatch_s_per_op
     assert host_time(model, lora, Layout(), eff) == pytest.approx(want)
@@ -238,12 +244,29 @@ def test_power_cap_clock_factor():
 
 
 def test_recompute_fractions():
-    assert recompute_fractions(Job()) == (0, 0, 0)
-    assert recompute_fractions(Job(gradient_checkpointing=True)) == (1, 1, 1)
-    sel = recompute_fractions(Job(gradient_checkpointing=True, checkpointing="selective"))
+    assert recompute_fractions(_J()) == (0, 0, 0)
+    assert recompute_fractions(_J(gradient_checkpointing=True)) == (1, 1, 1)
+    sel = recompute_fractions(_J(gradient_checkpointing=True, checkpointing="selective"))
     assert sel.matmul == 0.5 and sel.attention == 0
-    k = recompute_fractions(Job(gradient_checkpointing=True, checkpointing="every-k", checkpoint_every=4))
+    k = recompute_fractions(_J(gradient_checkpointing=True, checkpointing="every-k", checkpoint_every=4))
     assert k == (0.25, 0.25, 0.25)
+
+
+def test_recompute_fractions_of_a_model_by_hand():
+    """With the model: Llama-3.1-8B (32 layers; q 4096x4096, k/v 4096x1024, o 4096x4096, gate/up/down
+    4096x14336). every-k with k=3 checkpoints layers 0, 3, ..., 30 = 11 of 32 (transformers'
+    every_n_layers); torchtitan's selective policy caches the 1st, 3rd, 5th, 7th mm (q, v, gate,
+    down), so k, o and up are recomputed: (1024 + 4096 + 14336) / (4096 + 2048 + 4096 + 3 x 14336)
+    of the matmul FLOPs; eager attention is no single op to cache, so it is recomputed."""
+    m = resolve_model("llama-3.1-8b")
+    k3 = recompute_fractions(_J(gradient_checkpointing=True, checkpointing="every-k", checkpoint_every=3), None, m)
+    assert k3.matmul == pytest.approx(11 / 32) and k3.attention == pytest.approx(11 / 32)
+    assert k3.elementwise == pytest.approx(11 / 32)
+    sel = recompute_fractions(_J(gradient_checkpointing=True, checkpointing="selective"), None, m)
+    assert sel.matmul == pytest.approx(19456 / 53248) and sel.attention == 0 and sel.elementwise == 1
+    eager = recompute_fractions(_J(gradient_checkpointing=True, checkpointing="selective", attn_impl="eager"), None, m)
+    assert eager.attention == 1
+    assert recompute_fractions(_J(gradient_checkpointing=True, checkpointing="selective-attention"), None, m) == (1, 0, 1)
 
 
 def test_fsdp_two_nodes_comm_by_hand():
@@ -251,7 +274,7 @@ def test_fsdp_two_nodes_comm_by_hand():
     node network) = 400 GB/s x bus efficiency; three per layer-unit per micro-batch."""
     model = resolve_model("llama-3.1-8b")
     eff = dataclasses.replace(efficiency(), latency_hop_intra_s=0.0, latency_hop_inter_s=0.0)
-    job = Job(seq_len=2048)
+    job = _J(seq_len=2048)
     offer = SimpleNamespace(inter_node_gbps=3200)
     r = estimate_runtime(model, job, Layout(8, 2, "fsdp"), load_gpus()["h100-sxm"], offer=offer, eff=eff)
     n = model.params.total
@@ -262,7 +285,7 @@ def test_fsdp_two_nodes_comm_by_hand():
 
 def test_geforce_without_p2p_bounces_through_the_host():
     model = resolve_model("llama-3.2-1b")
-    job = Job(seq_len=1024)
+    job = _J(seq_len=1024)
     gpus = load_gpus()
     r = estimate_runtime(model, job, Layout(2, 1, "ddp"), gpus["rtx-4090"])
     eff = efficiency()
@@ -275,7 +298,7 @@ def test_geforce_without_p2p_bounces_through_the_host():
 
 def test_band_and_cost_band():
     model = resolve_model("llama-3.1-8b")
-    job = Job(method="lora", seq_len=2048, micro_batch=4, dataset_tokens=50_000_000)
+    job = _J(method="lora", seq_len=2048, micro_batch=4, dataset_tokens=50_000_000)
     r = estimate_runtime(model, job, Layout(), load_gpus()["h100-sxm"])
     eff = efficiency()
     assert r.step_time_s_low == pytest.approx(r.step_time_s * math.exp(eff.band_log_low))
@@ -317,7 +340,7 @@ def test_invariants(model, gpu, method, seq, mb, ga, gc, strategy, n):
     if method == "qlora" and not g.supports_bitsandbytes:
         return
     lay = Layout() if strategy == "single" else Layout(n, 1, strategy)
-    job = Job(method=method, seq_len=seq, micro_batch=mb, grad_accum=ga, gradient_checkpointing=gc,
+    job = _J(method=method, seq_len=seq, micro_batch=mb, grad_accum=ga, gradient_checkpointing=gc,
               lora=LoraSpec(r=16, dropout=0.0))
     r = estimate_runtime(m, job, lay, g)
     assert r.step_time_s > 0 and 0 < r.mfu < 1
@@ -360,7 +383,7 @@ def test_more_gpus_in_a_node_never_fewer_tokens_per_s(model, gpu, method, mb, st
     shrinks the optimizer's share)."""
     m = resolve_model(model)
     g = load_gpus()[gpu]
-    job = Job(method=method, seq_len=2048, micro_batch=mb)
+    job = _J(method=method, seq_len=2048, micro_batch=mb)
     prev = estimate_runtime(m, job, Layout(), g)
     for n in (2, 4, 8):
         cur = estimate_runtime(m, job, Layout(n, 1, strategy), g)
@@ -372,7 +395,7 @@ def test_more_gpus_in_a_node_never_fewer_tokens_per_s(model, gpu, method, mb, st
 
 def test_power_cap_never_faster_and_slower_network_never_faster():
     m = resolve_model("llama-3.1-8b")
-    job = Job(seq_len=4096, micro_batch=2)
+    job = _J(seq_len=4096, micro_batch=2)
     h = load_gpus()["h100-sxm"]
 
     class Capped:

@@ -26,6 +26,7 @@ from .errors import ConfigError, FtplanError, InfeasibleError, Problem
 from .job import Job, Layout, validate_job
 from .model import ModelSpec
 from .options import (
+    DATA_OPTIONS,
     FIT_OPTIONS,
     JOB_OPTIONS,
     LAYOUT_OPTIONS,
@@ -161,6 +162,12 @@ class Estimate:
     layout: Layout
     memory: Any  # ftplan.memory.MemoryBreakdown
     gpu: Any = None  # ftplan.catalog.gpus.GpuSpec
+    #: the defaults the answer rests on (:class:`ftplan.advice.Assumption`)
+    assumptions: tuple = ()
+    #: with a GPU the job does not fit: the single changes that make it fit (:class:`ftplan.advice.Suggestion`)
+    advice: tuple = ()
+    dataset: Any = None  # ftplan.dataset.DatasetProfile (with ``dataset=``)
+    batches: Any = None  # ftplan.dataset.Batches: the memory is at its largest batch
     #: with a GPU: step time, tokens/s, MFU and the calibrated band (ftplan.runtime.RuntimeEstimate)
     runtime: Any = None
     #: with a GPU and ``tokens``: the cheapest matching offer's plan (ftplan.planner.Plan), or why
@@ -178,21 +185,31 @@ class Estimate:
 
     def to_dict(self) -> dict[str, Any]:
         """The ``ftplan.estimate/1`` document."""
-        from .report import estimate_json
+        from .report import dataset_dict, estimate_json
 
-        return estimate_json(self.model, self.job, self.layout, self.memory, self.gpu, self.runtime,
-                             self.priced, self.runtime_notes)
+        doc = estimate_json(self.model, self.job, self.layout, self.memory, self.gpu, self.assumptions,
+                            self.advice, self.runtime, self.priced, self.runtime_notes)
+        if self.dataset is not None:
+            doc["dataset"] = dataset_dict(self.dataset, self.batches)
+        return doc
 
-    def text(self) -> str:
-        from .report import estimate_text
+    def text(self, renderer: Any = None) -> str:
+        """The text answer; ``renderer`` (:class:`ftplan.errors.Renderer`) writes option references
+        (the CLI's writes flags)."""
+        from .report import dataset_text, estimate_text
 
-        return estimate_text(self.model, self.job, self.layout, self.memory, self.gpu, self.runtime,
-                             self.priced, self.runtime_notes)
+        out = estimate_text(self.model, self.job, self.layout, self.memory, self.gpu, self.assumptions,
+                            self.advice, renderer, self.runtime, self.priced, self.runtime_notes)
+        if self.dataset is not None:
+            out += "\n" + dataset_text(self.dataset, self.batches)
+        return out
 
 
 def estimate(model: ModelRef, job: Job | None = None, layout: Layout | None = None, *, gpu: str | None = None,
              offer_list: Sequence[Any] | None = None, **options: Any) -> Estimate:
-    """Per-GPU memory breakdown of a job (``ftplan estimate``). ``options``: job and layout options.
+    """Per-GPU memory breakdown of a job (``ftplan estimate``). ``options``: job and layout
+    options, and data options (``dataset``, ``tokenizer``, ``batching``: the memory is then taken
+    at the largest batch the loader forms from the data, with ``seq_len`` as its max length).
 
     With ``gpu``: also the runtime of this exact layout (step time, tokens/s, MFU, with the
     calibrated band); with ``gpu`` and ``tokens``: hours and cost on the cheapest matching
@@ -200,10 +217,11 @@ def estimate(model: ModelRef, job: Job | None = None, layout: Layout | None = No
     """
     from .memory import estimate_memory
 
-    jv, lv = split_values(options, JOB_OPTIONS, LAYOUT_OPTIONS)
+    jv, lv, dv = split_values(options, JOB_OPTIONS, LAYOUT_OPTIONS, DATA_OPTIONS)
     spec = resolve_model(model)
     probs = _Problems()
     j, lay = _job_layout(spec, job, layout, jv, lv, probs)
+    prof, batching = _dataset(dv, spec, probs)
     g = None
     if gpu:
         from .catalog.gpus import get_gpu
@@ -212,11 +230,29 @@ def estimate(model: ModelRef, job: Job | None = None, layout: Layout | None = No
     if j is not None and lay is not None:
         probs.run(lambda: validate_job(spec, j, lay))
     probs.raise_any()
-    mem = estimate_memory(spec, j, lay, gpu_vendor=g.vendor if g is not None else "nvidia")
+    batches = None
+    mjob = j
+    if prof is not None:
+        from .dataset import simulate_batches
+
+        batches = simulate_batches(prof, batching, j.seq_len, j.micro_batch, grad_accum=j.grad_accum)
+        mjob = batches.memory_job(j)
+        if batches.padding_free:
+            mjob = mjob.with_(attn_impl="flash")
+    mem = estimate_memory(spec, mjob, lay, gpu_vendor=g.vendor if g is not None else "nvidia")
+    from .advice import fit_advice, job_assumptions
+
+    # a ready Job counts as set where it differs from the defaults; options count where given
+    given = {k for k, v in jv.items() if v is not None}
+    assumed = job_assumptions(j, lay, explicit=given if job is None else None)
+    if job is not None:
+        assumed = tuple(a for a in assumed if a.field not in given)
+    advice = fit_advice(spec, mjob, lay, g) if g is not None and not mem.fits(g.memory_bytes) else ()
     if g is None:
-        return Estimate(spec, j, lay, mem, g)
+        return Estimate(spec, mjob, lay, mem, g, assumed, advice, prof, batches)
     rt, priced, notes = _layout_runtime(spec, j, lay, g, offer_list)
-    return Estimate(spec, j, lay, mem, g, rt, priced, notes)
+    return Estimate(spec, mjob, lay, mem, g, assumed, advice, prof, batches, runtime=rt, priced=priced,
+                    runtime_notes=notes)
 
 
 def _layout_runtime(spec: ModelSpec, job: Job, layout: Layout, gpu: Any, offer_list: Sequence[Any] | None):
@@ -247,6 +283,22 @@ def _layout_runtime(spec: ModelSpec, job: Job, layout: Layout, gpu: Any, offer_l
     return estimate_runtime(spec, gjob, layout, gpu, offer=net), priced, tuple(notes)
 
 
+def _dataset(dv: Mapping[str, Any], spec: ModelSpec, probs: _Problems) -> tuple[Any, str]:
+    """(the dataset's profile or None, the batching) from the data options."""
+    vals = probs.run(lambda: check_values(dv, DATA_OPTIONS)) or {}
+    batching = vals.get("batching") or "longest"
+    path = vals.get("dataset")
+    if not path:
+        if vals.get("tokenizer"):
+            probs.add("tokenizer", "a tokenizer needs a dataset to count", "pass `dataset=FILE`")
+        return None, batching
+    from .dataset import profile_dataset
+
+    prof = probs.run(lambda: profile_dataset(path, tokenizer=vals.get("tokenizer"), model_name=spec.name,
+                                             family=spec.family), "dataset")
+    return prof, batching
+
+
 # ---------------------------------------------------------------------------------------------
 # recommend / compare
 # ---------------------------------------------------------------------------------------------
@@ -260,6 +312,7 @@ class Recommendation:
     top: int = 10
     #: the export target the ranking is for (its files run every ranked layout); None: every layout
     target: str | None = "accelerate"
+    dataset: Any = None  # ftplan.dataset.DatasetProfile (with ``dataset=``)
 
     @property
     def best(self):
@@ -267,9 +320,12 @@ class Recommendation:
 
     def to_dict(self) -> dict[str, Any]:
         """The ``ftplan.recommend/1`` document (``top`` plans, the Pareto frontier, why-not)."""
-        from .report import recommend_doc
+        from .report import dataset_dict, recommend_doc
 
-        return recommend_doc(self.model, self.job, self.plans, self.top)
+        doc = recommend_doc(self.model, self.job, self.plans, self.top)
+        if self.dataset is not None:
+            doc["dataset"] = dataset_dict(self.dataset)
+        return doc
 
 
 @dataclass(frozen=True)
@@ -279,6 +335,7 @@ class Comparison:
     model: ModelSpec
     job: Job
     plans: Any  # ftplan.planner.PlanSet
+    dataset: Any = None  # ftplan.dataset.DatasetProfile (with ``dataset=``)
 
     @property
     def per_gpu(self) -> tuple:
@@ -288,9 +345,12 @@ class Comparison:
 
     def to_dict(self) -> dict[str, Any]:
         """The ``ftplan.compare/1`` document."""
-        from .report import compare_doc
+        from .report import compare_doc, dataset_dict
 
-        return compare_doc(self.model, self.job, self.plans)
+        doc = compare_doc(self.model, self.job, self.plans)
+        if self.dataset is not None:
+            doc["dataset"] = dataset_dict(self.dataset)
+        return doc
 
 
 def _offer_filters(values: Mapping[str, Any], probs: _Problems) -> None:
@@ -330,14 +390,15 @@ def _offer_values(ov: Mapping[str, Any], probs: _Problems, default_pricing: Any 
 def _search(model: ModelRef, job: Job | None, options: Mapping[str, Any], offer_list, progress):
     from .planner import recommend as _recommend
 
-    jv, sv, ov = split_values(options, JOB_OPTIONS, SEARCH_OPTIONS, OFFER_OPTIONS)
+    jv, sv, ov, dv = split_values(options, JOB_OPTIONS, SEARCH_OPTIONS, OFFER_OPTIONS, DATA_OPTIONS)
     spec = resolve_model(model)
     probs = _Problems()
     j = probs.run(lambda: build_job(jv, spec, base=job))
     search = {o.name: o.default for o in SEARCH_OPTIONS} | (probs.run(lambda: check_values(sv, SEARCH_OPTIONS)) or {})
     offer_vals = _offer_values(ov, probs)
+    prof, batching = _dataset(dv, spec, probs)
     if j is not None:
-        if not j.dataset_tokens:
+        if not j.dataset_tokens and prof is None:
             probs.add("tokens", "the planner needs the dataset size", "pass `tokens`, e.g. `tokens=50M`")
         probs.run(lambda: validate_job(spec, j))
     probs.raise_any()
@@ -347,13 +408,21 @@ def _search(model: ModelRef, job: Job | None, options: Mapping[str, Any], offer_
 
         offers = filter_offers(offers, providers=offer_vals.get("providers"), gpus=offer_vals.get("gpus_filter"),
                                pricing=offer_vals.get("pricing"))
+    if prof is not None and not j.dataset_tokens:
+        from .dataset import simulate_batches
+
+        # the data's tokens after truncation at seq_len (what the planner trains on)
+        j = j.with_(dataset_tokens=simulate_batches(prof, batching, j.seq_len, j.micro_batch).real_tokens)
     target = None if search["target"] == "any" else search["target"]
     # a micro-batch, strategy or GPU count given by the user is kept instead of searched
     ps = _recommend(spec, j, offers, objective=search["objective"], deadline_hours=search["deadline"],
                     budget_usd=search["budget"], max_gpus=search["max_gpus"], safety_margin=search["margin"],
                     global_batch=search["global_batch"], progress=progress, target=target,
+                    preemption_rate=search["preemption_rate"], checkpoint_interval_s=search["checkpoint_interval"],
+                    dataset=prof, batching=batching,
                     micro_batch=j.micro_batch if jv.get("micro_batch") is not None else None,
                     strategy=search.get("fixed_strategy"), num_gpus=search.get("fixed_gpus"))
+    search["dataset"] = prof
     return spec, j, ps, search
 
 
@@ -368,14 +437,15 @@ def recommend(model: ModelRef, job: Job | None = None, *, offer_list: Sequence[A
     these :class:`~ftplan.catalog.offers.Offer` s instead of the catalog.
     """
     spec, j, ps, search = _search(model, job, options, offer_list, progress)
-    return Recommendation(spec, j, ps, search["top"], None if search["target"] == "any" else search["target"])
+    return Recommendation(spec, j, ps, search["top"], None if search["target"] == "any" else search["target"],
+                          search["dataset"])
 
 
 def compare(model: ModelRef, job: Job | None = None, *, offer_list: Sequence[Any] | None = None,
             progress: Callable[[int, int], None] | None = None, **options: Any) -> Comparison:
     """The best plan per accelerator type (``ftplan compare``); options as :func:`recommend`."""
-    spec, j, ps, _ = _search(model, job, options, offer_list, progress)
-    return Comparison(spec, j, ps)
+    spec, j, ps, search = _search(model, job, options, offer_list, progress)
+    return Comparison(spec, j, ps, search["dataset"])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -404,10 +474,11 @@ def fit(model: ModelRef, job: Job | None = None, *, gpu: str | Sequence[str], ma
     from .catalog.gpus import get_gpu
     from .planner import fit as _fit
 
-    (jv,) = split_values(options, JOB_OPTIONS)
+    jv, dv = split_values(options, JOB_OPTIONS, DATA_OPTIONS)
     spec = resolve_model(model)
     probs = _Problems()
     j = probs.run(lambda: build_job(jv, spec, base=job))
+    prof, _ = _dataset(dv, spec, probs)
     fv = probs.run(lambda: check_values({"gpu": gpu, "margin": margin, "max_gpus": max_gpus}, FIT_OPTIONS)) or {}
     names = fv.get("gpu") or ()
     if not names and "gpu" in fv:
@@ -416,7 +487,8 @@ def fit(model: ModelRef, job: Job | None = None, *, gpu: str | Sequence[str], ma
     if j is not None:
         probs.run(lambda: validate_job(spec, j))
     probs.raise_any()
-    results = tuple(_fit(spec, j, g, safety_margin=fv["margin"], max_gpus=fv["max_gpus"]) for g in gpus)
+    results = tuple(_fit(spec, j, g, safety_margin=fv["margin"], max_gpus=fv["max_gpus"], dataset=prof)
+                    for g in gpus)
     return FitReport(spec, j, results, fv["margin"], fv["max_gpus"])
 
 

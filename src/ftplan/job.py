@@ -31,6 +31,7 @@ __all__ = [
     "COMPUTE_DTYPES",
     "OPTIMIZER_IMPLS",
     "CHECKPOINTING",
+    "LOSSES",
     "LoraSpec",
     "QuantSpec",
     "Job",
@@ -62,16 +63,28 @@ QUANT_TYPES = ("nf4", "fp4")
 #: how the optimizer step is implemented: one fused kernel (HF Trainer ``adamw_torch_fused``, torch
 #: ``fused=True``), torch's default multi-tensor ``foreach`` path, or the per-tensor for-loop
 OPTIMIZER_IMPLS = ("fused", "foreach", "forloop")
+COMPUTE_DTYPES = ("bf16", "fp16", "fp32")
 #: activation checkpointing variants (``Job.checkpointing``; used when ``gradient_checkpointing``):
 #: ``full`` = HF/torch non-reentrant checkpointing of every decoder layer (transformers 5 default),
 #: ``full-reentrant`` = ``use_reentrant=True`` (what TRL forces for PEFT + DeepSpeed ZeRO-3),
 #: ``selective`` = torch selective activation checkpointing with torchtitan's per-op policy (save
 #: the attention kernel's outputs and every other matmul output), ``selective-attention`` = TRL's
 #: ``gradient_checkpointing_kwargs={"selective": True}`` (save the attention kernel's outputs only),
-#: ``every-k`` = checkpoint every ``checkpoint_every``-th decoder layer (torchtitan's layer mode,
-#: ``selective_ac_option=k``), ``none`` = off. (Same names as issue 12's memory model.)
+#: ``every-k`` = checkpoint every ``checkpoint_every``-th decoder layer (transformers'
+#: ``every_n_layers``: layers 0, k, 2k, ...), ``none`` = off
 CHECKPOINTING = ("none", "full", "full-reentrant", "selective", "selective-attention", "every-k")
-COMPUTE_DTYPES = ("bf16", "fp16", "fp32")
+#: the loss path: ``trl`` = TRL >= 1.x SFTTrainer's fused LM head (``loss_type="nll"``, alias
+#: ``chunked_nll``: chunked log-probabilities, the logits are never materialised), ``hf`` =
+#: transformers' ``ForCausalLMLoss`` through ``model(labels=...)`` (full logits, upcast to fp32),
+#: ``liger`` = Liger-Kernel's fused linear cross-entropy (HF Trainer ``use_liger_kernel``; CUDA)
+LOSSES = ("trl", "hf", "liger")
+#: TRL's names for its loss: both are the fused head
+_LOSS_ALIASES = {"nll": "trl", "chunked_nll": "trl", "chunked-nll": "trl"}
+
+
+def _loss_name(text: str) -> str:
+    name = lower(text)
+    return _LOSS_ALIASES.get(name, name)
 
 
 def _optimizer_name(text: str) -> str:
@@ -127,11 +140,14 @@ class Job:
                             help="adamw | adamw_8bit | paged_adamw_8bit | adafactor | sgd")
     micro_batch: int = option(1, flags=("--batch-size",), label="micro-batch", minimum=1, web_max=65536,
                               help="sequences per GPU per step")
-    seq_len: int = option(2048, label="sequence length", minimum=1, web_max=1 << 21, help="tokens per sequence")
+    seq_len: int = option(1024, label="sequence length", minimum=1, web_max=1 << 21,
+                          help="tokens per sequence (TRL SFTConfig max_length default: 1024)")
     grad_accum: int = option(1, label="gradient accumulation", minimum=1, web_max=1 << 20,
                              help="micro-batches per optimizer step")
-    gradient_checkpointing: bool = option(False, flags=("--gc",),
-                                          help="recompute activations in the backward pass")
+    gradient_checkpointing: bool = option(True, flags=("--gc",),
+                                          help="recompute activations in the backward pass (on by default, "
+                                               "as TRL SFTConfig and PEFT's QLoRA preparation have it; "
+                                               "--no-gradient-checkpointing turns it off)")
     attn_impl: str = option("sdpa", name="attn", choices=ATTN_IMPLS, label="attention implementation",
                             help="sdpa | flash | eager")
     lora: LoraSpec = group(LoraSpec, when="uses_lora")
@@ -141,13 +157,20 @@ class Job:
                                         exclusive_minimum=0, web_max=10**15, example="50M", json="data",
                                         help="dataset tokens per epoch, e.g. 50M")
     epochs: float = option(1.0, exclusive_minimum=0.0, web_max=1000.0, json="data", help="passes over the dataset")
-    #: the checkpointing variant used when ``gradient_checkpointing`` is on (see CHECKPOINTING)
-    checkpointing: str = option("full", choices=CHECKPOINTING, label="checkpointing variant",
-                                help="with --gradient-checkpointing: full | full-reentrant | selective "
-                                     "(torchtitan per-op) | selective-attention (TRL) | every-k | none")
-    #: ``every-k``: checkpoint every k-th decoder layer (layers k, 2k, ... counting from 1)
-    checkpoint_every: int = option(2, minimum=1, web_max=1024, label="checkpoint every k-th layer",
-                                   help="every-k checkpointing: checkpoint every k-th decoder layer")
+    checkpointing: str = option("full", choices=CHECKPOINTING, label="checkpointing variant", metavar="MODE",
+                                help="with checkpointing on: full (non-reentrant, default) | full-reentrant | "
+                                     "selective (torchtitan op SAC) | selective-attention (TRL selective) | "
+                                     "every-k | none")
+    checkpoint_every: int = option(2, minimum=1, web_max=4096, label="checkpoint every k layers", metavar="K",
+                                   help="every-k checkpointing: layers 0, k, 2k, ... (transformers every_n_layers)")
+    activation_offloading: bool = option(False, help="saved activations to pinned CPU memory "
+                                                     "(TRL activation_offloading=True)")
+    loss: str = option("trl", choices=LOSSES, normalize=_loss_name, label="loss path",
+                       help="trl (SFTTrainer's fused LM head, loss_type=nll, default) | hf (transformers' "
+                            "ForCausalLMLoss, fp32 logits) | liger (fused linear cross-entropy)")
+    padding_free: bool = option(False, help="one row of micro-batch x seq-len tokens with position_ids "
+                                            "(TRL padding_free=True; flash attention varlen)")
+    packing: bool = option(False, help="pack sequences into full rows (TRL packing=True, bfd: padding-free)")
     #: runtime only: how the optimizer step runs, and torch.compile of the model
     optimizer_impl: str = option("fused", choices=OPTIMIZER_IMPLS, label="optimizer implementation",
                                  help="fused (HF Trainer adamw_torch_fused, the default) | foreach "
@@ -167,6 +190,18 @@ class Job:
         """The frozen base is quantized to 4 bits (QLoRA)."""
         return self.method == "qlora"
 
+    @property
+    def ac_mode(self) -> str:
+        """The activation checkpointing in effect: ``none`` or one of the variants."""
+        if not self.gradient_checkpointing:
+            return "none"
+        return self.checkpointing
+
+    @property
+    def is_padding_free(self) -> bool:
+        """TRL flattens the micro-batch into one row (``padding_free``, or ``packing`` with bfd)."""
+        return self.padding_free or self.packing
+
     def with_(self, **changes) -> "Job":
         return replace(self, **changes)
 
@@ -182,6 +217,10 @@ class Layout:
     offload_params: bool = option(False, help="parameters on the CPU (zero3/fsdp)")
     tp: int = option(1, label="tensor-parallel degree", minimum=1, web_max=1024, help="tensor-parallel degree")
     pp: int = option(1, label="pipeline-parallel degree", minimum=1, web_max=1024, help="pipeline-parallel degree")
+    #: expert parallelism (MoE): routed experts split over ``ep`` ranks of the data-parallel
+    #: group, tokens exchanged with all-to-all (see ftplan.expert_parallel)
+    ep: int = option(1, label="expert-parallel degree", minimum=1, web_max=1024,
+                     help="expert-parallel degree (MoE): routed experts split over EP ranks")
 
     @property
     def world_size(self) -> int:
@@ -213,6 +252,8 @@ class Layout:
             parts.append(f"tp={self.tp}")
         if self.pp > 1:
             parts.append(f"pp={self.pp}")
+        if self.ep > 1:
+            parts.append(f"ep={self.ep}")
         if self.offload_optimizer:
             parts.append("offload-optimizer")
         if self.offload_params:
@@ -267,6 +308,31 @@ def _option_problems(obj, cls, skip: tuple[str, ...] = ()) -> list[Problem]:
     return out
 
 
+def _check_ep(model: ModelSpec, layout: Layout, p: list[Problem]) -> None:
+    """Expert parallelism as transformers' DistributedConfig / torchtitan lay it out: the EP group
+    lies within the data-parallel x tensor-parallel ranks (``ep`` a multiple of ``tp`` dividing
+    ``dp x tp``), every rank holds ``num_experts / ep`` whole experts."""
+    ep = layout.ep
+    if ep < 1:
+        return  # the option's own bound reports it
+    if not model.is_moe:
+        p.append(Problem("ep", f"expert parallelism needs a mixture-of-experts model ({model.name} has no experts)",
+                         "use `ep=1`"))
+        return
+    experts = sorted({g.moe.num_experts for g in model.groups if g.moe is not None})
+    for e in experts:
+        _check(e % ep == 0, p, f"expert-parallel degree {ep} must divide the {e} experts of {model.name}", "ep")
+    dp_tp = layout.dp * layout.tp
+    _check(ep % layout.tp == 0 and dp_tp % ep == 0, p,
+           f"expert-parallel degree {ep} must be a multiple of tp={layout.tp} and divide dp x tp = {dp_tp} "
+           "(the EP group lies within the data-parallel ranks)", "ep")
+    _check(layout.pp == 1, p, "expert parallelism with pipeline parallelism is not modelled", "ep", "use `pp=1`")
+    _check(not (layout.offload_optimizer or layout.offload_params), p,
+           "expert parallelism with CPU offload is not modelled", "ep", "drop the offload")
+    _check(layout.strategy != "single", p, "expert parallelism needs a data-parallel strategy (fsdp, zero1/2/3, ddp)",
+           "strategy")
+
+
 def validate_job(model: ModelSpec, job: Job, layout: Layout | None = None) -> None:
     """Raise one ``ConfigError`` listing every problem with ``job``/``layout`` for ``model``."""
     layout = layout or Layout()
@@ -293,8 +359,11 @@ def validate_job(model: ModelSpec, job: Job, layout: Layout | None = None) -> No
         elif not lora_targets(model, lo):
             p.append(Problem("lora_targets", "LoRA targets no module"))
     _check(job.checkpoint_every <= model.num_layers, p,
-           f"checkpoint every k-th layer needs k <= the {model.num_layers} layers (got {job.checkpoint_every})",
-           "checkpoint_every")
+           f"checkpoint every {job.checkpoint_every} layers: {model.name} has {model.num_layers}",
+           "checkpoint_every", f"use `checkpoint_every` between 1 and {model.num_layers}")
+    if job.uses_lora and job.loss == "trl" and "lm_head" in job.lora.target_modules:
+        p.append(Problem("lora_targets", "TRL's fused LM head reads lm_head.weight directly: SFTTrainer refuses a "
+                         "LoRA adapter on lm_head", "drop lm_head from `lora_targets`, or use `loss=hf`"))
     if job.precision in ("bf16", "fp16") and job.method == "full" and job.optimizer == "adamw":
         pass  # legal (pure half-precision training), the memory model handles it
     # layout
@@ -320,6 +389,8 @@ def validate_job(model: ModelSpec, job: Job, layout: Layout | None = None) -> No
         elif layout.strategy == "single" and layout.dp > 1:
             p.append(Problem("strategy",
                              f"{layout.world_size} GPUs need a data-parallel strategy (ddp, zero1/2/3, fsdp)"))
+    if layout.ep != 1:
+        _check_ep(model, layout, p)
     if layout.offload_params:
         _check(layout.strategy in ("zero3", "fsdp"), p, "parameter offload needs zero3 or fsdp", "offload_params")
     if layout.offload_optimizer:

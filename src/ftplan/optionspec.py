@@ -91,6 +91,18 @@ class Option:
         return "--" + self.name.replace("_", "-")
 
     @property
+    def negatable(self) -> bool:
+        """A bool option that is on by default: the CLI also has ``--no-<flag>`` for each flag."""
+        return self.type == "bool" and self.default is True and not self.invert
+
+    @property
+    def all_flags(self) -> tuple[str, ...]:
+        """Every CLI flag of the option: the primary one, the aliases and, for a bool option that is
+        on by default, their ``--no-`` forms (``--no-gradient-checkpointing``, ``--no-gc``)."""
+        out = (self.flag, *self.flags)
+        return out + tuple("--no-" + f[2:] for f in out) if self.negatable else out
+
+    @property
     def words(self) -> str:
         return self.label or self.name.replace("_", " ")
 

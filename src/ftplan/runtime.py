@@ -29,6 +29,11 @@ sum of named terms, each a function of this module:
   memory;
 * :func:`tp_comm` / :func:`pp_comm` / :func:`pp_bubble_fraction` -- tensor-parallel all-reduces (on
   the critical path), pipeline sends and the 1F1B bubble;
+* :func:`ep_comm` -- MoE expert parallelism: the dispatch/combine all-to-alls of every MoE layer
+  on the critical path (the experts' data-parallel traffic moves to their own group in
+  :func:`dp_comm`);
+* what checkpointing re-runs (:func:`recompute_fractions`, from :mod:`ftplan.actflops`) and the
+  loss path (:func:`lm_head_recompute`, :func:`loss_bytes_per_token`: ``job.loss``);
 * :func:`clock_factor` -- a power cap below the board TDP lowers the sustained clock.
 
 A micro-batch costs ``max(GPU time, host time)``. The uncertainty band (``step_time_s_low/high``) is
@@ -42,6 +47,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from .actflops import loss_extra_flops_per_token, recompute_flops_per_token
 from .catalog.efficiency import Efficiency, Recompute, efficiency
 from .errors import ConfigError
 from .job import PRECISIONS, Job, Layout, lora_targets, lora_wraps_experts
@@ -68,6 +74,8 @@ __all__ = [
     "dp_comm",
     "tp_comm",
     "pp_comm",
+    "ep_comm",
+    "lm_head_recompute",
     "clock_factor",
     "all_reduce_time",
     "reduce_scatter_time",
@@ -170,22 +178,47 @@ def compute_dtype(job: Job) -> str:
 
 
 _NO_RECOMPUTE = Recompute(0.0, 0.0, 0.0)
+_RC_CACHE: dict[tuple, tuple[ModelSpec, Recompute]] = {}
 
 
-def recompute_fractions(job: Job, eff: Efficiency | None = None) -> Recompute:
-    """What checkpointing recomputes: everything (full), every other matmul and the elementwise ops
-    but not attention (torchtitan's selective per-op policy), all but attention (TRL's selective),
-    or every k-th layer (efficiency.json ``recompute``)."""
-    if not job.gradient_checkpointing:
-        return _NO_RECOMPUTE
-    mode = getattr(job, "checkpointing", "full")
+def recompute_fractions(job: Job, eff: Efficiency | None = None, model: ModelSpec | None = None) -> Recompute:
+    """What checkpointing re-runs in backward, as shares of the forward's matmul, attention and
+    elementwise work: everything of each checkpointed layer (``full``), all but the attention
+    kernel (TRL's ``selective-attention``), the attention kernel and the cached matmul outputs
+    kept (torchtitan's per-op ``selective``: elementwise ops recomputed), or the layers
+    ``every-k`` checkpoints (efficiency.json ``recompute``).
+
+    With ``model``, the matmul share is the recomputed matmul FLOPs of :mod:`ftplan.actflops`
+    over those of full checkpointing (which mm outputs the selective policy caches, which layers
+    every-k checkpoints: transformers' layers 0, k, 2k, ...), and the attention and elementwise
+    shares are scaled by the checkpointed layers; without it, every-k is taken as 1/k.
+    """
+    mode = job.ac_mode
     if mode == "none":
         return _NO_RECOMPUTE
-    if mode == "every-k":
-        f = 1.0 / max(1, int(getattr(job, "checkpoint_every", 1)))
-        return Recompute(f, f, f)
     table = (eff or efficiency()).recompute
-    return table.get(mode) or table["full"]
+    base = table.get(mode) or table["full"]
+    if model is None:
+        if mode == "every-k":
+            f = 1.0 / max(1, int(job.checkpoint_every))
+            return Recompute(f * base.matmul, f * base.attention, f * base.elementwise)
+        return base
+    key = (id(model), id(table), mode, job.checkpoint_every, job.method, job.lora, job.attn_impl)
+    hit = _RC_CACHE.get(key)
+    if hit is not None and hit[0] is model:
+        return hit[1]
+    from .memory import checkpointed_layer_counts
+
+    layers = sum(checkpointed_layer_counts(model, job)) / max(1, model.num_layers)
+    full_mm = recompute_flops_per_token(model, job.with_(checkpointing="full"), 0.0)
+    mm = recompute_flops_per_token(model, job, 0.0) / full_mm if full_mm > 0 else base.matmul * layers
+    # eager attention is no single op a policy could save: it is recomputed with its layer
+    attn = 1.0 if job.attn_impl == "eager" else base.attention
+    out = Recompute(mm, attn * layers, base.elementwise * layers)
+    if len(_RC_CACHE) > 4096:
+        _RC_CACHE.clear()
+    _RC_CACHE[key] = (model, out)
+    return out
 
 
 def attention_context(seq_len: int, window: int | None, attn_impl: str) -> float:
@@ -211,8 +244,8 @@ _FLOPS_CACHE: dict[tuple, FlopsPerToken] = {}
 
 def flops_per_token(model: ModelSpec, job: Job) -> FlopsPerToken:
     """FLOPs per token of ``job`` on ``model`` (independent of micro-batch and layout)."""
-    rc = recompute_fractions(job)
-    key = (model, job.method, job.lora.r, job.lora.target_modules, job.seq_len, job.attn_impl, rc)
+    key = (model, job.method, job.lora.r, job.lora.target_modules, job.seq_len, job.attn_impl,
+           job.ac_mode, job.checkpoint_every, job.loss)
     hit = _FLOPS_CACHE.get(key)
     if hit is not None:
         return hit
@@ -244,7 +277,8 @@ def flops_per_token(model: ModelSpec, job: Job) -> FlopsPerToken:
         bwd = 2.0 * fwd
     else:  # frozen base: input gradients only; attention and adapters: input + weight grads
         bwd = base + 2.0 * attn + 2.0 * adapters
-    recompute = rc.matmul * (base - lm_head + adapters) + rc.attention * attn
+    # checkpointing variants and the loss path (actflops): what backward re-executes
+    recompute = recompute_flops_per_token(model, job, attn) + loss_extra_flops_per_token(model, job)
     out = FlopsPerToken(forward=fwd, backward=bwd, recompute=recompute, base_matmul=base,
                         attention=attn, adapters=adapters, lm_head=lm_head)
     if len(_FLOPS_CACHE) > 4096:
@@ -336,9 +370,17 @@ class _Lin(NamedTuple):
 _PROFILE_CACHE: dict[tuple, tuple[_Lin, ...]] = {}
 
 
+def lm_head_recompute(job: Job) -> float:
+    """Share of the LM head's forward GEMM run again in backward: TRL's fused head (``loss=trl``)
+    recomputes each logits tile in backward (:func:`ftplan.actflops.loss_extra_flops_per_token`);
+    transformers' loss keeps the logits and Liger computes their gradient in the forward."""
+    return 1.0 if job.loss == "trl" else 0.0
+
+
 def _linear_profile(model: ModelSpec, job: Job, tp: int, pp: int) -> tuple[_Lin, ...]:
-    rc = recompute_fractions(job).matmul
-    key = (model, job.method, job.lora, rc, tp, pp)
+    rc = recompute_fractions(job, None, model).matmul
+    head_rc = lm_head_recompute(job)
+    key = (model, job.method, job.lora, rc, head_rc, tp, pp)
     hit = _PROFILE_CACHE.get(key)
     if hit is not None:
         return hit
@@ -347,7 +389,7 @@ def _linear_profile(model: ModelSpec, job: Job, tp: int, pp: int) -> tuple[_Lin,
     lins = list(model.linears())
     out: list[_Lin] = []
     if model.tie_word_embeddings:  # the tied lm_head is a GEMM with the embedding matrix
-        out.append(_Lin(1.0 / pp, model.hidden_size, math.ceil(model.vocab_size / tp), 1.0, full, 0.0, 0))
+        out.append(_Lin(1.0 / pp, model.hidden_size, math.ceil(model.vocab_size / tp), 1.0, full, head_rc, 0))
     for lin in lins:
         k, n = lin.in_features, lin.out_features
         if tp > 1:
@@ -356,7 +398,7 @@ def _linear_profile(model: ModelSpec, job: Job, tp: int, pp: int) -> tuple[_Lin,
             else:
                 n = math.ceil(n / tp)
         r = job.lora.r if (lin.is_module and lin.module in targets) else 0
-        out.append(_Lin(lin.count / pp, k, n, lin.token_fraction, full, 0.0 if lin.category == "lm_head" else rc, r))
+        out.append(_Lin(lin.count / pp, k, n, lin.token_fraction, full, head_rc if lin.category == "lm_head" else rc, r))
     res = tuple(out)
     if len(_PROFILE_CACHE) > 2048:
         _PROFILE_CACHE.clear()
@@ -416,7 +458,7 @@ def attention_time(model: ModelSpec, job: Job, layout: Layout, tokens: float, ra
     f = flops_per_token(model, job)
     if f.attention <= 0:
         return 0.0
-    gc = recompute_fractions(job, eff).attention
+    gc = recompute_fractions(job, eff, model).attention
     share = 1.0 / (layout.tp * layout.pp)
     if job.attn_impl == "eager":
         scores = 0.0  # score elements per token (all layers)
@@ -496,14 +538,18 @@ def elementwise_time(model: ModelSpec, job: Job, layout: Layout, tokens: float, 
 
 
 def loss_bytes_per_token(model: ModelSpec, job: Job, layout: Layout, eff: Efficiency) -> float:
-    """Bytes moved by the loss per token (transformers' ForCausalLMLoss: logits upcast to fp32,
-    log-softmax, backward); on the last pipeline stage, vocabulary-parallel under TP."""
-    return model.vocab_size / layout.tp / layout.pp * eff.loss_bytes_per_logit
+    """Bytes moved by the loss per token and logit (efficiency.json ``loss_bytes_per_logit`` by
+    loss path: transformers' ForCausalLMLoss upcasts the whole logits to fp32; TRL's fused head
+    does the same per tile and again in the backward's recompute; Liger's fused kernel reads the
+    logits tile once and writes its gradient in place); on the last pipeline stage,
+    vocabulary-parallel under TP."""
+    per_logit = eff.loss_bytes_per_logit.get(job.loss, eff.loss_bytes_per_logit["hf"])
+    return model.vocab_size / layout.tp / layout.pp * per_logit
 
 
 def _elementwise_bytes_per_token(model: ModelSpec, job: Job, layout: Layout, eff: Efficiency) -> float:
     layer_bytes, lora_bytes, _ = _elementwise_dims(model, job, layout.tp, eff)
-    rc = recompute_fractions(job, eff).elementwise
+    rc = recompute_fractions(job, eff, model).elementwise
     passes = 1.0 + eff.elementwise_backward_factor + rc
     lora_passes = 1.0 + eff.lora_backward_factor + rc
     per_token = (layer_bytes * passes + lora_bytes * lora_passes) / layout.pp * eff.elementwise_scale
@@ -511,8 +557,9 @@ def _elementwise_bytes_per_token(model: ModelSpec, job: Job, layout: Layout, eff
 
 
 def _weight_traffic_bytes(model: ModelSpec, job: Job, layout: Layout, eff: Efficiency,
-                          params_per_gpu: float, first_micro_batch_share: float) -> float:
-    rc = recompute_fractions(job, eff)
+                          params_per_gpu: float, first_micro_batch_share: float,
+                          rc: Recompute | None = None) -> float:
+    rc = rc or recompute_fractions(job, eff, model)
     total = 0.0
     merged_params = _elementwise_dims(model, job, layout.tp, eff)[2]
     if merged_params:  # PEFT ParamWrapper: W + BA of every expert, each forward and its backward
@@ -535,7 +582,7 @@ def dequant_time(model: ModelSpec, job: Job, layout: Layout, rates: Rates, eff: 
     """
     if job.method != "qlora":
         return 0.0
-    passes = 2.0 + recompute_fractions(job, eff).matmul
+    passes = 2.0 + recompute_fractions(job, eff, model).matmul
     b = eff.dequant_bytes_per_weight + (eff.dequant_double_quant_extra_bytes if job.quant.double_quant else 0.0)
     q = _quantized_params(model, job) / (layout.tp * layout.pp)
     return passes * q * b / rates.hbm_nominal_bytes_per_s
@@ -566,7 +613,7 @@ def host_time(model: ModelSpec, job: Job, layout: Layout, eff: Efficiency) -> fl
     per-op dispatch time; ``torch.compile`` keeps ``compile_op_factor`` of the launches."""
     n_lora = _lora_module_count(model, job)
     ops_fwd = (model.num_layers * eff.ops_per_layer_forward + n_lora * eff.ops_per_lora_module_forward) / layout.pp
-    passes = 1.0 + eff.backward_op_factor + recompute_fractions(job, eff).elementwise
+    passes = 1.0 + eff.backward_op_factor + recompute_fractions(job, eff, model).elementwise
     ops = ops_fwd * passes * (eff.compile_op_factor if job.torch_compile else 1.0)
     return ops * eff.dispatch_s_per_op
 
@@ -579,12 +626,14 @@ def step_overhead(eff: Efficiency) -> float:
 # ---------------------------------------------------------------------------------------------
 # optimizer
 # ---------------------------------------------------------------------------------------------
-def optimizer_time(st: Any, job: Job, layout: Layout, rates: Rates, eff: Efficiency) -> tuple[float, float]:
+def optimizer_time(st: Any, job: Job, layout: Layout, rates: Rates, eff: Efficiency,
+                   expert_share: float = 0.0) -> tuple[float, float]:
     """(optimizer seconds, offload transfer seconds) per step on one GPU.
 
     On the GPU: read weights, master, gradients and states and write weights, master and states
     (x the implementation's traffic factor: fused 1, foreach/for-loop ~3), plus gradient clipping,
-    on this GPU's shard. Offloaded: CPU Adam at ``cpu_adam_params_per_s`` plus the gradient and
+    on this GPU's shard (with expert parallelism an unsharded optimizer holds ``1 / ep`` of the
+    routed experts, ``expert_share`` of the parameters). Offloaded: CPU Adam at ``cpu_adam_params_per_s`` plus the gradient and
     parameter transfers over PCIe.
     """
     mp = layout.tp * layout.pp
@@ -603,6 +652,9 @@ def optimizer_time(st: Any, job: Job, layout: Layout, rates: Rates, eff: Efficie
         factor = eff.optimizer_traffic_factor["fused"]  # bitsandbytes' 8-bit optimizers are fused kernels
     opt_bytes = (factor * (2.0 * (st.trainable_weights + st.master_weights + st.optimizer_states) + st.gradients)
                  + eff.grad_clip_bytes_factor * st.gradients) / mp / shard
+    if layout.ep > 1 and job.method == "full" and not layout.shards_optimizer:
+        # an unsharded optimizer updates only the rank's 1/ep of the routed experts
+        opt_bytes *= (1.0 - expert_share) + expert_share / layout.ep
     return opt_bytes / rates.hbm_bytes_per_s, 0.0
 
 
@@ -686,25 +738,58 @@ class _Comm(NamedTuple):
 
 
 def dp_comm(st: Any, model: ModelSpec, job: Job, layout: Layout, links: _Links, eff: Efficiency) -> _Comm:
-    """Data-parallel communication of one step on one GPU (bandwidth + ring latency per collective)."""
+    """Data-parallel communication of one step on one GPU (bandwidth + ring latency per collective).
+
+    With expert parallelism (``layout.ep > 1``) the routed experts' bytes move in their own group
+    instead: ``1 / ep`` of them over the ``dp x tp / ep`` ranks that hold the same experts
+    (:mod:`ftplan.expert_parallel`); the rest of the model over the data-parallel group."""
     dp = layout.dp
-    if dp <= 1:
+    if dp <= 1 and layout.ep <= 1:
         return _Comm(0.0, 0.0, 0.0, 0.0, 1)
     mp = layout.tp * layout.pp
-    m = job.grad_accum
-    bw, lat = links.dp_bw, links.hop_latency
     units = max(1, math.ceil(model.num_layers / layout.pp)) + 1
-    grads = st.gradients / mp
+    grads = st.gradients
     if job.method == "full":
-        gather = st.params_trainable * float(dtype_bytes(compute_dtype(job))) / mp
+        gather = st.params_trainable * float(dtype_bytes(compute_dtype(job)))
         upd = gather
     else:
-        gather = (st.frozen_weights + st.trainable_weights) / mp
-        upd = st.trainable_weights / mp
+        gather = st.frozen_weights + st.trainable_weights
+        upd = st.trainable_weights
+    if layout.ep <= 1:
+        return _dp_collectives(gather / mp, grads / mp, upd / mp, dp, units, job, layout, links, eff)
+    ge, gre, ue = _expert_comm_bytes(model, job)
+    ep = layout.ep
+    rest = _dp_collectives(max(0.0, gather - ge) / mp, max(0.0, grads - gre) / mp, max(0.0, upd - ue) / mp,
+                           dp, units, job, layout, links, eff)
+    pe = layout.pp * ep
+    ex = _dp_collectives(ge / pe, gre / pe, ue / pe, dp * layout.tp // ep, units, job, layout, links, eff)
+    return _Comm(rest.raw_s + ex.raw_s, rest.per_micro_batch_s + ex.per_micro_batch_s,
+                 rest.last_backward_s + ex.last_backward_s, rest.after_step_s + ex.after_step_s, rest.units)
+
+
+def _expert_comm_bytes(model: ModelSpec, job: Job) -> tuple[float, float, float]:
+    """Whole-model bytes of the routed experts that data-parallel collectives move: (gathered
+    weights, gradients, updated weights). Frozen experts (LoRA/QLoRA) only gather, in their
+    storage dtype (QLoRA's fused 3-D experts are not quantized and are upcast to fp32)."""
+    n = float(model.params.experts or 0)
+    if job.method == "full":
+        c = n * float(dtype_bytes(compute_dtype(job)))
+        return c, n * float(dtype_bytes(PRECISIONS[job.precision]["grad"])), c
+    w = 4.0 if job.method == "qlora" else float(dtype_bytes(PRECISIONS[job.precision]["frozen"]))
+    return n * w, 0.0, 0.0
+
+
+def _dp_collectives(gather: float, grads: float, upd: float, n: int, units: int, job: Job, layout: Layout,
+                    links: _Links, eff: Efficiency) -> _Comm:
+    """The strategy's collectives of per-GPU ``gather`` / ``grads`` / ``upd`` bytes over ``n`` ranks."""
+    if n <= 1:
+        return _Comm(0.0, 0.0, 0.0, 0.0, units)
+    m = job.grad_accum
+    bw, lat = links.dp_bw, links.hop_latency
     s = layout.strategy
 
     def coll(nbytes: float, n_coll: int) -> float:  # ring all-gather / reduce-scatter
-        return (dp - 1) / dp * nbytes / bw + (dp - 1) * lat * n_coll if nbytes > 0 else 0.0
+        return (n - 1) / n * nbytes / bw + (n - 1) * lat * n_coll if nbytes > 0 else 0.0
 
     if s == "ddp":
         buckets = max(1, math.ceil(grads / eff.ddp_bucket_bytes))
@@ -721,7 +806,7 @@ def dp_comm(st: Any, model: ModelSpec, job: Job, layout: Layout, links: _Links, 
     if s in ("zero3", "fsdp"):
         mb = 2.0 * coll(gather, units) + coll(grads, units)
         return _Comm(m * mb, mb, 0.0, 0.0, units)
-    return _Comm(0.0, 0.0, 0.0, 0.0, 1)
+    return _Comm(0.0, 0.0, 0.0, 0.0, units)
 
 
 def _exposed(comm_s: float, compute_s: float, eff: Efficiency, first_s: float) -> float:
@@ -740,7 +825,7 @@ def tp_comm(model: ModelSpec, job: Job, layout: Layout, tokens: float, links: _L
     if tp <= 1:
         return 0.0
     act = tokens * model.hidden_size * float(dtype_bytes(compute_dtype(job)))
-    n_ar = (4.0 + 2.0 * recompute_fractions(job).matmul) * model.num_layers / layout.pp
+    n_ar = (4.0 + 2.0 * recompute_fractions(job, None, model).matmul) * model.num_layers / layout.pp
     return n_ar * all_reduce_time(act, tp, links.intra_bw, links.intra_latency)
 
 
@@ -751,6 +836,36 @@ def pp_comm(model: ModelSpec, job: Job, layout: Layout, tokens: float, links: _L
     act = tokens * model.hidden_size * float(dtype_bytes(compute_dtype(job)))
     bw = links.dp_bw if layout.nodes > 1 else links.intra_bw
     return 2.0 * (act / bw + links.hop_latency)
+
+
+def ep_comm(model: ModelSpec, job: Job, layout: Layout, tokens: float, links: _Links,
+            rc: Recompute | None = None) -> float:
+    """Expert-parallel all-to-alls of one micro-batch of ``tokens`` tokens on the busiest rank,
+    on the critical path: per MoE layer ``a2a_per_moe_layer_forward`` (dispatch and combine) in
+    the forward, as many in backward, and again for the recomputed share under checkpointing;
+    each moves the rows the busiest rank's experts receive (``ep_rows_per_rank``: tokens x top_k
+    x the worst-rank load factor of catalog/data/moe.json) of the hidden size in the compute
+    dtype, over NVLink when the EP group fits in a node (:mod:`ftplan.expert_parallel`)."""
+    ep = layout.ep
+    if ep <= 1:
+        return 0.0
+    from .catalog.hostdata import moe_constants
+    from .expert_parallel import all_to_all_time, ep_rows_per_rank
+
+    rc = rc or recompute_fractions(job, None, model)
+    inside = ep <= layout.gpus_per_node
+    bw = links.intra_bw if inside else links.dp_bw
+    lat = links.intra_latency if inside else links.hop_latency
+    c = float(dtype_bytes(compute_dtype(job)))
+    per_pass = moe_constants().a2a_per_moe_layer_forward
+    passes = 2.0 + rc.matmul
+    total = 0.0
+    for g in model.groups:
+        if g.moe is None:
+            continue
+        rows = ep_rows_per_rank(int(tokens), g.moe)
+        total += g.count / layout.pp * passes * per_pass * all_to_all_time(rows * model.hidden_size * c, ep, bw, lat)
+    return total
 
 
 # ---------------------------------------------------------------------------------------------
@@ -777,6 +892,7 @@ class _Static(NamedTuple):
     pp_per_token_s: float
     pp_latency_s: float
     optimizer_s: float
+    rc: Recompute
     offload_xfer_s: float
     offload_gather_bytes: float
     startup_hours: float
@@ -804,7 +920,9 @@ def _static(model: ModelSpec, job: Job, layout: Layout, gpu: Any, offer: Any | N
     st = _states(model, job)
     params_gpu = st.params_trainable / mp / (layout.dp if layout.shards_params else 1)
     links = _links(gpu, layout, offer, eff)
-    opt, xfer = optimizer_time(st, job, layout, rates, eff)
+    share = (model.params.experts or 0) / max(1, model.params.total) if layout.ep > 1 else 0.0
+    opt, xfer = optimizer_time(st, job, layout, rates, eff, share)
+    rc = recompute_fractions(job, eff, model)
     gather = 0.0
     if layout.offload_params:  # FSDP CPUOffload: each GPU's shard goes up for forward and backward
         gather = ((st.params_trainable * float(dtype_bytes(compute_dtype(job)))) if job.method == "full"
@@ -822,7 +940,7 @@ def _static(model: ModelSpec, job: Job, layout: Layout, gpu: Any, offer: Any | N
         host_s=host_time(model, job, layout, eff),
         links=links,
         tp_per_token_s=tp2 - tp1, tp_latency_s=tp0, pp_per_token_s=pp2 - pp1, pp_latency_s=pp0,
-        optimizer_s=opt, offload_xfer_s=xfer, offload_gather_bytes=gather,
+        optimizer_s=opt, rc=rc, offload_xfer_s=xfer, offload_gather_bytes=gather,
         startup_hours=(eff.startup_fixed_s + _params_total(model) * 2.0 / eff.startup_load_bytes_per_s) / 3600.0,
     )
     if len(_STATIC_CACHE) > 4096:
@@ -846,10 +964,12 @@ def estimate_runtime(model: ModelSpec, job: Job, layout: Layout, gpu: Any, *, of
     # -- GPU work of one micro-batch on one GPU
     t_mm = _matmul_seconds(sx.lins, tok, rates)
     t_attn = tok * sx.attn_per_token_s
-    t_ew = tok * sx.ew_per_token_s + _weight_traffic_bytes(model, job, layout, eff, sx.params_gpu, 1.0 / m) / rates.hbm_bytes_per_s
+    t_ew = tok * sx.ew_per_token_s + _weight_traffic_bytes(model, job, layout, eff, sx.params_gpu, 1.0 / m,
+                                                           sx.rc) / rates.hbm_bytes_per_s
     t_dq = sx.dequant_s
     t_tp = tok * sx.tp_per_token_s + sx.tp_latency_s if tp > 1 else 0.0
     t_ppc = tok * sx.pp_per_token_s + sx.pp_latency_s if pp > 1 else 0.0
+    t_ep = ep_comm(model, job, layout, tok, links, sx.rc) if layout.ep > 1 else 0.0
     gpu_mb = t_mm + t_attn + t_ew + t_dq
     host_mb = sx.host_s
 
@@ -861,7 +981,7 @@ def estimate_runtime(model: ModelSpec, job: Job, layout: Layout, gpu: Any, *, of
     tail = min(comm.last_backward_s, 2.0 * eff.ddp_bucket_bytes / links.dp_bw) if comm.last_backward_s else 0.0
     exposed_step = _exposed(comm.last_backward_s, bwd_share * gpu_mb, eff, tail) + comm.after_step_s
 
-    busy_mb = gpu_mb + exposed_mb + t_tp + t_ppc
+    busy_mb = gpu_mb + exposed_mb + t_tp + t_ppc + t_ep
     mb_time = max(busy_mb, host_mb)
     compute = m * gpu_mb
     bubble = (pp - 1) * mb_time if pp > 1 else 0.0
@@ -888,8 +1008,8 @@ def estimate_runtime(model: ModelSpec, job: Job, layout: Layout, gpu: Any, *, of
     return RuntimeEstimate(
         step_time_s=step,
         compute_time_s=compute,
-        comm_time_s=dp_raw + m * (t_tp + t_ppc),
-        exposed_comm_s=m * exposed_mb + exposed_step + m * (t_tp + t_ppc),
+        comm_time_s=dp_raw + m * (t_tp + t_ppc + t_ep),
+        exposed_comm_s=m * exposed_mb + exposed_step + m * (t_tp + t_ppc + t_ep),
         optimizer_time_s=opt,
         dequant_time_s=m * t_dq,
         tokens_per_s=tps,
@@ -914,6 +1034,7 @@ def estimate_runtime(model: ModelSpec, job: Job, layout: Layout, gpu: Any, *, of
             "dp_comm_exposed_s": m * exposed_mb + exposed_step,
             "tp_comm_s": m * t_tp,
             "pp_comm_s": m * t_ppc,
+            "ep_all_to_all_s": m * t_ep,
             "optimizer_s": opt,
             "offload_transfer_s": offload_s,
             "step_overhead_s": fixed,

@@ -72,7 +72,7 @@ class Efficiency:
     elementwise_compiled: ElementwiseBytes
     elementwise_backward_factor: float
     elementwise_scale: float
-    loss_bytes_per_logit: float
+    loss_bytes_per_logit: dict[str, float]  # by loss path (job.loss: hf, trl, liger)
     autocast_cast_bytes_per_param: float
     grad_accumulate_bytes_per_param: float
     lora_bytes_per_in: float
@@ -258,7 +258,7 @@ def parse_efficiency(data: Any, where: str = "efficiency.json") -> Efficiency:
         elementwise_compiled=_ew(_block(ew, "compiled", f"{where}: elementwise"), f"{where}: elementwise.compiled"),
         elementwise_backward_factor=_valued(ew.get("backward_factor"), f"{where}: elementwise.backward_factor", 0, 10),
         elementwise_scale=_valued(ew.get("scale"), f"{where}: elementwise.scale", 0, 10),
-        loss_bytes_per_logit=_valued(ew.get("loss_bytes_per_logit"), f"{where}: elementwise.loss_bytes_per_logit", 0, 1000),
+        loss_bytes_per_logit=_table(ew, "loss_bytes_per_logit", f"{where}: elementwise", hi=1000),
         autocast_cast_bytes_per_param=_valued(ew.get("autocast_cast_bytes_per_param"),
                                               f"{where}: elementwise.autocast_cast_bytes_per_param", 0, 100),
         grad_accumulate_bytes_per_param=_valued(ew.get("grad_accumulate_bytes_per_param"),

@@ -49,11 +49,11 @@ def offers():
     return filter_offers(load_offers(), pricing=["on-demand"])
 
 
-def _search(name: str, offers, **kw):
+def _search(name: str, offers, job_kw=None, **kw):
     ref, method = SEARCHES[name]
     model = resolve_model(ref)
     dropout = 0.0 if model.is_moe else 0.05  # the CLI's default (PEFT refuses dropout on fused experts)
-    job = Job(method=method, dataset_tokens=20_000_000, lora=LoraSpec(dropout=dropout))
+    job = Job(method=method, dataset_tokens=20_000_000, lora=LoraSpec(dropout=dropout), **(job_kw or {}))
     return model, recommend(model, job, offers, **kw)
 
 
@@ -79,10 +79,13 @@ def test_best_plan_exports_and_parses(name, offers, owners, tmp_path, monkeypatc
 
 
 def test_pipeline_parallel_left_out_with_reason(offers):
-    model, ps = _search("llama-3.1-70b full", offers)
+    # a job whose states and activations need model parallelism on the smaller GPUs (transformers'
+    # loss with full logits, no checkpointing), so the search reaches the tensor/pipeline stage
+    heavy = {"seq_len": 2048, "gradient_checkpointing": False, "loss": "hf"}
+    model, ps = _search("llama-3.1-70b full", offers, heavy)
     assert not any(p.layout.pp > 1 for p in ps.plans)
     assert any("pipeline parallelism" in n for n in ps.notes)
-    _, every = _search("llama-3.1-70b full", offers, target=None)
+    _, every = _search("llama-3.1-70b full", offers, heavy, target=None)
     assert any(p.layout.pp > 1 for p in every.plans)
     assert not any("pipeline parallelism" in n for n in every.notes)
     with pytest.raises(ConfigError, match="unknown export target"):

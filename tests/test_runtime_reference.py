@@ -32,6 +32,7 @@ from ftplan.runtime import (
     estimate_runtime,
     gemm_time,
     host_time,
+    loss_bytes_per_token,
     matmul_time,
     recompute_fractions,
 )
@@ -267,6 +268,41 @@ def test_recompute_fractions_of_a_model_by_hand():
     eager = recompute_fractions(_J(gradient_checkpointing=True, checkpointing="selective", attn_impl="eager"), None, m)
     assert eager.attention == 1
     assert recompute_fractions(_J(gradient_checkpointing=True, checkpointing="selective-attention"), None, m) == (1, 0, 1)
+
+
+def test_loss_path_terms_by_hand():
+    """transformers' loss moves 40 B per logit (fp32 upcast, log-softmax and its backward), Liger's
+    fused kernel 6; TRL's fused head runs the LM head's forward GEMM once more in backward, so its
+    matmul time exceeds transformers' by exactly one (tokens x hidden x vocab) GEMM."""
+    eff = efficiency()
+    m = resolve_model("llama-3.2-1b")  # tied embeddings: the head is the 2048 x 128256 embedding
+    lay = Layout()
+    assert loss_bytes_per_token(m, _J(), lay, eff) == pytest.approx(128256 * 40)
+    assert loss_bytes_per_token(m, _J(loss="liger"), lay, eff) == pytest.approx(128256 * 6)
+    r = _rates("h100-sxm")
+    t = 4096.0
+    extra = matmul_time(m, _J(loss="trl"), lay, t, r) - matmul_time(m, _J(), lay, t, r)
+    assert extra == pytest.approx(gemm_time(t, 2048, 128256, r), rel=1e-9)
+    assert matmul_time(m, _J(loss="liger"), lay, t, r) == pytest.approx(matmul_time(m, _J(), lay, t, r))
+
+
+def test_ep_all_to_all_by_hand():
+    """Qwen3-30B-A3B (48 MoE layers, hidden 2048, top-8) on 8 H100 with EP 8, one micro-batch of
+    4096 tokens, no checkpointing: per layer 2 all-to-alls forward and 2 backward, each of the
+    busiest rank's 4096 x 8 x 1.25 = 40960 rows x 2048 x 2 B, 7/8 of it over NVLink at the bus
+    efficiency, plus 7 hop latencies (ring-free pairwise exchange)."""
+    eff = efficiency()
+    m = resolve_model("qwen3-30b-a3b")
+    gpu = load_gpus()["h100-sxm"]
+    job = _J(method="full", micro_batch=1, seq_len=4096)
+    plain = estimate_runtime(m, job, Layout(8, 1, "fsdp"), gpu)
+    ep = estimate_runtime(m, job, Layout(8, 1, "fsdp", ep=8), gpu)
+    bw = gpu.intra_node_bw_for(8) * 1e9 * eff.bus_efficiency
+    one = 7 / 8 * 40960 * 2048 * 2 / bw + 7 * eff.latency_hop_intra_s
+    assert ep.breakdown["ep_all_to_all_s"] == pytest.approx(48 * 4 * one, rel=1e-9)
+    assert plain.breakdown["ep_all_to_all_s"] == 0
+    # the experts' gathers move in their own group with 1/8 of the bytes: less FSDP traffic
+    assert ep.breakdown["dp_comm_s"] < plain.breakdown["dp_comm_s"] / 4
 
 
 def test_fsdp_two_nodes_comm_by_hand():

@@ -8,10 +8,12 @@ one ``ConfigError`` (torchtune-style: report all errors together).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from .errors import ConfigError, did_you_mean
+from .inputs import show_value
 from .model import ModelSpec
 
 __all__ = [
@@ -27,6 +29,8 @@ __all__ = [
     "validate_job",
     "lora_targets",
     "lora_wraps_experts",
+    "JOB_LIMITS",
+    "check_job_fields",
 ]
 
 Method = Literal["full", "lora", "qlora", "fp8", "nvfp4"]
@@ -177,18 +181,107 @@ def _check(cond: bool, problems: list[str], msg: str) -> None:
         problems.append(msg)
 
 
-def validate_job(model: ModelSpec, job: Job, layout: Layout | None = None) -> None:
-    """Raise one ``ConfigError`` listing every problem with ``job``/``layout`` for ``model``."""
-    layout = layout or Layout()
+#: Sanity bounds on job and layout numbers: validation limits, not physical data. Each is far above
+#: any real fine-tuning job (sequences of 10M tokens, 100k GPUs, the largest pretraining corpora
+#: ~4e13 tokens) and low enough that arithmetic on them stays exact and finite.
+JOB_LIMITS: dict[str, float] = {
+    "micro_batch": 1 << 16,
+    "seq_len": 1 << 24,
+    "grad_accum": 1 << 20,
+    "dataset_tokens": 10**15,
+    "epochs": 10_000,
+    "lora_r": 1 << 16,
+    "lora_alpha": 1e6,
+    "gpus_per_node": 1024,
+    "nodes": 1 << 17,
+    "world_size": 1 << 20,
+}
+
+
+def _int_ok(v: object, what: str, key: str, p: list[str], minimum: int = 1) -> bool:
+    if isinstance(v, bool) or not isinstance(v, int):
+        p.append(f"{what} must be an integer (got {show_value(v)})")
+        return False
+    if v < minimum:
+        p.append(f"{what} must be >= {minimum} (got {show_value(v)})")
+        return False
+    hi = JOB_LIMITS.get(key)
+    if hi is not None and v > hi:
+        p.append(f"{what} {show_value(v)} is implausibly large (at most {hi:,.0f})")
+        return False
+    return True
+
+
+def _num_ok(v: object, what: str, p: list[str]) -> bool:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        p.append(f"{what} must be a number (got {show_value(v)})")
+        return False
+    if isinstance(v, float) and not math.isfinite(v):
+        p.append(f"{what} must be a finite number (got {v!r})")
+        return False
+    return True
+
+
+def _types(job: Job, layout: Layout) -> list[str]:
+    """Type problems of the fields (a job built from JSON or a web form can hold anything)."""
     p: list[str] = []
+    for name in ("method", "precision", "optimizer", "attn_impl"):
+        if not isinstance(getattr(job, name), str):
+            p.append(f"{name} must be a name (got {show_value(getattr(job, name))})")
+    if not isinstance(layout.strategy, str):
+        p.append(f"strategy must be a name (got {show_value(layout.strategy)})")
+    for obj, name in ((job, "gradient_checkpointing"), (layout, "offload_optimizer"), (layout, "offload_params"),
+                      (job.quant, "double_quant")):
+        if not isinstance(getattr(obj, name), bool):
+            p.append(f"{name} must be true or false (got {show_value(getattr(obj, name))})")
+    if not isinstance(job.lora, LoraSpec) or not isinstance(job.quant, QuantSpec):
+        p.append("lora and quant must be LoraSpec and QuantSpec")
+        return p
+    tm = job.lora.target_modules
+    if not isinstance(tm, tuple) or not tm or not all(isinstance(t, str) and t and t.isprintable()
+                                                       and len(t) <= 256 for t in tm) or len(tm) > 256:
+        p.append("LoRA target modules must be a non-empty list of module names")
+    for q in ("quant_type", "compute_dtype"):
+        if not isinstance(getattr(job.quant, q), str):
+            p.append(f"{q} must be a name (got {show_value(getattr(job.quant, q))})")
+    return p
+
+
+def check_job_fields(job: Job, layout: Layout | None = None) -> None:
+    """The model-independent part of :func:`validate_job`: types, names, finiteness and sanity
+    bounds (:data:`JOB_LIMITS`). For jobs read from files before the model is known."""
+    layout = layout or Layout()
+    p = _fields(job, layout)
+    if p:
+        raise ConfigError("; ".join(p), "fix the options above")
+
+
+def validate_job(model: ModelSpec, job: Job, layout: Layout | None = None) -> None:
+    """Raise one ``ConfigError`` listing every problem with ``job``/``layout`` for ``model``.
+
+    Types, finiteness and sanity bounds (:data:`JOB_LIMITS`) are checked first, so that a NaN, an
+    infinity or a 400-digit number never reaches the memory, runtime or cost arithmetic.
+    """
+    layout = layout or Layout()
+    p = _fields(job, layout)
+    if p:
+        raise ConfigError("; ".join(p), "fix the options above")
+    _validate_for_model(model, job, layout, p)
+
+
+def _fields(job: Job, layout: Layout) -> list[str]:
+    """Type, name and bound problems (raises at once for an unknown method/precision/...)."""
+    p = _types(job, layout)
+    if p:
+        raise ConfigError("; ".join(p), "fix the options above")
     if job.method in FUTURE_METHODS:
         raise ConfigError(
             f"method {job.method!r} is not modelled yet",
             "use --method full, lora or qlora (fp8/nvfp4 training are planned)",
         )
     if job.method not in METHODS:
-        hint = did_you_mean(job.method, METHODS) or f"use one of {', '.join(METHODS)}"
-        raise ConfigError(f"unknown method {job.method!r}", hint)
+        hint = did_you_mean(job.method[:100], METHODS) or f"use one of {', '.join(METHODS)}"
+        raise ConfigError(f"unknown method {job.method[:100]!r}", hint)
     for value, choices, what in (
         (job.precision, PRECISIONS, "precision"),
         (job.optimizer, OPTIMIZERS, "optimizer"),
@@ -196,21 +289,41 @@ def validate_job(model: ModelSpec, job: Job, layout: Layout | None = None) -> No
         (layout.strategy, STRATEGIES, "strategy"),
     ):
         if value not in choices:
-            hint = did_you_mean(value, choices) or f"use one of {', '.join(choices)}"
-            raise ConfigError(f"unknown {what} {value!r}", hint)
-    _check(job.micro_batch >= 1, p, f"micro-batch must be >= 1 (got {job.micro_batch})")
-    _check(job.seq_len >= 1, p, f"sequence length must be >= 1 (got {job.seq_len})")
-    _check(job.grad_accum >= 1, p, f"gradient accumulation must be >= 1 (got {job.grad_accum})")
-    _check(job.epochs > 0, p, f"epochs must be > 0 (got {job.epochs})")
-    _check(job.dataset_tokens is None or job.dataset_tokens > 0, p,
-           f"dataset tokens must be > 0 (got {job.dataset_tokens})")
+            hint = did_you_mean(value[:100], choices) or f"use one of {', '.join(choices)}"
+            raise ConfigError(f"unknown {what} {value[:100]!r}", hint)
+    _int_ok(job.micro_batch, "micro-batch", "micro_batch", p)
+    _int_ok(job.seq_len, "sequence length", "seq_len", p)
+    _int_ok(job.grad_accum, "gradient accumulation", "grad_accum", p)
+    if _num_ok(job.epochs, "epochs", p):
+        _check(job.epochs > 0, p, f"epochs must be > 0 (got {show_value(job.epochs)})")
+        _check(job.epochs <= JOB_LIMITS["epochs"], p,
+               f"epochs {float(job.epochs):g} is implausibly large (at most {JOB_LIMITS['epochs']:,.0f})")
+    tokens = job.dataset_tokens
+    if tokens is not None:
+        if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens <= 0:
+            p.append(f"dataset tokens must be > 0 (got {show_value(tokens)})")
+        else:
+            _int_ok(tokens, "dataset tokens", "dataset_tokens", p)
+    layout_ints = [_int_ok(getattr(layout, k), what, k, p) for k, what in (
+        ("gpus_per_node", "GPUs per node"), ("nodes", "nodes"), ("tp", "tensor-parallel degree"),
+        ("pp", "pipeline-parallel degree"))]
+    if all(layout_ints) and layout.world_size > JOB_LIMITS["world_size"]:
+        p.append(f"{show_value(layout.world_size)} GPUs is implausibly many (at most {JOB_LIMITS['world_size']:,.0f})")
     if job.uses_lora:
         lo = job.lora
-        _check(lo.r >= 1, p, f"LoRA rank must be >= 1 (got {lo.r})")
-        _check(lo.alpha > 0, p, f"LoRA alpha must be > 0 (got {lo.alpha})")
-        _check(0.0 <= lo.dropout < 1.0, p, f"LoRA dropout must be in [0, 1) (got {lo.dropout})")
+        if _int_ok(lo.r, "LoRA rank", "lora_r", p) and _num_ok(lo.alpha, "LoRA alpha", p) \
+                and _num_ok(lo.dropout, "LoRA dropout", p):
+            _check(lo.alpha > 0, p, f"LoRA alpha must be > 0 (got {show_value(lo.alpha)})")
+            _check(lo.alpha <= JOB_LIMITS["lora_alpha"], p, f"LoRA alpha {show_value(lo.alpha)} is implausibly large")
+            _check(0.0 <= lo.dropout < 1.0, p, f"LoRA dropout must be in [0, 1) (got {show_value(lo.dropout)})")
+    return p
+
+
+def _validate_for_model(model: ModelSpec, job: Job, layout: Layout, p: list[str]) -> None:
+    if job.uses_lora:
+        lo = job.lora
         _check(not (lora_wraps_experts(model, lo) and lo.dropout > 0), p,
-               f"LoRA dropout {lo.dropout} with all-linear on MoE model {model.name}: PEFT wraps its fused "
+               f"LoRA dropout {show_value(lo.dropout)} with all-linear on MoE model {model.name}: PEFT wraps its fused "
                "experts with ParamWrapper, which refuses lora_dropout > 0 (use --lora-dropout 0, or "
                "target attention only, e.g. --lora-targets q_proj,k_proj,v_proj,o_proj)")
         names = model.module_names()
@@ -229,9 +342,7 @@ def validate_job(model: ModelSpec, job: Job, layout: Layout | None = None) -> No
                f"QLoRA compute dtype must be bf16, fp16 or fp32 (got {q.compute_dtype!r})")
     if job.precision in ("bf16", "fp16") and job.method == "full" and job.optimizer == "adamw":
         pass  # legal (pure half-precision training), the memory model handles it
-    # layout
-    _check(layout.gpus_per_node >= 1 and layout.nodes >= 1, p, "GPUs per node and nodes must be >= 1")
-    _check(layout.tp >= 1 and layout.pp >= 1, p, "tensor- and pipeline-parallel degrees must be >= 1")
+    # layout (types and bounds checked above)
     if layout.tp >= 1 and layout.pp >= 1 and layout.gpus_per_node >= 1 and layout.nodes >= 1:
         _check(layout.world_size % (layout.tp * layout.pp) == 0, p,
                f"tp x pp = {layout.tp * layout.pp} must divide the {layout.world_size} GPUs")

@@ -24,6 +24,7 @@ from typing import Any
 
 from .cost import Cost, estimate_cost
 from .errors import ConfigError, FtplanError
+from .inputs import check_finite
 from .job import Job, Layout, validate_job
 from .memory import MemoryBreakdown, estimate_memory
 from .model import ModelSpec
@@ -321,15 +322,7 @@ def recommend(
         raise ConfigError(f"unknown objective {objective!r}", "use cost or time")
     if not job.dataset_tokens:
         raise ConfigError("the planner needs the dataset size", "pass --tokens, e.g. --tokens 50M")
-    if not 0.0 <= safety_margin < 1.0:
-        raise ConfigError(f"safety margin must be in [0, 1) (got {safety_margin})", "e.g. --margin 0.05")
-    if max_gpus is not None and max_gpus < 1:
-        raise ConfigError(f"max GPUs must be >= 1 (got {max_gpus})", "e.g. --max-gpus 16")
-    if global_batch is not None and global_batch < 1:
-        raise ConfigError(f"global batch must be >= 1 (got {global_batch})", "e.g. --global-batch 64")
-    for v, what in ((deadline_hours, "deadline"), (budget_usd, "budget")):
-        if v is not None and not v > 0:
-            raise ConfigError(f"{what} must be > 0 (got {v})", f"pass a positive --{what}")
+    _check_search(safety_margin, max_gpus, global_batch, deadline_hours, budget_usd)
     validate_job(model, job)
     notes: list[str] = []
     if max_gpus is None:
@@ -445,6 +438,39 @@ def recommend(
     return PlanSet(objective, plans, tuple(infeasible), stats, tuple(notes))
 
 
+#: sanity bounds on search constraints (validation limits): a deadline of a century, a budget of a
+#: trillion dollars, a million GPUs are already far beyond any fine-tuning job
+_MAX_DEADLINE_HOURS = 24 * 366 * 100
+_MAX_BUDGET_USD = 1e12
+_MAX_SEARCH_GPUS = 1 << 20
+
+
+def _check_search(safety_margin: float, max_gpus: int | None, global_batch: int | None,
+                  deadline_hours: float | None = None, budget_usd: float | None = None) -> None:
+    """One ConfigError listing every bad search constraint (NaN, infinity, wrong type, out of range)."""
+    p: list[str] = []
+    if check_finite(safety_margin, "safety margin", problems=p) and not 0.0 <= safety_margin < 1.0:
+        p.append(f"safety margin must be in [0, 1) (got {safety_margin}), e.g. --margin 0.05")
+    if max_gpus is not None and check_finite(max_gpus, "max GPUs", integer=True, problems=p):
+        if max_gpus < 1:
+            p.append(f"max GPUs must be >= 1 (got {max_gpus}), e.g. --max-gpus 16")
+        elif max_gpus > _MAX_SEARCH_GPUS:
+            p.append(f"max GPUs {max_gpus:.3g} is implausibly many (at most {_MAX_SEARCH_GPUS:,})")
+    if global_batch is not None and check_finite(global_batch, "global batch", integer=True, problems=p):
+        if global_batch < 1:
+            p.append(f"global batch must be >= 1 (got {global_batch}), e.g. --global-batch 64")
+        elif global_batch > 1 << 30:
+            p.append(f"global batch {global_batch:.3g} is implausibly large (at most {1 << 30:,})")
+    for v, what, hi in ((deadline_hours, "deadline", _MAX_DEADLINE_HOURS), (budget_usd, "budget", _MAX_BUDGET_USD)):
+        if v is not None and check_finite(v, what, problems=p):
+            if not v > 0:
+                p.append(f"{what} must be > 0 (got {v}): pass a positive --{what}")
+            elif v > hi:
+                p.append(f"{what} {v:g} is implausibly large (at most {hi:g})")
+    if p:
+        raise ConfigError("; ".join(p), "fix the search options")
+
+
 def _sort_key(p: Plan, objective: str) -> tuple:
     tie = (p.offer.provider, p.offer.sku, str(getattr(p.offer, "region", "")), p.layout.world_size,
            p.layout.strategy, p.layout.tp, p.layout.pp, p.layout.offload_optimizer,
@@ -528,8 +554,7 @@ class FitResult:
 def fit(model: ModelSpec, job: Job, gpu: Any, *, safety_margin: float = 0.05,
         max_gpus: int = 1024) -> FitResult:
     """What fits on ``gpu``: longest sequence, largest micro-batch, fewest GPUs per strategy."""
-    if not 0.0 <= safety_margin < 1.0:
-        raise ConfigError(f"safety margin must be in [0, 1) (got {safety_margin})", "e.g. --margin 0.05")
+    _check_search(safety_margin, max_gpus, None)
     validate_job(model, job)
     notes: list[str] = []
     gjob, gnotes, why = _platform_job(job, gpu)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 from ..job import Job, Layout
@@ -146,12 +147,12 @@ def render_readme(plan: dict[str, Any], *, job: Job, layout: Layout, kind: str, 
             flags = ", ".join(f for f in (_flags(a), "fallback" if is_fb else "") if f and f != "-") or "-"
             L.append(f"| {ao.get('provider')} | {ao.get('sku')} | {ao.get('gpu')} | {_gpus(al)} | "
                      f"{a.get('strategy_label', al.get('strategy'))} | "
-                     f"{(a.get('runtime') or {}).get('total_hours', 0):,.2f} | "
+                     f"{(a.get('runtime') or {}).get('total_hours') or 0:,.2f} | "
                      f"{_money((a.get('cost') or {}).get('usd'))} | {flags} |")
         L.append("")
 
     # ---- how to run --------------------------------------------------------------------------
-    data = dataset or "data.jsonl"
+    data = shlex.quote(dataset) if dataset else "data.jsonl"  # a shell word in the commands below
     pip = "pip install " + " ".join(f'"{p}"' for p in packages) if packages else ""
     L += ["## How to run", ""]
     L += ["The dataset is a JSONL/JSON/Parquet/CSV file, a folder of them, a `datasets.save_to_disk` folder or a "
@@ -191,7 +192,7 @@ def render_readme(plan: dict[str, Any], *, job: Job, layout: Layout, kind: str, 
         "plan.json": "the plan ftplan predicted (memory, runtime, cost)",
     }
     L += ["## Files", ""] + [f"- `{f}`: {desc.get(f, '')}" for f in files] + [""]
-    all_notes = list(notes) + [f"plan: {n}" for n in plan.get("notes", [])]
+    all_notes = list(notes) + [f"plan: {n}" for n in plan.get("notes") or []]
     if all_notes:
         L += ["## Notes", ""] + [f"- {n}" for n in all_notes] + [""]
     return "\n".join(L)

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from functools import cached_property
 from typing import Any
 
 from .errors import ConfigError
@@ -285,8 +286,19 @@ class ModelSpec:
     def attention(self) -> AttentionSpec:
         return self.groups[0].attention
 
+    def __hash__(self) -> int:
+        # a ModelSpec keys many caches (planner memos, runtime state caches): hash its fields once
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = self.__dict__["_hash"] = hash(tuple(getattr(self, f.name) for f in fields(self) if f.compare))
+        return h
+
     def linears(self) -> tuple[LinearSpec, ...]:
         """Every weight matrix of the decoder layers and the lm_head (embedding excluded)."""
+        return self._linears
+
+    @cached_property
+    def _linears(self) -> tuple[LinearSpec, ...]:
         h = self.hidden_size
         out: list[LinearSpec] = []
         for g in self.groups:
@@ -307,8 +319,9 @@ class ModelSpec:
             out.append(LinearSpec("lm_head", h, self.vocab_size, 1, False, "lm_head"))
         return tuple(out)
 
-    @property
+    @cached_property
     def params(self) -> ParamCounts:
+        """Parameter counts by category (computed once per spec: it is immutable)."""
         h = self.hidden_size
         cats = dict.fromkeys(CATEGORIES, 0)
         active = 0
@@ -335,6 +348,10 @@ class ModelSpec:
 
     def module_names(self) -> frozenset[str]:
         """Leaf module names PEFT can target (as in ``target_modules``)."""
+        return self._module_names
+
+    @cached_property
+    def _module_names(self) -> frozenset[str]:
         return frozenset(lin.module for lin in self.linears() if lin.is_module)
 
     def summary(self) -> str:

@@ -133,7 +133,7 @@ class Offer:
             return None
         return self.inter_node_gbps > 0
 
-    @functools.cached_property
+    @property
     def key(self) -> tuple[str, str, str, int, str, str]:
         """Identity of the offer apart from its date and price."""
         return (

@@ -161,7 +161,16 @@ class _Memo:
     def __init__(self, model: ModelSpec) -> None:
         self.model = model
         self.cache: dict[tuple, MemoryBreakdown | None] = {}
+        self.ladders: dict[tuple, _Ladder] = {}
         self.evals = 0
+
+    def ladder(self, vendor: str, layout: Layout, job: Job, gc: bool, global_batch: int | None,
+               total_tokens: int | None) -> _Ladder:
+        key = (vendor, layout, job, gc, global_batch, total_tokens)
+        lad = self.ladders.get(key)
+        if lad is None:
+            lad = self.ladders[key] = _Ladder(self, vendor, layout, job, gc, global_batch, total_tokens)
+        return lad
 
     def get(self, vendor: str, layout: Layout, job: Job) -> MemoryBreakdown | None:
         key = (vendor, layout, job)
@@ -242,34 +251,68 @@ class _Fits:
 
 def _fitting_variants(memo: _Memo, vendor: str, layout: Layout, job: Job, cap: float,
                       global_batch: int | None, total_tokens: int | None) -> list[_Fits]:
-    """Every (checkpointing, micro-batch) variant of ``job`` on ``layout`` that fits ``cap``."""
+    """Every (checkpointing, micro-batch) variant of ``job`` on ``layout`` that fits ``cap``.
+
+    The micro-batch ladder of a (vendor, layout, job) does not depend on the GPU's capacity, so
+    it is built once (:meth:`_Memo.ladder`) and each GPU type takes the prefix that fits.
+    """
     out: list[_Fits] = []
-    dp = layout.dp
-    if global_batch is not None:
-        if global_batch % dp:
-            return out
-        per_rank = global_batch // dp
     for gc in (False, True):
-        mb = 1
-        while mb <= _MAX_MICRO_BATCH:
-            if global_batch is not None:
-                if mb > per_rank:
-                    break
-                if per_rank % mb:
-                    mb *= 2
-                    continue
-                ga = per_rank // mb
-            else:
-                ga = job.grad_accum
-            variant = job.with_(micro_batch=mb, grad_accum=ga, gradient_checkpointing=gc)
-            mem = memo.get(vendor, layout, variant)
+        rungs, i = memo.ladder(vendor, layout, job, gc, global_batch, total_tokens), 0
+        while True:
+            rung = rungs.get(i)
+            if rung is None:
+                break
+            variant, mem, last = rung
             if mem is None or mem.device_total_bytes > cap:
                 break  # memory grows with the micro-batch
             out.append(_Fits(layout, variant, mem))
-            if total_tokens is not None and mb * job.seq_len * ga * dp >= total_tokens:
+            if last:
                 break  # one step already covers the whole dataset
-            mb *= 2
+            i += 1
     return out
+
+
+class _Ladder:
+    """Micro-batch variants of one (vendor, layout, job, checkpointing), built lazily in order."""
+
+    def __init__(self, memo: _Memo, vendor: str, layout: Layout, job: Job, gc: bool,
+                 global_batch: int | None, total_tokens: int | None) -> None:
+        self.memo, self.vendor, self.layout, self.job, self.gc = memo, vendor, layout, job, gc
+        self.total_tokens = total_tokens
+        self.rungs: list[tuple[Job, MemoryBreakdown | None, bool]] = []
+        self.mb = 1
+        self.done = False
+        self.per_rank = None
+        if global_batch is not None:
+            if global_batch % layout.dp:
+                self.done = True
+            self.per_rank = global_batch // layout.dp
+
+    def get(self, i: int) -> tuple[Job, MemoryBreakdown | None, bool] | None:
+        while len(self.rungs) <= i and not self.done:
+            self._next()
+        return self.rungs[i] if i < len(self.rungs) else None
+
+    def _next(self) -> None:
+        job, per_rank = self.job, self.per_rank
+        while True:
+            mb = self.mb
+            if mb > _MAX_MICRO_BATCH or (per_rank is not None and mb > per_rank):
+                self.done = True
+                return
+            self.mb = mb * 2
+            if per_rank is not None and per_rank % mb:
+                continue
+            break
+        ga = per_rank // mb if per_rank is not None else job.grad_accum
+        variant = job.with_(micro_batch=mb, grad_accum=ga, gradient_checkpointing=self.gc)
+        mem = self.memo.get(self.vendor, self.layout, variant)
+        last = (self.total_tokens is not None
+                and mb * job.seq_len * ga * self.layout.dp >= self.total_tokens)
+        self.rungs.append((variant, mem, last))
+        if mem is None or last:
+            self.done = True
 
 
 def _min_gpus_zero3(memo: _Memo, model: ModelSpec, job: Job, gpu: Any, cap: float,

@@ -56,7 +56,7 @@ def test_every_error_of_a_file_is_listed(tmp_path):
     with pytest.raises(CatalogError) as e:
         _load(_offers_file(tmp_path, *rows))
     msg = e.value.one_line()
-    problems = e.value.problems
+    problems = [p.one_line() for p in e.value.all_problems]
     assert len(problems) == 11 and "11 problems" in msg and "\n" not in msg
     for line in range(3, 14):
         assert any(f"line {line}:" in p for p in problems), line
@@ -118,7 +118,7 @@ def test_gpu_file_errors_are_all_listed_and_bounded(tmp_path):
     with pytest.raises(CatalogError) as e:
         load_gpus(p)
     assert "4 problems" in e.value.one_line()
-    assert [pr.split(": ")[2] for pr in e.value.problems] == [
+    assert [pr.message.split(": ")[1] for pr in e.value.all_problems] == [
         "bf16_tflops", "memory_gb_nominal", "max_gpus_per_node", "supports_bitsandbytes"]
 
 

@@ -40,13 +40,13 @@ def _nothing_written(tmp_path: Path, out: Path) -> None:
 
 
 @pytest.mark.parametrize("kwargs, words", [
-    ({"logging_steps": 0}, "--logging-steps must be in 1.."),
-    ({"logging_steps": -5}, "--logging-steps must be in 1.."),
-    ({"save_steps": 0}, "--save-steps"),
-    ({"max_steps": 10**12}, "--max-steps"),
-    ({"logging_steps": 2.5}, "--logging-steps must be an integer"),
-    ({"seed": 2**40}, "--seed"),
-    ({"seed": -1}, "--seed"),
+    ({"logging_steps": 0}, "logging_steps must be in 1.."),
+    ({"logging_steps": -5}, "logging_steps must be in 1.."),
+    ({"save_steps": 0}, "save_steps"),
+    ({"max_steps": 10**12}, "max_steps"),
+    ({"logging_steps": 2.5}, "logging_steps must be an integer"),
+    ({"seed": 2**40}, "seed"),
+    ({"seed": -1}, "seed"),
 ])
 def test_bad_step_options_are_refused_before_anything(setup, kwargs, words):
     model, data, out = setup
@@ -158,7 +158,7 @@ def test_good_plan_and_bad_index(tmp_path):
     job, layout = load_plan_json(path)
     assert job.method == "lora" and layout.world_size == 1
     for index in (True, "1", 1.0):
-        with pytest.raises(ConfigError, match="--plan must be an integer"):
+        with pytest.raises(ConfigError, match="plan must be an integer"):
             load_plan_json(path, index)
 
 

@@ -66,23 +66,24 @@ def bad_characters(text: str) -> list[str]:
 
 
 def check_text(value: Any, what: str, *, max_chars: int = MAX_TEXT_CHARS, allow_empty: bool = False,
-               error: type[FtplanError] = ConfigError) -> str:
+               error: type[FtplanError] = ConfigError, field: str | None = None) -> str:
     """``value`` if it is a one-line string fit to be written into a file, else ``error``.
 
     Refused: non-strings, empty (unless ``allow_empty``) or longer than ``max_chars``, and any
     control/format/surrogate/separator character (:func:`bad_characters`).
     """
     if not isinstance(value, str):
-        raise error(f"{what} must be a string, got {type(value).__name__}", f"pass {what} as text")
+        raise error(f"{what} must be a string, got {type(value).__name__}", f"pass {what} as text", field=field)
     if not value and not allow_empty:
-        raise error(f"{what} is empty", f"pass a {what}")
+        raise error(f"{what} is empty", f"pass a {what}", field=field)
     if len(value) > max_chars:
-        raise error(f"{what} is {len(value):,} characters long (at most {max_chars:,})", f"pass a shorter {what}")
+        raise error(f"{what} is {len(value):,} characters long (at most {max_chars:,})", f"pass a shorter {what}",
+                    field=field)
     bad = bad_characters(value)
     if bad:
         shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
         raise error(f"{what} contains control or invisible characters ({shown})",
-                    "remove them: names, paths and dataset ids are plain one-line text")
+                    "remove them: names, paths and dataset ids are plain one-line text", field=field)
     return value
 
 

@@ -4,17 +4,24 @@
 (GPUs, nodes, sharding strategy, offload, tensor/pipeline parallelism). Both are plain frozen
 dataclasses; ``validate_job`` checks them against a ``ModelSpec`` and collects every problem into
 one ``ConfigError`` (torchtune-style: report all errors together).
+
+Their fields are ftplan's job and layout **options schema** (read them like litgpt's config): each
+field declared with :func:`~ftplan.optionspec.option` is a CLI flag, a web request field, an
+:mod:`ftplan.api` keyword and a key of the job/layout JSON, with its default, choices, bounds and
+help; ``validate_job`` checks the declared choices and bounds. Adding an option is one field here
+(plus the formula that uses it): see ``docs/extending.md``.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Literal
 
-from .errors import ConfigError, did_you_mean
+from .errors import ConfigError, Problem
 from .inputs import show_value
 from .model import ModelSpec
+from .optionspec import group, groups, internal, json_field, lower, option, walk
 
 __all__ = [
     "METHODS",
@@ -22,6 +29,8 @@ __all__ = [
     "OPTIMIZERS",
     "STRATEGIES",
     "ATTN_IMPLS",
+    "QUANT_TYPES",
+    "COMPUTE_DTYPES",
     "LoraSpec",
     "QuantSpec",
     "Job",
@@ -29,8 +38,8 @@ __all__ = [
     "validate_job",
     "lora_targets",
     "lora_wraps_experts",
-    "JOB_LIMITS",
     "check_job_fields",
+    "JOB_LIMITS",
 ]
 
 Method = Literal["full", "lora", "qlora", "fp8", "nvfp4"]
@@ -52,44 +61,101 @@ OPTIMIZERS = ("adamw", "adamw_8bit", "paged_adamw_8bit", "adafactor", "sgd")
 STRATEGIES = ("single", "ddp", "zero1", "zero2", "zero3", "fsdp")
 ATTN_IMPLS = ("sdpa", "flash", "eager")
 QUANT_TYPES = ("nf4", "fp4")
+COMPUTE_DTYPES = ("bf16", "fp16", "fp32")
+
+
+#: Sanity bounds on job and layout numbers (the declared ``maximum`` of each option): validation
+#: limits, not physical data. Each is far above any real fine-tuning job (sequences of 10M tokens,
+#: 100k GPUs, the largest pretraining corpora ~4e13 tokens) and low enough that arithmetic on them
+#: stays exact and finite, so a NaN, an infinity or a 400-digit number never reaches the memory,
+#: runtime or cost formulas.
+JOB_LIMITS: dict[str, float] = {
+    "micro_batch": 1 << 16,
+    "seq_len": 1 << 24,
+    "grad_accum": 1 << 20,
+    "dataset_tokens": 10**15,
+    "epochs": 10_000,
+    "lora_r": 1 << 16,
+    "lora_alpha": 1e6,
+    "gpus_per_node": 1024,
+    "nodes": 1 << 17,
+    "tp": 1 << 10,
+    "pp": 1 << 12,
+    "world_size": 1 << 20,
+    "target_modules": 256,
+}
+
+
+def _optimizer_name(text: str) -> str:
+    return lower(text).replace("-", "_")
+
+
+def _auto_lora_dropout(model: ModelSpec, job: "Job") -> float:
+    """0 where PEFT refuses dropout (all-linear on a transformers-5 MoE model), else 0.05."""
+    return 0.0 if lora_wraps_experts(model, job.lora) else 0.05
+
+
+def _auto_strategy(model: ModelSpec | None, layout: "Layout") -> str:
+    """single on one GPU; ddp on several (a sharded strategy already chosen is kept)."""
+    if layout.world_size == 1:
+        return "single"
+    return "ddp" if layout.strategy == "single" else layout.strategy
 
 
 @dataclass(frozen=True)
 class LoraSpec:
-    r: int = 16
-    alpha: int = 32
-    dropout: float = 0.05
+    r: int = option(16, name="lora_r", label="LoRA rank", minimum=1, maximum=JOB_LIMITS["lora_r"], web_max=65536,
+                    help="LoRA rank r")
+    alpha: int = option(32, name="lora_alpha", label="LoRA alpha", exclusive_minimum=0,
+                        maximum=JOB_LIMITS["lora_alpha"], web_max=1 << 20, help="LoRA alpha (scaling alpha/r)")
+    dropout: float = option(0.05, name="lora_dropout", label="LoRA dropout", minimum=0.0, exclusive_maximum=1.0,
+                            auto=_auto_lora_dropout,
+                            help="LoRA dropout (default 0.05; 0 where PEFT requires it: all-linear on MoE models)")
     #: PEFT ``target_modules``: leaf module names, or ("all-linear",)
-    target_modules: tuple[str, ...] = ("all-linear",)
+    target_modules: tuple[str, ...] = option(
+        ("all-linear",), name="lora_targets", normalize=lambda names: names or ("all-linear",),
+        help="comma-separated PEFT target_modules, or all-linear (default)")
 
 
 @dataclass(frozen=True)
 class QuantSpec:
     """bitsandbytes 4-bit quantization of the frozen base (QLoRA)."""
 
-    quant_type: str = "nf4"
-    double_quant: bool = True
-    compute_dtype: str = "bf16"
-    blocksize: int = 64  # bitsandbytes' default 4-bit block size
+    quant_type: str = option("nf4", choices=QUANT_TYPES, label="quant type", help="QLoRA 4-bit type: nf4 | fp4")
+    double_quant: bool = option(True, name="no_double_quant", invert=True,
+                                help="QLoRA without double quantization of the quantization constants")
+    compute_dtype: str = option("bf16", choices=COMPUTE_DTYPES, label="QLoRA compute dtype",
+                                help="QLoRA compute dtype: bf16 | fp16 | fp32")
+    blocksize: int = internal(64)  # bitsandbytes' default 4-bit block size
     #: modules bitsandbytes leaves unquantized (transformers skips the output embedding)
-    skip_modules: tuple[str, ...] = ("lm_head",)
+    skip_modules: tuple[str, ...] = json_field(("lm_head",))
 
 
 @dataclass(frozen=True)
 class Job:
-    method: str = "full"
-    precision: str = "bf16-mixed"
-    optimizer: str = "adamw"
-    micro_batch: int = 1
-    seq_len: int = 2048
-    grad_accum: int = 1
-    gradient_checkpointing: bool = False
-    attn_impl: str = "sdpa"
-    lora: LoraSpec = field(default_factory=LoraSpec)
-    quant: QuantSpec = field(default_factory=QuantSpec)
+    method: str = option("full", choices=METHODS, help="full | lora | qlora")
+    precision: str = option("bf16-mixed", choices=tuple(PRECISIONS),
+                            help="bf16-mixed (fp32 master weights) | fp16-mixed | bf16 | fp16 | fp32")
+    optimizer: str = option("adamw", choices=OPTIMIZERS, normalize=_optimizer_name,
+                            help="adamw | adamw_8bit | paged_adamw_8bit | adafactor | sgd")
+    micro_batch: int = option(1, flags=("--batch-size",), label="micro-batch", minimum=1,
+                              maximum=JOB_LIMITS["micro_batch"], web_max=65536, help="sequences per GPU per step")
+    seq_len: int = option(2048, label="sequence length", minimum=1, maximum=JOB_LIMITS["seq_len"], web_max=1 << 21,
+                          help="tokens per sequence")
+    grad_accum: int = option(1, label="gradient accumulation", minimum=1, maximum=JOB_LIMITS["grad_accum"],
+                             web_max=1 << 20, help="micro-batches per optimizer step")
+    gradient_checkpointing: bool = option(False, flags=("--gc",),
+                                          help="recompute activations in the backward pass")
+    attn_impl: str = option("sdpa", name="attn", choices=ATTN_IMPLS, label="attention implementation",
+                            help="sdpa | flash | eager")
+    lora: LoraSpec = group(LoraSpec, when="uses_lora")
+    quant: QuantSpec = group(QuantSpec, when="uses_quant")
     #: training data, for runtime and cost (tokens per epoch x epochs)
-    dataset_tokens: int | None = None
-    epochs: float = 1.0
+    dataset_tokens: int | None = option(None, type="tokens", name="tokens", label="dataset tokens",
+                                        exclusive_minimum=0, maximum=JOB_LIMITS["dataset_tokens"], web_max=10**15,
+                                        example="50M", json="data", help="dataset tokens per epoch, e.g. 50M")
+    epochs: float = option(1.0, exclusive_minimum=0.0, maximum=JOB_LIMITS["epochs"], web_max=1000.0, json="data",
+                           help="passes over the dataset")
 
     @property
     def tokens_per_micro_batch(self) -> int:
@@ -99,19 +165,28 @@ class Job:
     def uses_lora(self) -> bool:
         return self.method in ("lora", "qlora")
 
+    @property
+    def uses_quant(self) -> bool:
+        """The frozen base is quantized to 4 bits (QLoRA)."""
+        return self.method == "qlora"
+
     def with_(self, **changes) -> "Job":
         return replace(self, **changes)
 
 
 @dataclass(frozen=True)
 class Layout:
-    gpus_per_node: int = 1
-    nodes: int = 1
-    strategy: str = "single"
-    offload_optimizer: bool = False
-    offload_params: bool = False
-    tp: int = 1
-    pp: int = 1
+    gpus_per_node: int = option(1, name="gpus", label="GPUs per node", minimum=1,
+                                maximum=JOB_LIMITS["gpus_per_node"], web_max=1024, help="GPUs per node")
+    nodes: int = option(1, minimum=1, maximum=JOB_LIMITS["nodes"], web_max=1024, help="nodes")
+    strategy: str = option("single", choices=STRATEGIES, auto=_auto_strategy,
+                           help="single | ddp | zero1 | zero2 | zero3 | fsdp (default: single, or ddp with >1 GPU)")
+    offload_optimizer: bool = option(False, help="optimizer states (and step) on the CPU")
+    offload_params: bool = option(False, help="parameters on the CPU (zero3/fsdp)")
+    tp: int = option(1, label="tensor-parallel degree", minimum=1, maximum=JOB_LIMITS["tp"], web_max=1024,
+                     help="tensor-parallel degree")
+    pp: int = option(1, label="pipeline-parallel degree", minimum=1, maximum=JOB_LIMITS["pp"], web_max=1024,
+                     help="pipeline-parallel degree")
 
     @property
     def world_size(self) -> int:
@@ -176,199 +251,145 @@ def lora_wraps_experts(model: ModelSpec, lora: LoraSpec) -> bool:
     return model.is_moe and "all-linear" in lora.target_modules
 
 
-def _check(cond: bool, problems: list[str], msg: str) -> None:
+def _check(cond: bool, problems: list[Problem], msg: str, field: str | None = None,
+           hint: str | None = None) -> None:
     if not cond:
-        problems.append(msg)
+        problems.append(Problem(field, msg, hint))
 
 
-#: Sanity bounds on job and layout numbers: validation limits, not physical data. Each is far above
-#: any real fine-tuning job (sequences of 10M tokens, 100k GPUs, the largest pretraining corpora
-#: ~4e13 tokens) and low enough that arithmetic on them stays exact and finite.
-JOB_LIMITS: dict[str, float] = {
-    "micro_batch": 1 << 16,
-    "seq_len": 1 << 24,
-    "grad_accum": 1 << 20,
-    "dataset_tokens": 10**15,
-    "epochs": 10_000,
-    "lora_r": 1 << 16,
-    "lora_alpha": 1e6,
-    "gpus_per_node": 1024,
-    "nodes": 1 << 17,
-    "world_size": 1 << 20,
-}
+def _option_problems(obj, cls, skip: tuple[str, ...] = ()) -> list[Problem]:
+    """Problems of ``obj``'s declared choices and bounds (nested groups only when they apply)."""
+    active = {name for name, (_, when) in groups(cls).items() if when is None or getattr(obj, when)}
+    out: list[Problem] = []
+    for opt in walk(cls):
+        head = opt.attr.split(".")[0]
+        if opt.name in skip or ("." in opt.attr and head not in active):
+            continue
+        value = obj
+        for part in opt.attr.split("."):
+            value = getattr(value, part)
+        out += opt.check(value)
+    return out
 
 
-def _int_ok(v: object, what: str, key: str, p: list[str], minimum: int = 1) -> bool:
-    if isinstance(v, bool) or not isinstance(v, int):
-        p.append(f"{what} must be an integer (got {show_value(v)})")
-        return False
-    if v < minimum:
-        p.append(f"{what} must be >= {minimum} (got {show_value(v)})")
-        return False
-    hi = JOB_LIMITS.get(key)
-    if hi is not None and v > hi:
-        p.append(f"{what} {show_value(v)} is implausibly large (at most {hi:,.0f})")
-        return False
-    return True
+#: Python types a value of each option type may have (bool is not an int here; None = unset)
+_KINDS: dict[str, tuple[type, ...]] = {"int": (int,), "tokens": (int,), "float": (int, float), "bool": (bool,),
+                                       "str": (str,), "names": (tuple,), "paths": (tuple,)}
 
 
-def _num_ok(v: object, what: str, p: list[str]) -> bool:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        p.append(f"{what} must be a number (got {show_value(v)})")
-        return False
-    if isinstance(v, float) and not math.isfinite(v):
-        p.append(f"{what} must be a finite number (got {v!r})")
-        return False
-    return True
-
-
-def _types(job: Job, layout: Layout) -> list[str]:
-    """Type problems of the fields (a job built from JSON or a web form can hold anything)."""
-    p: list[str] = []
-    for name in ("method", "precision", "optimizer", "attn_impl"):
-        if not isinstance(getattr(job, name), str):
-            p.append(f"{name} must be a name (got {show_value(getattr(job, name))})")
-    if not isinstance(layout.strategy, str):
-        p.append(f"strategy must be a name (got {show_value(layout.strategy)})")
-    for obj, name in ((job, "gradient_checkpointing"), (layout, "offload_optimizer"), (layout, "offload_params"),
-                      (job.quant, "double_quant")):
-        if not isinstance(getattr(obj, name), bool):
-            p.append(f"{name} must be true or false (got {show_value(getattr(obj, name))})")
-    if not isinstance(job.lora, LoraSpec) or not isinstance(job.quant, QuantSpec):
-        p.append("lora and quant must be LoraSpec and QuantSpec")
-        return p
-    tm = job.lora.target_modules
-    if not isinstance(tm, tuple) or not tm or not all(isinstance(t, str) and t and t.isprintable()
-                                                       and len(t) <= 256 for t in tm) or len(tm) > 256:
-        p.append("LoRA target modules must be a non-empty list of module names")
-    for q in ("quant_type", "compute_dtype"):
-        if not isinstance(getattr(job.quant, q), str):
-            p.append(f"{q} must be a name (got {show_value(getattr(job.quant, q))})")
-    return p
+def _type_problems(obj, cls) -> list[Problem]:
+    """Values of the wrong Python type (a job built by a program, or from a hand-edited file, can
+    hold anything): found before any comparison, so that ``"8" >= 1`` never raises."""
+    out: list[Problem] = []
+    for opt in walk(cls):
+        value = obj
+        try:
+            for part in opt.attr.split("."):
+                value = getattr(value, part)
+        except AttributeError:
+            out.append(Problem(opt.name, f"{opt.words}: not set"))
+            continue
+        if value is None:
+            continue
+        kinds = _KINDS.get(opt.type, (object,))
+        ok = isinstance(value, kinds) and (opt.type == "bool" or not isinstance(value, bool))
+        if ok and opt.type in ("names", "paths"):
+            ok = len(value) <= JOB_LIMITS["target_modules"] and all(
+                isinstance(x, str) and 0 < len(x) <= 256 and x.isprintable() for x in value)
+        if ok and isinstance(value, float) and not math.isfinite(value):
+            out.append(Problem(opt.name, f"{opt.words} must be a finite number (got {value})"))
+        elif not ok:
+            what = {"int": "an integer", "tokens": "an integer", "float": "a number", "bool": "true or false",
+                    "names": "a list of names (each 1-256 printable characters)"}.get(opt.type, "text")
+            out.append(Problem(opt.name, f"{opt.words} must be {what} (got {show_value(value)})"))
+    return out
 
 
 def check_job_fields(job: Job, layout: Layout | None = None) -> None:
-    """The model-independent part of :func:`validate_job`: types, names, finiteness and sanity
-    bounds (:data:`JOB_LIMITS`). For jobs read from files before the model is known."""
+    """The model-independent part of :func:`validate_job`: types, finiteness, choices and bounds.
+    For jobs read from files before the model is known (``ftplan train --from-json``)."""
     layout = layout or Layout()
-    p = _fields(job, layout)
+    p = _type_problems(job, Job) + _type_problems(layout, Layout)
+    if not p:
+        p = _field_problems(job, layout)
     if p:
-        raise ConfigError("; ".join(p), "fix the options above")
+        raise ConfigError(problems=p)
+
+
+def _field_problems(job: Job, layout: Layout) -> list[Problem]:
+    p: list[Problem] = []
+    if job.method in FUTURE_METHODS:
+        p.append(Problem("method", f"method {job.method!r} is not modelled yet",
+                         "use `method=full`, lora or qlora (fp8/nvfp4 training are planned)"))
+    p += _option_problems(job, Job, skip=("method",) if job.method in FUTURE_METHODS else ())
+    p += _option_problems(layout, Layout)
+    if not p and layout.world_size > JOB_LIMITS["world_size"]:
+        p.append(Problem("nodes", f"{layout.world_size:,} GPUs is implausibly many "
+                                  f"(at most {JOB_LIMITS['world_size']:,.0f})"))
+    return p
 
 
 def validate_job(model: ModelSpec, job: Job, layout: Layout | None = None) -> None:
     """Raise one ``ConfigError`` listing every problem with ``job``/``layout`` for ``model``.
 
-    Types, finiteness and sanity bounds (:data:`JOB_LIMITS`) are checked first, so that a NaN, an
-    infinity or a 400-digit number never reaches the memory, runtime or cost arithmetic.
+    Types and finiteness first (a wrong type stops there: nothing can be compared), then the
+    declared choices and bounds of every option (:data:`JOB_LIMITS` among them), then the checks
+    across fields and against the model.
     """
     layout = layout or Layout()
-    p = _fields(job, layout)
+    p = _type_problems(job, Job) + _type_problems(layout, Layout)
     if p:
-        raise ConfigError("; ".join(p), "fix the options above")
-    _validate_for_model(model, job, layout, p)
-
-
-def _fields(job: Job, layout: Layout) -> list[str]:
-    """Type, name and bound problems (raises at once for an unknown method/precision/...)."""
-    p = _types(job, layout)
-    if p:
-        raise ConfigError("; ".join(p), "fix the options above")
-    if job.method in FUTURE_METHODS:
-        raise ConfigError(
-            f"method {job.method!r} is not modelled yet",
-            "use --method full, lora or qlora (fp8/nvfp4 training are planned)",
-        )
-    if job.method not in METHODS:
-        hint = did_you_mean(job.method[:100], METHODS) or f"use one of {', '.join(METHODS)}"
-        raise ConfigError(f"unknown method {job.method[:100]!r}", hint)
-    for value, choices, what in (
-        (job.precision, PRECISIONS, "precision"),
-        (job.optimizer, OPTIMIZERS, "optimizer"),
-        (job.attn_impl, ATTN_IMPLS, "attention implementation"),
-        (layout.strategy, STRATEGIES, "strategy"),
-    ):
-        if value not in choices:
-            hint = did_you_mean(value[:100], choices) or f"use one of {', '.join(choices)}"
-            raise ConfigError(f"unknown {what} {value[:100]!r}", hint)
-    _int_ok(job.micro_batch, "micro-batch", "micro_batch", p)
-    _int_ok(job.seq_len, "sequence length", "seq_len", p)
-    _int_ok(job.grad_accum, "gradient accumulation", "grad_accum", p)
-    if _num_ok(job.epochs, "epochs", p):
-        _check(job.epochs > 0, p, f"epochs must be > 0 (got {show_value(job.epochs)})")
-        _check(job.epochs <= JOB_LIMITS["epochs"], p,
-               f"epochs {float(job.epochs):g} is implausibly large (at most {JOB_LIMITS['epochs']:,.0f})")
-    tokens = job.dataset_tokens
-    if tokens is not None:
-        if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens <= 0:
-            p.append(f"dataset tokens must be > 0 (got {show_value(tokens)})")
-        else:
-            _int_ok(tokens, "dataset tokens", "dataset_tokens", p)
-    layout_ints = [_int_ok(getattr(layout, k), what, k, p) for k, what in (
-        ("gpus_per_node", "GPUs per node"), ("nodes", "nodes"), ("tp", "tensor-parallel degree"),
-        ("pp", "pipeline-parallel degree"))]
-    if all(layout_ints) and layout.world_size > JOB_LIMITS["world_size"]:
-        p.append(f"{show_value(layout.world_size)} GPUs is implausibly many (at most {JOB_LIMITS['world_size']:,.0f})")
-    if job.uses_lora:
-        lo = job.lora
-        if _int_ok(lo.r, "LoRA rank", "lora_r", p) and _num_ok(lo.alpha, "LoRA alpha", p) \
-                and _num_ok(lo.dropout, "LoRA dropout", p):
-            _check(lo.alpha > 0, p, f"LoRA alpha must be > 0 (got {show_value(lo.alpha)})")
-            _check(lo.alpha <= JOB_LIMITS["lora_alpha"], p, f"LoRA alpha {show_value(lo.alpha)} is implausibly large")
-            _check(0.0 <= lo.dropout < 1.0, p, f"LoRA dropout must be in [0, 1) (got {show_value(lo.dropout)})")
-    return p
-
-
-def _validate_for_model(model: ModelSpec, job: Job, layout: Layout, p: list[str]) -> None:
-    if job.uses_lora:
+        raise ConfigError(problems=p)
+    p = _field_problems(job, layout)
+    if any(pr.field in ("gpus", "nodes", "tp", "pp") for pr in p):
+        raise ConfigError(problems=p)  # the checks below divide by these
+    if job.uses_lora and not any(pr.field in ("lora_dropout", "lora_targets") for pr in p):
         lo = job.lora
         _check(not (lora_wraps_experts(model, lo) and lo.dropout > 0), p,
-               f"LoRA dropout {show_value(lo.dropout)} with all-linear on MoE model {model.name}: PEFT wraps its fused "
-               "experts with ParamWrapper, which refuses lora_dropout > 0 (use --lora-dropout 0, or "
-               "target attention only, e.g. --lora-targets q_proj,k_proj,v_proj,o_proj)")
+               f"LoRA dropout {lo.dropout} with all-linear on MoE model {model.name}: PEFT wraps its fused "
+               "experts with ParamWrapper, which refuses lora_dropout > 0",
+               "lora_dropout",
+               "use `lora_dropout=0`, or target attention only, e.g. `lora_targets=q_proj,k_proj,v_proj,o_proj`")
         names = model.module_names()
         unknown = [t for t in lo.target_modules if t != "all-linear" and t not in names]
         if unknown:
-            p.append(
+            p.append(Problem(
+                "lora_targets",
                 f"LoRA target module(s) {', '.join(map(repr, unknown))} not in {model.name} "
-                f"(it has {', '.join(sorted(names))}, or use all-linear)"
-            )
+                f"(it has {', '.join(sorted(names))}, or use all-linear)"))
         elif not lora_targets(model, lo):
-            p.append("LoRA targets no module")
-    if job.method == "qlora":
-        q = job.quant
-        _check(q.quant_type in QUANT_TYPES, p, f"quant type must be nf4 or fp4 (got {q.quant_type!r})")
-        _check(q.compute_dtype in ("bf16", "fp16", "fp32"), p,
-               f"QLoRA compute dtype must be bf16, fp16 or fp32 (got {q.compute_dtype!r})")
+            p.append(Problem("lora_targets", "LoRA targets no module"))
     if job.precision in ("bf16", "fp16") and job.method == "full" and job.optimizer == "adamw":
         pass  # legal (pure half-precision training), the memory model handles it
-    # layout (types and bounds checked above)
+    # layout
     if layout.tp >= 1 and layout.pp >= 1 and layout.gpus_per_node >= 1 and layout.nodes >= 1:
         _check(layout.world_size % (layout.tp * layout.pp) == 0, p,
-               f"tp x pp = {layout.tp * layout.pp} must divide the {layout.world_size} GPUs")
+               f"tp x pp = {layout.tp * layout.pp} must divide the {layout.world_size} GPUs", "tp")
         a = model.attention
         if layout.tp > 1:
             _check(a.num_heads % layout.tp == 0, p,
-                   f"tensor-parallel degree {layout.tp} must divide the {a.num_heads} attention heads")
+                   f"tensor-parallel degree {layout.tp} must divide the {a.num_heads} attention heads", "tp")
             _check(a.num_kv_heads % layout.tp == 0 or layout.tp % a.num_kv_heads == 0, p,
                    f"tensor-parallel degree {layout.tp} must divide (or be a multiple of) the "
-                   f"{a.num_kv_heads} key/value heads")
+                   f"{a.num_kv_heads} key/value heads", "tp")
             _check(layout.tp <= layout.gpus_per_node, p,
-                   f"tensor parallelism of {layout.tp} must stay inside a node of {layout.gpus_per_node} GPUs")
+                   f"tensor parallelism of {layout.tp} must stay inside a node of {layout.gpus_per_node} GPUs",
+                   "tp")
         if layout.pp > 1:
             _check(layout.pp <= model.num_layers, p,
-                   f"pipeline degree {layout.pp} exceeds the {model.num_layers} layers")
+                   f"pipeline degree {layout.pp} exceeds the {model.num_layers} layers", "pp")
         if layout.world_size == 1:
             _check(layout.strategy == "single", p,
-                   f"strategy {layout.strategy!r} needs more than one GPU (use single, or --gpus N)")
+                   f"strategy {layout.strategy!r} needs more than one GPU", "strategy", "use single, or `gpus=N`")
         elif layout.strategy == "single" and layout.dp > 1:
-            p.append(f"{layout.world_size} GPUs need a data-parallel strategy (ddp, zero1/2/3, fsdp)")
+            p.append(Problem("strategy",
+                             f"{layout.world_size} GPUs need a data-parallel strategy (ddp, zero1/2/3, fsdp)"))
     if layout.offload_params:
-        _check(layout.strategy in ("zero3", "fsdp"), p, "parameter offload needs zero3 or fsdp")
+        _check(layout.strategy in ("zero3", "fsdp"), p, "parameter offload needs zero3 or fsdp", "offload_params")
     if layout.offload_optimizer:
         _check(layout.strategy in ("zero1", "zero2", "zero3", "fsdp"), p,
-               "optimizer offload needs a ZeRO stage or fsdp")
+               "optimizer offload needs a ZeRO stage or fsdp", "offload_optimizer")
     if job.method == "qlora" and layout.strategy in ("zero3", "fsdp"):
         pass  # supported by accelerate/FSDP-QLoRA with bnb_4bit_quant_storage; modelled as sharded
     if p:
-        raise ConfigError("; ".join(p), "fix the options above")
+        raise ConfigError(problems=p)

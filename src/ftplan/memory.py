@@ -566,7 +566,7 @@ def _lora_saved(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t: int, 
 
 
 def _group_linears(model: ModelSpec, g: LayerGroup) -> list[LinearSpec]:
-    from .model import _attention_linears, _mlp_linears
+    from .model import attention_linears as _attention_linears, mlp_linears as _mlp_linears
 
     out = _attention_linears(g.attention, model.hidden_size, 1)
     if g.mlp is not None:

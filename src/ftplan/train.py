@@ -35,7 +35,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from .errors import ConfigError
+from .errors import ConfigError, Problem
 
 __all__ = [
     "FIELD_SETS",
@@ -264,13 +264,13 @@ def load_plan_json(path: str | os.PathLike, index: int = 1):
     ``recommend``: the index-th of ``plans``; ``compare``: the index-th of ``per_gpu``; any other
     object with ``job`` and ``layout`` (``estimate``, a bundle's plan.json) is used as is.
     """
-    from .inputs import check_text, load_json_text, read_text_file
-    from .job import Job, Layout, check_job_fields
-    from .measure.records import job_from_dict, layout_from_dict
+    from .inputs import check_text, load_json_text, read_text_file, show_value
+    from .job import check_job_fields
+    from .options import job_from_dict, layout_from_dict
 
     check_text(str(path), "plan file")
     if isinstance(index, bool) or not isinstance(index, int):
-        raise ConfigError(f"--plan must be an integer (got {index!r:.40})")
+        raise ConfigError(f"`plan` must be an integer (got {show_value(index)})", field="plan")
     p = Path(os.path.expanduser(str(path)))
     hint = "write one with ftplan recommend ... --json > plan.json"
     if not p.exists():
@@ -310,15 +310,16 @@ def load_plan_json(path: str | os.PathLike, index: int = 1):
                               "pass the --json output of ftplan estimate, recommend or compare")
     try:
         job, layout = job_from_dict(base), layout_from_dict(layout_d)
+    except ConfigError as e:
+        raise ConfigError(f"{p}: malformed job or layout ({e.one_line()})",
+                          "pass the --json output of `ftplan estimate`, recommend or compare") from None
     except (TypeError, ValueError, KeyError, AttributeError, OverflowError) as e:
         raise ConfigError(f"{p}: malformed job or layout ({type(e).__name__}: {str(e)[:200]})",
-                          "pass the --json output of ftplan estimate, recommend or compare") from None
-    if not isinstance(job, Job) or not isinstance(layout, Layout):  # pragma: no cover - defensive
-        raise ConfigError(f"{p}: malformed job or layout")
+                          "pass the --json output of `ftplan estimate`, recommend or compare") from None
     try:
         check_job_fields(job, layout)
     except ConfigError as e:
-        raise ConfigError(f"{p}: {e.message}", e.hint) from None
+        raise ConfigError(f"{p}: {e.one_line()}") from None
     return job, layout
 
 
@@ -570,7 +571,7 @@ def build_record(*, model_ref: str, spec, config: dict, job, layout, report: dic
                  predicted: dict | None, outcome: str, error: str | None, seed: int,
                  machine: Machine, notes: list[str]) -> dict[str, Any]:
     """A ``ftplan.measurement/1`` record of this run (see :mod:`ftplan.measure.records`)."""
-    from . import __version__
+    from .version import __version__
     from .measure.records import SCHEMA, job_to_dict, layout_to_dict, record_key
 
     r = report or {}
@@ -630,23 +631,23 @@ def train(model_dir: str, dataset: str, out: str, job, layout, *, max_steps: int
     from .export.script import render_train_script
     from .job import validate_job
 
-    from .inputs import check_text
+    from .inputs import check_text, show_value
 
-    problems: list[str] = []
-    for value, flag in ((max_steps, "--max-steps"), (save_steps, "--save-steps"), (logging_steps, "--logging-steps")):
+    problems: list[Problem] = []
+    for value, name in ((max_steps, "max_steps"), (save_steps, "save_steps"), (logging_steps, "logging_steps")):
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int):
-            problems.append(f"{flag} must be an integer (got {value!r:.40})")
+            problems.append(Problem(name, f"`{name}` must be an integer (got {show_value(value)})"))
         elif not 1 <= value <= MAX_STEPS:
-            problems.append(f"{flag} must be in 1..{MAX_STEPS:,} (got {value})")
+            problems.append(Problem(name, f"`{name}` must be in 1..{MAX_STEPS:,} (got {show_value(value)})"))
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
-        problems.append(f"--seed must be an integer in 0..{2**32 - 1} (got {seed!r:.40})")
+        problems.append(Problem("seed", f"`seed` must be an integer in 0..{2**32 - 1} (got {show_value(seed)})"))
     if problems:
-        raise ConfigError("; ".join(problems), "fix the options above")
-    check_text(out, "--out")
+        raise ConfigError(problems=problems)
+    check_text(out, "output folder")
     if record is not None:
-        check_text(record, "--record")
+        check_text(record, "record file")
     mdir, config = check_model_dir(model_dir)
     spec = resolve_model(str(mdir))
     validate_job(spec, job, layout)
@@ -661,10 +662,10 @@ def train(model_dir: str, dataset: str, out: str, job, layout, *, max_steps: int
     if record:
         rp = Path(os.path.expanduser(record))
         if rp.exists() and not rp.is_file():
-            raise ConfigError(f"--record {record!r} is not a regular file", "pass a .jsonl file path")
+            raise ConfigError(f"`record` {record!r} is not a regular file", "pass a .jsonl file path", field="record")
         if not rp.parent.is_dir():  # found now, not after an hour of training
-            raise ConfigError(f"--record {record!r}: the folder {str(rp.parent)!r} does not exist",
-                              "create it first, or pass another path")
+            raise ConfigError(f"`record` {record!r}: the folder {str(rp.parent)!r} does not exist",
+                              "create it first, or pass another path", field="record")
     machine = check_machine(job, layout)  # imports torch
 
     # everything checked: write the run directory

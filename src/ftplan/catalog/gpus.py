@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from ..errors import CatalogError, ConfigError, NotFoundError, did_you_mean
+from ..errors import CatalogError, ConfigError, NotFoundError, Problem, did_you_mean
 from ..inputs import bad_characters
 
 __all__ = [
@@ -340,20 +340,28 @@ def read_csv_rows(
 
 
 def raise_collected(display: str, errors: list[CatalogError]) -> None:
-    """Raise the errors of a file: one as it is, several as one ``CatalogError`` listing them."""
+    """Raise the errors of a file: one as it is, several as one ``CatalogError`` listing them.
+
+    The first :data:`MAX_SHOWN_ERRORS` are the error's ``problems`` (a last one counts the rest);
+    ``all_problems`` holds every one of them.
+    """
     if not errors:
         return
     if len(errors) == 1:
         raise errors[0]
     prefix = f"{display}: "
-    parts = []
-    for e in errors[:MAX_SHOWN_ERRORS]:
-        msg = e.message[len(prefix):] if e.message.startswith(prefix) else e.message
-        parts.append(msg + (f" ({e.hint})" if e.hint else ""))
-    more = len(errors) - MAX_SHOWN_ERRORS
-    text = f"{display}: {len(errors)} problems: " + "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
-    exc = CatalogError(text, "fix the lines above")
-    exc.problems = [e.one_line() for e in errors]  # type: ignore[attr-defined]
+    every: list[Problem] = []
+    for e in errors:
+        for p in e.problems:
+            msg = p.message[len(prefix):] if p.message.startswith(prefix) else p.message
+            every.append(Problem(p.field, msg, p.hint))
+    shown = list(every[:MAX_SHOWN_ERRORS])
+    shown[0] = Problem(shown[0].field, f"{display}: {len(every)} problems: {shown[0].message}", shown[0].hint)
+    more = len(every) - MAX_SHOWN_ERRORS
+    if more > 0:
+        shown.append(Problem(None, f"and {more} more", "fix the lines above and load the file again"))
+    exc = CatalogError(problems=shown)
+    exc.all_problems = tuple(every)  # type: ignore[attr-defined]
     raise exc
 
 
@@ -551,11 +559,14 @@ def _parse_gpus(text: str, display: str) -> dict[str, GpuSpec]:
     return gpus
 
 
-def _read_text(path: str | Path) -> str:
+def read_text(path: str | Path) -> str:
     """A catalog file's text: UTF-8 (a BOM is dropped), bounded in size, no NUL bytes."""
     from ..inputs import read_text_file
 
     return read_text_file(path, "catalog file", max_bytes=MAX_CATALOG_BYTES, error=CatalogError)
+
+
+_read_text = read_text  # its name before it was public
 
 
 @functools.lru_cache(maxsize=1)
@@ -571,7 +582,7 @@ def load_gpus(path: str | Path | None = None) -> dict[str, GpuSpec]:
     """
     if path is None:
         return dict(_bundled())
-    return _parse_gpus(_read_text(path), str(path))
+    return _parse_gpus(read_text(path), str(path))
 
 
 def _index(gpus: Mapping[str, GpuSpec]) -> dict[str, str]:

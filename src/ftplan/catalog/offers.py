@@ -51,7 +51,7 @@ from pathlib import Path
 from ..errors import CatalogError, ConfigError, NotFoundError
 from .gpus import (
     GpuSpec,
-    _read_text,
+    read_text as _read_text,
     field_error,
     gpu_name_index,
     load_gpus,

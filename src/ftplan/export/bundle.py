@@ -20,10 +20,11 @@ from typing import Any
 
 from ..errors import ConfigError, FtplanError
 from ..inputs import MAX_TEXT_CHARS, bad_characters, check_text
-from ..job import Job, Layout, LoraSpec, QuantSpec
+from ..job import Job, Layout
+from ..options import job_from_dict, layout_from_dict
 
 __all__ = ["PLAN_SCHEMA", "ACCEPTED_SCHEMAS", "plan_document", "plan_from_json", "load_plan_json",
-           "job_from_dict", "layout_from_dict", "exportable", "render_bundle", "write_bundle",
+           "exportable", "render_bundle", "write_bundle",
            "ZERO3_BACKENDS", "BUNDLE_FILE_NAMES", "earlier_bundle_problem", "check_plan_document",
            "plan_problems"]
 
@@ -38,7 +39,7 @@ _PLAN_KEYS = ("offer", "layout", "job")
 # ---------------------------------------------------------------------------------------------
 def plan_document(model, plan, *, ref: str | None = None) -> dict[str, Any]:
     """The ``ftplan.plan/1`` dict of a planner ``Plan`` (the same fields as ``recommend --json``)."""
-    from ..cli_planner import plan_dict
+    from ..report import plan_dict
 
     m = {"name": model.name, "hf_id": model.hf_id, "params_total": model.params.total}
     if ref and ref not in (model.name, model.hf_id):
@@ -47,7 +48,7 @@ def plan_document(model, plan, *, ref: str | None = None) -> dict[str, Any]:
 
 
 def _bad(where: str, what: str) -> ConfigError:
-    return ConfigError(f"{where}: {what}", "pass a file saved from 'ftplan recommend --json'")
+    return ConfigError(f"{where}: {what}", "pass a file saved from `ftplan recommend --json`")
 
 
 def plan_from_json(doc: Any, index: int = 1, *, where: str = "plan JSON") -> tuple[dict[str, Any], list[dict]]:
@@ -72,7 +73,7 @@ def plan_from_json(doc: Any, index: int = 1, *, where: str = "plan JSON") -> tup
             raise _bad(where, f"'{key}' is not a list")
     if not plans:
         raise ConfigError(f"{where}: holds no plan (the search found nothing feasible)",
-                          "relax the constraints and run 'ftplan recommend --json' again")
+                          "relax the constraints and run `ftplan recommend --json` again")
     if not 1 <= index <= len(plans):
         raise ConfigError(f"plan {index} is out of range: {where} holds {len(plans)} plan(s)",
                           f"use --plan 1..{len(plans)}")
@@ -99,7 +100,7 @@ def load_plan_json(path: str | os.PathLike, index: int = 1) -> tuple[dict[str, A
     """:func:`plan_from_json` on a file; every problem is a one-line ``ConfigError``."""
     from ..inputs import load_json_text, read_text_file
 
-    hint = "pass a file saved from 'ftplan recommend --json'"
+    hint = "pass a file saved from `ftplan recommend --json`"
     p = Path(path)
     text = read_text_file(p, "plan file", max_bytes=MAX_PLAN_BYTES, hint=hint)
     doc = load_json_text(text, str(p), hint=hint)
@@ -229,41 +230,18 @@ def check_plan_document(plan: Any, alternatives: Sequence[Any] = ()) -> None:
     if problems:
         shown = "; ".join(problems[:10]) + (f"; and {len(problems) - 10} more" if len(problems) > 10 else "")
         raise ConfigError(f"malformed plan document: {shown}",
-                          "pass a file saved from 'ftplan recommend --json' (unedited)")
+                          "pass a file saved from `ftplan recommend --json` (unedited)")
 
 
-def job_from_dict(d: Mapping[str, Any]) -> Job:
-    """A ``Job`` from the ``job`` object of a plan (as ``report._job_dict`` writes it)."""
-    try:
-        lora = d.get("lora") or {}
-        quant = d.get("quant") or {}
-        return Job(
-            method=str(d["method"]), precision=str(d["precision"]), optimizer=str(d["optimizer"]),
-            micro_batch=int(d["micro_batch"]), seq_len=int(d["seq_len"]), grad_accum=int(d["grad_accum"]),
-            gradient_checkpointing=bool(d["gradient_checkpointing"]), attn_impl=str(d.get("attn_impl", "sdpa")),
-            lora=LoraSpec(r=int(lora.get("r", 16)), alpha=int(lora.get("alpha", 32)),
-                          dropout=float(lora.get("dropout", 0.05)),
-                          target_modules=tuple(lora.get("target_modules") or ("all-linear",))),
-            quant=QuantSpec(quant_type=str(quant.get("quant_type", "nf4")),
-                            double_quant=bool(quant.get("double_quant", True)),
-                            compute_dtype=str(quant.get("compute_dtype", "bf16")),
-                            skip_modules=tuple(quant.get("skip_modules") or ("lm_head",))),
-            dataset_tokens=d.get("dataset_tokens"), epochs=float(d.get("epochs", 1.0)),
-        )
-    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:
-        raise ConfigError(f"plan JSON: bad 'job' ({type(e).__name__}: {e})",
-                          "pass a file saved from 'ftplan recommend --json'") from None
-
-
-def layout_from_dict(d: Mapping[str, Any]) -> Layout:
-    try:
-        return Layout(gpus_per_node=int(d["gpus_per_node"]), nodes=int(d["nodes"]), strategy=str(d["strategy"]),
-                      offload_optimizer=bool(d.get("offload_optimizer", False)),
-                      offload_params=bool(d.get("offload_params", False)),
-                      tp=int(d.get("tp", 1)), pp=int(d.get("pp", 1)))
-    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:
-        raise ConfigError(f"plan JSON: bad 'layout' ({type(e).__name__}: {e})",
-                          "pass a file saved from 'ftplan recommend --json'") from None
+def _job_and_layout(plan_doc: Mapping[str, Any]) -> tuple[Job, Layout]:
+    parts = []
+    for key, read in (("job", job_from_dict), ("layout", layout_from_dict)):
+        try:
+            parts.append(read(plan_doc[key]))
+        except ConfigError as e:
+            raise ConfigError(f"plan JSON: bad {key!r} ({e.one_line()})",
+                              "pass a file saved from `ftplan recommend --json`") from None
+    return parts[0], parts[1]
 
 
 def _resolve(model: Mapping[str, Any]):
@@ -277,9 +255,9 @@ def _resolve(model: Mapping[str, Any]):
         except FtplanError as e:
             last = e
     if last is None:
-        raise ConfigError("plan JSON: no model name", "pass a file saved from 'ftplan recommend --json'")
+        raise ConfigError("plan JSON: no model name", "pass a file saved from `ftplan recommend --json`")
     raise ConfigError(f"cannot find the plan's model ({', '.join(map(repr, refs))}): {last.message}",
-                      "run 'ftplan export MODEL ...' with the search options instead of --from-json")
+                      "run `ftplan export MODEL ...` with the search options instead of --from-json")
 
 
 def _local_ref(ref: str | None) -> str | None:
@@ -300,14 +278,14 @@ def exportable(plan: Mapping[str, Any]) -> str | None:
 
 def _check_hardware(plan: Mapping[str, Any], job: Job) -> None:
     from ..catalog.gpus import get_gpu
-    from ..planner import _platform_job
+    from ..planner import platform_job
 
     slug = str((plan.get("offer") or {}).get("gpu", ""))
     try:
         gpu = get_gpu(slug)
     except FtplanError:
         return  # a GPU ftplan does not know: nothing to check against
-    adapted, _, why = _platform_job(job, gpu)
+    adapted, _, why = platform_job(job, gpu)
     if adapted is None:
         raise ConfigError(f"the plan cannot run on {slug}: {why}",
                           "pick another plan (--plan N) or another method")
@@ -339,21 +317,20 @@ def render_bundle(plan_doc: dict, *, alternatives: Sequence[dict] = (), model_re
     if not isinstance(plan_doc, Mapping) or any(not isinstance(plan_doc.get(k), Mapping)
                                                 for k in ("model", *_PLAN_KEYS)):
         raise ConfigError("not a plan document (needs model, offer, layout, job)",
-                          "pass one plan of 'ftplan recommend --json' (see plan_document / plan_from_json)")
+                          "pass one plan of `ftplan recommend --json` (see plan_document / plan_from_json)")
     if zero3_backend not in ZERO3_BACKENDS:
         raise ConfigError(f"unknown ZeRO-3 backend {str(zero3_backend)[:40]!r}", "use deepspeed or fsdp")
     alternatives = list(alternatives)
     check_plan_document(plan_doc, alternatives)
     if model_ref is not None:
-        model_ref = user_text(model_ref, "model reference (--model-ref)")
+        model_ref = user_text(model_ref, "`model_ref`", field="model_ref")
     if dataset is not None:
-        dataset = user_text(dataset, "dataset (--dataset)")
+        dataset = user_text(dataset, "`dataset`", field="dataset")
     why = exportable(plan_doc)
     if why:
         raise ConfigError(f"this plan cannot be exported: {why}",
-                          "pick a plan without tp/pp with --plan N ('ftplan recommend' lists them)")
-    job = job_from_dict(plan_doc["job"])
-    layout = layout_from_dict(plan_doc["layout"])
+                          "pick a plan without tp/pp with --plan N (`ftplan recommend` lists them)")
+    job, layout = _job_and_layout(plan_doc)
     model = _resolve(plan_doc["model"])
     validate_job(model, job, layout)
     _check_hardware(plan_doc, job)

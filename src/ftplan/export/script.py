@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import math
 
-from .. import __version__
 from ..errors import ConfigError
+from ..version import __version__
 from ..job import PRECISIONS, Job, Layout
 from ..model import ModelSpec
 

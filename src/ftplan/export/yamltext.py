@@ -53,13 +53,13 @@ class UserText(str):
     __slots__ = ()
 
 
-def user_text(value: Any, what: str, *, allow_empty: bool = False) -> UserText:
+def user_text(value: Any, what: str, *, allow_empty: bool = False, field: str | None = None) -> UserText:
     """Check a user-supplied one-line value (``ConfigError`` for control characters, non-strings,
     absurd lengths) and mark it as a one-line value. Every renderer passes user strings
     (``model_ref``, ``dataset``, names from a plan file) through this before writing them."""
     if isinstance(value, UserText):
         return value
-    return UserText(check_text(value, what, allow_empty=allow_empty))
+    return UserText(check_text(value, what, allow_empty=allow_empty, field=field))
 
 
 _ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\t": "\\t", "\r": "\\r", "\x00": "\\0"}

@@ -9,7 +9,11 @@ seconds, each sending requests back to back, mixing ``/api/estimate``, ``/api/re
 ``/api/fit``. Modes: ``cached`` draws from a pool of 48 jobs (after the first round each worker
 answers from its LRU cache), ``uncached`` makes every request unique (a fresh dataset size or
 sequence length: every answer is computed), ``mixed`` (default) is half and half.
-``--endpoint recommend`` sends only ``/api/recommend`` (the search, the heaviest answer).
+``--endpoint recommend`` sends only ``/api/recommend`` (the search, the heaviest answer). A unique
+recommend request has a fresh dataset size (``tokens``): its answer is computed (no response-cache
+hit), while memory and step times of the same model, method and sequence length are shared by the
+planner's SearchCache; ``--fresh-seq`` also gives it a fresh sequence length (the worst case: every
+memory breakdown and step time is computed).
 Reports throughput, p50/p90/p95/p99 latency overall and per endpoint, cache hits, errors, and the
 setup (CPU, cores, workers: the server and this load generator share the machine); the exit code
 is 1 if any request failed (a non-200 status or a transport error).
@@ -42,6 +46,8 @@ SERVER = ("import sys, uvicorn\n"
           "            workers=int(sys.argv[2]), log_level='warning', ws='none', access_log=False,\n"
           "            timeout_keep_alive=KEEP_ALIVE_S)\n")
 POOL = 48
+#: --fresh-seq: unique recommend requests also get a fresh sequence length (nothing can be shared)
+FRESH_SEQ = [False]
 
 
 def free_port() -> int:
@@ -58,7 +64,8 @@ def make_request(rng: random.Random, unique: bool, counter: list[int], endpoint:
     kind = rng.choices(["estimate", "recommend", "fit"], weights=[4, 3, 3])[0] if endpoint == "all" else endpoint
     if unique:
         counter[0] += 1
-        seq = 512 + counter[0] % 7680  # a fresh sequence length: no cache hit
+        if kind != "recommend" or FRESH_SEQ[0]:
+            seq = 512 + counter[0] % 7680  # a fresh sequence length: no cache hit
     body: dict = {"model": model, "method": method, "seq_len": seq}
     if kind == "estimate":
         gpus = rng.choice([1, 2, 4, 8])
@@ -148,10 +155,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mode", choices=["mixed", "cached", "uncached"], default="mixed")
     ap.add_argument("--endpoint", choices=["all", "estimate", "recommend", "fit"], default="all",
                     help="drive one endpoint only (default: the mix)")
+    ap.add_argument("--fresh-seq", action="store_true",
+                    help="unique recommend requests also get a fresh sequence length (worst case)")
     ap.add_argument("--workers", type=int, default=1, help="uvicorn worker processes (default 1)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
+    FRESH_SEQ[0] = a.fresh_seq
 
     port = free_port()
     base = f"http://127.0.0.1:{port}"
@@ -190,11 +200,12 @@ def main(argv: list[str] | None = None) -> int:
     res["machine"] = machine()
     res["workers"] = a.workers
     res["endpoint"] = a.endpoint
+    res["fresh_seq"] = a.fresh_seq
     if a.json:
         print(json.dumps(res, indent=2))
     else:
         print(f"ftplan web load: {res['clients']} clients, {res['duration_s']:g} s, mode {res['mode']}, "
-              f"endpoint {res['endpoint']}, {res['workers']} worker(s), server and load generator on this machine "
+              f"endpoint {res['endpoint']}{', fresh seq' if res['fresh_seq'] else ''}, {res['workers']} worker(s), server and load generator on this machine "
               f"({res['machine']})")
         print(f"  {res['requests']} requests in {res['wall_s']:.1f} s: {res['throughput_rps']:.1f} req/s, "
               f"{res['cache_hits']} cache hits, {res['errors']} errors (load generator CPU {res['client_cpu_s']:.1f} s)")

@@ -40,6 +40,7 @@ from .options import (
 
 __all__ = [
     "ModelRef",
+    "SearchCache",
     "resolve_model",
     "model_from_config",
     "build_job",
@@ -281,7 +282,8 @@ def _offer_values(ov: Mapping[str, Any], probs: _Problems, default_pricing: Any 
     return vals
 
 
-def _search(model: ModelRef, job: Job | None, options: Mapping[str, Any], offer_list, progress):
+def _search(model: ModelRef, job: Job | None, options: Mapping[str, Any], offer_list, progress,
+            search_cache: Any = None):
     from .planner import recommend as _recommend
 
     jv, sv, ov = split_values(options, JOB_OPTIONS, SEARCH_OPTIONS, OFFER_OPTIONS)
@@ -303,27 +305,31 @@ def _search(model: ModelRef, job: Job | None, options: Mapping[str, Any], offer_
                                pricing=offer_vals.get("pricing"))
     ps = _recommend(spec, j, offers, objective=search["objective"], deadline_hours=search["deadline"],
                     budget_usd=search["budget"], max_gpus=search["max_gpus"], safety_margin=search["margin"],
-                    global_batch=search["global_batch"], progress=progress)
+                    global_batch=search["global_batch"], progress=progress, cache=search_cache)
     return spec, j, ps, search
 
 
 def recommend(model: ModelRef, job: Job | None = None, *, offer_list: Sequence[Any] | None = None,
-              progress: Callable[[int, int], None] | None = None, **options: Any) -> Recommendation:
+              progress: Callable[[int, int], None] | None = None, search_cache: Any = None,
+              **options: Any) -> Recommendation:
     """Rank plans (offer, layout, micro-batch, checkpointing) by cost or time (``ftplan recommend``).
 
     ``options``: job options (``tokens`` is required), search options (``objective``, ``deadline``,
     ``budget``, ``max_gpus``, ``global_batch``, ``margin``, ``top``) and offer options
     (``providers``, ``gpus_filter``, ``pricing``, ``offers`` files, ...). ``offer_list``: search
-    these :class:`~ftplan.catalog.offers.Offer` s instead of the catalog.
+    these :class:`~ftplan.catalog.offers.Offer` s instead of the catalog. ``search_cache``: a
+    :class:`~ftplan.planner.SearchCache` shared with other searches of this process (same plans,
+    less work; the web app keeps one).
     """
-    spec, j, ps, search = _search(model, job, options, offer_list, progress)
+    spec, j, ps, search = _search(model, job, options, offer_list, progress, search_cache)
     return Recommendation(spec, j, ps, search["top"])
 
 
 def compare(model: ModelRef, job: Job | None = None, *, offer_list: Sequence[Any] | None = None,
-            progress: Callable[[int, int], None] | None = None, **options: Any) -> Comparison:
+            progress: Callable[[int, int], None] | None = None, search_cache: Any = None,
+            **options: Any) -> Comparison:
     """The best plan per accelerator type (``ftplan compare``); options as :func:`recommend`."""
-    spec, j, ps, _ = _search(model, job, options, offer_list, progress)
+    spec, j, ps, _ = _search(model, job, options, offer_list, progress, search_cache)
     return Comparison(spec, j, ps)
 
 
@@ -575,3 +581,12 @@ def train(model_dir: str | os.PathLike, dataset: str, out: str | os.PathLike, jo
     return _train(str(model_dir), dataset, str(out), j, lay, max_steps=max_steps, save_steps=save_steps,
                   logging_steps=logging_steps, seed=seed, record=record, echo=echo)
 
+
+
+def __getattr__(name: str) -> Any:
+    # SearchCache lives with the planner, which ``import ftplan`` does not load
+    if name == "SearchCache":
+        from .planner import SearchCache
+
+        return SearchCache
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -14,14 +14,17 @@ help; ``validate_job`` checks the declared choices and bounds. Adding an option 
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass, replace
-from typing import Literal
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass, fields, replace
+from typing import Any, Literal
 
 from .errors import ConfigError, Problem
 from .inputs import show_value
 from .model import ModelSpec
-from .optionspec import group, groups, internal, json_field, lower, option, walk
+from .optionspec import Option, group, groups, internal, json_field, lower, option, walk
 
 __all__ = [
     "METHODS",
@@ -102,6 +105,30 @@ def _auto_strategy(model: ModelSpec | None, layout: "Layout") -> str:
     return "ddp" if layout.strategy == "single" else layout.strategy
 
 
+def _cached_hash(self) -> int:
+    """Frozen option dataclasses key the planner's caches thousands of times per search: their
+    (immutable) hash is computed once."""
+    d = self.__dict__
+    h = d.get("_hash")
+    if h is None:
+        h = d["_hash"] = hash(tuple(getattr(self, f.name) for f in fields(self)))
+    return h
+
+
+def _state_without_hash(self) -> dict[str, Any]:
+    state = dict(self.__dict__)
+    state.pop("_hash", None)  # hashes of strings differ between processes
+    return state
+
+
+def _hash_once(cls):
+    """Class decorator (after @dataclass): cache the hash, never pickle it."""
+    cls.__hash__ = _cached_hash
+    cls.__getstate__ = _state_without_hash
+    return cls
+
+
+@_hash_once
 @dataclass(frozen=True)
 class LoraSpec:
     r: int = option(16, name="lora_r", label="LoRA rank", minimum=1, maximum=JOB_LIMITS["lora_r"], web_max=65536,
@@ -117,6 +144,7 @@ class LoraSpec:
         help="comma-separated PEFT target_modules, or all-linear (default)")
 
 
+@_hash_once
 @dataclass(frozen=True)
 class QuantSpec:
     """bitsandbytes 4-bit quantization of the frozen base (QLoRA)."""
@@ -131,6 +159,7 @@ class QuantSpec:
     skip_modules: tuple[str, ...] = json_field(("lm_head",))
 
 
+@_hash_once
 @dataclass(frozen=True)
 class Job:
     method: str = option("full", choices=METHODS, help="full | lora | qlora")
@@ -174,6 +203,7 @@ class Job:
         return replace(self, **changes)
 
 
+@_hash_once
 @dataclass(frozen=True)
 class Layout:
     gpus_per_node: int = option(1, name="gpus", label="GPUs per node", minimum=1,
@@ -257,17 +287,29 @@ def _check(cond: bool, problems: list[Problem], msg: str, field: str | None = No
         problems.append(Problem(field, msg, hint))
 
 
+@functools.lru_cache(maxsize=64)
+def _compiled(cls) -> tuple[tuple[Option, Callable[[Any], Any], str | None, tuple[type, ...]], ...]:
+    """(option, value getter, its group or None, accepted Python types) of ``cls``, built once:
+    ``validate_job`` runs for every memory estimate of a search."""
+    out = []
+    for opt in walk(cls):
+        head = opt.attr.split(".")[0] if "." in opt.attr else None
+        out.append((opt, operator.attrgetter(opt.attr), head, _KINDS.get(opt.type, (object,))))
+    return tuple(out)
+
+
 def _option_problems(obj, cls, skip: tuple[str, ...] = ()) -> list[Problem]:
     """Problems of ``obj``'s declared choices and bounds (nested groups only when they apply)."""
     active = {name for name, (_, when) in groups(cls).items() if when is None or getattr(obj, when)}
     out: list[Problem] = []
-    for opt in walk(cls):
-        head = opt.attr.split(".")[0]
-        if opt.name in skip or ("." in opt.attr and head not in active):
+    for opt, get, head, _ in _compiled(cls):
+        if (head is not None and head not in active) or opt.name in skip:
             continue
-        value = obj
-        for part in opt.attr.split("."):
-            value = getattr(value, part)
+        value = get(obj)
+        if value is None:
+            continue
+        if opt.choices is None and opt.type not in ("int", "float", "tokens"):
+            continue
         out += opt.check(value)
     return out
 
@@ -281,26 +323,24 @@ def _type_problems(obj, cls) -> list[Problem]:
     """Values of the wrong Python type (a job built by a program, or from a hand-edited file, can
     hold anything): found before any comparison, so that ``"8" >= 1`` never raises."""
     out: list[Problem] = []
-    for opt in walk(cls):
-        value = obj
+    for opt, get, _, kinds in _compiled(cls):
         try:
-            for part in opt.attr.split("."):
-                value = getattr(value, part)
+            value = get(obj)
         except AttributeError:
             out.append(Problem(opt.name, f"{opt.words}: not set"))
             continue
         if value is None:
             continue
-        kinds = _KINDS.get(opt.type, (object,))
-        ok = isinstance(value, kinds) and (opt.type == "bool" or not isinstance(value, bool))
-        if ok and opt.type in ("names", "paths"):
+        t = opt.type
+        ok = isinstance(value, kinds) and (t == "bool" or not isinstance(value, bool))
+        if ok and t in ("names", "paths"):
             ok = len(value) <= JOB_LIMITS["target_modules"] and all(
                 isinstance(x, str) and 0 < len(x) <= 256 and x.isprintable() for x in value)
-        if ok and isinstance(value, float) and not math.isfinite(value):
+        if ok and type(value) is float and not math.isfinite(value):
             out.append(Problem(opt.name, f"{opt.words} must be a finite number (got {value})"))
         elif not ok:
             what = {"int": "an integer", "tokens": "an integer", "float": "a number", "bool": "true or false",
-                    "names": "a list of names (each 1-256 printable characters)"}.get(opt.type, "text")
+                    "names": "a list of names (each 1-256 printable characters)"}.get(t, "text")
             out.append(Problem(opt.name, f"{opt.words} must be {what} (got {show_value(value)})"))
     return out
 

@@ -293,6 +293,11 @@ class ModelSpec:
             h = self.__dict__["_hash"] = hash(tuple(getattr(self, f.name) for f in fields(self) if f.compare))
         return h
 
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.pop("_hash", None)  # string hashes differ between processes
+        return state
+
     def linears(self) -> tuple[LinearSpec, ...]:
         """Every weight matrix of the decoder layers and the lm_head (embedding excluded)."""
         return self._linears

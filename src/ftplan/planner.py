@@ -28,10 +28,10 @@ from .inputs import check_finite, show_value
 from .job import Job, Layout, validate_job
 from .memory import MemoryBreakdown, estimate_memory
 from .model import ModelSpec
-from .runtime import RuntimeEstimate, compute_dtype, estimate_runtime
+from .runtime import RuntimeEstimate, compute_dtype, estimate_runtime, for_dataset, job_totals
 from .units import GB
 
-__all__ = ["Plan", "Infeasible", "PlanSet", "SearchStats", "FitResult", "recommend", "fit", "platform_job",
+__all__ = ["Plan", "Infeasible", "PlanSet", "SearchStats", "FitResult", "SearchCache", "recommend", "fit", "platform_job",
            "DEFAULT_MAX_GPUS", "OBJECTIVES"]
 
 OBJECTIVES = ("cost", "time")
@@ -155,14 +155,67 @@ def _pow2_upto(n: int) -> list[int]:
     return out
 
 
-class _Memo:
-    """Memory breakdowns per (vendor, layout, job), shared by all GPU types; counts evaluations."""
+class SearchCache:
+    """What searches of a long-lived process can share: memory breakdowns per (model, GPU vendor,
+    layout, job) and per-step runtimes per (model, GPU, inter-node bandwidth, layout, job), the
+    job without its data size (``dataset_tokens``/``epochs`` change neither). Pass one to
+    :func:`recommend` (the web app keeps one per process): a search that differs from an earlier
+    one only in its data size, objective, constraints or offers recomputes neither. Bounded:
+    emptied when it holds ``max_entries`` answers. Plain dict operations: shareable by threads."""
 
-    def __init__(self, model: ModelSpec) -> None:
+    def __init__(self, max_entries: int = 100_000) -> None:
+        self.max_entries = max_entries
+        self.memory: dict[tuple, MemoryBreakdown | None] = {}
+        self.runtime: dict[tuple, tuple[Any, RuntimeEstimate]] = {}
+        self.jobs: dict[Job, Job] = {}
+        self.hits = 0
+
+    def _room(self, d: dict) -> None:
+        if len(d) >= self.max_entries:
+            d.clear()
+
+
+class _Memo:
+    """Memory breakdowns per (vendor, layout, job), shared by all GPU types; counts evaluations.
+    With a :class:`SearchCache`, also shared with other searches."""
+
+    def __init__(self, model: ModelSpec, shared: SearchCache | None = None) -> None:
         self.model = model
+        self.shared = shared
         self.cache: dict[tuple, MemoryBreakdown | None] = {}
         self.ladders: dict[tuple, _Ladder] = {}
+        self.free: dict[Job, Job] = {}
         self.evals = 0
+
+    def _free(self, job: Job) -> Job:
+        """``job`` without its data size (the key under which other searches may share answers),
+        one object per value across searches (so that comparing keys is an identity check)."""
+        f = self.free.get(job)
+        if f is None:
+            f = job if (job.dataset_tokens is None and job.epochs == 1.0) \
+                else job.with_(dataset_tokens=None, epochs=1.0)
+            if self.shared is not None:
+                sh = self.shared
+                if len(sh.jobs) >= sh.max_entries:
+                    sh.jobs.clear()
+                f = sh.jobs.setdefault(f, f)
+            self.free[job] = f
+        return f
+
+    def step_runtime(self, gpu: Any, offer: Any, bw: float | None, layout: Layout, job: Job) -> RuntimeEstimate:
+        """The runtime of ``job``'s steps (its totals may be another search's: see ``for_dataset``)."""
+        sh = self.shared
+        if sh is None:
+            return estimate_runtime(self.model, job, layout, gpu, offer=offer)
+        key = (self.model, id(gpu), bw, layout, self._free(job))
+        hit = sh.runtime.get(key)
+        if hit is not None and hit[0] is gpu:  # the same GpuSpec object (a custom catalog has others)
+            sh.hits += 1
+            return hit[1]
+        rt = estimate_runtime(self.model, job, layout, gpu, offer=offer)
+        sh._room(sh.runtime)
+        sh.runtime[key] = (gpu, rt)
+        return rt
 
     def ladder(self, vendor: str, layout: Layout, job: Job, gc: bool, global_batch: int | None,
                total_tokens: int | None) -> _Ladder:
@@ -176,12 +229,21 @@ class _Memo:
         key = (vendor, layout, job)
         if key in self.cache:
             return self.cache[key]
-        self.evals += 1
+        sh = self.shared
+        skey = (self.model, vendor, layout, self._free(job)) if sh is not None else None
+        self.evals += 1  # a breakdown this search needed (computed here or by an earlier search)
+        if sh is not None and skey in sh.memory:
+            sh.hits += 1
+            mem = self.cache[key] = sh.memory[skey]
+            return mem
         try:
             mem = estimate_memory(self.model, job, layout, gpu_vendor=vendor)
         except ConfigError:
             mem = None  # layout not valid for this model (e.g. tp does not divide heads)
         self.cache[key] = mem
+        if sh is not None:
+            sh._room(sh.memory)
+            sh.memory[skey] = mem
         return mem
 
 
@@ -356,12 +418,14 @@ def recommend(
     global_batch: int | None = None,
     gpu_catalog: Mapping[str, Any] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    cache: SearchCache | None = None,
 ) -> PlanSet:
     """Rank every plan that fits, for ``job.dataset_tokens x job.epochs`` tokens.
 
     ``global_batch`` (sequences per optimizer step) is kept exactly: grad_accum is chosen per
     layout and micro-batch; without it the job's grad_accum is used. ``gpu_catalog`` maps GPU
-    slugs to specs (default: the bundled catalog).
+    slugs to specs (default: the bundled catalog). ``cache`` shares memory and step-time answers
+    with other searches (:class:`SearchCache`); the plans are the same with or without it.
     """
     t0 = time.perf_counter()
     if objective not in OBJECTIVES:
@@ -386,7 +450,7 @@ def recommend(
         gpu_catalog = load_gpus()
 
     total_tokens = math.ceil(job.dataset_tokens * job.epochs)
-    memo = _Memo(model)
+    memo = _Memo(model, cache)
     runtime_cache: dict[tuple, RuntimeEstimate] = {}
     by_gpu: dict[str, list[Any]] = {}
     for o in offers:
@@ -410,11 +474,20 @@ def recommend(
             continue
         cap = gpu.memory_bytes * (1.0 - safety_margin)
         shapes: dict[tuple[int, bool], list[_Fits]] = {}
+        chosen_by: dict[tuple, dict[Layout, tuple[_Fits, RuntimeEstimate]]] = {}
         gpu_plans = 0
         for offer in by_gpu[slug]:
             fits = _enumerate(memo, model, gjob, gpu, offer, cap, max_gpus, global_batch, total_tokens, shapes,
                               counts)
-            best = _best_per_layout(model, gpu, offer, fits, gnotes, runtime_cache, counts)
+            # offers of one GPU type with the same instance shape and network run the same steps:
+            # the fastest variant per layout is chosen once for all of them; each is priced
+            ck = (id(fits), offer.inter_node_gbps)
+            chosen = chosen_by.get(ck)
+            if chosen is None:
+                chosen = chosen_by[ck] = _best_per_layout(memo, gpu, offer, fits, runtime_cache, counts)
+            else:
+                counts.candidates += len(fits)
+            best = _priced(gpu, offer, chosen, gnotes)
             raw.extend(best.values())
             gpu_plans += len(best)
         if gpu_plans == 0:
@@ -471,24 +544,38 @@ def _enumerate(memo: _Memo, model: ModelSpec, job: Job, gpu: Any, offer: Any, ca
     return shapes[shape]
 
 
-def _best_per_layout(model: ModelSpec, gpu: Any, offer: Any, fits: list[_Fits], gnotes: list[str],
-                     runtime_cache: dict[tuple, RuntimeEstimate], counts: _Counts) -> dict[Layout, Plan]:
-    """The fastest fitting variant per layout on ``offer``, priced."""
-    best: dict[Layout, Plan] = {}
+def _best_per_layout(memo: _Memo, gpu: Any, offer: Any, fits: list[_Fits],
+                     runtime_cache: dict[tuple, RuntimeEstimate], counts: _Counts
+                     ) -> dict[Layout, tuple[_Fits, RuntimeEstimate]]:
+    """The fastest fitting variant per layout on instances like ``offer`` (the first of equals),
+    with its runtime for the job's data size. Variants are compared on their hours alone (the
+    arithmetic of :func:`~ftplan.runtime.estimate_runtime`); only winners get their totals."""
+    chosen: dict[Layout, tuple[float, _Fits, RuntimeEstimate]] = {}
     for f in fits:
         counts.candidates += 1
         bw = offer.inter_node_gbps if f.layout.nodes > 1 else None
         rkey = (offer.gpu, bw, f.layout, f.job)
         rt = runtime_cache.get(rkey)
         if rt is None:
-            rt = estimate_runtime(model, f.job, f.layout, gpu, offer=offer)
-            runtime_cache[rkey] = rt
-        cur = best.get(f.layout)
-        if cur is not None and cur.runtime.total_hours <= rt.total_hours:
+            rt = runtime_cache[rkey] = memo.step_runtime(gpu, offer, bw, f.layout, f.job)
+        hours = job_totals(f.job.dataset_tokens, f.job.epochs, rt.tokens_per_step, rt.step_time_s)[2]
+        total_hours = hours + rt.startup_hours  # recommend always has a dataset size
+        cur = chosen.get(f.layout)
+        if cur is not None and cur[0] <= total_hours:
             continue
+        chosen[f.layout] = (total_hours, f, rt)
+    return {layout: (f, for_dataset(rt, f.job.dataset_tokens, f.job.epochs))
+            for layout, (_, f, rt) in chosen.items()}
+
+
+def _priced(gpu: Any, offer: Any, chosen: dict[Layout, tuple[_Fits, RuntimeEstimate]],
+            gnotes: list[str]) -> dict[Layout, Plan]:
+    """One plan per layout on ``offer``: the chosen variant at the offer's price."""
+    best: dict[Layout, Plan] = {}
+    notes = tuple(gnotes)
+    for layout, (f, rt) in chosen.items():
         cost = estimate_cost(rt, offer, f.layout, gpu)
-        best[f.layout] = Plan(offer, gpu, f.layout, f.job, f.memory, rt, cost,
-                              notes=tuple(gnotes) + f.memory.notes)
+        best[layout] = Plan(offer, gpu, f.layout, f.job, f.memory, rt, cost, notes=notes + f.memory.notes)
     return best
 
 
@@ -593,9 +680,12 @@ def _rank(plans: list[Plan], objective: str) -> tuple[Plan, ...]:
             frontier.add(id(p))
     out = []
     for p in ordered:
+        flags = (p is cheapest, p is fastest, id(p) in frontier)
+        if flags == (p.cheapest, p.fastest, p.pareto):
+            out.append(p)  # the same plan; no need to copy it
+            continue
         out.append(Plan(p.offer, p.gpu, p.layout, p.job, p.memory, p.runtime, p.cost,
-                        cheapest=p is cheapest, fastest=p is fastest, pareto=id(p) in frontier,
-                        notes=p.notes))
+                        cheapest=flags[0], fastest=flags[1], pareto=flags[2], notes=p.notes))
     return tuple(out)
 
 

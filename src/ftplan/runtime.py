@@ -25,7 +25,7 @@ Model (per optimizer step, seen from one GPU):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .catalog.efficiency import Efficiency, efficiency
@@ -39,6 +39,8 @@ __all__ = [
     "RuntimeEstimate",
     "FlopsPerToken",
     "estimate_runtime",
+    "job_totals",
+    "for_dataset",
     "flops_per_token",
     "attention_context",
     "all_reduce_time",
@@ -312,11 +314,7 @@ def estimate_runtime(model: ModelSpec, job: Job, layout: Layout, gpu: Any, *, of
     tps = tokens_per_step / step
     mfu = f.model * tps / (world * peak_flops)
 
-    total = steps = hours = None
-    if job.dataset_tokens:
-        total = math.ceil(job.dataset_tokens * job.epochs)
-        steps = math.ceil(total / tokens_per_step)
-        hours = steps * step / 3600.0
+    total, steps, hours = job_totals(job.dataset_tokens, job.epochs, tokens_per_step, step)
     startup = (eff.startup_fixed_s + model.params.total * 2.0 / eff.startup_load_bytes_per_s) / 3600.0
     return RuntimeEstimate(
         step_time_s=step,
@@ -348,6 +346,26 @@ def estimate_runtime(model: ModelSpec, job: Job, layout: Layout, gpu: Any, *, of
             "peak_tflops": float(peak),
         },
     )
+
+
+def job_totals(dataset_tokens: int | None, epochs: float, tokens_per_step: int,
+               step_time_s: float) -> tuple[int | None, int | None, float | None]:
+    """(total tokens, optimizer steps, training hours) of a job whose step takes ``step_time_s``
+    for ``tokens_per_step`` tokens; all None without a dataset size."""
+    if not dataset_tokens:
+        return None, None, None
+    total = math.ceil(dataset_tokens * epochs)
+    steps = math.ceil(total / tokens_per_step)
+    return total, steps, steps * step_time_s / 3600.0
+
+
+def for_dataset(rt: RuntimeEstimate, dataset_tokens: int | None, epochs: float) -> RuntimeEstimate:
+    """``rt`` (the estimate of a step, which does not depend on the data size) with the totals of
+    ``dataset_tokens x epochs`` tokens."""
+    total, steps, hours = job_totals(dataset_tokens, epochs, rt.tokens_per_step, rt.step_time_s)
+    if (total, steps, hours) == (rt.total_tokens, rt.steps, rt.hours):
+        return rt
+    return replace(rt, total_tokens=total, steps=steps, hours=hours)
 
 
 _STATES_CACHE: dict[tuple, Any] = {}

@@ -25,7 +25,7 @@ TORCH = importlib.util.find_spec("torch") is not None and importlib.util.find_sp
     ({"out": "a\rb.jsonl"}, "control"),
 ])
 def test_run_options_are_refused_before_the_model(tmp_path, kwargs, words, monkeypatch):
-    monkeypatch.setattr(mrun, "_import_torch", lambda: pytest.fail("torch imported before the options were checked"))
+    monkeypatch.setattr(mrun, "import_torch", lambda: pytest.fail("torch imported before the options were checked"))
     with pytest.raises(ConfigError, match=words):
         mrun.measure("llama-3.2-1b", Job(), **kwargs)
 

@@ -166,7 +166,7 @@ def _no_heavy_work(monkeypatch: pytest.MonkeyPatch):
     def no_torch():
         raise MeasurementError("torch is stubbed out in the CLI fuzz test")
 
-    monkeypatch.setattr(mrun, "_import_torch", no_torch)
+    monkeypatch.setattr(mrun, "import_torch", no_torch)
     try:  # hub ids resolve from an empty local cache only: no network, deterministic
         from huggingface_hub import constants
 

@@ -24,7 +24,7 @@ from typing import Any, Literal
 from .errors import ConfigError, Problem
 from .inputs import show_value
 from .model import ModelSpec
-from .optionspec import Option, group, groups, internal, json_field, lower, option, walk
+from .optionspec import Option, group, groups, internal, json_field, lower, option, options_of
 
 __all__ = [
     "METHODS",
@@ -34,6 +34,8 @@ __all__ = [
     "ATTN_IMPLS",
     "QUANT_TYPES",
     "COMPUTE_DTYPES",
+    "CHECKPOINTING",
+    "LOSSES",
     "LoraSpec",
     "QuantSpec",
     "Job",
@@ -65,6 +67,27 @@ STRATEGIES = ("single", "ddp", "zero1", "zero2", "zero3", "fsdp")
 ATTN_IMPLS = ("sdpa", "flash", "eager")
 QUANT_TYPES = ("nf4", "fp4")
 COMPUTE_DTYPES = ("bf16", "fp16", "fp32")
+#: activation checkpointing variants (``Job.checkpointing``; used when ``gradient_checkpointing``):
+#: ``full`` = HF/torch non-reentrant checkpointing of every decoder layer (transformers 5 default),
+#: ``full-reentrant`` = ``use_reentrant=True`` (what TRL forces for PEFT + DeepSpeed ZeRO-3),
+#: ``selective`` = torch selective activation checkpointing with torchtitan's per-op policy (save
+#: the attention kernel's outputs and every other matmul output), ``selective-attention`` = TRL's
+#: ``gradient_checkpointing_kwargs={"selective": True}`` (save the attention kernel's outputs only),
+#: ``every-k`` = checkpoint every ``checkpoint_every``-th decoder layer (transformers'
+#: ``every_n_layers``: layers 0, k, 2k, ...), ``none`` = off
+CHECKPOINTING = ("none", "full", "full-reentrant", "selective", "selective-attention", "every-k")
+#: the loss path: ``trl`` = TRL >= 1.x SFTTrainer's fused LM head (``loss_type="nll"``, alias
+#: ``chunked_nll``: chunked log-probabilities, the logits are never materialised), ``hf`` =
+#: transformers' ``ForCausalLMLoss`` through ``model(labels=...)`` (full logits, upcast to fp32),
+#: ``liger`` = Liger-Kernel's fused linear cross-entropy (HF Trainer ``use_liger_kernel``; CUDA)
+LOSSES = ("trl", "hf", "liger")
+#: TRL's names for its loss: both are the fused head
+_LOSS_ALIASES = {"nll": "trl", "chunked_nll": "trl", "chunked-nll": "trl"}
+
+
+def _loss_name(text: str) -> str:
+    name = lower(text)
+    return _LOSS_ALIASES.get(name, name)
 
 
 #: Sanity bounds on job and layout numbers (the declared ``maximum`` of each option): validation
@@ -86,6 +109,7 @@ JOB_LIMITS: dict[str, float] = {
     "pp": 1 << 12,
     "world_size": 1 << 20,
     "target_modules": 256,
+    "checkpoint_every": 4096,
 }
 
 
@@ -168,13 +192,17 @@ class Job:
     optimizer: str = option("adamw", choices=OPTIMIZERS, normalize=_optimizer_name,
                             help="adamw | adamw_8bit | paged_adamw_8bit | adafactor | sgd")
     micro_batch: int = option(1, flags=("--batch-size",), label="micro-batch", minimum=1,
-                              maximum=JOB_LIMITS["micro_batch"], web_max=65536, help="sequences per GPU per step")
-    seq_len: int = option(2048, label="sequence length", minimum=1, maximum=JOB_LIMITS["seq_len"], web_max=1 << 21,
-                          help="tokens per sequence")
+                              maximum=JOB_LIMITS["micro_batch"], web_max=65536,
+                              help="sequences per GPU per step")
+    seq_len: int = option(1024, label="sequence length", minimum=1, maximum=JOB_LIMITS["seq_len"], web_max=1 << 21,
+                          help="tokens per sequence (TRL SFTConfig max_length default: 1024)")
     grad_accum: int = option(1, label="gradient accumulation", minimum=1, maximum=JOB_LIMITS["grad_accum"],
-                             web_max=1 << 20, help="micro-batches per optimizer step")
-    gradient_checkpointing: bool = option(False, flags=("--gc",),
-                                          help="recompute activations in the backward pass")
+                             web_max=1 << 20,
+                             help="micro-batches per optimizer step")
+    gradient_checkpointing: bool = option(True, flags=("--gc",),
+                                          help="recompute activations in the backward pass (on by default, "
+                                               "as TRL SFTConfig and PEFT's QLoRA preparation have it; "
+                                               "--no-gradient-checkpointing turns it off)")
     attn_impl: str = option("sdpa", name="attn", choices=ATTN_IMPLS, label="attention implementation",
                             help="sdpa | flash | eager")
     lora: LoraSpec = group(LoraSpec, when="uses_lora")
@@ -182,9 +210,24 @@ class Job:
     #: training data, for runtime and cost (tokens per epoch x epochs)
     dataset_tokens: int | None = option(None, type="tokens", name="tokens", label="dataset tokens",
                                         exclusive_minimum=0, maximum=JOB_LIMITS["dataset_tokens"], web_max=10**15,
-                                        example="50M", json="data", help="dataset tokens per epoch, e.g. 50M")
+                                        example="50M", json="data",
+                                        help="dataset tokens per epoch, e.g. 50M")
     epochs: float = option(1.0, exclusive_minimum=0.0, maximum=JOB_LIMITS["epochs"], web_max=1000.0, json="data",
                            help="passes over the dataset")
+    checkpointing: str = option("full", choices=CHECKPOINTING, label="checkpointing variant", metavar="MODE",
+                                help="with checkpointing on: full (non-reentrant, default) | full-reentrant | "
+                                     "selective (torchtitan op SAC) | selective-attention (TRL selective) | "
+                                     "every-k | none")
+    checkpoint_every: int = option(2, minimum=1, maximum=JOB_LIMITS["checkpoint_every"], web_max=4096, label="checkpoint every k layers", metavar="K",
+                                   help="every-k checkpointing: layers 0, k, 2k, ... (transformers every_n_layers)")
+    activation_offloading: bool = option(False, help="saved activations to pinned CPU memory "
+                                                     "(TRL activation_offloading=True)")
+    loss: str = option("trl", choices=LOSSES, normalize=_loss_name, label="loss path",
+                       help="trl (SFTTrainer's fused LM head, loss_type=nll, default) | hf (transformers' "
+                            "ForCausalLMLoss, fp32 logits) | liger (fused linear cross-entropy)")
+    padding_free: bool = option(False, help="one row of micro-batch x seq-len tokens with position_ids "
+                                            "(TRL padding_free=True; flash attention varlen)")
+    packing: bool = option(False, help="pack sequences into full rows (TRL packing=True, bfd: padding-free)")
 
     @property
     def tokens_per_micro_batch(self) -> int:
@@ -198,6 +241,18 @@ class Job:
     def uses_quant(self) -> bool:
         """The frozen base is quantized to 4 bits (QLoRA)."""
         return self.method == "qlora"
+
+    @property
+    def ac_mode(self) -> str:
+        """The activation checkpointing in effect: ``none`` or one of the variants."""
+        if not self.gradient_checkpointing:
+            return "none"
+        return self.checkpointing
+
+    @property
+    def is_padding_free(self) -> bool:
+        """TRL flattens the micro-batch into one row (``padding_free``, or ``packing`` with bfd)."""
+        return self.padding_free or self.packing
 
     def with_(self, **changes) -> "Job":
         return replace(self, **changes)
@@ -292,7 +347,7 @@ def _compiled(cls) -> tuple[tuple[Option, Callable[[Any], Any], str | None, tupl
     """(option, value getter, its group or None, accepted Python types) of ``cls``, built once:
     ``validate_job`` runs for every memory estimate of a search."""
     out = []
-    for opt in walk(cls):
+    for opt in options_of(cls):
         head = opt.attr.split(".")[0] if "." in opt.attr else None
         out.append((opt, operator.attrgetter(opt.attr), head, _KINDS.get(opt.type, (object,))))
     return tuple(out)
@@ -383,7 +438,7 @@ def validate_job(model: ModelSpec, job: Job, layout: Layout | None = None) -> No
     p = _field_problems(job, layout)
     if any(pr.field in ("gpus", "nodes", "tp", "pp") for pr in p):
         raise ConfigError(problems=p)  # the checks below divide by these
-    if job.uses_lora and not any(pr.field in ("lora_dropout", "lora_targets") for pr in p):
+    if job.uses_lora:
         lo = job.lora
         _check(not (lora_wraps_experts(model, lo) and lo.dropout > 0), p,
                f"LoRA dropout {lo.dropout} with all-linear on MoE model {model.name}: PEFT wraps its fused "
@@ -399,6 +454,12 @@ def validate_job(model: ModelSpec, job: Job, layout: Layout | None = None) -> No
                 f"(it has {', '.join(sorted(names))}, or use all-linear)"))
         elif not lora_targets(model, lo):
             p.append(Problem("lora_targets", "LoRA targets no module"))
+    _check(job.checkpoint_every <= model.num_layers, p,
+           f"checkpoint every {job.checkpoint_every} layers: {model.name} has {model.num_layers}",
+           "checkpoint_every", f"use `checkpoint_every` between 1 and {model.num_layers}")
+    if job.uses_lora and job.loss == "trl" and "lm_head" in job.lora.target_modules:
+        p.append(Problem("lora_targets", "TRL's fused LM head reads lm_head.weight directly: SFTTrainer refuses a "
+                         "LoRA adapter on lm_head", "drop lm_head from `lora_targets`, or use `loss=hf`"))
     if job.precision in ("bf16", "fp16") and job.method == "full" and job.optimizer == "adamw":
         pass  # legal (pure half-precision training), the memory model handles it
     # layout

@@ -29,6 +29,7 @@ __all__ = [
     "ParamCounts",
     "ModelSpec",
     "model_from_config",
+    "layer_group_order",
 ]
 
 CATEGORIES = ("embedding", "attention", "mlp", "experts", "router", "norms", "lm_head")
@@ -776,3 +777,35 @@ def _moe_spec(fam: Family, c: _Check, any_moe: bool) -> MoeSpec | None:
     if experts is None or top_k is None or inter is None or not any_moe:
         return None
     return MoeSpec(experts, top_k, inter, shared, router=router)
+
+
+def layer_group_order(model: ModelSpec) -> list[int]:
+    """Index into ``model.groups`` of every decoder layer, in order (groups merge non-adjacent
+    identical layers, e.g. gemma's alternating sliding/full attention): rebuilt from the config's
+    windows and MoE layers (the rules :func:`model_from_config` counts by); layers in group order
+    when the config does not say."""
+    n = model.num_layers
+    fam = FAMILIES.get(model.family)
+    order: list[int] | None = None
+    if model.config and fam is not None:
+        try:
+            cfg0 = text_config(model.config)
+        except ConfigError:
+            cfg0 = None
+        if cfg0 is not None:
+            cfg = {**fam.defaults, **{k: v for k, v in cfg0.items() if v is not None or k not in fam.defaults}}
+            check = _Check(cfg)
+            plan = _layer_plan(fam, check, n)
+            if not check.problems:
+                order = []
+                for i in range(n):
+                    window, moe = plan.window_at(i), bool(plan.moe_at(i))
+                    gi = next((j for j, g in enumerate(model.groups)
+                               if g.window == window and (g.moe is not None) == moe), None)
+                    if gi is None:
+                        order = None
+                        break
+                    order.append(gi)
+    if order is None or [order.count(j) for j in range(len(model.groups))] != [g.count for g in model.groups]:
+        order = [j for j, g in enumerate(model.groups) for _ in range(g.count)]
+    return order

@@ -20,6 +20,7 @@ schema. How to add an option: ``docs/extending.md``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -65,6 +66,9 @@ JOB_OPTIONS: tuple[Option, ...] = tuple(o for o in walk(Job, group_name="job") i
 LAYOUT_OPTIONS: tuple[Option, ...] = tuple(o for o in walk(Layout, group_name="layout") if o.is_option)
 
 #: search options of recommend / compare / export (arguments of ftplan.planner.recommend)
+#: the export targets (``ftplan.export.targets.TARGETS``; a test holds them equal, options stays below export)
+EXPORT_TARGETS = ("accelerate", "deepspeed", "axolotl", "llamafactory")
+
 SEARCH_OPTIONS: tuple[Option, ...] = (
     Option("objective", "str", "cost", "cost (default) | time", choices=OBJECTIVES, group="search"),
     Option("deadline", "float", None, "finish within this many hours (training + start-up)", group="search",
@@ -79,6 +83,10 @@ SEARCH_OPTIONS: tuple[Option, ...] = (
            label="safety margin", minimum=0.0, exclusive_maximum=1.0, example=0.05),
     Option("top", "int", 10, "plans to print (default 10)", group="search", metavar="N", label="`top`",
            minimum=0, web_max=100_000, example=10),
+    Option("target", "str", "accelerate",
+           "export target whose files must run the ranked layouts: accelerate (default) | deepspeed | axolotl | "
+           "llamafactory | any (rank every layout, e.g. pipeline parallelism, which no exporter runs)",
+           choices=EXPORT_TARGETS + ("any",), group="search", label="export target"),
 )
 
 #: which offers are searched (files only from the command line: the web never reads a path)
@@ -121,25 +129,29 @@ def options_by_name(*tables: tuple[Option, ...]) -> dict[str, Option]:
 # ---------------------------------------------------------------------------------------------
 # JSON
 # ---------------------------------------------------------------------------------------------
-def _jsonable(v: Any) -> Any:
-    return list(v) if isinstance(v, tuple) else v
+@functools.lru_cache(maxsize=None)
+def _layout_of(cls: type) -> tuple[tuple[str, str | None, str | None], ...]:
+    """(field, group's ``when`` or None, json mode or None for a group) per field of ``cls``."""
+    active = groups(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        if f.name in active:
+            out.append((f.name, active[f.name][1] or "", None))
+        else:
+            out.append((f.name, None, f.metadata["ftplan"].json))
+    return tuple(out)
 
 
 def to_dict(obj: Any, *, full: bool = False, data: bool = False) -> dict[str, Any]:
     """The JSON object of an options dataclass (Job, Layout, ... or one that extends them)."""
-    cls = type(obj)
-    active = groups(cls)
     out: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        value = getattr(obj, f.name)
-        if f.name in active:
-            sub_cls, when = active[f.name]
-            if full or when is None or getattr(obj, when):
-                out[f.name] = to_dict(value, full=full, data=data)
-            continue
-        opt = f.metadata["ftplan"]
-        if full or opt.json == "always" or (opt.json == "data" and data):
-            out[f.name] = _jsonable(value)
+    for name, when, mode in _layout_of(type(obj)):
+        value = getattr(obj, name)
+        if mode is None:  # a nested group
+            if full or not when or getattr(obj, when):
+                out[name] = to_dict(value, full=full, data=data)
+        elif full or mode == "always" or (mode == "data" and data):
+            out[name] = list(value) if isinstance(value, tuple) else value
     return out
 
 

@@ -30,6 +30,8 @@ __all__ = [
     "internal",
     "group",
     "walk",
+    "options_of",
+    "groups",
     "TYPES",
     "parse_tokens",
     "parse_int",
@@ -89,6 +91,18 @@ class Option:
     def flag(self) -> str:
         """The primary CLI flag: ``--seq-len`` for ``seq_len``."""
         return "--" + self.name.replace("_", "-")
+
+    @property
+    def negatable(self) -> bool:
+        """A bool option that is on by default: the CLI also has ``--no-<flag>`` for each flag."""
+        return self.type == "bool" and self.default is True and not self.invert
+
+    @property
+    def all_flags(self) -> tuple[str, ...]:
+        """Every CLI flag of the option: the primary one, the aliases and, for a bool option that is
+        on by default, their ``--no-`` forms (``--no-gradient-checkpointing``, ``--no-gc``)."""
+        out = (self.flag, *self.flags)
+        return out + tuple("--no-" + f[2:] for f in out) if self.negatable else out
 
     @property
     def words(self) -> str:
@@ -176,15 +190,17 @@ class Option:
         if isinstance(value, float) and not math.isfinite(value):
             return [Problem(self.name, f"{self.words} must be a finite number (got {value})", hint)]
         lo, lo_x, hi, hi_x = self.minimum, self.exclusive_minimum, self.maximum, self.exclusive_maximum
-        ok = ((lo is None or value >= lo) and (lo_x is None or value > lo_x)
-              and (hi is None or value <= hi) and (hi_x is None or value < hi_x))
+        low_ok = (lo is None or value >= lo) and (lo_x is None or value > lo_x)
+        ok = low_ok and (hi is None or value <= hi) and (hi_x is None or value < hi_x)
         if ok:
             return []
-        return [Problem(self.name, f"{self.words} must be {self.bounds_text()} (got {show_value(value)})", hint)]
+        # below the minimum: say the minimum (the upper bound may be a sanity limit nobody thinks of)
+        bounds = self.bounds_text(lower_only=not low_ok)
+        return [Problem(self.name, f"{self.words} must be {bounds} (got {show_value(value)})", hint)]
 
-    def bounds_text(self) -> str:
+    def bounds_text(self, lower_only: bool = False) -> str:
         lo = self.minimum if self.minimum is not None else self.exclusive_minimum
-        hi = self.maximum if self.maximum is not None else self.exclusive_maximum
+        hi = None if lower_only else (self.maximum if self.maximum is not None else self.exclusive_maximum)
         if lo is not None and hi is not None:
             return (f"in {'[' if self.minimum is not None else '('}{_num(lo)}, {_num(hi)}"
                     f"{']' if self.maximum is not None else ')'}")
@@ -272,42 +288,34 @@ def group(factory: type, *, when: str | None = None) -> Any:
 def walk(cls: type, prefix: str = "", group_name: str = "job") -> Iterator[Option]:
     """Every field's :class:`Option` of dataclass ``cls`` (nested groups flattened), with
     ``name`` (the field name unless declared), ``attr`` (the dotted path) and ``group`` set.
-    A field without ftplan metadata raises TypeError: every field says what it is.
-
-    The options of a class never change: they are built once per (class, prefix, group) and
-    cached (``validate_job`` walks them for every memory estimate of a search)."""
-    return iter(_walk(cls, prefix, group_name))
-
-
-@functools.lru_cache(maxsize=256)
-def _walk(cls: type, prefix: str, group_name: str) -> tuple[Option, ...]:
-    out: list[Option] = []
+    A field without ftplan metadata raises TypeError: every field says what it is."""
     for f in dataclasses.fields(cls):
         meta = f.metadata.get(_META)
         path = prefix + f.name
         if isinstance(meta, _Group):
-            out.extend(_walk(f.default_factory, path + ".", group_name))  # type: ignore[arg-type]
+            yield from walk(f.default_factory, path + ".", group_name)  # type: ignore[arg-type]
         elif isinstance(meta, Option):
-            out.append(dataclasses.replace(meta, name=meta.name or f.name, attr=path, group=group_name))
+            yield dataclasses.replace(meta, name=meta.name or f.name, attr=path, group=group_name)
         else:
             raise TypeError(f"{cls.__name__}.{f.name} has no option metadata: declare it with "
                             "option(...), json_field(...) or internal(...) (see docs/extending.md)")
-    return tuple(out)
 
 
+@functools.lru_cache(maxsize=None)
+def options_of(cls: type, group_name: str = "job") -> tuple[Option, ...]:
+    """``tuple(walk(cls, group_name=...))``, computed once per class (validation runs it per job)."""
+    return tuple(walk(cls, group_name=group_name))
+
+
+@functools.lru_cache(maxsize=None)
 def groups(cls: type) -> dict[str, tuple[type, str | None]]:
-    """Nested group fields of ``cls``: name -> (dataclass, when)."""
-    return dict(_groups(cls))
-
-
-@functools.lru_cache(maxsize=256)
-def _groups(cls: type) -> tuple[tuple[str, tuple[type, str | None]], ...]:
+    """Nested group fields of ``cls``: name -> (dataclass, when). Cached: do not modify."""
     out = {}
     for f in dataclasses.fields(cls):
         meta = f.metadata.get(_META)
         if isinstance(meta, _Group):
             out[f.name] = (f.default_factory, meta.when)
-    return tuple(out.items())
+    return out
 
 
 # ---------------------------------------------------------------------------------------------

@@ -418,14 +418,17 @@ def recommend(
     global_batch: int | None = None,
     gpu_catalog: Mapping[str, Any] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    target: str | None = "accelerate",
     cache: SearchCache | None = None,
 ) -> PlanSet:
     """Rank every plan that fits, for ``job.dataset_tokens x job.epochs`` tokens.
 
     ``global_batch`` (sequences per optimizer step) is kept exactly: grad_accum is chosen per
     layout and micro-batch; without it the job's grad_accum is used. ``gpu_catalog`` maps GPU
-    slugs to specs (default: the bundled catalog). ``cache`` shares memory and step-time answers
-    with other searches (:class:`SearchCache`); the plans are the same with or without it.
+    slugs to specs (default: the bundled catalog). ``target`` (an export target of
+    :mod:`ftplan.export.targets`) keeps only layouts whose exported files run them; the reasons
+    for the others are in ``PlanSet.notes``. ``None`` ranks every layout. ``cache`` shares memory and step-time
+    answers with other searches (:class:`SearchCache`); the plans are the same with or without it.
     """
     t0 = time.perf_counter()
     if objective not in OBJECTIVES:
@@ -434,6 +437,7 @@ def recommend(
         raise ConfigError("the planner needs the dataset size", "pass `tokens`, e.g. `tokens=50M`", field="tokens")
     _check_search(safety_margin, max_gpus, global_batch, deadline_hours, budget_usd)
     validate_job(model, job)
+    keep = _runnable_filter(model, target)  # the export rule (export.targets)
     notes: list[str] = []
     if max_gpus is None:
         max_gpus = DEFAULT_MAX_GPUS
@@ -478,7 +482,7 @@ def recommend(
         gpu_plans = 0
         for offer in by_gpu[slug]:
             fits = _enumerate(memo, model, gjob, gpu, offer, cap, max_gpus, global_batch, total_tokens, shapes,
-                              counts)
+                              counts, keep)
             # offers of one GPU type with the same instance shape and network run the same steps:
             # the fastest variant per layout is chosen once for all of them; each is priced
             ck = (id(fits), offer.inter_node_gbps)
@@ -498,6 +502,9 @@ def recommend(
 
     kept, dropped = _constrain(raw, deadline_hours, budget_usd)
     infeasible.extend(dropped)
+    for why in sorted(counts.left_out):
+        notes.append(f"left out layouts that the {target} export cannot run: {why} "
+                     "(recommend(target=None) ranks them)")
 
     plans = _rank(kept, objective)
     stats = SearchStats(offers=len(offers), gpu_types=len(by_gpu), layouts=counts.layouts,
@@ -512,11 +519,34 @@ class _Counts:
 
     layouts: int = 0
     candidates: int = 0
+    #: reasons of the layouts the export target cannot run (left out of the search)
+    left_out: set[str] = field(default_factory=set)
+
+
+def _runnable_filter(model: ModelSpec, target: str | None):
+    """Keep the layouts ``target``'s exported files run (``export.targets.exportable``); None: keep all."""
+    if target is None:
+        return None
+    from .export.targets import check_target, exportable
+
+    check_target(target)
+
+    def keep(layouts: list[Layout], job: Job, counts: _Counts) -> list[Layout]:
+        out = []
+        for lay in layouts:
+            ok, why = exportable(lay, job, target, model)
+            if ok:
+                out.append(lay)
+            else:
+                counts.left_out.add(why)
+        return out
+
+    return keep
 
 
 def _enumerate(memo: _Memo, model: ModelSpec, job: Job, gpu: Any, offer: Any, cap: float, max_gpus: int,
                global_batch: int | None, total_tokens: int, shapes: dict[tuple[int, bool], list[_Fits]],
-               counts: _Counts) -> list[_Fits]:
+               counts: _Counts, keep=None) -> list[_Fits]:
     """Every (layout, micro-batch, checkpointing) that fits ``cap`` on instances of ``offer``.
 
     Layouts come in stages: plain data parallelism first, tensor/pipeline parallelism and offload
@@ -535,6 +565,8 @@ def _enumerate(memo: _Memo, model: ModelSpec, job: Job, gpu: Any, offer: Any, ca
         fits: list[_Fits] = []
         for stage in ("plain", "parallel", "offload"):
             lays = _layouts_stage(model, gpn_list, node_list, g_max, max_gpus, stage)
+            if keep is not None:  # only layouts the export target runs (PP is never run for HF models)
+                lays = keep(lays, job, counts)
             counts.layouts += len(lays)
             for lay in lays:
                 fits.extend(_fitting_variants(memo, gpu.vendor, lay, job, cap, global_batch, total_tokens))
@@ -733,6 +765,8 @@ class FitResult:
     max_micro_batch: int | None  # largest micro-batch on one GPU at the job's sequence length
     min_gpus: dict[str, int | None] = field(default_factory=dict)  # fewest GPUs per strategy
     notes: tuple[str, ...] = ()
+    #: when the job does not fit one GPU: the single changes that make it fit (ftplan.advice)
+    advice: tuple = ()
 
 
 def fit(model: ModelSpec, job: Job, gpu: Any, *, safety_margin: float = 0.05,
@@ -807,6 +841,12 @@ def fit(model: ModelSpec, job: Job, gpu: Any, *, safety_margin: float = 0.05,
         if found is None and fits_now and strategy != "ddp":
             pass
         min_gpus[label] = found
+    advice = ()
+    if not fits_now:
+        from .advice import fit_advice
+
+        advice = fit_advice(model, gjob, one, gpu, margin=safety_margin)
     return FitResult(gpu=gpu.name, memory_bytes=gpu.memory_bytes, usable_bytes=int(cap), fits=fits_now,
+                     advice=advice,
                      device_total_bytes=m0.device_total_bytes if m0 is not None else None,
                      max_seq_len=max_seq, max_micro_batch=max_mb, min_gpus=min_gpus, notes=tuple(notes))

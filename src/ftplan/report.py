@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from .errors import Renderer, render_refs
 from .job import Job, Layout
 from .memory import COMPONENTS, MemoryBreakdown
 from .model import ModelSpec
@@ -56,7 +57,8 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], align: str | No
 
 
 def estimate_json(model: ModelSpec, job: Job, layout: Layout, mem: MemoryBreakdown,
-                  gpu: Any | None = None) -> dict[str, Any]:
+                  gpu: Any | None = None, assumptions: Sequence[Any] = (),
+                  advice: Sequence[Any] = ()) -> dict[str, Any]:
     p = model.params
     doc: dict[str, Any] = {
         "schema": ESTIMATE_SCHEMA,
@@ -77,24 +79,40 @@ def estimate_json(model: ModelSpec, job: Job, layout: Layout, mem: MemoryBreakdo
         },
         "host_bytes": mem.host_bytes,
         "notes": list(mem.notes),
+        "assumptions": [a.to_dict() for a in assumptions],
     }
     if gpu is not None:
         doc["gpu"] = {"name": gpu.name, "memory_bytes": gpu.memory_bytes}
         doc["fits"] = mem.fits(gpu.memory_bytes)
         doc["headroom_bytes"] = mem.headroom_bytes(gpu.memory_bytes)
+        doc["advice"] = [a.to_dict() for a in advice]
     return doc
 
 
+_CKPT_WORDS = {"none": "off", "full": "on", "full-reentrant": "on (reentrant)", "selective": "selective (op SAC)",
+               "selective-attention": "selective (attention)"}
+
+
+def _job_line(job: Job) -> str:
+    ckpt = _CKPT_WORDS.get(job.ac_mode, f"every {job.checkpoint_every} layers")
+    extra = [f"loss {job.loss}"]
+    if job.activation_offloading:
+        extra.append("activation offloading")
+    if job.is_padding_free:
+        extra.append("packed" if job.packing else "padding-free")
+    return (f"job: {job.method}, {job.precision}, {job.optimizer}, micro-batch {job.micro_batch} x "
+            f"{job.seq_len} tokens, checkpointing {ckpt}, attention {job.attn_impl}, " + ", ".join(extra))
+
+
 def estimate_text(model: ModelSpec, job: Job, layout: Layout, mem: MemoryBreakdown,
-                  gpu: Any | None = None) -> str:
+                  gpu: Any | None = None, assumptions: Sequence[Any] = (), advice: Sequence[Any] = (),
+                  renderer: Renderer | None = None) -> str:
     p = model.params
     lines = [
         f"{model.name}  ({model.family}, {p.total:,} parameters"
         + (f", {p.active:,} active" if model.is_moe else "")
         + f"; trainable {mem.params_trainable:,})",
-        f"job: {job.method}, {job.precision}, {job.optimizer}, micro-batch {job.micro_batch} x "
-        f"{job.seq_len} tokens, checkpointing {'on' if job.gradient_checkpointing else 'off'}, "
-        f"attention {job.attn_impl}",
+        _job_line(job),
         f"layout: {layout.describe()}",
         "",
     ]
@@ -121,6 +139,12 @@ def estimate_text(model: ModelSpec, job: Job, layout: Layout, mem: MemoryBreakdo
         )
     for n in mem.notes:
         lines.append(f"note: {n}")
+    if gpu is not None and advice:
+        lines.append("single changes that make it fit:")
+        lines += [f"  - {render_refs(a.text, renderer)}" for a in advice]
+    if assumptions:
+        lines.append("assumed (defaults of the reference stack; change them with the options named):")
+        lines += [f"  - {a.text} [{a.source}; {render_refs(a.change, renderer)}]" for a in assumptions]
     return "\n".join(lines)
 
 
@@ -171,6 +195,14 @@ def infeasible_dict(i) -> dict[str, Any]:
             "available_bytes": i.available_bytes}
 
 
+def search_assumptions(job: Job) -> tuple:
+    """The defaults a search rests on (the search itself picks checkpointing on/off and the
+    micro-batch per plan, so those are not assumptions)."""
+    from .advice import job_assumptions
+
+    return tuple(a for a in job_assumptions(job) if a.field not in ("gradient_checkpointing", "micro_batch"))
+
+
 def _header_doc(schema: str, model, job, ps) -> dict[str, Any]:
     s = ps.stats
     return {"schema": schema, "model": {"name": model.name, "hf_id": model.hf_id, "params_total": model.params.total},
@@ -179,7 +211,8 @@ def _header_doc(schema: str, model, job, ps) -> dict[str, Any]:
             "search": {"offers": s.offers, "gpu_types": s.gpu_types, "layouts": s.layouts,
                        "memory_evals": s.memory_evals, "runtime_evals": s.runtime_evals,
                        "candidates": s.candidates, "seconds": s.seconds, "max_gpus": s.max_gpus},
-            "notes": list(ps.notes)}
+            "notes": list(ps.notes),
+            "assumptions": [a.to_dict() for a in search_assumptions(job)]}
 
 
 def recommend_doc(model, job, ps, top: int = 10) -> dict[str, Any]:
@@ -212,12 +245,14 @@ def fit_doc(model, job, results, margin: float) -> dict[str, Any]:
     """The ``ftplan.fit/1`` document of a list of FitResults."""
     return {"schema": FIT_SCHEMA, "model": {"name": model.name, "hf_id": model.hf_id},
             "job": {"method": job.method, "seq_len": job.seq_len, "micro_batch": job.micro_batch,
-                    "gradient_checkpointing": job.gradient_checkpointing},
+                    "gradient_checkpointing": job.gradient_checkpointing, "checkpointing": job.checkpointing,
+                    "activation_offloading": job.activation_offloading, "loss": job.loss},
             "margin": margin,
             "results": [{"gpu": r.gpu, "memory_bytes": r.memory_bytes, "usable_bytes": r.usable_bytes,
                          "fits": r.fits, "device_total_bytes": r.device_total_bytes,
                          "max_seq_len": r.max_seq_len, "max_micro_batch": r.max_micro_batch,
-                         "min_gpus": r.min_gpus, "notes": list(r.notes)} for r in results]}
+                         "min_gpus": r.min_gpus, "notes": list(r.notes),
+                         "advice": [a.to_dict() for a in r.advice]} for r in results]}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -258,5 +258,5 @@ def resolve_model(ref: str) -> ModelSpec:
         cfg = _fetch_hub_config(ref)
         return model_from_config(cfg, name=ref, hf_id=ref, source=f"https://huggingface.co/{ref}")
     hint = (did_you_mean(ref, list(load_model_catalog())) if len(ref) <= 200 else None) \
-        or "run `ftplan models` to list the catalog, or pass a path to a config.json or a hub id org/name"
+        or "run `ftplan models` to list the catalog"
     raise NotFoundError(f"unknown model {_short(ref)}", hint)

@@ -57,6 +57,8 @@ def row_to_argv(row: dict) -> list[str]:
         if opt is not None and opt.type == "bool":
             if v:
                 argv.append(flag)
+            elif opt.negatable:  # on by default: say off
+                argv.append("--no-" + flag[2:])
             continue
         if isinstance(v, (list, tuple)):
             v = ",".join(map(str, v))
@@ -90,7 +92,7 @@ def run_measure(a: argparse.Namespace) -> int:
 def _run_matrix(a: argparse.Namespace) -> int:
     from ..job import Layout
     from ..measure.records import existing_keys, record_key
-    from ..measure.run import ModelCache, build_key, check_run_options, load_matrix, measure, progress
+    from ..measure.run import ModelCache, build_key, check_run_options, import_torch, load_matrix, measure, progress
     from ..optionspec import parse_int
 
     if not a.out:
@@ -108,12 +110,8 @@ def _run_matrix(a: argparse.Namespace) -> int:
         tiny = True if (a.tiny or _truthy(row.get("tiny", False))) else None
         jobs.append((i, str(row["model"]), job, steps, tiny))
     # group rows by build key (stable) so each model is built once
-    try:
-        import torch
-
-        dev = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    except ImportError:
-        dev = a.device or "cpu"
+    torch = import_torch()
+    dev = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dev = "cuda" if dev.startswith("cuda") else dev
     order: dict[tuple, list] = {}
     for item in jobs:

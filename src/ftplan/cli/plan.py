@@ -11,8 +11,9 @@ import sys
 
 from .. import api
 from ..options import FIT_OPTIONS, JOB_OPTIONS, LAYOUT_OPTIONS, OFFER_OPTIONS, SEARCH_OPTIONS
-from ..report import table
-from .options import Command, add_options, emit_json, values
+from ..errors import render_refs
+from ..report import search_assumptions, table
+from .options import RENDERER, Command, add_options, emit_json, values
 
 __all__ = ["COMMANDS", "add_job_options", "add_layout_options", "add_search_options", "progress"]
 
@@ -63,7 +64,7 @@ def run_estimate(a: argparse.Namespace) -> int:
     if a.json:
         emit_json(est.to_dict())
     else:
-        print(est.text())
+        print(est.text(RENDERER))
     if a.plot:
         from ..plot import plot_breakdown
 
@@ -129,7 +130,7 @@ def _summary_lines(model, job, ps) -> list[str]:
     ]
 
 
-def _footer_lines(ps) -> list[str]:
+def _footer_lines(ps, job) -> list[str]:
     lines = []
     if ps.infeasible:
         lines += ["", "why not:"]
@@ -139,6 +140,10 @@ def _footer_lines(ps) -> list[str]:
               "hours rounded up to the billing granularity; kWh = GPUs x board power (TDP) x hours, an upper bound."]
     for n in ps.notes:
         lines.append(f"note: {n}")
+    assumed = search_assumptions(job)
+    if assumed:
+        lines.append("assumed: " + "; ".join(a.text for a in assumed) + " (change with: "
+                     + ", ".join(render_refs(a.change, RENDERER) for a in assumed) + ")")
     return lines
 
 
@@ -168,7 +173,7 @@ def run_recommend(a: argparse.Namespace) -> int:
                       table(_PLAN_HEADERS, _plan_rows(extra), "rllllrrlrrrrrrrl")]
     else:
         lines.append("no plan fits the constraints")
-    lines += _footer_lines(ps)
+    lines += _footer_lines(ps, rec.job)
     print("\n".join(lines))
     return 0 if ps.plans else 3
 
@@ -193,7 +198,7 @@ def run_compare(a: argparse.Namespace) -> int:
                             "hours", "job $", "$/Mtok", "kWh"), rows, "rllllrlrrrrr"))
     else:
         lines.append("no plan fits the constraints")
-    lines += _footer_lines(cmp.plans)
+    lines += _footer_lines(cmp.plans, cmp.job)
     print("\n".join(lines))
     return 0 if rows else 3
 
@@ -227,7 +232,11 @@ def run_fit(a: argparse.Namespace) -> int:
                      f"{r.max_micro_batch if r.max_micro_batch else 'none'}")
         rows = [(k, v if v is not None else f"> {rep.max_gpus}") for k, v in r.min_gpus.items()]
         lines.append(table(("strategy", "fewest GPUs"), rows, "lr"))
-        lines += [f"  note: {n}" for n in r.notes] + [""]
+        lines += [f"  note: {n}" for n in r.notes]
+        if r.advice:
+            lines.append("  single changes that make it fit on one GPU:")
+            lines += [f"    - {render_refs(x.text, RENDERER)}" for x in r.advice]
+        lines.append("")
     print("\n".join(lines).rstrip())
     return 0
 

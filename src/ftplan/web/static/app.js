@@ -22,8 +22,9 @@
   };
   const FORM_OPTIONS = ["method", "precision", "optimizer", "attn", "seq_len", "micro_batch", "global_batch",
     "tokens", "epochs", "lora_r", "lora_alpha", "lora_dropout", "lora_targets", "quant_type", "compute_dtype",
-    "no_double_quant", "objective", "deadline", "budget", "max_gpus", "margin", "pricing", "providers",
+    "no_double_quant", "checkpointing", "loss", "activation_offloading", "packing", "objective", "deadline", "budget", "max_gpus", "margin", "pricing", "providers",
     "gpus_filter"];
+  const BOOL_FIELDS = ["activation_offloading", "packing"]; // schema bools shown as checkboxes
   let DEFAULTS = { ...PAGE };
   let MB_FIXED = ""; // the micro-batch option's default, shown when "let ftplan choose" is off
   function asText(v) {
@@ -53,6 +54,7 @@
     }
   }
   const TEXT_FIELDS = ["model", "config", "config_name", "method", "precision", "optimizer", "attn", "seq_len",
+    "checkpointing", "loss",
     "global_batch", "tokens", "epochs", "lora_r", "lora_alpha", "lora_dropout", "lora_targets", "quant_type",
     "compute_dtype", "objective", "deadline", "budget", "max_gpus", "margin"];
 
@@ -117,6 +119,7 @@
     if ($("src-catalog").checked) { s.config = ""; s.config_name = ""; } else { s.model = ""; }
     s.micro_batch = $("mb_auto").checked ? "auto" : ($("micro_batch").value || MB_FIXED);
     s.double_quant = $("double_quant").checked ? "1" : "0";
+    for (const k of BOOL_FIELDS) s[k] = $(k).checked ? "true" : "false";
     const checked = (box) => [...document.querySelectorAll(`#${box} input:checked`)].map((i) => i.value);
     s.pricing = checked("pricing").join(",");
     s.providers = checked("providers").join(",");
@@ -131,6 +134,7 @@
     $("mb_auto").checked = s.micro_batch === "auto";
     $("micro_batch").value = s.micro_batch === "auto" ? MB_FIXED : s.micro_batch;
     $("double_quant").checked = s.double_quant !== "0";
+    for (const k of BOOL_FIELDS) $(k).checked = s[k] === "true";
     const setChecks = (box, csv) => {
       const want = new Set(csv.split(",").filter(Boolean));
       for (const i of document.querySelectorAll(`#${box} input`)) i.checked = want.has(i.value);
@@ -195,12 +199,14 @@
     }
     const int = (k) => { if (s[k] !== "") b[k] = /^-?\d+$/.test(s[k]) ? parseInt(s[k], 10) : s[k]; };
     const flt = (k) => { if (s[k] !== "") b[k] = isFinite(Number(s[k])) ? Number(s[k]) : s[k]; };
-    for (const k of ["method", "precision", "optimizer", "attn", "quant_type", "compute_dtype", "lora_targets", "tokens"]) {
+    for (const k of ["method", "precision", "optimizer", "attn", "quant_type", "compute_dtype", "lora_targets", "tokens",
+      "checkpointing", "loss"]) {
       if (s[k] !== "") b[k] = s[k];
     }
     int("seq_len"); int("lora_r"); int("lora_alpha"); flt("lora_dropout"); flt("epochs");
     if (s.micro_batch !== "auto") int("micro_batch");
     b.no_double_quant = s.double_quant === "0";
+    for (const k of BOOL_FIELDS) b[k] = s[k] === "true";
     return b;
   }
   function searchBody(s) {
@@ -304,6 +310,10 @@
     }
     const notes = $("notes");
     notes.replaceChildren(...d.notes.map((n) => el("p", {}, "note: " + n)));
+    if (d.assumptions && d.assumptions.length) {
+      notes.append(el("details", { id: "assumptions" }, el("summary", {}, "assumed defaults (reference stack)"),
+        el("ul", {}, d.assumptions.map((a) => el("li", {}, `${a.text} — ${a.source} (change: ${a.change})`)))));
+    }
   }
   const PLAN_COLS = [["#", "r"], ["provider", "l"], ["sku", "l"], ["gpu", "l"], ["gpus", "r"], ["strategy", "l"],
     ["mb", "r"], ["ga", "r"], ["ckpt", "l"], ["GB/GPU", "r"], ["tok/s", "r"], ["MFU", "r"], ["hours", "r"],
@@ -540,7 +550,9 @@
       for (const [k, v] of Object.entries(r.min_gpus)) rows.push([`fewest GPUs with ${k}`, v === null ? "more than the limit" : String(v)]);
       box.replaceChildren(el("table", { id: "fit-table" }, el("tbody", {}, rows.map(([a, b]) =>
         el("tr", {}, el("td", { class: "l" }, a), el("td", {}, b))))),
-        ...r.notes.map((n) => el("p", { class: "hint" }, "note: " + n)));
+        ...r.notes.map((n) => el("p", { class: "hint" }, "note: " + n)),
+        ...(r.advice && r.advice.length ? [el("p", {}, "single changes that make it fit on one GPU:"),
+          el("ul", { id: "fit-advice" }, r.advice.map((x) => el("li", {}, x.text)))] : []));
     } catch (e) {
       if (seq !== S.fitSeq) return;
       box.replaceChildren(el("p", { class: "error" }, e.message));
@@ -562,7 +574,7 @@
     if (!p) return;
     $("dl-status").textContent = "building…";
     try {
-      const r = await api("/api/export", { ...S.body, plan_index: S.sel });
+      const r = await api("/api/export", { ...S.body, plan_index: S.sel, export_target: $("export-target").value });
       const cd = r.headers.get("content-disposition") || "";
       const m = /filename="([^"]+)"/.exec(cd);
       download(await r.blob(), m ? m[1] : "ftplan-export.zip");

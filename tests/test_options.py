@@ -17,6 +17,7 @@ from ftplan.cli.options import add_options, values
 from ftplan.errors import ConfigError
 from ftplan.job import Job, Layout, LoraSpec, QuantSpec
 from ftplan.options import (
+    DATA_OPTIONS,
     FIT_OPTIONS,
     JOB_OPTIONS,
     LAYOUT_OPTIONS,
@@ -88,11 +89,11 @@ def test_option_names_are_unique_and_well_formed():
 # CLI flags == schema
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("command, groups", [
-    ("estimate", {"job": JOB_OPTIONS, "layout": LAYOUT_OPTIONS}),
-    ("recommend", {"job": JOB_OPTIONS, "offers": OFFER_OPTIONS, "search": SEARCH_OPTIONS}),
-    ("compare", {"job": JOB_OPTIONS, "offers": OFFER_OPTIONS, "search": SEARCH_OPTIONS}),
+    ("estimate", {"job": JOB_OPTIONS, "layout": LAYOUT_OPTIONS, "data": DATA_OPTIONS}),
+    ("recommend", {"job": JOB_OPTIONS, "offers": OFFER_OPTIONS, "search": SEARCH_OPTIONS, "data": DATA_OPTIONS}),
+    ("compare", {"job": JOB_OPTIONS, "offers": OFFER_OPTIONS, "search": SEARCH_OPTIONS, "data": DATA_OPTIONS}),
     ("export", {"job": JOB_OPTIONS, "offers": OFFER_OPTIONS, "search": SEARCH_OPTIONS}),
-    ("fit", {"job": JOB_OPTIONS, "fit": FIT_OPTIONS}),
+    ("fit", {"job": JOB_OPTIONS, "fit": FIT_OPTIONS, "data": DATA_OPTIONS}),
     ("measure", {"job": JOB_OPTIONS, "layout": LAYOUT_OPTIONS}),
     ("train", {"job": JOB_OPTIONS, "layout": LAYOUT_OPTIONS}),
     ("offers", {"offers": OFFER_OPTIONS}),
@@ -108,7 +109,7 @@ def test_existing_flags_and_aliases_are_kept():
     assert {"--method", "--precision", "--optimizer", "--micro-batch", "--batch-size", "--seq-len", "--grad-accum",
             "--gradient-checkpointing", "--gc", "--attn", "--lora-r", "--lora-alpha", "--lora-dropout",
             "--lora-targets", "--quant-type", "--no-double-quant", "--compute-dtype", "--tokens", "--epochs",
-            "--gpus", "--nodes", "--strategy", "--offload-optimizer", "--offload-params", "--tp", "--pp",
+            "--gpus", "--nodes", "--strategy", "--offload-optimizer", "--offload-params", "--tp", "--pp", "--ep",
             # checkpointing is on by default (TRL SFTConfig): the --no- forms turn it off
             "--no-gradient-checkpointing", "--no-gc", "--checkpointing", "--checkpoint-every",
             "--activation-offloading", "--loss", "--padding-free", "--packing"} == flags

@@ -110,6 +110,7 @@ JOB_LIMITS: dict[str, float] = {
     "world_size": 1 << 20,
     "target_modules": 256,
     "checkpoint_every": 4096,
+    "ep": 1 << 16,
 }
 
 
@@ -272,6 +273,10 @@ class Layout:
                      help="tensor-parallel degree")
     pp: int = option(1, label="pipeline-parallel degree", minimum=1, maximum=JOB_LIMITS["pp"], web_max=1024,
                      help="pipeline-parallel degree")
+    #: expert parallelism (MoE): routed experts split over ``ep`` ranks of the data-parallel
+    #: group, tokens exchanged with all-to-all (see ftplan.expert_parallel)
+    ep: int = option(1, label="expert-parallel degree", minimum=1, maximum=JOB_LIMITS["ep"], web_max=1024,
+                     help="expert-parallel degree (MoE): routed experts split over EP ranks")
 
     @property
     def world_size(self) -> int:
@@ -303,6 +308,8 @@ class Layout:
             parts.append(f"tp={self.tp}")
         if self.pp > 1:
             parts.append(f"pp={self.pp}")
+        if self.ep > 1:
+            parts.append(f"ep={self.ep}")
         if self.offload_optimizer:
             parts.append("offload-optimizer")
         if self.offload_params:
@@ -400,6 +407,31 @@ def _type_problems(obj, cls) -> list[Problem]:
     return out
 
 
+def _check_ep(model: ModelSpec, layout: Layout, p: list[Problem]) -> None:
+    """Expert parallelism as transformers' DistributedConfig / torchtitan lay it out: the EP group
+    lies within the data-parallel x tensor-parallel ranks (``ep`` a multiple of ``tp`` dividing
+    ``dp x tp``), every rank holds ``num_experts / ep`` whole experts."""
+    ep = layout.ep
+    if ep < 1:
+        return  # the option's own bound reports it
+    if not model.is_moe:
+        p.append(Problem("ep", f"expert parallelism needs a mixture-of-experts model ({model.name} has no experts)",
+                         "use `ep=1`"))
+        return
+    experts = sorted({g.moe.num_experts for g in model.groups if g.moe is not None})
+    for e in experts:
+        _check(e % ep == 0, p, f"expert-parallel degree {ep} must divide the {e} experts of {model.name}", "ep")
+    dp_tp = layout.dp * layout.tp
+    _check(ep % layout.tp == 0 and dp_tp % ep == 0, p,
+           f"expert-parallel degree {ep} must be a multiple of tp={layout.tp} and divide dp x tp = {dp_tp} "
+           "(the EP group lies within the data-parallel ranks)", "ep")
+    _check(layout.pp == 1, p, "expert parallelism with pipeline parallelism is not modelled", "ep", "use `pp=1`")
+    _check(not (layout.offload_optimizer or layout.offload_params), p,
+           "expert parallelism with CPU offload is not modelled", "ep", "drop the offload")
+    _check(layout.strategy != "single", p, "expert parallelism needs a data-parallel strategy (fsdp, zero1/2/3, ddp)",
+           "strategy")
+
+
 def check_job_fields(job: Job, layout: Layout | None = None) -> None:
     """The model-independent part of :func:`validate_job`: types, finiteness, choices and bounds.
     For jobs read from files before the model is known (``ftplan train --from-json``)."""
@@ -485,6 +517,8 @@ def validate_job(model: ModelSpec, job: Job, layout: Layout | None = None) -> No
         elif layout.strategy == "single" and layout.dp > 1:
             p.append(Problem("strategy",
                              f"{layout.world_size} GPUs need a data-parallel strategy (ddp, zero1/2/3, fsdp)"))
+    if layout.ep != 1:
+        _check_ep(model, layout, p)
     if layout.offload_params:
         _check(layout.strategy in ("zero3", "fsdp"), p, "parameter offload needs zero3 or fsdp", "offload_params")
     if layout.offload_optimizer:

@@ -34,6 +34,7 @@ __all__ = [
     "ActivationParts",
     "checkpointed_layer_counts",
     "layer_linears",
+    "moe_block_saved_bytes",
     "trainable_params",
     "COMPONENTS",
 ]
@@ -465,7 +466,7 @@ def _linear_inputs(t: int, width: int, n_consumers: int, in_bytes: int, dt: _Dty
 
 
 def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, tp: int,
-                       backend: str) -> int:
+                       backend: str, ep: int = 1, ep_rows: int | None = None) -> int:
     """Bytes autograd saves for one decoder layer of group ``g`` for one micro-batch."""
     b, s = _batch_shape(job)
     t = b * s
@@ -513,7 +514,8 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
     if g.mlp is not None:
         total += _mlp_saved(g.mlp, t, h, dt, tp, g.norms_per_layer == 4)
     if g.moe is not None:
-        total += _moe_saved(g.moe, t, h, dt, tp, job.uses_lora and lora_wraps_experts(model, job.lora))
+        total += _moe_saved(g.moe, t, h, dt, tp, job.uses_lora and lora_wraps_experts(model, job.lora),
+                            ep=ep, ep_rows=ep_rows)
     total += _lora_saved(g, model, job, dt, t, tp, backend)
     return total
 
@@ -538,10 +540,12 @@ def _mlp_saved(m: MlpSpec, t: int, h: int, dt: _Dtypes, tp: int, gemma: bool) ->
     return out
 
 
-def _moe_saved(m: MoeSpec, t: int, h: int, dt: _Dtypes, tp: int, wrapped: bool = False) -> int:
+def _moe_saved(m: MoeSpec, t: int, h: int, dt: _Dtypes, tp: int, wrapped: bool = False, *, ep: int = 1,
+               ep_rows: int | None = None) -> int:
     """One MoE layer. ``wrapped``: PEFT ParamWrapper LoRA on the experts and the router, which
     materialise ``W + BA`` (compute dtype) for every expert and the router in each forward; a
-    frozen router does not save its input."""
+    frozen router does not save its input. ``ep`` > 1: the experts run expert-parallel on the
+    ``ep_rows`` (token, expert) rows this rank receives (see :mod:`ftplan.expert_parallel`)."""
     routed = t * m.top_k
     e = dt.expert
     c = dt.compute
@@ -555,21 +559,29 @@ def _moe_saved(m: MoeSpec, t: int, h: int, dt: _Dtypes, tp: int, wrapped: bool =
         router_in = t * h * r
         out = t * m.num_experts * r + routed * 8 + t * r + routed * r
         per_row = routed * r  # scaled by routed_scaling_factor: a new tensor
+        w_bytes = r
     else:  # softmax in fp32
         router_in = t * h * c
         out = t * m.num_experts * 4 + routed * 8 + t * 4 + routed * 4
         if m.router == "qwen3_moe":  # cast back to the logits' dtype (a no-op in fp32)
             per_row = routed * c if c != 4 else 0
+            w_bytes = c
         else:
             per_row = routed * 4
+            w_bytes = 4
     if dt.full or wrapped:
         out += router_in
     if wrapped:  # the merged router and expert weights
         out += m.num_experts * h * c + m.num_experts * 3 * h * i * c
-    # experts (grouped_mm): three index vectors, gathered inputs, gate_up output, act output,
-    # product, per-row weights, down output; offsets per expert
-    out += 3 * routed * 8 + m.num_experts * 4 + per_row
-    out += routed * e * (h + 2 * i + i + i + h)
+    if ep > 1:
+        from .expert_parallel import ep_experts_saved
+
+        out += ep_experts_saved(m, t, routed if ep_rows is None else ep_rows, h, dt, ep, w_bytes)
+    else:
+        # experts (grouped_mm): three index vectors, gathered inputs, gate_up output, act output,
+        # product, per-row weights, down output; offsets per expert
+        out += 3 * routed * 8 + m.num_experts * 4 + per_row
+        out += routed * e * (h + 2 * i + i + i + h)
     if m.shared is not None:
         out += _mlp_saved(m.shared, t, h, dt, tp, False)
     return out // max(1, tp) if tp > 1 else out
@@ -1157,7 +1169,9 @@ def activation_parts(model: ModelSpec, job: Job, layout: Layout | None = None, *
     tp, pp = layout.tp, layout.pp
     t = job.micro_batch * job.seq_len
     mode = job.ac_mode
-    per_layer = [(g, _layer_saved_bytes(g, model, job, dt, tp, backend)) for g in model.groups]
+    ep = getattr(layout, "ep", 1)
+    per_layer = [(g, _layer_saved_bytes(g, model, job, dt, tp, backend, ep, _ep_rows(g, job, ep)))
+                 for g in model.groups]
     ck_counts = _checkpointed_counts(model, job)
     saved = sac = 0
     recompute = 0
@@ -1202,6 +1216,26 @@ def activation_parts(model: ModelSpec, job: Job, layout: Layout | None = None, *
         transient_bytes=max(recompute, logits_transient), recompute_bytes=recompute,
         loss_transient_bytes=logits_transient, checkpointed_layers=sum(ck_counts),
         offloaded_bytes=offloaded, host_pinned_bytes=pinned, device_saved_bytes=device)
+
+
+def moe_block_saved_bytes(model: ModelSpec, job: Job, *, ep: int = 1, ep_rows: int | None = None,
+                          backend: str = "cuda") -> int:
+    """Bytes one MoE block (router, experts, shared experts) of ``model``'s first MoE layer group
+    saves for backward for one micro-batch; with ``ep`` > 1 on a rank that receives ``ep_rows``
+    (token, expert) rows (default: the busiest rank's, see ftplan.expert_parallel)."""
+    g = next(g for g in model.groups if g.moe is not None)
+    wrapped = job.uses_lora and lora_wraps_experts(model, job.lora)
+    rows = ep_rows if ep_rows is not None else _ep_rows(g, job, ep)
+    return _moe_saved(g.moe, job.micro_batch * job.seq_len, model.hidden_size, _act_dtypes(job, backend), 1,
+                      wrapped, ep=ep, ep_rows=rows)
+
+
+def _ep_rows(g: LayerGroup, job: Job, ep: int) -> int | None:
+    if ep <= 1 or g.moe is None:
+        return None
+    from .expert_parallel import ep_rows_per_rank
+
+    return ep_rows_per_rank(job.micro_batch * job.seq_len, g.moe)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1256,6 +1290,12 @@ def estimate_memory(
     if layout.offload_params:
         host += frozen + trainable
         frozen = trainable = 0
+    if getattr(layout, "ep", 1) > 1:
+        from .expert_parallel import ep_rank_states
+
+        frozen, trainable, master, grads, opt = ep_rank_states(
+            model, job, layout, st, frozen, trainable, master, grads, opt,
+            master_outside_only=_autocast_recompute(job, layout) and job.method == "full")
 
     act = activation_parts(model, job, layout, consts=consts)
     saved, logits_saved, transient = act.device_saved_bytes, act.loss_saved_bytes, act.transient_bytes
@@ -1267,7 +1307,7 @@ def estimate_memory(
     # transient extras of the layout
     if layout.shards_params and dp > 1:
         # ZeRO-3/FSDP gather one layer (plus one prefetched) in the compute dtype
-        layer_bytes = _largest_layer_bytes(model, job) / mp
+        layer_bytes = _largest_layer_bytes(model, job, getattr(layout, "ep", 1)) / mp
         transient += 2 * layer_bytes
         if job.method == "full":
             transient += layer_bytes  # its unsharded gradient before reduce-scatter
@@ -1277,6 +1317,12 @@ def estimate_memory(
         notes.append("ddp: gradient buckets add a full gradient copy (gradient_as_bucket_view=False)")
     if job.optimizer == "paged_adamw_8bit":
         notes.append("paged optimizer: states can be evicted to host under pressure")
+    if getattr(layout, "ep", 1) > 1:
+        from .expert_parallel import ep_dispatch_transient_bytes
+
+        transient += ep_dispatch_transient_bytes(model, job, layout)
+        notes.append(f"expert parallel ep={layout.ep}: {_experts_of(model) // layout.ep} experts per rank and MoE "
+                     "layer; all-to-all buffers and the busiest rank's tokens included")
 
     resident = frozen + trainable + master + grads + opt
     fwd_bwd = resident + saved + logits_saved + transient
@@ -1314,18 +1360,19 @@ def estimate_memory(
     )
 
 
-def largest_layer_params(model: ModelSpec) -> int:
-    """Weights of the largest decoder layer (what ZeRO-3/FSDP gather at once)."""
+def largest_layer_params(model: ModelSpec, ep: int = 1) -> int:
+    """Weights of the largest decoder layer (what ZeRO-3/FSDP gather at once); with expert
+    parallelism a rank gathers only its ``num_experts / ep`` experts."""
     best = 0
     for g in model.groups:
         n = sum(lin.params for lin in _group_linears(model, g))
         if g.moe is not None:
             m = g.moe
-            n += m.num_experts * 3 * model.hidden_size * m.expert_intermediate_size
+            n += m.num_experts // max(1, ep) * 3 * model.hidden_size * m.expert_intermediate_size
         best = max(best, n)
     return best
 
 
-def _largest_layer_bytes(model: ModelSpec, job: Job) -> int:
+def _largest_layer_bytes(model: ModelSpec, job: Job, ep: int = 1) -> int:
     c = int(dtype_bytes(PRECISIONS[job.precision]["compute"]))
-    return largest_layer_params(model) * c
+    return largest_layer_params(model, ep) * c

@@ -37,6 +37,7 @@ __all__ = [
     "SEARCH_OPTIONS",
     "OFFER_OPTIONS",
     "FIT_OPTIONS",
+    "DATA_OPTIONS",
     "OPTIONS",
     "options_by_name",
     "to_dict",
@@ -87,6 +88,12 @@ SEARCH_OPTIONS: tuple[Option, ...] = (
            "export target whose files must run the ranked layouts: accelerate (default) | deepspeed | axolotl | "
            "llamafactory | any (rank every layout, e.g. pipeline parallelism, which no exporter runs)",
            choices=EXPORT_TARGETS + ("any",), group="search", label="export target"),
+    Option("preemption_rate", "float", None, "spot reclaims per instance-hour (default: the catalog's per "
+           "provider / instance / GPU)", group="search", metavar="PER_HOUR", label="preemption rate",
+           minimum=0.0, exclusive_maximum=1.0, example=0.01),
+    Option("checkpoint_interval", "float", None, "seconds of training between checkpoints on spot offers "
+           "(default: the Young/Daly optimum)", group="search", metavar="SECONDS", label="checkpoint interval",
+           exclusive_minimum=0.0, web_max=1e7, example=1800),
 )
 
 #: which offers are searched (files only from the command line: the web never reads a path)
@@ -105,6 +112,17 @@ OFFER_OPTIONS: tuple[Option, ...] = (
            normalize=_pricing),
 )
 
+#: the user's training data (files only from the command line: the web never reads a path)
+DATA_OPTIONS: tuple[Option, ...] = (
+    Option("dataset", "str", None, "training data (JSONL, Parquet or a datasets folder): memory at the largest "
+           "batch it forms, time and cost from its tokens", group="data", metavar="FILE", web=False),
+    Option("tokenizer", "str", None, "the model's tokenizer.json: exact token counts (default: a chars/token "
+           "estimate per tokenizer family)", group="data", metavar="FILE", web=False),
+    Option("batching", "str", "longest", "how the loader batches --dataset: padded | longest (default, HF "
+           "collator) | bucketed (group_by_length) | packed (TRL bfd) | padding-free",
+           choices=("padded", "longest", "bucketed", "packed", "padding-free"), group="data", web=False),
+)
+
 #: fit: the GPU types and the limits of its answers
 FIT_OPTIONS: tuple[Option, ...] = (
     Option("gpu", "names", None, "GPU name (repeatable)", group="fit", repeat=True),
@@ -114,7 +132,7 @@ FIT_OPTIONS: tuple[Option, ...] = (
            label="max GPUs", minimum=1, web_max=4096, example=16),
 )
 
-OPTIONS: tuple[Option, ...] = JOB_OPTIONS + LAYOUT_OPTIONS + SEARCH_OPTIONS + OFFER_OPTIONS
+OPTIONS: tuple[Option, ...] = JOB_OPTIONS + LAYOUT_OPTIONS + SEARCH_OPTIONS + OFFER_OPTIONS + DATA_OPTIONS
 
 
 def options_by_name(*tables: tuple[Option, ...]) -> dict[str, Option]:

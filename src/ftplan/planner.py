@@ -19,16 +19,17 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .cost import Cost, estimate_cost
+from .expert_parallel import ep_degrees, ep_runtime
 from .errors import ConfigError, FtplanError, Problem
 from .inputs import check_finite, show_value
 from .job import Job, Layout, validate_job
 from .memory import MemoryBreakdown, estimate_memory
 from .model import ModelSpec
-from .runtime import RuntimeEstimate, compute_dtype, estimate_runtime, for_dataset, job_totals
+from .runtime import RuntimeEstimate, compute_dtype, estimate_runtime
 from .units import GB
 
 __all__ = ["Plan", "Infeasible", "PlanSet", "SearchStats", "FitResult", "SearchCache", "recommend", "fit", "platform_job",
@@ -54,6 +55,8 @@ class Plan:
     fastest: bool = False
     pareto: bool = False
     notes: tuple[str, ...] = ()
+    host: Any = None  # HostRequirements (host RAM / disk per node), see ftplan.host
+    risk: Any = None  # SpotRisk on preemptible offers, see ftplan.risk
 
     @property
     def hours(self) -> float:
@@ -65,6 +68,15 @@ class Plan:
         return self.cost.usd
 
     @property
+    def expected_usd(self) -> float:
+        """Cost of the completed job: with preemptions on spot offers, else ``usd``."""
+        return self.risk.expected_usd if self.risk is not None else self.cost.usd
+
+    @property
+    def expected_hours(self) -> float:
+        return self.risk.expected_hours if self.risk is not None else self.hours
+
+    @property
     def strategy_label(self) -> str:
         lo = self.layout
         s = "zero3/fsdp" if lo.strategy in ("zero3", "fsdp") else lo.strategy
@@ -72,6 +84,8 @@ class Plan:
             s += f"+tp{lo.tp}"
         if lo.pp > 1:
             s += f"+pp{lo.pp}"
+        if lo.ep > 1:
+            s += f"+ep{lo.ep}"
         if lo.offload_params:
             s += "+offload(opt,params)"
         elif lo.offload_optimizer:
@@ -128,7 +142,7 @@ class PlanSet:
         return next((p for p in self.plans if p.fastest), None)
 
     def pareto(self) -> tuple[Plan, ...]:
-        return tuple(sorted((p for p in self.plans if p.pareto), key=lambda p: (p.usd, p.hours)))
+        return tuple(sorted((p for p in self.plans if p.pareto), key=lambda p: (p.expected_usd, p.expected_hours)))
 
     def top(self, n: int) -> tuple[Plan, ...]:
         return self.plans[: max(0, n)]
@@ -157,22 +171,17 @@ def _pow2_upto(n: int) -> list[int]:
 
 class SearchCache:
     """What searches of a long-lived process can share: memory breakdowns per (model, GPU vendor,
-    layout, job) and per-step runtimes per (model, GPU, inter-node bandwidth, layout, job), the
-    job without its data size (``dataset_tokens``/``epochs`` change neither). Pass one to
-    :func:`recommend` (the web app keeps one per process): a search that differs from an earlier
-    one only in its data size, objective, constraints or offers recomputes neither. Bounded:
-    emptied when it holds ``max_entries`` answers. Plain dict operations: shareable by threads."""
+    layout, job), the job without its data size (``dataset_tokens``/``epochs`` do not change a
+    breakdown). Pass one to :func:`recommend` (the web app keeps one per process): a search that
+    differs from an earlier one only in its data size, objective, constraints or offers evaluates
+    no memory breakdown again. Bounded: emptied when it holds ``max_entries`` answers. Plain dict
+    operations: shareable by threads."""
 
-    def __init__(self, max_entries: int = 100_000) -> None:
+    def __init__(self, max_entries: int = 50_000) -> None:
         self.max_entries = max_entries
         self.memory: dict[tuple, MemoryBreakdown | None] = {}
-        self.runtime: dict[tuple, tuple[Any, RuntimeEstimate]] = {}
         self.jobs: dict[Job, Job] = {}
         self.hits = 0
-
-    def _room(self, d: dict) -> None:
-        if len(d) >= self.max_entries:
-            d.clear()
 
 
 class _Memo:
@@ -183,55 +192,28 @@ class _Memo:
         self.model = model
         self.shared = shared
         self.cache: dict[tuple, MemoryBreakdown | None] = {}
-        self.ladders: dict[tuple, _Ladder] = {}
         self.free: dict[Job, Job] = {}
         self.evals = 0
 
     def _free(self, job: Job) -> Job:
-        """``job`` without its data size (the key under which other searches may share answers),
-        one object per value across searches (so that comparing keys is an identity check)."""
+        """``job`` without its data size, one object per value across searches (identity compares)."""
         f = self.free.get(job)
         if f is None:
             f = job if (job.dataset_tokens is None and job.epochs == 1.0) \
                 else job.with_(dataset_tokens=None, epochs=1.0)
-            if self.shared is not None:
-                sh = self.shared
-                if len(sh.jobs) >= sh.max_entries:
-                    sh.jobs.clear()
-                f = sh.jobs.setdefault(f, f)
-            self.free[job] = f
+            sh = self.shared
+            if len(sh.jobs) >= sh.max_entries:
+                sh.jobs.clear()
+            f = self.free[job] = sh.jobs.setdefault(f, f)
         return f
-
-    def step_runtime(self, gpu: Any, offer: Any, bw: float | None, layout: Layout, job: Job) -> RuntimeEstimate:
-        """The runtime of ``job``'s steps (its totals may be another search's: see ``for_dataset``)."""
-        sh = self.shared
-        if sh is None:
-            return estimate_runtime(self.model, job, layout, gpu, offer=offer)
-        key = (self.model, id(gpu), bw, layout, self._free(job))
-        hit = sh.runtime.get(key)
-        if hit is not None and hit[0] is gpu:  # the same GpuSpec object (a custom catalog has others)
-            sh.hits += 1
-            return hit[1]
-        rt = estimate_runtime(self.model, job, layout, gpu, offer=offer)
-        sh._room(sh.runtime)
-        sh.runtime[key] = (gpu, rt)
-        return rt
-
-    def ladder(self, vendor: str, layout: Layout, job: Job, gc: bool, global_batch: int | None,
-               total_tokens: int | None) -> _Ladder:
-        key = (vendor, layout, job, gc, global_batch, total_tokens)
-        lad = self.ladders.get(key)
-        if lad is None:
-            lad = self.ladders[key] = _Ladder(self, vendor, layout, job, gc, global_batch, total_tokens)
-        return lad
 
     def get(self, vendor: str, layout: Layout, job: Job) -> MemoryBreakdown | None:
         key = (vendor, layout, job)
         if key in self.cache:
             return self.cache[key]
+        self.evals += 1  # a breakdown this search needed (computed here or by an earlier search)
         sh = self.shared
         skey = (self.model, vendor, layout, self._free(job)) if sh is not None else None
-        self.evals += 1  # a breakdown this search needed (computed here or by an earlier search)
         if sh is not None and skey in sh.memory:
             sh.hits += 1
             mem = self.cache[key] = sh.memory[skey]
@@ -242,7 +224,8 @@ class _Memo:
             mem = None  # layout not valid for this model (e.g. tp does not divide heads)
         self.cache[key] = mem
         if sh is not None:
-            sh._room(sh.memory)
+            if len(sh.memory) >= sh.max_entries:
+                sh.memory.clear()
             sh.memory[skey] = mem
         return mem
 
@@ -288,6 +271,9 @@ def _layouts_stage(model: ModelSpec, gpn_list: Sequence[int], node_list: Sequenc
                     out.append(Layout())
                 else:
                     out.extend(Layout(gpn, nodes, s) for s in _DP_STRATEGIES)
+                    # MoE: expert-parallel variants within a node (see ftplan.expert_parallel)
+                    out.extend(Layout(gpn, nodes, s, ep=k) for k in ep_degrees(model, world, gpn)
+                               for s in _DP_STRATEGIES)
             elif stage == "parallel":
                 for tp in (2, 4, 8):
                     if tp > gpn or heads % tp or world % tp:
@@ -312,72 +298,71 @@ class _Fits:
     layout: Layout
     job: Job
     memory: MemoryBreakdown
+    rjob: Job | None = None  # the job the runtime sees (a dataset's average batch), else ``job``
+    mjob: Job | None = None  # the job memory was taken at (a dataset's largest batch), else ``job``
+
+
+class _DataShapes:
+    """A dataset's batches per micro-batch (see ftplan.dataset): the largest one for memory, the
+    average one and the computed (padded) tokens for the runtime."""
+
+    def __init__(self, profile: Any, batching: str) -> None:
+        self.profile = profile
+        self.batching = batching
+        self.cache: dict[tuple, Any] = {}
+
+    def batches(self, job: Job) -> Any:
+        from .dataset import simulate_batches
+
+        key = (job.seq_len, job.micro_batch, job.grad_accum if self.batching == "bucketed" else 1)
+        b = self.cache.get(key)
+        if b is None:
+            b = self.cache[key] = simulate_batches(self.profile, self.batching, job.seq_len, job.micro_batch,
+                                                   grad_accum=job.grad_accum)
+        return b
+
+    def memory_job(self, job: Job) -> Job:
+        b = self.batches(job)
+        mj = b.memory_job(job)
+        return mj.with_(attn_impl="flash") if b.padding_free else mj
+
+    def runtime_job(self, job: Job) -> Job:
+        return self.batches(job).runtime_job(job)
 
 
 def _fitting_variants(memo: _Memo, vendor: str, layout: Layout, job: Job, cap: float,
-                      global_batch: int | None, total_tokens: int | None) -> list[_Fits]:
-    """Every (checkpointing, micro-batch) variant of ``job`` on ``layout`` that fits ``cap``.
-
-    The micro-batch ladder of a (vendor, layout, job) does not depend on the GPU's capacity, so
-    it is built once (:meth:`_Memo.ladder`) and each GPU type takes the prefix that fits.
-    """
+                      global_batch: int | None, total_tokens: int | None,
+                      data: _DataShapes | None = None) -> list[_Fits]:
+    """Every (checkpointing, micro-batch) variant of ``job`` on ``layout`` that fits ``cap``
+    (with ``data``: memory at the largest batch the loader forms from the dataset)."""
     out: list[_Fits] = []
+    dp = layout.dp
+    if global_batch is not None:
+        if global_batch % dp:
+            return out
+        per_rank = global_batch // dp
     for gc in (False, True):
-        rungs, i = memo.ladder(vendor, layout, job, gc, global_batch, total_tokens), 0
-        while True:
-            rung = rungs.get(i)
-            if rung is None:
-                break
-            variant, mem, last = rung
+        mb = 1
+        while mb <= _MAX_MICRO_BATCH:
+            if global_batch is not None:
+                if mb > per_rank:
+                    break
+                if per_rank % mb:
+                    mb *= 2
+                    continue
+                ga = per_rank // mb
+            else:
+                ga = job.grad_accum
+            variant = job.with_(micro_batch=mb, grad_accum=ga, gradient_checkpointing=gc)
+            mjob = data.memory_job(variant) if data is not None else None
+            mem = memo.get(vendor, layout, mjob or variant)
             if mem is None or mem.device_total_bytes > cap:
                 break  # memory grows with the micro-batch
-            out.append(_Fits(layout, variant, mem))
-            if last:
+            out.append(_Fits(layout, variant, mem, data.runtime_job(variant) if data is not None else None, mjob))
+            if total_tokens is not None and mb * job.seq_len * ga * dp >= total_tokens:
                 break  # one step already covers the whole dataset
-            i += 1
+            mb *= 2
     return out
-
-
-class _Ladder:
-    """Micro-batch variants of one (vendor, layout, job, checkpointing), built lazily in order."""
-
-    def __init__(self, memo: _Memo, vendor: str, layout: Layout, job: Job, gc: bool,
-                 global_batch: int | None, total_tokens: int | None) -> None:
-        self.memo, self.vendor, self.layout, self.job, self.gc = memo, vendor, layout, job, gc
-        self.total_tokens = total_tokens
-        self.rungs: list[tuple[Job, MemoryBreakdown | None, bool]] = []
-        self.mb = 1
-        self.done = False
-        self.per_rank = None
-        if global_batch is not None:
-            if global_batch % layout.dp:
-                self.done = True
-            self.per_rank = global_batch // layout.dp
-
-    def get(self, i: int) -> tuple[Job, MemoryBreakdown | None, bool] | None:
-        while len(self.rungs) <= i and not self.done:
-            self._next()
-        return self.rungs[i] if i < len(self.rungs) else None
-
-    def _next(self) -> None:
-        job, per_rank = self.job, self.per_rank
-        while True:
-            mb = self.mb
-            if mb > _MAX_MICRO_BATCH or (per_rank is not None and mb > per_rank):
-                self.done = True
-                return
-            self.mb = mb * 2
-            if per_rank is not None and per_rank % mb:
-                continue
-            break
-        ga = per_rank // mb if per_rank is not None else job.grad_accum
-        variant = job.with_(micro_batch=mb, grad_accum=ga, gradient_checkpointing=self.gc)
-        mem = self.memo.get(self.vendor, self.layout, variant)
-        last = (self.total_tokens is not None
-                and mb * job.seq_len * ga * self.layout.dp >= self.total_tokens)
-        self.rungs.append((variant, mem, last))
-        if mem is None or last:
-            self.done = True
 
 
 def _min_gpus_zero3(memo: _Memo, model: ModelSpec, job: Job, gpu: Any, cap: float,
@@ -419,20 +404,39 @@ def recommend(
     gpu_catalog: Mapping[str, Any] | None = None,
     progress: Callable[[int, int], None] | None = None,
     target: str | None = "accelerate",
+    preemption_rate: float | None = None,
+    checkpoint_interval_s: float | None = None,
+    dataset: Any | None = None,
+    batching: str = "longest",
     cache: SearchCache | None = None,
 ) -> PlanSet:
     """Rank every plan that fits, for ``job.dataset_tokens x job.epochs`` tokens.
 
+    Every plan carries the host RAM / disk it needs (``Plan.host``); an offer whose instance is
+    known to lack the host RAM is rejected with the reason. Spot offers carry the expected cost
+    and time with preemptions (``Plan.risk``; ``preemption_rate`` per instance-hour overrides the
+    catalog's, ``checkpoint_interval_s`` the optimum interval) and are ranked on it.
+
+    ``dataset`` (a ``ftplan.dataset.DatasetProfile``): memory is taken at the largest batch the
+    loader forms under ``batching`` with ``job.seq_len`` as max length, time and cost from the
+    tokens it computes (``job.dataset_tokens`` defaults to the dataset's tokens).
+
     ``global_batch`` (sequences per optimizer step) is kept exactly: grad_accum is chosen per
     layout and micro-batch; without it the job's grad_accum is used. ``gpu_catalog`` maps GPU
-    slugs to specs (default: the bundled catalog). ``target`` (an export target of
+    slugs to specs (default: the bundled catalog). ``cache`` shares memory breakdowns with other
+    searches (:class:`SearchCache`); the plans are the same with or without it. ``target`` (an export target of
     :mod:`ftplan.export.targets`) keeps only layouts whose exported files run them; the reasons
-    for the others are in ``PlanSet.notes``. ``None`` ranks every layout. ``cache`` shares memory and step-time
-    answers with other searches (:class:`SearchCache`); the plans are the same with or without it.
+    for the others are in ``PlanSet.notes``. ``None`` ranks every layout.
     """
     t0 = time.perf_counter()
     if objective not in OBJECTIVES:
         raise ConfigError(f"unknown objective {objective!r}", "use cost or time", field="objective")
+    data = None
+    if dataset is not None:
+        data = _DataShapes(dataset, batching)
+        data.batches(job)  # validates the batching now (one clear error)
+        if not job.dataset_tokens:
+            job = job.with_(dataset_tokens=data.batches(job).real_tokens)
     if not job.dataset_tokens:
         raise ConfigError("the planner needs the dataset size", "pass `tokens`, e.g. `tokens=50M`", field="tokens")
     _check_search(safety_margin, max_gpus, global_batch, deadline_hours, budget_usd)
@@ -463,6 +467,7 @@ def recommend(
     raw: list[Plan] = []
     infeasible: list[Infeasible] = []
     counts = _Counts()
+    extras = _Extras(preemption_rate, checkpoint_interval_s)
     gpu_names = sorted(by_gpu)
     for gi, slug in enumerate(gpu_names):
         if progress is not None:
@@ -478,25 +483,26 @@ def recommend(
             continue
         cap = gpu.memory_bytes * (1.0 - safety_margin)
         shapes: dict[tuple[int, bool], list[_Fits]] = {}
-        chosen_by: dict[tuple, dict[Layout, tuple[_Fits, RuntimeEstimate]]] = {}
         gpu_plans = 0
         for offer in by_gpu[slug]:
             fits = _enumerate(memo, model, gjob, gpu, offer, cap, max_gpus, global_batch, total_tokens, shapes,
-                              counts, keep)
-            # offers of one GPU type with the same instance shape and network run the same steps:
-            # the fastest variant per layout is chosen once for all of them; each is priced
-            ck = (id(fits), offer.inter_node_gbps)
-            chosen = chosen_by.get(ck)
-            if chosen is None:
-                chosen = chosen_by[ck] = _best_per_layout(memo, gpu, offer, fits, runtime_cache, counts)
-            else:
-                counts.candidates += len(fits)
-            best = _priced(gpu, offer, chosen, gnotes)
+                              counts, keep, data)
+            best = _best_per_layout(model, gpu, offer, fits, gnotes, runtime_cache, counts, extras)
             raw.extend(best.values())
             gpu_plans += len(best)
-        if gpu_plans == 0:
+        if gpu_plans == 0 and slug in extras.host_rejects:
+            offer, why_host = extras.host_rejects[slug][0]
+            infeasible.append(Infeasible(slug, f"{offer.provider} {offer.sku}: {why_host}",
+                                         hint="an instance with more host RAM, or a layout without CPU offload"))
+        elif gpu_plans == 0:
             infeasible.append(_why_not(memo, model, gjob, gpu, cap, safety_margin, by_gpu[slug],
                                        max_gpus, global_batch))
+        elif slug in extras.host_rejects:
+            seen_offers = set()
+            for offer, why_host in extras.host_rejects[slug]:
+                if id(offer) not in seen_offers:
+                    seen_offers.add(id(offer))
+                    notes.append(f"rejected {offer.provider} {offer.sku} ({slug}): {why_host}")
     if progress is not None:
         progress(len(gpu_names), len(gpu_names))
 
@@ -546,7 +552,7 @@ def _runnable_filter(model: ModelSpec, target: str | None):
 
 def _enumerate(memo: _Memo, model: ModelSpec, job: Job, gpu: Any, offer: Any, cap: float, max_gpus: int,
                global_batch: int | None, total_tokens: int, shapes: dict[tuple[int, bool], list[_Fits]],
-               counts: _Counts, keep=None) -> list[_Fits]:
+               counts: _Counts, keep=None, data: _DataShapes | None = None) -> list[_Fits]:
     """Every (layout, micro-batch, checkpointing) that fits ``cap`` on instances of ``offer``.
 
     Layouts come in stages: plain data parallelism first, tensor/pipeline parallelism and offload
@@ -569,45 +575,60 @@ def _enumerate(memo: _Memo, model: ModelSpec, job: Job, gpu: Any, offer: Any, ca
                 lays = keep(lays, job, counts)
             counts.layouts += len(lays)
             for lay in lays:
-                fits.extend(_fitting_variants(memo, gpu.vendor, lay, job, cap, global_batch, total_tokens))
+                fits.extend(_fitting_variants(memo, gpu.vendor, lay, job, cap, global_batch, total_tokens, data))
             if fits:
                 break  # tensor/pipeline parallelism and offload only when needed
         shapes[shape] = fits
     return shapes[shape]
 
 
-def _best_per_layout(memo: _Memo, gpu: Any, offer: Any, fits: list[_Fits],
-                     runtime_cache: dict[tuple, RuntimeEstimate], counts: _Counts
-                     ) -> dict[Layout, tuple[_Fits, RuntimeEstimate]]:
-    """The fastest fitting variant per layout on instances like ``offer`` (the first of equals),
-    with its runtime for the job's data size. Variants are compared on their hours alone (the
-    arithmetic of :func:`~ftplan.runtime.estimate_runtime`); only winners get their totals."""
-    chosen: dict[Layout, tuple[float, _Fits, RuntimeEstimate]] = {}
+class _Extras:
+    """Per-search state of the host / spot checks: the options, a cache of host requirements per
+    (layout, job) and the offers rejected for host RAM per GPU type."""
+
+    def __init__(self, preemption_rate: float | None, checkpoint_interval_s: float | None) -> None:
+        self.preemption_rate = preemption_rate
+        self.checkpoint_interval_s = checkpoint_interval_s
+        self.cache: dict[tuple, Any] = {}
+        self.host_rejects: dict[str, list[tuple[Any, str]]] = {}
+
+
+def _best_per_layout(model: ModelSpec, gpu: Any, offer: Any, fits: list[_Fits], gnotes: list[str],
+                     runtime_cache: dict[tuple, RuntimeEstimate], counts: _Counts,
+                     extras: _Extras | None = None) -> dict[Layout, Plan]:
+    """The fastest fitting variant per layout on ``offer``, priced; with ``extras``: the host RAM /
+    disk it needs (offers lacking the RAM are rejected) and, on spot offers, the expected cost."""
+    extras = extras or _Extras(None, None)
+    best: dict[Layout, Plan] = {}
     for f in fits:
         counts.candidates += 1
         bw = offer.inter_node_gbps if f.layout.nodes > 1 else None
-        rkey = (offer.gpu, bw, f.layout, f.job)
+        rjob = f.rjob or f.job
+        rkey = (offer.gpu, bw, f.layout, rjob)
         rt = runtime_cache.get(rkey)
         if rt is None:
-            rt = runtime_cache[rkey] = memo.step_runtime(gpu, offer, bw, f.layout, f.job)
-        hours = job_totals(f.job.dataset_tokens, f.job.epochs, rt.tokens_per_step, rt.step_time_s)[2]
-        total_hours = hours + rt.startup_hours  # recommend always has a dataset size
-        cur = chosen.get(f.layout)
-        if cur is not None and cur[0] <= total_hours:
+            rt = estimate_runtime(model, rjob, f.layout, gpu, offer=offer)
+            if f.layout.ep > 1:
+                rt = ep_runtime(rt, model, rjob, f.layout, gpu, offer=offer)
+            runtime_cache[rkey] = rt
+        cur = best.get(f.layout)
+        if cur is not None and cur.runtime.total_hours <= rt.total_hours:
             continue
-        chosen[f.layout] = (total_hours, f, rt)
-    return {layout: (f, for_dataset(rt, f.job.dataset_tokens, f.job.epochs))
-            for layout, (_, f, rt) in chosen.items()}
-
-
-def _priced(gpu: Any, offer: Any, chosen: dict[Layout, tuple[_Fits, RuntimeEstimate]],
-            gnotes: list[str]) -> dict[Layout, Plan]:
-    """One plan per layout on ``offer``: the chosen variant at the offer's price."""
-    best: dict[Layout, Plan] = {}
-    notes = tuple(gnotes)
-    for layout, (f, rt) in chosen.items():
         cost = estimate_cost(rt, offer, f.layout, gpu)
-        best[layout] = Plan(offer, gpu, f.layout, f.job, f.memory, rt, cost, notes=notes + f.memory.notes)
+        host, risk, reject, xnotes = _plan_extras(model, f, offer, rt, extras.cache, extras.preemption_rate,
+                                                  extras.checkpoint_interval_s)
+        if reject is not None:
+            extras.host_rejects.setdefault(offer.gpu, []).append((offer, reject))
+            continue
+        if f.mjob is not None and f.rjob is not None:
+            xnotes = (f"dataset: memory at the largest batch, {f.mjob.micro_batch} x {f.mjob.seq_len} tokens; "
+                      f"time from {f.rjob.dataset_tokens:,} computed tokens per epoch; $/M tokens per real token",
+                      ) + xnotes
+            real = (f.job.dataset_tokens or 0) * f.job.epochs
+            if real:
+                cost = replace(cost, usd_per_million_tokens=cost.usd / real * 1e6)
+        best[f.layout] = Plan(offer, gpu, f.layout, f.job, f.memory, rt, cost,
+                              notes=tuple(gnotes) + f.memory.notes + xnotes, host=host, risk=risk)
     return best
 
 
@@ -616,26 +637,51 @@ def _constrain(raw: list[Plan], deadline_hours: float | None,
     """(the plans within the deadline and the budget, why-not of the GPU types that lost all)."""
     kept = raw
     if deadline_hours is not None:
-        kept = [p for p in kept if p.hours <= deadline_hours]
+        kept = [p for p in kept if p.expected_hours <= deadline_hours]
     if budget_usd is not None:
-        kept = [p for p in kept if p.usd <= budget_usd]
+        kept = [p for p in kept if p.expected_usd <= budget_usd]
     infeasible = []
     dropped = {p.gpu.name for p in raw} - {p.gpu.name for p in kept}
     for slug in sorted(dropped):
         mine = [p for p in raw if p.gpu.name == slug]
         parts = []
-        fastest = min(mine, key=lambda p: p.hours)
-        cheapest = min(mine, key=lambda p: p.usd)
-        if deadline_hours is not None and fastest.hours > deadline_hours:
-            parts.append(f"fastest plan takes {fastest.hours:,.1f} h > deadline {deadline_hours:g} h")
-        if budget_usd is not None and cheapest.usd > budget_usd:
-            parts.append(f"cheapest plan costs ${cheapest.usd:,.0f} > budget ${budget_usd:,.0f}")
+        fastest = min(mine, key=lambda p: p.expected_hours)
+        cheapest = min(mine, key=lambda p: p.expected_usd)
+        if deadline_hours is not None and fastest.expected_hours > deadline_hours:
+            parts.append(f"fastest plan takes {fastest.expected_hours:,.1f} h > deadline {deadline_hours:g} h")
+        if budget_usd is not None and cheapest.expected_usd > budget_usd:
+            parts.append(f"cheapest plan costs ${cheapest.expected_usd:,.0f} > budget ${budget_usd:,.0f}")
         if not parts:
-            parts.append(f"no plan meets both deadline and budget (fastest {fastest.hours:,.1f} h "
-                         f"for ${fastest.usd:,.0f}; cheapest ${cheapest.usd:,.0f} in {cheapest.hours:,.1f} h)")
+            parts.append(f"no plan meets both deadline and budget (fastest {fastest.expected_hours:,.1f} h "
+                         f"for ${fastest.expected_usd:,.0f}; cheapest ${cheapest.expected_usd:,.0f} in {cheapest.expected_hours:,.1f} h)")
         infeasible.append(Infeasible(slug, "; ".join(parts),
                                      hint="relax --deadline/--budget or raise --max-gpus"))
     return kept, infeasible
+
+
+def _plan_extras(model: ModelSpec, f: _Fits, offer: Any, rt: RuntimeEstimate, cache: dict,
+                 preemption_rate: float | None, checkpoint_interval_s: float | None):
+    """(host requirements, spot risk or None, why the offer's instance cannot hold it, notes)."""
+    from .host import check_offer, disk_note, host_requirements
+    from .risk import spot_risk
+
+    key = (f.layout, f.job)
+    host = cache.get(key)
+    if host is None:
+        host = cache[key] = host_requirements(model, f.job, f.layout, f.memory)
+    reject = check_offer(host, offer)
+    notes: tuple[str, ...] = ()
+    dn = disk_note(host, offer)
+    if dn:
+        notes += (dn,)
+    risk = None
+    if reject is None and offer.pricing == "spot":
+        risk = spot_risk(rt, offer, f.layout, host.checkpoint, rate_per_hour=preemption_rate,
+                         checkpoint_interval_s=checkpoint_interval_s)
+        if risk.rate_assumed:
+            notes += (f"no published preemption rate for {offer.provider}: {risk.rate_per_hour:g}/h assumed "
+                      "(pass --preemption-rate)",)
+    return host, risk, reject, notes
 
 
 #: sanity bounds on search constraints (validation limits): a deadline of a century, a budget of a
@@ -687,10 +733,10 @@ def _check_search(safety_margin: float, max_gpus: int | None, global_batch: int 
 def _sort_key(p: Plan, objective: str) -> tuple:
     tie = (p.offer.provider, p.offer.sku, str(getattr(p.offer, "region", "")), p.layout.world_size,
            p.layout.strategy, p.layout.tp, p.layout.pp, p.layout.offload_optimizer,
-           p.layout.offload_params, p.layout.gpus_per_node)
+           p.layout.offload_params, p.layout.gpus_per_node, p.layout.ep)
     if objective == "time":
-        return (p.hours, p.usd, *tie)
-    return (p.usd, p.hours, *tie)
+        return (p.expected_hours, p.expected_usd, *tie)
+    return (p.expected_usd, p.expected_hours, *tie)
 
 
 def _rank(plans: list[Plan], objective: str) -> tuple[Plan, ...]:
@@ -703,21 +749,16 @@ def _rank(plans: list[Plan], objective: str) -> tuple[Plan, ...]:
     frontier: set[int] = set()
     best_h = math.inf
     last: tuple[float, float] | None = None
-    for p in sorted(plans, key=lambda p: (p.usd, p.hours)):
-        if p.hours < best_h:
+    for p in sorted(plans, key=lambda p: (p.expected_usd, p.expected_hours)):
+        if p.expected_hours < best_h:
             frontier.add(id(p))
-            best_h = p.hours
-            last = (p.usd, p.hours)
-        elif last is not None and (p.usd, p.hours) == last:
+            best_h = p.expected_hours
+            last = (p.expected_usd, p.expected_hours)
+        elif last is not None and (p.expected_usd, p.expected_hours) == last:
             frontier.add(id(p))
     out = []
     for p in ordered:
-        flags = (p is cheapest, p is fastest, id(p) in frontier)
-        if flags == (p.cheapest, p.fastest, p.pareto):
-            out.append(p)  # the same plan; no need to copy it
-            continue
-        out.append(Plan(p.offer, p.gpu, p.layout, p.job, p.memory, p.runtime, p.cost,
-                        cheapest=flags[0], fastest=flags[1], pareto=flags[2], notes=p.notes))
+        out.append(replace(p, cheapest=p is cheapest, fastest=p is fastest, pareto=id(p) in frontier))
     return tuple(out)
 
 
@@ -767,11 +808,16 @@ class FitResult:
     notes: tuple[str, ...] = ()
     #: when the job does not fit one GPU: the single changes that make it fit (ftplan.advice)
     advice: tuple = ()
+    #: with a dataset: % of samples kept untruncated -> the sequence-length cut-off that does it
+    seq_len_cutoffs: dict[float, int] = field(default_factory=dict)
 
 
 def fit(model: ModelSpec, job: Job, gpu: Any, *, safety_margin: float = 0.05,
-        max_gpus: int = 1024) -> FitResult:
-    """What fits on ``gpu``: longest sequence, largest micro-batch, fewest GPUs per strategy."""
+        max_gpus: int = 1024, dataset: Any | None = None,
+        keep_pct: Sequence[float] = (90.0, 95.0, 99.0, 100.0)) -> FitResult:
+    """What fits on ``gpu``: longest sequence, largest micro-batch, fewest GPUs per strategy;
+    with ``dataset`` (a ``DatasetProfile``), the sequence-length cut-off that keeps each
+    ``keep_pct`` % of its samples untruncated, and whether it fits one GPU."""
     _check_search(safety_margin, max_gpus, None)
     validate_job(model, job)
     notes: list[str] = []
@@ -846,7 +892,16 @@ def fit(model: ModelSpec, job: Job, gpu: Any, *, safety_margin: float = 0.05,
         from .advice import fit_advice
 
         advice = fit_advice(model, gjob, one, gpu, margin=safety_margin)
+    cutoffs: dict[float, int] = {}
+    if dataset is not None:
+        for pct in keep_pct:
+            cut = dataset.cutoff(pct)
+            cutoffs[float(pct)] = cut
+            ok_one = max_seq is not None and cut <= max_seq
+            notes.append(f"{pct:g} % of the samples untruncated: --seq-len {cut} "
+                         + ("fits one GPU" if ok_one else "does not fit one GPU at this micro-batch"))
     return FitResult(gpu=gpu.name, memory_bytes=gpu.memory_bytes, usable_bytes=int(cap), fits=fits_now,
                      advice=advice,
                      device_total_bytes=m0.device_total_bytes if m0 is not None else None,
-                     max_seq_len=max_seq, max_micro_batch=max_mb, min_gpus=min_gpus, notes=tuple(notes))
+                     max_seq_len=max_seq, max_micro_batch=max_mb, min_gpus=min_gpus, notes=tuple(notes),
+                     seq_len_cutoffs=cutoffs)

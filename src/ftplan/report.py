@@ -184,9 +184,68 @@ def plan_dict(p) -> dict[str, Any]:
         "cost": {"instances": c.instances, "gpus_billed": c.gpus_billed, "billed_hours": c.billed_hours,
                  "usd": c.usd, "usd_per_million_tokens": c.usd_per_million_tokens,
                  "energy_kwh_upper_bound": c.energy_kwh},
+        "host": host_dict(p.host) if p.host is not None else None,
+        "spot": spot_dict(p.risk) if p.risk is not None else None,
+        "expected_usd": p.expected_usd,
+        "expected_hours": p.expected_hours,
         "cheapest": p.cheapest, "fastest": p.fastest, "pareto": p.pareto,
         "notes": list(p.notes),
     }
+
+
+def host_dict(h) -> dict[str, Any]:
+    """Host RAM / disk per node of a plan (``plans[i].host``, see ftplan.host)."""
+    ck = h.checkpoint
+    return {"ram_bytes": h.ram_bytes, "ram_phase": h.ram_phase, "ram_breakdown": dict(h.ram_breakdown),
+            "disk_bytes": h.disk_bytes, "disk_breakdown": dict(h.disk_breakdown),
+            "efficient_loading": h.efficient_loading,
+            "checkpoint": {"kind": ck.kind, "weights_bytes": ck.weights_bytes, "optimizer_bytes": ck.optimizer_bytes,
+                           "total_bytes": ck.total_bytes, "sharded": ck.sharded, "writers": ck.writers},
+            "notes": list(h.notes)}
+
+
+def spot_dict(r) -> dict[str, Any]:
+    """Expected time and cost with preemptions on a spot offer (``plans[i].spot``, see ftplan.risk)."""
+    return {"rate_per_instance_hour": r.rate_per_hour, "job_rate_per_hour": r.job_rate_per_hour,
+            "rate_source": r.rate_source, "rate_basis": r.rate_basis, "rate_assumed": r.rate_assumed,
+            "checkpoint_bytes": r.checkpoint_bytes, "checkpoint_write_s": r.checkpoint_write_s,
+            "checkpoint_interval_hours": r.interval_hours, "checkpoint_interval_optimal": r.interval_optimal,
+            "restart_s": r.restart_s, "capacity_wait_s": r.capacity_wait_s,
+            "expected_preemptions": r.expected_preemptions, "p_no_preemption": r.p_no_preemption,
+            "expected_hours": r.expected_hours, "expected_billed_hours": r.expected_billed_hours,
+            "expected_usd": r.expected_usd, "uninterrupted_usd": r.uninterrupted_usd,
+            "overhead_fraction": r.overhead_fraction}
+
+
+def dataset_text(profile, batches=None) -> str:
+    """The dataset summary and length histogram under a text table."""
+    s = profile.summary()
+    lines = [f"dataset: {s['path']} ({s['format']}, {s['kind']}), {s['samples']:,} samples, "
+             f"{s['total_tokens']:,} tokens ({s['counter']})"
+             + (f"; sampled: {s['sampling']}" if s["sampled"] else ""),
+             f"  lengths: p50 {s['p50']:,}, p90 {s['p90']:,}, p95 {s['p95']:,}, p99 {s['p99']:,}, max {s['max']:,}"]
+    total = max(1, profile.measured)
+    for lo, hi, n in profile.histogram():
+        lines.append(f"  {lo:>8,} - {hi:<8,} {n:>9,} {'#' * max(0, round(40 * n / total))}")
+    if batches is not None:
+        b = batches
+        lines.append(f"batches ({b.batching}, max length {b.max_length}, micro-batch {b.micro_batch}): largest "
+                     f"{b.peak_rows} x {b.peak_seq_len} tokens; {b.real_tokens:,} real / {b.computed_tokens:,} "
+                     f"computed tokens per epoch ({b.padding_fraction:.0%} padding), {b.truncated_samples:,} samples "
+                     f"truncated")
+    lines += [f"  note: {n}" for n in profile.notes + (batches.notes if batches is not None else ())]
+    return "\n".join(lines)
+
+
+def dataset_dict(profile, batches=None) -> dict[str, Any]:
+    """The data a plan was made from (``dataset`` of the search / estimate documents)."""
+    doc: dict[str, Any] = dict(profile.summary())
+    doc["histogram"] = [{"low": lo, "high": hi, "count": n} for lo, hi, n in profile.histogram()]
+    doc["notes"] = list(profile.notes)
+    if batches is not None:
+        doc["batches"] = batches.summary()
+        doc["batches"]["notes"] = list(batches.notes)
+    return doc
 
 
 def infeasible_dict(i) -> dict[str, Any]:
@@ -252,7 +311,9 @@ def fit_doc(model, job, results, margin: float) -> dict[str, Any]:
                          "fits": r.fits, "device_total_bytes": r.device_total_bytes,
                          "max_seq_len": r.max_seq_len, "max_micro_batch": r.max_micro_batch,
                          "min_gpus": r.min_gpus, "notes": list(r.notes),
-                         "advice": [a.to_dict() for a in r.advice]} for r in results]}
+                         "advice": [a.to_dict() for a in r.advice],
+                         "seq_len_cutoffs": [{"keep_pct": k, "seq_len": v} for k, v in r.seq_len_cutoffs.items()]}
+                        for r in results]}
 
 
 # ---------------------------------------------------------------------------------------------

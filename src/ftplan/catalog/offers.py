@@ -25,6 +25,10 @@ billing_granularity_s  no        billing increment in seconds (1 = per-second, 6
 as_of                  yes       date the price was observed, ``YYYY-MM-DD``
 source                 yes       where the price comes from (URL/repo and date)
 notes                  no        free text
+host_ram_gib           no        host (CPU) RAM of one instance in GiB; blank = unknown
+local_disk_gb          no        local disk of one instance in GB (instance store / bundled SSD,
+                                 not a network volume the user sizes); blank = unknown
+host_source            no        where host_ram_gib / local_disk_gb come from (required with them)
 =====================  ========  ===============================================================
 
 The bundled file keeps price history: a (provider, sku, gpu, gpus_per_instance, pricing,
@@ -90,6 +94,9 @@ OFFER_COLUMNS = (
     "as_of",
     "source",
     "notes",
+    "host_ram_gib",
+    "local_disk_gb",
+    "host_source",
 )
 _REQUIRED = frozenset({"provider", "sku", "gpu", "gpus_per_instance", "usd_per_gpu_hour", "pricing", "as_of", "source"})
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
@@ -101,6 +108,8 @@ MIN_USD_PER_GPU_HOUR = 0.001
 MAX_INTER_NODE_GBPS = 1e5
 #: billing increments longer than a year are not per-use prices
 MAX_BILLING_GRANULARITY_S = 366 * 86400
+#: host RAM (GiB) / local disk (GB) of one instance beyond this is a unit mix-up (largest today: ~32 TiB RAM)
+MAX_HOST_GB = 1e6
 _BUNDLED_NAME = "ftplan/catalog/data/offers.csv"
 
 
@@ -121,6 +130,9 @@ class Offer:
     as_of: _dt.date
     source: str
     notes: str | None
+    host_ram_gib: float | None = None  # host RAM of one instance (GiB); None = unknown
+    local_disk_gb: float | None = None  # local disk of one instance (GB); None = unknown
+    host_source: str | None = None
 
     @property
     def usd_per_instance_hour(self) -> float:
@@ -257,6 +269,13 @@ def _parse_offer_row(display: str, line: int, row: dict[str, str], gpus: Mapping
     as_of = dates.get(row["as_of"])
     if as_of is None:
         as_of = dates[row["as_of"]] = _parse_date(display, line, "as_of", row["as_of"], today)
+    host = {}
+    for col in ("host_ram_gib", "local_disk_gb"):
+        if row.get(col):
+            host[col] = parse_float(display, line, col, row[col], maximum=MAX_HOST_GB)
+    if host and not row.get("host_source"):
+        raise field_error(display, line, "host_source", "required with host_ram_gib / local_disk_gb",
+                          "say where the instance's RAM / disk figures come from")
     return Offer(
         provider=row["provider"],
         sku=row["sku"],
@@ -271,6 +290,8 @@ def _parse_offer_row(display: str, line: int, row: dict[str, str], gpus: Mapping
         as_of=as_of,
         source=row["source"],
         notes=row["notes"] or None,
+        host_source=row.get("host_source") or None,
+        **host,
     )
 
 

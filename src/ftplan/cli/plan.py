@@ -10,8 +10,8 @@ import argparse
 import sys
 
 from .. import api
-from ..options import FIT_OPTIONS, JOB_OPTIONS, LAYOUT_OPTIONS, OFFER_OPTIONS, SEARCH_OPTIONS
 from ..errors import render_refs
+from ..options import DATA_OPTIONS, FIT_OPTIONS, JOB_OPTIONS, LAYOUT_OPTIONS, OFFER_OPTIONS, SEARCH_OPTIONS
 from ..report import search_assumptions, table
 from .options import RENDERER, Command, add_options, emit_json, values
 
@@ -60,7 +60,7 @@ def _check_plot(a: argparse.Namespace) -> None:
 # ---------------------------------------------------------------------------------------------
 def run_estimate(a: argparse.Namespace) -> int:
     _check_plot(a)
-    est = api.estimate(a.model, gpu=a.gpu, **values(a, JOB_OPTIONS, LAYOUT_OPTIONS))
+    est = api.estimate(a.model, gpu=a.gpu, **values(a, JOB_OPTIONS, LAYOUT_OPTIONS, DATA_OPTIONS))
     if a.json:
         emit_json(est.to_dict())
     else:
@@ -77,6 +77,7 @@ def _estimate_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("model", help=MODEL_HELP)
     add_job_options(s)
     add_layout_options(s)
+    add_options(s, DATA_OPTIONS, "data")
     s.add_argument("--gpu", default=None, help="GPU name (e.g. h100-sxm): say whether it fits")
     s.add_argument("--json", action="store_true")
     s.add_argument("--plot", default=None, metavar="FILE",
@@ -105,16 +106,19 @@ def _plan_rows(plans, mark_stale=True):
         gpus = f"{lo.gpus_per_node}x{lo.nodes}" if lo.nodes > 1 else f"{lo.gpus_per_node}"
         kwh = p.cost.energy_kwh
         sku = p.offer.sku + (" (stale)" if mark_stale and _stale(p.offer) else "")
+        host = f"{p.host.ram_bytes / 2**30:,.0f}/{p.host.disk_bytes / 1e9:,.0f}" if p.host is not None else "?"
+        spot = (f"{p.expected_usd:,.2f} ({p.risk.expected_preemptions:.2f})" if p.risk is not None else "")
         rows.append((i, p.offer.provider, sku, p.gpu.name, gpus, p.strategy_label, p.job.micro_batch,
                      p.job.grad_accum, "on" if p.job.gradient_checkpointing else "off",
-                     f"{p.memory.device_total_bytes / 1e9:,.1f}/{p.gpu.memory_bytes / 1e9:,.0f}",
+                     f"{p.memory.device_total_bytes / 1e9:,.1f}/{p.gpu.memory_bytes / 1e9:,.0f}", host,
                      f"{p.runtime.tokens_per_s:,.0f}", f"{p.runtime.mfu:.0%}", f"{p.hours:,.2f}",
-                     f"{p.usd:,.2f}", f"{kwh:,.1f}" if kwh is not None else "?", _flags(p)))
+                     f"{p.usd:,.2f}", spot, f"{kwh:,.1f}" if kwh is not None else "?", _flags(p)))
     return rows
 
 
 _PLAN_HEADERS = ("#", "provider", "sku", "gpu", "gpus[xnodes]", "strategy", "mb", "ga", "ckpt",
-                 "GB/GPU", "tok/s", "MFU", "hours", "$", "kWh", "flags")
+                 "GB/GPU", "host GiB/disk GB", "tok/s", "MFU", "hours", "$", "spot E[$]", "kWh", "flags")
+_PLAN_ALIGN = "rllllrrlrrrrrrrrrl"
 
 
 def _summary_lines(model, job, ps) -> list[str]:
@@ -137,7 +141,10 @@ def _footer_lines(ps, job) -> list[str]:
         for i in ps.infeasible:
             lines.append(f"  {i.gpu}: {i.message()}")
     lines += ["", "hours = training + start-up (provisioning, checkpoint download); $ = instances x price x "
-              "hours rounded up to the billing granularity; kWh = GPUs x board power (TDP) x hours, an upper bound."]
+              "hours rounded up to the billing granularity; kWh = GPUs x board power (TDP) x hours, an upper bound.",
+              "host = host RAM (GiB) / local disk (GB) per node; spot E[$] = expected cost of the completed job with "
+              "preemptions (checkpoint/restart at the optimum interval; the expected number of preemptions in "
+              "brackets); spot plans are ranked on it."]
     for n in ps.notes:
         lines.append(f"note: {n}")
     assumed = search_assumptions(job)
@@ -157,7 +164,8 @@ def _write_plot(a: argparse.Namespace, res) -> None:
 
 def run_recommend(a: argparse.Namespace) -> int:
     _check_plot(a)
-    rec = api.recommend(a.model, progress=progress(), **values(a, JOB_OPTIONS, SEARCH_OPTIONS, OFFER_OPTIONS))
+    rec = api.recommend(a.model, progress=progress(),
+                        **values(a, JOB_OPTIONS, SEARCH_OPTIONS, OFFER_OPTIONS, DATA_OPTIONS))
     _write_plot(a, rec)
     if a.json:
         emit_json(rec.to_dict())
@@ -166,11 +174,11 @@ def run_recommend(a: argparse.Namespace) -> int:
     lines = _summary_lines(rec.model, rec.job, ps) + [""]
     if ps.plans:
         top = ps.top(rec.top)
-        lines.append(table(_PLAN_HEADERS, _plan_rows(top), "rllllrrlrrrrrrrl"))
+        lines.append(table(_PLAN_HEADERS, _plan_rows(top), _PLAN_ALIGN))
         extra = [p for p in ps.pareto() if p not in top]
         if extra:
             lines += ["", "other Pareto plans (cost vs time):",
-                      table(_PLAN_HEADERS, _plan_rows(extra), "rllllrrlrrrrrrrl")]
+                      table(_PLAN_HEADERS, _plan_rows(extra), _PLAN_ALIGN)]
     else:
         lines.append("no plan fits the constraints")
     lines += _footer_lines(ps, rec.job)
@@ -180,7 +188,8 @@ def run_recommend(a: argparse.Namespace) -> int:
 
 def run_compare(a: argparse.Namespace) -> int:
     _check_plot(a)
-    cmp = api.compare(a.model, progress=progress(), **values(a, JOB_OPTIONS, SEARCH_OPTIONS, OFFER_OPTIONS))
+    cmp = api.compare(a.model, progress=progress(),
+                      **values(a, JOB_OPTIONS, SEARCH_OPTIONS, OFFER_OPTIONS, DATA_OPTIONS))
     _write_plot(a, cmp)
     if a.json:
         emit_json(cmp.to_dict())
@@ -207,6 +216,7 @@ def _search_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("model", help=MODEL_HELP)
     add_job_options(s)
     add_search_options(s)
+    add_options(s, DATA_OPTIONS, "data")
     s.add_argument("--plot", default=None, metavar="FILE",
                    help="also draw cost vs time of every plan to FILE.png or FILE.svg (needs ftplan[plot])")
 
@@ -215,7 +225,7 @@ def _search_args(s: argparse.ArgumentParser) -> None:
 # fit
 # ---------------------------------------------------------------------------------------------
 def run_fit(a: argparse.Namespace) -> int:
-    rep = api.fit(a.model, **values(a, FIT_OPTIONS, JOB_OPTIONS))
+    rep = api.fit(a.model, **values(a, FIT_OPTIONS, JOB_OPTIONS, DATA_OPTIONS))
     if a.json:
         emit_json(rep.to_dict())
         return 0
@@ -245,6 +255,7 @@ def _fit_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("model", help=MODEL_HELP)
     add_job_options(s)
     add_options(s, FIT_OPTIONS, "fit", required=("gpu",))
+    add_options(s, DATA_OPTIONS, "data")
     s.add_argument("--json", action="store_true")
 
 

@@ -23,7 +23,7 @@
   const FORM_OPTIONS = ["method", "precision", "optimizer", "attn", "seq_len", "micro_batch", "global_batch",
     "tokens", "epochs", "lora_r", "lora_alpha", "lora_dropout", "lora_targets", "quant_type", "compute_dtype",
     "no_double_quant", "checkpointing", "loss", "activation_offloading", "packing", "objective", "deadline", "budget", "max_gpus", "margin", "pricing", "providers",
-    "gpus_filter"];
+    "gpus_filter", "preemption_rate", "checkpoint_interval"];
   const BOOL_FIELDS = ["activation_offloading", "packing"]; // schema bools shown as checkboxes
   let DEFAULTS = { ...PAGE };
   let MB_FIXED = ""; // the micro-batch option's default, shown when "let ftplan choose" is off
@@ -56,7 +56,7 @@
   const TEXT_FIELDS = ["model", "config", "config_name", "method", "precision", "optimizer", "attn", "seq_len",
     "checkpointing", "loss",
     "global_batch", "tokens", "epochs", "lora_r", "lora_alpha", "lora_dropout", "lora_targets", "quant_type",
-    "compute_dtype", "objective", "deadline", "budget", "max_gpus", "margin"];
+    "compute_dtype", "objective", "deadline", "budget", "max_gpus", "margin", "preemption_rate", "checkpoint_interval"];
 
   const S = { models: [], gpus: {}, rec: null, cmp: null, body: null, form: null, sel: 0, showAll: false, fitSeq: 0 };
 
@@ -216,6 +216,7 @@
     const flt = (k) => { if (s[k] !== "") b[k] = isFinite(Number(s[k])) ? Number(s[k]) : s[k]; };
     b.objective = s.objective;
     flt("deadline"); flt("budget"); int("max_gpus"); int("global_batch"); flt("margin");
+    flt("preemption_rate"); flt("checkpoint_interval");
     b.pricing = s.pricing ? s.pricing.split(",") : ["any"];
     if (s.providers) b.providers = s.providers.split(",");
     if (s.gpus_filter) b.gpus_filter = s.gpus_filter.split(",");
@@ -316,8 +317,20 @@
     }
   }
   const PLAN_COLS = [["#", "r"], ["provider", "l"], ["sku", "l"], ["gpu", "l"], ["gpus", "r"], ["strategy", "l"],
-    ["mb", "r"], ["ga", "r"], ["ckpt", "l"], ["GB/GPU", "r"], ["tok/s", "r"], ["MFU", "r"], ["hours", "r"],
-    ["$", "r"], ["$/Mtok", "r"], ["flags", "l"]];
+    ["mb", "r"], ["ga", "r"], ["ckpt", "l"], ["GB/GPU", "r"], ["host GiB/disk GB", "r"], ["tok/s", "r"], ["MFU", "r"],
+    ["hours", "r"], ["$", "r"], ["spot E[$]", "r"], ["$/Mtok", "r"], ["flags", "l"]];
+  // host RAM (GiB) / local disk (GB) per node; expected cost with preemptions on spot offers
+  function hostCell(p) {
+    return p.host ? `${num(p.host.ram_bytes / 2 ** 30)}/${num(p.host.disk_bytes / 1e9)}` : "?";
+  }
+  function spotCell(p) {
+    if (!p.spot) return "";
+    const s = p.spot;
+    return el("span", { title: `reclaim rate ${s.rate_per_instance_hour}/instance-h (${s.rate_basis}); ` +
+      `${s.expected_preemptions.toFixed(2)} expected preemptions; checkpoint every ` +
+      `${s.checkpoint_interval_hours === null ? "-" : hours(s.checkpoint_interval_hours)} h` },
+      `${usd(s.expected_usd)} (${s.expected_preemptions.toFixed(2)})`);
+  }
   function head(table, cols) {
     table.tHead.replaceChildren(el("tr", {}, cols.map(([c, a]) => el("th", { class: a === "l" ? "l" : null }, c))));
   }
@@ -334,8 +347,8 @@
       const cells = [i + 1, p.offer.provider, [p.offer.sku, p.offer.stale ? el("span", { class: "stale", title: `price as of ${p.offer.as_of}` }, " stale") : null],
         p.offer.gpu, gpusLabel(p.layout), p.strategy_label, p.job.micro_batch, p.job.grad_accum,
         p.job.gradient_checkpointing ? "on" : "off", `${gb(m.device_total_bytes)}/${num(m.gpu_memory_bytes / 1e9)}`,
-        num(p.runtime.tokens_per_s), `${Math.round(p.runtime.mfu * 100)}%`, hours(p.runtime.total_hours),
-        usd(p.cost.usd), p.cost.usd_per_million_tokens === null ? "?" : p.cost.usd_per_million_tokens.toFixed(3),
+        hostCell(p), num(p.runtime.tokens_per_s), `${Math.round(p.runtime.mfu * 100)}%`, hours(p.runtime.total_hours),
+        usd(p.cost.usd), spotCell(p), p.cost.usd_per_million_tokens === null ? "?" : p.cost.usd_per_million_tokens.toFixed(3),
         flags(p)];
       const tr = el("tr", { "data-index": i }, cells.map((c, k) => el("td", { class: PLAN_COLS[k][1] === "l" ? "l" : null }, c)));
       tr.addEventListener("click", () => select(i));

@@ -26,9 +26,10 @@ def write_offers(path: Path, rows: int, seed: int = 0) -> None:
     names = sorted(load_gpus())
     rnd = random.Random(seed)
     lines = [",".join(OFFER_COLUMNS)]
+    pad = "," * (len(OFFER_COLUMNS) - 13)  # the optional columns after notes, blank
     for i in range(rows):
         lines.append(f"prov{i % 40},sku-{i},{rnd.choice(names)},1,{rnd.uniform(0.2, 9):.3f},on-demand,r{i % 7},,,"
-                     f"3600,2025-0{1 + i % 9}-1{i % 10},https://example.com/{i},")
+                     f"3600,2025-0{1 + i % 9}-1{i % 10},https://example.com/{i},{pad}")
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 

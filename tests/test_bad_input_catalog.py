@@ -16,7 +16,10 @@ from ftplan.catalog.offers import OFFER_COLUMNS, import_skypilot_catalog, load_o
 from ftplan.errors import CatalogError
 
 HEADER = ",".join(OFFER_COLUMNS)
-GOOD = "acme,box-1,h100-sxm,8,2.50,on-demand,us-east,,,3600,2025-01-02,https://example.com/prices,"
+_GOOD = {"provider": "acme", "sku": "box-1", "gpu": "h100-sxm", "gpus_per_instance": "8", "usd_per_gpu_hour": "2.50",
+         "pricing": "on-demand", "region": "us-east", "billing_granularity_s": "3600", "as_of": "2025-01-02",
+         "source": "https://example.com/prices"}
+GOOD = ",".join(_GOOD.get(c, "") for c in OFFER_COLUMNS)
 FUZZ = settings(max_examples=150, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 
@@ -126,8 +129,9 @@ def test_200k_offer_rows_load_in_seconds(tmp_path, monkeypatch):
     """The GPU name index is built once per file, not per row (it was rebuilt for every row)."""
     names = sorted(load_gpus())
     rnd = random.Random(0)
+    pad = "," * (len(OFFER_COLUMNS) - 13)  # columns after notes (host RAM/disk) left blank
     rows = [f"prov{i % 40},sku-{i},{rnd.choice(names)},1,{rnd.uniform(0.2, 9):.3f},on-demand,r{i % 7},,,3600,"
-            f"2025-0{1 + i % 9}-1{i % 10},https://example.com/{i}," for i in range(200_000)]
+            f"2025-0{1 + i % 9}-1{i % 10},https://example.com/{i},{pad}" for i in range(200_000)]
     p = _offers_file(tmp_path, *rows)
     calls = []
     real = gpus_mod._index

@@ -29,7 +29,7 @@ from .inputs import check_finite, show_value
 from .job import Job, Layout, validate_job
 from .memory import MemoryBreakdown, estimate_memory
 from .model import ModelSpec
-from .runtime import RuntimeEstimate, compute_dtype, estimate_runtime
+from .runtime import RuntimeEstimate, compute_dtype, estimate_runtime, for_dataset
 from .units import GB
 
 __all__ = ["Plan", "Infeasible", "PlanSet", "SearchStats", "FitResult", "SearchCache", "recommend", "fit", "platform_job",
@@ -171,15 +171,17 @@ def _pow2_upto(n: int) -> list[int]:
 
 class SearchCache:
     """What searches of a long-lived process can share: memory breakdowns per (model, GPU vendor,
-    layout, job), the job without its data size (``dataset_tokens``/``epochs`` do not change a
-    breakdown). Pass one to :func:`recommend` (the web app keeps one per process): a search that
-    differs from an earlier one only in its data size, objective, constraints or offers evaluates
-    no memory breakdown again. Bounded: emptied when it holds ``max_entries`` answers. Plain dict
+    layout, job) and step times per (model, GPU, inter-node bandwidth, layout, job), the job
+    without its data size (``dataset_tokens``/``epochs`` change neither; a step time gets the
+    search's totals through :func:`~ftplan.runtime.for_dataset`). Pass one to :func:`recommend`
+    (the web app keeps one per process): a search that differs from an earlier one only in its data
+    size, objective, constraints or offers evaluates neither again. Bounded: emptied when it holds ``max_entries`` answers. Plain dict
     operations: shareable by threads."""
 
     def __init__(self, max_entries: int = 50_000) -> None:
         self.max_entries = max_entries
         self.memory: dict[tuple, MemoryBreakdown | None] = {}
+        self.runtime: dict[tuple, tuple[Any, RuntimeEstimate]] = {}
         self.jobs: dict[Job, Job] = {}
         self.hits = 0
 
@@ -206,6 +208,23 @@ class _Memo:
                 sh.jobs.clear()
             f = self.free[job] = sh.jobs.setdefault(f, f)
         return f
+
+    def step_runtime(self, gpu: Any, offer: Any, bw: float | None, layout: Layout, job: Job) -> RuntimeEstimate:
+        """``estimate_runtime`` of ``job`` (an earlier search's step time when shared, with this
+        job's totals)."""
+        sh = self.shared
+        if sh is None:
+            return estimate_runtime(self.model, job, layout, gpu, offer=offer)
+        key = (self.model, id(gpu), bw, layout, self._free(job))
+        hit = sh.runtime.get(key)
+        if hit is not None and hit[0] is gpu:  # the same GpuSpec object (a custom catalog has others)
+            sh.hits += 1
+            return for_dataset(hit[1], job.dataset_tokens, job.epochs)
+        rt = estimate_runtime(self.model, job, layout, gpu, offer=offer)
+        if len(sh.runtime) >= sh.max_entries:
+            sh.runtime.clear()
+        sh.runtime[key] = (gpu, rt)
+        return rt
 
     def get(self, vendor: str, layout: Layout, job: Job) -> MemoryBreakdown | None:
         key = (vendor, layout, job)
@@ -487,7 +506,7 @@ def recommend(
         for offer in by_gpu[slug]:
             fits = _enumerate(memo, model, gjob, gpu, offer, cap, max_gpus, global_batch, total_tokens, shapes,
                               counts, keep, data)
-            best = _best_per_layout(model, gpu, offer, fits, gnotes, runtime_cache, counts, extras)
+            best = _best_per_layout(model, gpu, offer, fits, gnotes, runtime_cache, counts, extras, memo)
             raw.extend(best.values())
             gpu_plans += len(best)
         if gpu_plans == 0 and slug in extras.host_rejects:
@@ -595,7 +614,7 @@ class _Extras:
 
 def _best_per_layout(model: ModelSpec, gpu: Any, offer: Any, fits: list[_Fits], gnotes: list[str],
                      runtime_cache: dict[tuple, RuntimeEstimate], counts: _Counts,
-                     extras: _Extras | None = None) -> dict[Layout, Plan]:
+                     extras: _Extras | None = None, memo: _Memo | None = None) -> dict[Layout, Plan]:
     """The fastest fitting variant per layout on ``offer``, priced; with ``extras``: the host RAM /
     disk it needs (offers lacking the RAM are rejected) and, on spot offers, the expected cost."""
     extras = extras or _Extras(None, None)
@@ -607,9 +626,13 @@ def _best_per_layout(model: ModelSpec, gpu: Any, offer: Any, fits: list[_Fits], 
         rkey = (offer.gpu, bw, f.layout, rjob)
         rt = runtime_cache.get(rkey)
         if rt is None:
-            rt = estimate_runtime(model, rjob, f.layout, gpu, offer=offer)
             if f.layout.ep > 1:
-                rt = ep_runtime(rt, model, rjob, f.layout, gpu, offer=offer)
+                rt = ep_runtime(estimate_runtime(model, rjob, f.layout, gpu, offer=offer), model, rjob, f.layout, gpu,
+                                offer=offer)
+            elif memo is not None:
+                rt = memo.step_runtime(gpu, offer, bw, f.layout, rjob)
+            else:
+                rt = estimate_runtime(model, rjob, f.layout, gpu, offer=offer)
             runtime_cache[rkey] = rt
         cur = best.get(f.layout)
         if cur is not None and cur.runtime.total_hours <= rt.total_hours:

@@ -41,6 +41,7 @@ from .options import (
 
 __all__ = [
     "ModelRef",
+    "SearchCache",
     "resolve_model",
     "model_from_config",
     "build_job",
@@ -387,7 +388,8 @@ def _offer_values(ov: Mapping[str, Any], probs: _Problems, default_pricing: Any 
     return vals
 
 
-def _search(model: ModelRef, job: Job | None, options: Mapping[str, Any], offer_list, progress):
+def _search(model: ModelRef, job: Job | None, options: Mapping[str, Any], offer_list, progress,
+            search_cache: Any = None):
     from .planner import recommend as _recommend
 
     jv, sv, ov, dv = split_values(options, JOB_OPTIONS, SEARCH_OPTIONS, OFFER_OPTIONS, DATA_OPTIONS)
@@ -419,7 +421,7 @@ def _search(model: ModelRef, job: Job | None, options: Mapping[str, Any], offer_
                     budget_usd=search["budget"], max_gpus=search["max_gpus"], safety_margin=search["margin"],
                     global_batch=search["global_batch"], progress=progress, target=target,
                     preemption_rate=search["preemption_rate"], checkpoint_interval_s=search["checkpoint_interval"],
-                    dataset=prof, batching=batching,
+                    dataset=prof, batching=batching, cache=search_cache,
                     micro_batch=j.micro_batch if jv.get("micro_batch") is not None else None,
                     strategy=search.get("fixed_strategy"), num_gpus=search.get("fixed_gpus"))
     search["dataset"] = prof
@@ -427,24 +429,28 @@ def _search(model: ModelRef, job: Job | None, options: Mapping[str, Any], offer_
 
 
 def recommend(model: ModelRef, job: Job | None = None, *, offer_list: Sequence[Any] | None = None,
-              progress: Callable[[int, int], None] | None = None, **options: Any) -> Recommendation:
+              progress: Callable[[int, int], None] | None = None, search_cache: Any = None,
+              **options: Any) -> Recommendation:
     """Rank plans (offer, layout, micro-batch, checkpointing) by cost or time (``ftplan recommend``).
 
     ``options``: job options (``tokens`` is required; a given ``micro_batch`` is kept, not searched),
     search options (``objective``, ``deadline``, ``budget``, ``max_gpus``, ``global_batch``,
     ``margin``, ``top``; ``fixed_strategy`` and ``fixed_gpus`` keep those choices) and offer options
     (``providers``, ``gpus_filter``, ``pricing``, ``offers`` files, ...). ``offer_list``: search
-    these :class:`~ftplan.catalog.offers.Offer` s instead of the catalog.
+    these :class:`~ftplan.catalog.offers.Offer` s instead of the catalog. ``search_cache``: a
+    :class:`~ftplan.planner.SearchCache` shared with other searches of this process (same plans,
+    less work; the web app keeps one).
     """
-    spec, j, ps, search = _search(model, job, options, offer_list, progress)
+    spec, j, ps, search = _search(model, job, options, offer_list, progress, search_cache)
     return Recommendation(spec, j, ps, search["top"], None if search["target"] == "any" else search["target"],
                           search["dataset"])
 
 
 def compare(model: ModelRef, job: Job | None = None, *, offer_list: Sequence[Any] | None = None,
-            progress: Callable[[int, int], None] | None = None, **options: Any) -> Comparison:
+            progress: Callable[[int, int], None] | None = None, search_cache: Any = None,
+            **options: Any) -> Comparison:
     """The best plan per accelerator type (``ftplan compare``); options as :func:`recommend`."""
-    spec, j, ps, search = _search(model, job, options, offer_list, progress)
+    spec, j, ps, search = _search(model, job, options, offer_list, progress, search_cache)
     return Comparison(spec, j, ps, search["dataset"])
 
 
@@ -712,3 +718,12 @@ def train(model_dir: str | os.PathLike, dataset: str, out: str | os.PathLike, jo
     return _train(str(model_dir), dataset, str(out), j, lay, max_steps=max_steps, save_steps=save_steps,
                   logging_steps=logging_steps, seed=seed, record=record, echo=echo)
 
+
+
+def __getattr__(name: str) -> Any:
+    # SearchCache lives with the planner, which ``import ftplan`` does not load
+    if name == "SearchCache":
+        from .planner import SearchCache
+
+        return SearchCache
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -37,15 +37,13 @@ from .model import ModelSpec, MoeSpec
 from .units import dtype_bytes
 
 __all__ = [
-    "ep_rows_per_rank",
-    "ep_experts_saved",
-    "ep_runtime",
-    "expert_state_bytes",
-    "ep_rank_states",
-    "ep_dispatch_transient_bytes",
     "all_to_all_time",
-    "ep_comm_time_s",
     "ep_degrees",
+    "ep_dispatch_transient_bytes",
+    "ep_experts_saved",
+    "ep_rank_states",
+    "ep_rows_per_rank",
+    "expert_state_bytes",
 ]
 
 
@@ -163,33 +161,6 @@ def all_to_all_time(nbytes: float, n: int, bw_bytes_per_s: float, latency_s: flo
     return (n - 1) / n * nbytes / bw_bytes_per_s + (n - 1) * latency_s
 
 
-def ep_comm_time_s(model: ModelSpec, job: Job, layout: Layout, bw_bytes_per_s: float,
-                   latency_s: float = 0.0) -> float:
-    """All-to-all seconds of one optimizer step on the busiest rank (``grad_accum`` micro-batches):
-    per MoE layer 2 all-to-alls forward (dispatch, combine), 2 backward, 2 more when the layer is
-    recomputed under checkpointing; each moves the busiest rank's routed rows of the hidden size
-    in the compute dtype (what the experts' autocast runs in)."""
-    ep = layout.ep
-    if ep <= 1:
-        return 0.0
-    c = float(dtype_bytes(_compute_dtype(job)))
-    per_fwd = moe_constants().a2a_per_moe_layer_forward
-    passes = 2 + (1 if job.gradient_checkpointing else 0)
-    t = job.micro_batch * job.seq_len
-    total = 0.0
-    for g in model.groups:
-        if g.moe is None:
-            continue
-        rows = ep_rows_per_rank(t, g.moe)
-        total += g.count * passes * per_fwd * all_to_all_time(rows * model.hidden_size * c, ep, bw_bytes_per_s,
-                                                               latency_s)
-    return job.grad_accum * total
-
-
-def _compute_dtype(job: Job) -> str:
-    return job.quant.compute_dtype if job.method == "qlora" else PRECISIONS[job.precision]["compute"]
-
-
 def ep_degrees(model: ModelSpec, dp: int, gpus_per_node: int) -> list[int]:
     """EP degrees worth searching: powers of two > 1 dividing every MoE layer's experts and the
     data-parallel degree, within one node (all-to-all stays on NVLink)."""
@@ -205,11 +176,3 @@ def ep_degrees(model: ModelSpec, dp: int, gpus_per_node: int) -> list[int]:
     return out
 
 
-def ep_runtime(rt: Any, model: ModelSpec, job: Job, layout: Layout, gpu: Any, *, offer: Any | None = None,
-               eff: Any | None = None) -> Any:
-    """``rt`` unchanged: :func:`ftplan.runtime.estimate_runtime` now takes expert parallelism
-    itself (``runtime.ep_comm``: the all-to-alls on the critical path; ``runtime.dp_comm``: the
-    routed experts' data-parallel traffic in their own ``dp x tp / ep`` group with ``1 / ep`` of
-    the bytes; ``runtime.optimizer_time``: an unsharded optimizer updates the rank's experts only).
-    Kept so that callers of the former stop-gap keep working."""
-    return rt

@@ -14,12 +14,17 @@ help; ``validate_job`` checks the declared choices and bounds. Adding an option 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Literal
+import functools
+import math
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass, fields, replace
+from typing import Any, Literal
 
 from .errors import ConfigError, Problem
+from .inputs import show_value
 from .model import ModelSpec
-from .optionspec import group, groups, internal, json_field, lower, option, options_of
+from .optionspec import Option, group, groups, internal, json_field, lower, option, options_of
 
 __all__ = [
     "METHODS",
@@ -39,6 +44,8 @@ __all__ = [
     "validate_job",
     "lora_targets",
     "lora_wraps_experts",
+    "check_job_fields",
+    "JOB_LIMITS",
 ]
 
 Method = Literal["full", "lora", "qlora", "fp8", "nvfp4"]
@@ -87,6 +94,30 @@ def _loss_name(text: str) -> str:
     return _LOSS_ALIASES.get(name, name)
 
 
+#: Sanity bounds on job and layout numbers (the declared ``maximum`` of each option): validation
+#: limits, not physical data. Each is far above any real fine-tuning job (sequences of 10M tokens,
+#: 100k GPUs, the largest pretraining corpora ~4e13 tokens) and low enough that arithmetic on them
+#: stays exact and finite, so a NaN, an infinity or a 400-digit number never reaches the memory,
+#: runtime or cost formulas.
+JOB_LIMITS: dict[str, float] = {
+    "micro_batch": 1 << 16,
+    "seq_len": 1 << 24,
+    "grad_accum": 1 << 20,
+    "dataset_tokens": 10**15,
+    "epochs": 10_000,
+    "lora_r": 1 << 16,
+    "lora_alpha": 1e6,
+    "gpus_per_node": 1024,
+    "nodes": 1 << 17,
+    "tp": 1 << 10,
+    "pp": 1 << 12,
+    "world_size": 1 << 20,
+    "target_modules": 256,
+    "checkpoint_every": 4096,
+    "ep": 1 << 16,
+}
+
+
 def _optimizer_name(text: str) -> str:
     return lower(text).replace("-", "_")
 
@@ -103,11 +134,36 @@ def _auto_strategy(model: ModelSpec | None, layout: "Layout") -> str:
     return "ddp" if layout.strategy == "single" else layout.strategy
 
 
+def _cached_hash(self) -> int:
+    """Frozen option dataclasses key the planner's caches thousands of times per search: their
+    (immutable) hash is computed once."""
+    d = self.__dict__
+    h = d.get("_hash")
+    if h is None:
+        h = d["_hash"] = hash(tuple(getattr(self, f.name) for f in fields(self)))
+    return h
+
+
+def _state_without_hash(self) -> dict[str, Any]:
+    state = dict(self.__dict__)
+    state.pop("_hash", None)  # hashes of strings differ between processes
+    return state
+
+
+def _hash_once(cls):
+    """Class decorator (after @dataclass): cache the hash, never pickle it."""
+    cls.__hash__ = _cached_hash
+    cls.__getstate__ = _state_without_hash
+    return cls
+
+
+@_hash_once
 @dataclass(frozen=True)
 class LoraSpec:
-    r: int = option(16, name="lora_r", label="LoRA rank", minimum=1, web_max=65536, help="LoRA rank r")
-    alpha: int = option(32, name="lora_alpha", label="LoRA alpha", exclusive_minimum=0, web_max=1 << 20,
-                        help="LoRA alpha (scaling alpha/r)")
+    r: int = option(16, name="lora_r", label="LoRA rank", minimum=1, maximum=JOB_LIMITS["lora_r"], web_max=65536,
+                    help="LoRA rank r")
+    alpha: int = option(32, name="lora_alpha", label="LoRA alpha", exclusive_minimum=0,
+                        maximum=JOB_LIMITS["lora_alpha"], web_max=1 << 20, help="LoRA alpha (scaling alpha/r)")
     dropout: float = option(0.05, name="lora_dropout", label="LoRA dropout", minimum=0.0, exclusive_maximum=1.0,
                             auto=_auto_lora_dropout,
                             help="LoRA dropout (default 0.05; 0 where PEFT requires it: all-linear on MoE models)")
@@ -117,6 +173,7 @@ class LoraSpec:
         help="comma-separated PEFT target_modules, or all-linear (default)")
 
 
+@_hash_once
 @dataclass(frozen=True)
 class QuantSpec:
     """bitsandbytes 4-bit quantization of the frozen base (QLoRA)."""
@@ -131,6 +188,7 @@ class QuantSpec:
     skip_modules: tuple[str, ...] = json_field(("lm_head",))
 
 
+@_hash_once
 @dataclass(frozen=True)
 class Job:
     method: str = option("full", choices=METHODS, help="full | lora | qlora")
@@ -138,11 +196,13 @@ class Job:
                             help="bf16-mixed (fp32 master weights) | fp16-mixed | bf16 | fp16 | fp32")
     optimizer: str = option("adamw", choices=OPTIMIZERS, normalize=_optimizer_name,
                             help="adamw | adamw_8bit | paged_adamw_8bit | adafactor | sgd")
-    micro_batch: int = option(1, flags=("--batch-size",), label="micro-batch", minimum=1, web_max=65536,
+    micro_batch: int = option(1, flags=("--batch-size",), label="micro-batch", minimum=1,
+                              maximum=JOB_LIMITS["micro_batch"], web_max=65536,
                               help="sequences per GPU per step")
-    seq_len: int = option(1024, label="sequence length", minimum=1, web_max=1 << 21,
+    seq_len: int = option(1024, label="sequence length", minimum=1, maximum=JOB_LIMITS["seq_len"], web_max=1 << 21,
                           help="tokens per sequence (TRL SFTConfig max_length default: 1024)")
-    grad_accum: int = option(1, label="gradient accumulation", minimum=1, web_max=1 << 20,
+    grad_accum: int = option(1, label="gradient accumulation", minimum=1, maximum=JOB_LIMITS["grad_accum"],
+                             web_max=1 << 20,
                              help="micro-batches per optimizer step")
     gradient_checkpointing: bool = option(True, flags=("--gc",),
                                           help="recompute activations in the backward pass (on by default, "
@@ -154,14 +214,16 @@ class Job:
     quant: QuantSpec = group(QuantSpec, when="uses_quant")
     #: training data, for runtime and cost (tokens per epoch x epochs)
     dataset_tokens: int | None = option(None, type="tokens", name="tokens", label="dataset tokens",
-                                        exclusive_minimum=0, web_max=10**15, example="50M", json="data",
+                                        exclusive_minimum=0, maximum=JOB_LIMITS["dataset_tokens"], web_max=10**15,
+                                        example="50M", json="data",
                                         help="dataset tokens per epoch, e.g. 50M")
-    epochs: float = option(1.0, exclusive_minimum=0.0, web_max=1000.0, json="data", help="passes over the dataset")
+    epochs: float = option(1.0, exclusive_minimum=0.0, maximum=JOB_LIMITS["epochs"], web_max=1000.0, json="data",
+                           help="passes over the dataset")
     checkpointing: str = option("full", choices=CHECKPOINTING, label="checkpointing variant", metavar="MODE",
                                 help="with checkpointing on: full (non-reentrant, default) | full-reentrant | "
                                      "selective (torchtitan op SAC) | selective-attention (TRL selective) | "
                                      "every-k | none")
-    checkpoint_every: int = option(2, minimum=1, web_max=4096, label="checkpoint every k layers", metavar="K",
+    checkpoint_every: int = option(2, minimum=1, maximum=JOB_LIMITS["checkpoint_every"], web_max=4096, label="checkpoint every k layers", metavar="K",
                                    help="every-k checkpointing: layers 0, k, 2k, ... (transformers every_n_layers)")
     activation_offloading: bool = option(False, help="saved activations to pinned CPU memory "
                                                      "(TRL activation_offloading=True)")
@@ -206,20 +268,23 @@ class Job:
         return replace(self, **changes)
 
 
+@_hash_once
 @dataclass(frozen=True)
 class Layout:
-    gpus_per_node: int = option(1, name="gpus", label="GPUs per node", minimum=1, web_max=1024,
-                                help="GPUs per node")
-    nodes: int = option(1, minimum=1, web_max=1024, help="nodes")
+    gpus_per_node: int = option(1, name="gpus", label="GPUs per node", minimum=1,
+                                maximum=JOB_LIMITS["gpus_per_node"], web_max=1024, help="GPUs per node")
+    nodes: int = option(1, minimum=1, maximum=JOB_LIMITS["nodes"], web_max=1024, help="nodes")
     strategy: str = option("single", choices=STRATEGIES, auto=_auto_strategy,
                            help="single | ddp | zero1 | zero2 | zero3 | fsdp (default: single, or ddp with >1 GPU)")
     offload_optimizer: bool = option(False, help="optimizer states (and step) on the CPU")
     offload_params: bool = option(False, help="parameters on the CPU (zero3/fsdp)")
-    tp: int = option(1, label="tensor-parallel degree", minimum=1, web_max=1024, help="tensor-parallel degree")
-    pp: int = option(1, label="pipeline-parallel degree", minimum=1, web_max=1024, help="pipeline-parallel degree")
+    tp: int = option(1, label="tensor-parallel degree", minimum=1, maximum=JOB_LIMITS["tp"], web_max=1024,
+                     help="tensor-parallel degree")
+    pp: int = option(1, label="pipeline-parallel degree", minimum=1, maximum=JOB_LIMITS["pp"], web_max=1024,
+                     help="pipeline-parallel degree")
     #: expert parallelism (MoE): routed experts split over ``ep`` ranks of the data-parallel
     #: group, tokens exchanged with all-to-all (see ftplan.expert_parallel)
-    ep: int = option(1, label="expert-parallel degree", minimum=1, web_max=1024,
+    ep: int = option(1, label="expert-parallel degree", minimum=1, maximum=JOB_LIMITS["ep"], web_max=1024,
                      help="expert-parallel degree (MoE): routed experts split over EP ranks")
 
     @property
@@ -293,18 +358,61 @@ def _check(cond: bool, problems: list[Problem], msg: str, field: str | None = No
         problems.append(Problem(field, msg, hint))
 
 
+@functools.lru_cache(maxsize=64)
+def _compiled(cls) -> tuple[tuple[Option, Callable[[Any], Any], str | None, tuple[type, ...]], ...]:
+    """(option, value getter, its group or None, accepted Python types) of ``cls``, built once:
+    ``validate_job`` runs for every memory estimate of a search."""
+    out = []
+    for opt in options_of(cls):
+        head = opt.attr.split(".")[0] if "." in opt.attr else None
+        out.append((opt, operator.attrgetter(opt.attr), head, _KINDS.get(opt.type, (object,))))
+    return tuple(out)
+
+
 def _option_problems(obj, cls, skip: tuple[str, ...] = ()) -> list[Problem]:
     """Problems of ``obj``'s declared choices and bounds (nested groups only when they apply)."""
     active = {name for name, (_, when) in groups(cls).items() if when is None or getattr(obj, when)}
     out: list[Problem] = []
-    for opt in options_of(cls):
-        head = opt.attr.split(".")[0]
-        if opt.name in skip or ("." in opt.attr and head not in active):
+    for opt, get, head, _ in _compiled(cls):
+        if (head is not None and head not in active) or opt.name in skip:
             continue
-        value = obj
-        for part in opt.attr.split("."):
-            value = getattr(value, part)
+        value = get(obj)
+        if value is None:
+            continue
+        if opt.choices is None and opt.type not in ("int", "float", "tokens"):
+            continue
         out += opt.check(value)
+    return out
+
+
+#: Python types a value of each option type may have (bool is not an int here; None = unset)
+_KINDS: dict[str, tuple[type, ...]] = {"int": (int,), "tokens": (int,), "float": (int, float), "bool": (bool,),
+                                       "str": (str,), "names": (tuple,), "paths": (tuple,)}
+
+
+def _type_problems(obj, cls) -> list[Problem]:
+    """Values of the wrong Python type (a job built by a program, or from a hand-edited file, can
+    hold anything): found before any comparison, so that ``"8" >= 1`` never raises."""
+    out: list[Problem] = []
+    for opt, get, _, kinds in _compiled(cls):
+        try:
+            value = get(obj)
+        except AttributeError:
+            out.append(Problem(opt.name, f"{opt.words}: not set"))
+            continue
+        if value is None:
+            continue
+        t = opt.type
+        ok = isinstance(value, kinds) and (t == "bool" or not isinstance(value, bool))
+        if ok and t in ("names", "paths"):
+            ok = len(value) <= JOB_LIMITS["target_modules"] and all(
+                isinstance(x, str) and 0 < len(x) <= 256 and x.isprintable() for x in value)
+        if ok and type(value) is float and not math.isfinite(value):
+            out.append(Problem(opt.name, f"{opt.words} must be a finite number (got {value})"))
+        elif not ok:
+            what = {"int": "an integer", "tokens": "an integer", "float": "a number", "bool": "true or false",
+                    "names": "a list of names (each 1-256 printable characters)"}.get(t, "text")
+            out.append(Problem(opt.name, f"{opt.words} must be {what} (got {show_value(value)})"))
     return out
 
 
@@ -333,15 +441,44 @@ def _check_ep(model: ModelSpec, layout: Layout, p: list[Problem]) -> None:
            "strategy")
 
 
-def validate_job(model: ModelSpec, job: Job, layout: Layout | None = None) -> None:
-    """Raise one ``ConfigError`` listing every problem with ``job``/``layout`` for ``model``."""
+def check_job_fields(job: Job, layout: Layout | None = None) -> None:
+    """The model-independent part of :func:`validate_job`: types, finiteness, choices and bounds.
+    For jobs read from files before the model is known (``ftplan train --from-json``)."""
     layout = layout or Layout()
+    p = _type_problems(job, Job) + _type_problems(layout, Layout)
+    if not p:
+        p = _field_problems(job, layout)
+    if p:
+        raise ConfigError(problems=p)
+
+
+def _field_problems(job: Job, layout: Layout) -> list[Problem]:
     p: list[Problem] = []
     if job.method in FUTURE_METHODS:
         p.append(Problem("method", f"method {job.method!r} is not modelled yet",
                          "use `method=full`, lora or qlora (fp8/nvfp4 training are planned)"))
     p += _option_problems(job, Job, skip=("method",) if job.method in FUTURE_METHODS else ())
     p += _option_problems(layout, Layout)
+    if not p and layout.world_size > JOB_LIMITS["world_size"]:
+        p.append(Problem("nodes", f"{layout.world_size:,} GPUs is implausibly many "
+                                  f"(at most {JOB_LIMITS['world_size']:,.0f})"))
+    return p
+
+
+def validate_job(model: ModelSpec, job: Job, layout: Layout | None = None) -> None:
+    """Raise one ``ConfigError`` listing every problem with ``job``/``layout`` for ``model``.
+
+    Types and finiteness first (a wrong type stops there: nothing can be compared), then the
+    declared choices and bounds of every option (:data:`JOB_LIMITS` among them), then the checks
+    across fields and against the model.
+    """
+    layout = layout or Layout()
+    p = _type_problems(job, Job) + _type_problems(layout, Layout)
+    if p:
+        raise ConfigError(problems=p)
+    p = _field_problems(job, layout)
+    if any(pr.field in ("gpus", "nodes", "tp", "pp") for pr in p):
+        raise ConfigError(problems=p)  # the checks below divide by these
     if job.uses_lora:
         lo = job.lora
         _check(not (lora_wraps_experts(model, lo) and lo.dropout > 0), p,

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .errors import Problem, did_you_mean
+from .inputs import show_value
 
 __all__ = [
     "Option",
@@ -124,35 +126,38 @@ class Option:
                 return bool(value)
             if isinstance(value, str) and value.strip().lower() in _BOOL_WORDS:
                 return _BOOL_WORDS[value.strip().lower()]
-            raise ValueError(f"expected true or false, got {value!r}")
+            raise ValueError(f"expected true or false, got {show_value(value)}")
         if t == "int":
             if isinstance(value, bool):
-                raise ValueError(f"expected an integer, got {value!r}")
+                raise ValueError(f"expected an integer, got {show_value(value)}")
             if isinstance(value, int):
                 return value
             if isinstance(value, float) and value.is_integer():
                 return int(value)
             if isinstance(value, str):
                 return parse_int(value)
-            raise ValueError(f"expected an integer, got {value!r}")
+            raise ValueError(f"expected an integer, got {show_value(value)}")
         if t == "float":
             if isinstance(value, bool):
-                raise ValueError(f"expected a number, got {value!r}")
+                raise ValueError(f"expected a number, got {show_value(value)}")
             if isinstance(value, (int, float)):
-                return float(value)
+                try:
+                    return float(value)
+                except OverflowError:  # an int beyond float range
+                    raise ValueError(f"expected a number, got {show_value(value)}") from None
             if isinstance(value, str):
                 return parse_float(value)
-            raise ValueError(f"expected a number, got {value!r}")
+            raise ValueError(f"expected a number, got {show_value(value)}")
         if t == "tokens":
             if isinstance(value, bool):
-                raise ValueError(f"expected a token count like 50M or 2B, got {value!r}")
+                raise ValueError(f"expected a token count like 50M or 2B, got {show_value(value)}")
             if isinstance(value, int):
                 return value
             if isinstance(value, float) and value.is_integer():
                 return int(value)
             if isinstance(value, str):
                 return parse_tokens(value) if value.strip() else None
-            raise ValueError(f"expected a token count like 50M or 2B, got {value!r}")
+            raise ValueError(f"expected a token count like 50M or 2B, got {show_value(value)}")
         if t in ("names", "paths"):
             if isinstance(value, str):
                 value = value.split(",") if t == "names" else [value]
@@ -161,7 +166,7 @@ class Option:
             out = tuple(x.strip() for x in value if x.strip())
             return self.normalize(out) if self.normalize else out
         if not isinstance(value, str):
-            raise ValueError(f"expected a string, got {value!r}")
+            raise ValueError(f"expected a string, got {show_value(value)}")
         if self.normalize:
             return self.normalize(value)
         return lower(value) if self.choices is not None else value
@@ -179,17 +184,23 @@ class Option:
             return []
         if self.type not in ("int", "float", "tokens"):
             return []
+        hint = f"e.g. `{self.name}={self.example}`" if self.example is not None else None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return [Problem(self.name, f"{self.words} must be a number (got {show_value(value)})", hint)]
+        if isinstance(value, float) and not math.isfinite(value):
+            return [Problem(self.name, f"{self.words} must be a finite number (got {value})", hint)]
         lo, lo_x, hi, hi_x = self.minimum, self.exclusive_minimum, self.maximum, self.exclusive_maximum
-        ok = ((lo is None or value >= lo) and (lo_x is None or value > lo_x)
-              and (hi is None or value <= hi) and (hi_x is None or value < hi_x))
+        low_ok = (lo is None or value >= lo) and (lo_x is None or value > lo_x)
+        ok = low_ok and (hi is None or value <= hi) and (hi_x is None or value < hi_x)
         if ok:
             return []
-        hint = f"e.g. `{self.name}={self.example}`" if self.example is not None else None
-        return [Problem(self.name, f"{self.words} must be {self.bounds_text()} (got {value})", hint)]
+        # below the minimum: say the minimum (the upper bound may be a sanity limit nobody thinks of)
+        bounds = self.bounds_text(lower_only=not low_ok)
+        return [Problem(self.name, f"{self.words} must be {bounds} (got {show_value(value)})", hint)]
 
-    def bounds_text(self) -> str:
+    def bounds_text(self, lower_only: bool = False) -> str:
         lo = self.minimum if self.minimum is not None else self.exclusive_minimum
-        hi = self.maximum if self.maximum is not None else self.exclusive_maximum
+        hi = None if lower_only else (self.maximum if self.maximum is not None else self.exclusive_maximum)
         if lo is not None and hi is not None:
             return (f"in {'[' if self.minimum is not None else '('}{_num(lo)}, {_num(hi)}"
                     f"{']' if self.maximum is not None else ')'}")
@@ -219,6 +230,8 @@ _BOOL_WORDS = {"1": True, "true": True, "yes": True, "y": True, "on": True,
 
 
 def _num(x: float) -> str:
+    if float(x).is_integer() and abs(x) < 1e15:
+        return str(int(x))
     return f"{x:g}"
 
 
@@ -311,15 +324,18 @@ def groups(cls: type) -> dict[str, tuple[type, str | None]]:
 def parse_int(text: str) -> int:
     try:
         return int(text.strip())
-    except ValueError:
-        raise ValueError(f"expected an integer, got {text!r}") from None
+    except ValueError:  # also: more digits than Python converts (4300)
+        raise ValueError(f"expected an integer, got {show_value(text)}") from None
 
 
 def parse_float(text: str) -> float:
     try:
-        return float(text.strip().lstrip("$").replace(",", ""))
+        x = float(text.strip().lstrip("$").replace(",", ""))
     except ValueError:
-        raise ValueError(f"expected a number, got {text!r}") from None
+        raise ValueError(f"expected a number, got {show_value(text)}") from None
+    if not math.isfinite(x):  # 'inf', 'nan', '1e400'
+        raise ValueError(f"expected a finite number, got {show_value(text)}")
+    return x
 
 
 def parse_tokens(text: str) -> int:
@@ -327,11 +343,12 @@ def parse_tokens(text: str) -> int:
     t = text.strip().lower().replace("_", "").replace(",", "")
     mult = {"k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
     try:
-        if t and t[-1] in mult:
-            return int(float(t[:-1]) * mult[t[-1]])
-        return int(float(t))
+        x = float(t[:-1]) * mult[t[-1]] if t and t[-1] in mult else float(t)
+        if not math.isfinite(x):  # inf, nan, 1e400: not a count (int() would raise OverflowError)
+            raise ValueError
+        return int(x)
     except ValueError:
-        raise ValueError(f"expected a token count like 50M or 2B, got {text!r}") from None
+        raise ValueError(f"expected a token count like 50M or 2B, got {show_value(text)}") from None
 
 
 def lower(text: str) -> str:

@@ -24,15 +24,17 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .cost import Cost, estimate_cost
-from .errors import ConfigError, FtplanError, did_you_mean
+from .errors import ConfigError, FtplanError, Problem, did_you_mean
 from .expert_parallel import ep_degrees
+from .inputs import check_finite, show_value
 from .job import STRATEGIES, Job, Layout, validate_job
 from .memory import MemoryBreakdown, estimate_memory
 from .model import ModelSpec
-from .runtime import RuntimeEstimate, compute_dtype, estimate_runtime
+from .runtime import RuntimeEstimate, compute_dtype, estimate_runtime, for_dataset
 from .units import GB
 
-__all__ = ["Plan", "Infeasible", "PlanSet", "SearchStats", "FitResult", "recommend", "fit", "platform_job", "price_layout",
+__all__ = ["Plan", "Infeasible", "PlanSet", "SearchStats", "FitResult", "SearchCache", "recommend", "fit", "platform_job",
+           "price_layout",
            "DEFAULT_MAX_GPUS", "OBJECTIVES"]
 
 OBJECTIVES = ("cost", "time")
@@ -169,24 +171,83 @@ def _pow2_upto(n: int) -> list[int]:
     return out
 
 
-class _Memo:
-    """Memory breakdowns per (vendor, layout, job), shared by all GPU types; counts evaluations."""
+class SearchCache:
+    """What searches of a long-lived process can share: memory breakdowns per (model, GPU vendor,
+    layout, job) and step times per (model, GPU, inter-node bandwidth, layout, job), the job
+    without its data size (``dataset_tokens``/``epochs`` change neither; a step time gets the
+    search's totals through :func:`~ftplan.runtime.for_dataset`). Pass one to :func:`recommend`
+    (the web app keeps one per process): a search that differs from an earlier one only in its data
+    size, objective, constraints or offers evaluates neither again. Bounded: emptied when it holds ``max_entries`` answers. Plain dict
+    operations: shareable by threads."""
 
-    def __init__(self, model: ModelSpec) -> None:
+    def __init__(self, max_entries: int = 50_000) -> None:
+        self.max_entries = max_entries
+        self.memory: dict[tuple, MemoryBreakdown | None] = {}
+        self.runtime: dict[tuple, tuple[Any, RuntimeEstimate]] = {}
+        self.jobs: dict[Job, Job] = {}
+        self.hits = 0
+
+
+class _Memo:
+    """Memory breakdowns per (vendor, layout, job), shared by all GPU types; counts evaluations.
+    With a :class:`SearchCache`, also shared with other searches."""
+
+    def __init__(self, model: ModelSpec, shared: SearchCache | None = None) -> None:
         self.model = model
+        self.shared = shared
         self.cache: dict[tuple, MemoryBreakdown | None] = {}
+        self.free: dict[Job, Job] = {}
         self.evals = 0
+
+    def _free(self, job: Job) -> Job:
+        """``job`` without its data size, one object per value across searches (identity compares)."""
+        f = self.free.get(job)
+        if f is None:
+            f = job if (job.dataset_tokens is None and job.epochs == 1.0) \
+                else job.with_(dataset_tokens=None, epochs=1.0)
+            sh = self.shared
+            if len(sh.jobs) >= sh.max_entries:
+                sh.jobs.clear()
+            f = self.free[job] = sh.jobs.setdefault(f, f)
+        return f
+
+    def step_runtime(self, gpu: Any, offer: Any, bw: float | None, layout: Layout, job: Job) -> RuntimeEstimate:
+        """``estimate_runtime`` of ``job`` (an earlier search's step time when shared, with this
+        job's totals)."""
+        sh = self.shared
+        if sh is None:
+            return estimate_runtime(self.model, job, layout, gpu, offer=offer)
+        key = (self.model, id(gpu), bw, layout, self._free(job))
+        hit = sh.runtime.get(key)
+        if hit is not None and hit[0] is gpu:  # the same GpuSpec object (a custom catalog has others)
+            sh.hits += 1
+            return for_dataset(hit[1], job.dataset_tokens, job.epochs)
+        rt = estimate_runtime(self.model, job, layout, gpu, offer=offer)
+        if len(sh.runtime) >= sh.max_entries:
+            sh.runtime.clear()
+        sh.runtime[key] = (gpu, rt)
+        return rt
 
     def get(self, vendor: str, layout: Layout, job: Job) -> MemoryBreakdown | None:
         key = (vendor, layout, job)
         if key in self.cache:
             return self.cache[key]
-        self.evals += 1
+        self.evals += 1  # a breakdown this search needed (computed here or by an earlier search)
+        sh = self.shared
+        skey = (self.model, vendor, layout, self._free(job)) if sh is not None else None
+        if sh is not None and skey in sh.memory:
+            sh.hits += 1
+            mem = self.cache[key] = sh.memory[skey]
+            return mem
         try:
             mem = estimate_memory(self.model, job, layout, gpu_vendor=vendor)
         except ConfigError:
             mem = None  # layout not valid for this model (e.g. tp does not divide heads)
         self.cache[key] = mem
+        if sh is not None:
+            if len(sh.memory) >= sh.max_entries:
+                sh.memory.clear()
+            sh.memory[skey] = mem
         return mem
 
 
@@ -427,6 +488,7 @@ def recommend(
     checkpoint_interval_s: float | None = None,
     dataset: Any | None = None,
     batching: str = "longest",
+    cache: SearchCache | None = None,
 ) -> PlanSet:
     """Rank every plan that fits, for ``job.dataset_tokens x job.epochs`` tokens.
 
@@ -441,7 +503,8 @@ def recommend(
 
     ``global_batch`` (sequences per optimizer step) is kept exactly: grad_accum is chosen per
     layout and micro-batch; without it the job's grad_accum is used. ``gpu_catalog`` maps GPU
-    slugs to specs (default: the bundled catalog). ``target`` (an export target of
+    slugs to specs (default: the bundled catalog). ``cache`` shares memory breakdowns with other
+    searches (:class:`SearchCache`); the plans are the same with or without it. ``target`` (an export target of
     :mod:`ftplan.export.targets`) keeps only layouts whose exported files run them; the reasons
     for the others are in ``PlanSet.notes``. ``None`` ranks every layout. ``micro_batch``,
     ``strategy`` and ``num_gpus`` fix those choices instead of searching them (a layout the user
@@ -458,17 +521,7 @@ def recommend(
             job = job.with_(dataset_tokens=data.batches(job).real_tokens)
     if not job.dataset_tokens:
         raise ConfigError("the planner needs the dataset size", "pass `tokens`, e.g. `tokens=50M`", field="tokens")
-    if not 0.0 <= safety_margin < 1.0:
-        raise ConfigError(f"safety margin must be in [0, 1) (got {safety_margin})", "e.g. `margin=0.05`",
-                          field="margin")
-    if max_gpus is not None and max_gpus < 1:
-        raise ConfigError(f"max GPUs must be >= 1 (got {max_gpus})", "e.g. `max_gpus=16`", field="max_gpus")
-    if global_batch is not None and global_batch < 1:
-        raise ConfigError(f"global batch must be >= 1 (got {global_batch})", "e.g. `global_batch=64`",
-                          field="global_batch")
-    for v, what in ((deadline_hours, "deadline"), (budget_usd, "budget")):
-        if v is not None and not v > 0:
-            raise ConfigError(f"{what} must be > 0 (got {v})", f"pass a positive `{what}`", field=what)
+    _check_search(safety_margin, max_gpus, global_batch, deadline_hours, budget_usd)
     _check_fixed(micro_batch, strategy, num_gpus, max_gpus)
     validate_job(model, job)
     keep = _runnable_filter(model, target)  # the export rule (export.targets)
@@ -494,7 +547,7 @@ def recommend(
         gpu_catalog = load_gpus()
 
     total_tokens = math.ceil(job.dataset_tokens * job.epochs)
-    memo = _Memo(model)
+    memo = _Memo(model, cache)
     runtime_cache: dict[tuple, RuntimeEstimate] = {}
     by_gpu: dict[str, list[Any]] = {}
     for o in offers:
@@ -523,7 +576,7 @@ def recommend(
         for offer in by_gpu[slug]:
             fits = _enumerate(memo, model, gjob, gpu, offer, cap, max_gpus, global_batch, total_tokens, shapes,
                               counts, keep, data, fixed)
-            best = _best_per_layout(model, gpu, offer, fits, gnotes, runtime_cache, counts, extras)
+            best = _best_per_layout(model, gpu, offer, fits, gnotes, runtime_cache, counts, extras, memo)
             raw.extend(best.values())
             gpu_plans += len(best)
         if gpu_plans == 0 and slug in extras.host_rejects:
@@ -635,7 +688,7 @@ class _Extras:
 
 def _best_per_layout(model: ModelSpec, gpu: Any, offer: Any, fits: list[_Fits], gnotes: list[str],
                      runtime_cache: dict[tuple, RuntimeEstimate], counts: _Counts,
-                     extras: _Extras | None = None) -> dict[Layout, Plan]:
+                     extras: _Extras | None = None, memo: _Memo | None = None) -> dict[Layout, Plan]:
     """The fastest fitting variant per layout on ``offer``, priced; with ``extras``: the host RAM /
     disk it needs (offers lacking the RAM are rejected) and, on spot offers, the expected cost."""
     extras = extras or _Extras(None, None)
@@ -647,7 +700,10 @@ def _best_per_layout(model: ModelSpec, gpu: Any, offer: Any, fits: list[_Fits], 
         rkey = (offer.gpu, bw, f.layout, rjob)
         rt = runtime_cache.get(rkey)
         if rt is None:
-            rt = estimate_runtime(model, rjob, f.layout, gpu, offer=offer)  # EP all-to-alls included
+            if memo is not None and f.layout.ep == 1:
+                rt = memo.step_runtime(gpu, offer, bw, f.layout, rjob)
+            else:
+                rt = estimate_runtime(model, rjob, f.layout, gpu, offer=offer)  # EP all-to-alls included
             runtime_cache[rkey] = rt
         cur = best.get(f.layout)
         if cur is not None and cur.runtime.total_hours <= rt.total_hours:
@@ -720,6 +776,52 @@ def _plan_extras(model: ModelSpec, f: _Fits, offer: Any, rt: RuntimeEstimate, ca
             notes += (f"no published preemption rate for {offer.provider}: {risk.rate_per_hour:g}/h assumed "
                       "(pass --preemption-rate)",)
     return host, risk, reject, notes
+
+
+#: sanity bounds on search constraints (validation limits): a deadline of a century, a budget of a
+#: trillion dollars, a million GPUs are already far beyond any fine-tuning job
+_MAX_DEADLINE_HOURS = 24 * 366 * 100
+_MAX_BUDGET_USD = 1e12
+_MAX_SEARCH_GPUS = 1 << 20
+_MAX_GLOBAL_BATCH = 1 << 30
+
+
+def _check_search(safety_margin: float, max_gpus: int | None, global_batch: int | None,
+                  deadline_hours: float | None = None, budget_usd: float | None = None) -> None:
+    """One ConfigError listing every bad search constraint (NaN, infinity, wrong type, out of range)."""
+    p: list[Problem] = []
+
+    def bad(field: str, msg: str, hint: str | None = None) -> None:
+        p.append(Problem(field, msg, hint))
+
+    def number(v, field: str, words: str, integer: bool = False) -> bool:
+        found: list[str] = []
+        if check_finite(v, words, integer=integer, problems=found):
+            return True
+        bad(field, found[0])
+        return False
+
+    if number(safety_margin, "margin", "safety margin") and not 0.0 <= safety_margin < 1.0:
+        bad("margin", f"safety margin must be in [0, 1) (got {safety_margin})", "e.g. `margin=0.05`")
+    if max_gpus is not None and number(max_gpus, "max_gpus", "max GPUs", integer=True):
+        if max_gpus < 1:
+            bad("max_gpus", f"max GPUs must be >= 1 (got {max_gpus})", "e.g. `max_gpus=16`")
+        elif max_gpus > _MAX_SEARCH_GPUS:
+            bad("max_gpus", f"max GPUs {show_value(max_gpus)} is implausibly many (at most {_MAX_SEARCH_GPUS:,})")
+    if global_batch is not None and number(global_batch, "global_batch", "global batch", integer=True):
+        if global_batch < 1:
+            bad("global_batch", f"global batch must be >= 1 (got {global_batch})", "e.g. `global_batch=64`")
+        elif global_batch > _MAX_GLOBAL_BATCH:
+            bad("global_batch", f"global batch {show_value(global_batch)} is implausibly large "
+                                f"(at most {_MAX_GLOBAL_BATCH:,})")
+    for v, what, hi in ((deadline_hours, "deadline", _MAX_DEADLINE_HOURS), (budget_usd, "budget", _MAX_BUDGET_USD)):
+        if v is not None and number(v, what, what):
+            if not v > 0:
+                bad(what, f"{what} must be > 0 (got {v})", f"pass a positive `{what}`")
+            elif v > hi:
+                bad(what, f"{what} {v:g} is implausibly large (at most {hi:g})")
+    if p:
+        raise ConfigError(problems=p)
 
 
 def _sort_key(p: Plan, objective: str) -> tuple:
@@ -810,9 +912,7 @@ def fit(model: ModelSpec, job: Job, gpu: Any, *, safety_margin: float = 0.05,
     """What fits on ``gpu``: longest sequence, largest micro-batch, fewest GPUs per strategy;
     with ``dataset`` (a ``DatasetProfile``), the sequence-length cut-off that keeps each
     ``keep_pct`` % of its samples untruncated, and whether it fits one GPU."""
-    if not 0.0 <= safety_margin < 1.0:
-        raise ConfigError(f"safety margin must be in [0, 1) (got {safety_margin})", "e.g. `margin=0.05`",
-                          field="margin")
+    _check_search(safety_margin, max_gpus, None)
     validate_job(model, job)
     notes: list[str] = []
     gjob, gnotes, why = platform_job(job, gpu)

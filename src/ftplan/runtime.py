@@ -44,7 +44,7 @@ the calibrated quantile range of log(measured / predicted) over held-out publish
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 from .actflops import loss_extra_flops_per_token, recompute_flops_per_token
@@ -60,6 +60,8 @@ __all__ = [
     "FlopsPerToken",
     "Rates",
     "estimate_runtime",
+    "job_totals",
+    "for_dataset",
     "flops_per_token",
     "attention_context",
     "gemm_time",
@@ -998,14 +1000,9 @@ def estimate_runtime(model: ModelSpec, job: Job, layout: Layout, gpu: Any, *, of
     matmul_flops = tok * (f.base_matmul + f.adapters) * (3.0 if job.method == "full" else 2.0) / mp
     achieved = matmul_flops / (t_mm * rates.peak_flops) if t_mm > 0 else 0.0
 
-    total = steps = hours = None
-    if job.dataset_tokens:
-        total = math.ceil(job.dataset_tokens * job.epochs)
-        steps = math.ceil(total / tokens_per_step)
-        hours = steps * step / 3600.0
     lo, hi = math.exp(eff.band_log_low), math.exp(eff.band_log_high)
     dp_raw = comm.raw_s
-    return RuntimeEstimate(
+    rt = RuntimeEstimate(
         step_time_s=step,
         compute_time_s=compute,
         comm_time_s=dp_raw + m * (t_tp + t_ppc + t_ep),
@@ -1015,9 +1012,9 @@ def estimate_runtime(model: ModelSpec, job: Job, layout: Layout, gpu: Any, *, of
         tokens_per_s=tps,
         mfu=mfu,
         flops_per_token=f.model,
-        total_tokens=total,
-        steps=steps,
-        hours=hours,
+        total_tokens=None,
+        steps=None,
+        hours=None,
         startup_hours=sx.startup_hours,
         tokens_per_step=tokens_per_step,
         efficiency=achieved,
@@ -1046,11 +1043,36 @@ def estimate_runtime(model: ModelSpec, job: Job, layout: Layout, gpu: Any, *, of
         step_time_s_high=step * hi,
         tokens_per_s_low=tokens_per_step / (step * hi),
         tokens_per_s_high=tokens_per_step / (step * lo),
-        hours_low=None if hours is None else hours * lo,
-        hours_high=None if hours is None else hours * hi,
+        hours_low=None,
+        hours_high=None,
         band_quantiles=eff.band_quantiles,
         host_bound=host_mb > busy_mb,
     )
+    return for_dataset(rt, job.dataset_tokens, job.epochs)
+
+
+def job_totals(dataset_tokens: int | None, epochs: float, tokens_per_step: int,
+               step_time_s: float) -> tuple[int | None, int | None, float | None]:
+    """(total tokens, optimizer steps, training hours) of a job whose step takes ``step_time_s``
+    for ``tokens_per_step`` tokens; all None without a dataset size."""
+    if not dataset_tokens:
+        return None, None, None
+    total = math.ceil(dataset_tokens * epochs)
+    steps = math.ceil(total / tokens_per_step)
+    return total, steps, steps * step_time_s / 3600.0
+
+
+def for_dataset(rt: RuntimeEstimate, dataset_tokens: int | None, epochs: float) -> RuntimeEstimate:
+    """``rt`` (the estimate of a step, which does not depend on the data size) with the totals of
+    ``dataset_tokens x epochs`` tokens."""
+    total, steps, hours = job_totals(dataset_tokens, epochs, rt.tokens_per_step, rt.step_time_s)
+    if (total, steps, hours) == (rt.total_tokens, rt.steps, rt.hours):
+        return rt
+    lo = rt.step_time_s_low / rt.step_time_s if rt.step_time_s_low is not None else None
+    hi = rt.step_time_s_high / rt.step_time_s if rt.step_time_s_high is not None else None
+    return replace(rt, total_tokens=total, steps=steps, hours=hours,
+                   hours_low=None if hours is None or lo is None else hours * lo,
+                   hours_high=None if hours is None or hi is None else hours * hi)
 
 
 _STATES_CACHE: dict[tuple, Any] = {}

@@ -25,6 +25,8 @@ class Parser(argparse.ArgumentParser):
     """argparse, but errors are one line and exit code 2."""
 
     def error(self, message: str):  # type: ignore[override]
+        if len(message) > 300:  # argparse quotes the value: a 5000-digit argument is not a message
+            message = message[:300] + "..."
         raise ConfigError(message, f"see `{self.prog} --help`")
 
 

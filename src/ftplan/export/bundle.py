@@ -10,6 +10,7 @@ document with :func:`plan_from_json`.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -19,12 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, FtplanError
+from ..inputs import MAX_TEXT_CHARS, bad_characters, check_text
 from ..job import Job, Layout
 from ..options import job_from_dict, layout_from_dict
 
 __all__ = ["PLAN_SCHEMA", "ACCEPTED_SCHEMAS", "plan_document", "plan_from_json", "load_plan_json",
            "exportable", "render_bundle", "render", "Rendered", "write_bundle",
-           "ZERO3_BACKENDS"]
+           "ZERO3_BACKENDS", "BUNDLE_FILE_NAMES", "earlier_bundle_problem", "check_plan_document",
+           "plan_problems"]
 
 PLAN_SCHEMA = "ftplan.plan/1"
 ACCEPTED_SCHEMAS = ("ftplan.recommend/1", "ftplan.compare/1", PLAN_SCHEMA)
@@ -46,7 +49,7 @@ def plan_document(model, plan, *, ref: str | None = None) -> dict[str, Any]:
 
 
 def _bad(where: str, what: str) -> ConfigError:
-    return ConfigError(f"{where}: {what}", "pass a file saved from 'ftplan recommend --json'")
+    return ConfigError(f"{where}: {what}", "pass a file saved from `ftplan recommend --json`")
 
 
 def plan_from_json(doc: Any, index: int = 1, *, where: str = "plan JSON") -> tuple[dict[str, Any], list[dict]]:
@@ -71,7 +74,7 @@ def plan_from_json(doc: Any, index: int = 1, *, where: str = "plan JSON") -> tup
             raise _bad(where, f"'{key}' is not a list")
     if not plans:
         raise ConfigError(f"{where}: holds no plan (the search found nothing feasible)",
-                          "relax the constraints and run 'ftplan recommend --json' again")
+                          "relax the constraints and run `ftplan recommend --json` again")
     if not 1 <= index <= len(plans):
         raise ConfigError(f"plan {index} is out of range: {where} holds {len(plans)} plan(s)",
                           f"use --plan 1..{len(plans)}")
@@ -96,19 +99,139 @@ def _same_plan(a: Mapping, b: Mapping) -> bool:
 
 def load_plan_json(path: str | os.PathLike, index: int = 1) -> tuple[dict[str, Any], list[dict]]:
     """:func:`plan_from_json` on a file; every problem is a one-line ``ConfigError``."""
+    from ..inputs import load_json_text, read_text_file
+
+    hint = "pass a file saved from `ftplan recommend --json`"
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"no such file: {p}", "pass a file saved from 'ftplan recommend --json'") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"cannot read {p}: {e}", "pass a file saved from 'ftplan recommend --json'") from None
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{p}: not JSON (line {e.lineno}: {e.msg})",
-                          "pass a file saved from 'ftplan recommend --json'") from None
+    text = read_text_file(p, "plan file", max_bytes=MAX_PLAN_BYTES, hint=hint)
+    doc = load_json_text(text, str(p), hint=hint)
     return plan_from_json(doc, index, where=str(p))
+
+
+# ---------------------------------------------------------------------------------------------
+# plan document checks: a plan file is user input; every field a renderer reads is checked
+# for its type (and strings for control characters) before anything is rendered
+# ---------------------------------------------------------------------------------------------
+_S, _I, _N, _B, _NONE = "text", "integer", "number", "boolean", "null"
+#: (section, field) -> accepted kinds; absent fields are fine unless listed in _REQUIRED_FIELDS
+_FIELD_KINDS: dict[str, dict[str, tuple[str, ...]]] = {
+    "model": {"name": (_S, _NONE), "hf_id": (_S, _NONE), "ref": (_S, _NONE), "params_total": (_I, _NONE)},
+    "offer": {"provider": (_S,), "sku": (_S,), "gpu": (_S,), "gpus_per_instance": (_I,),
+              "usd_per_gpu_hour": (_N,), "usd_per_instance_hour": (_N, _NONE), "pricing": (_S,),
+              "region": (_S, _NONE), "inter_node_network": (_S, _NONE), "inter_node_gbps": (_N, _NONE),
+              "billing_granularity_s": (_I, _NONE), "as_of": (_S, _NONE), "stale": (_B, _NONE),
+              "source": (_S, _NONE)},
+    "layout": {"gpus_per_node": (_I,), "nodes": (_I,), "strategy": (_S,), "offload_optimizer": (_B,),
+               "offload_params": (_B,), "tp": (_I,), "pp": (_I,), "world_size": (_I,), "dp": (_I,)},
+    "job": {"method": (_S,), "precision": (_S,), "optimizer": (_S,), "micro_batch": (_I,), "seq_len": (_I,),
+            "grad_accum": (_I,), "gradient_checkpointing": (_B,), "attn_impl": (_S,),
+            "dataset_tokens": (_I, _NONE), "epochs": (_N,)},
+    "lora": {"r": (_I,), "alpha": (_N,), "dropout": (_N,)},
+    "quant": {"quant_type": (_S,), "double_quant": (_B,), "compute_dtype": (_S,)},
+    "memory": {"device_total_bytes": (_N, _NONE), "peak_allocated_bytes": (_N, _NONE),
+               "host_bytes": (_N, _NONE), "gpu_memory_bytes": (_N, _NONE)},
+    "runtime": {k: (_N, _NONE) for k in (
+        "step_time_s", "compute_time_s", "comm_time_s", "exposed_comm_s", "optimizer_time_s", "dequant_time_s",
+        "tokens_per_s", "mfu", "flops_per_token", "tokens_per_step", "total_tokens", "steps", "training_hours",
+        "startup_hours", "total_hours")},
+    "cost": {k: (_N, _NONE) for k in ("instances", "gpus_billed", "billed_hours", "usd", "usd_per_million_tokens",
+                                       "energy_kwh_upper_bound")},
+    "": {"strategy_label": (_S, _NONE), "cheapest": (_B, _NONE), "fastest": (_B, _NONE), "pareto": (_B, _NONE)},
+}
+_REQUIRED_FIELDS = {"offer": ("gpu",), "layout": ("gpus_per_node", "nodes", "strategy"),
+                    "job": ("method", "precision", "optimizer", "micro_batch", "seq_len", "grad_accum",
+                            "gradient_checkpointing")}
+#: a number in a plan file beyond this is not a prediction ftplan made
+_MAX_PLAN_NUMBER = 1e30
+MAX_PLAN_BYTES = 64 * 2**20
+
+
+def _kind_ok(v: Any, kinds: tuple[str, ...]) -> bool:
+    if v is None:
+        return _NONE in kinds
+    if isinstance(v, bool):
+        return _B in kinds
+    if isinstance(v, int):
+        return (_I in kinds or _N in kinds) and abs(v) <= _MAX_PLAN_NUMBER
+    if isinstance(v, float):
+        return _N in kinds and math.isfinite(v) and abs(v) <= _MAX_PLAN_NUMBER
+    if isinstance(v, str):
+        return _S in kinds and not bad_characters(v) and len(v) <= MAX_TEXT_CHARS
+    return False
+
+
+def _describe(v: Any) -> str:
+    if isinstance(v, str):
+        bad = bad_characters(v)
+        if bad:
+            return f"text with control characters ({', '.join(bad[:3])})"
+        return repr(v) if len(v) <= 40 else f"text of {len(v):,} characters"
+    if isinstance(v, (list, dict)):
+        return "a list" if isinstance(v, list) else "an object"
+    return repr(v) if not isinstance(v, int) or abs(v) < 10**20 else "a huge integer"
+
+
+def plan_problems(plan: Any, label: str = "plan") -> list[str]:
+    """Every type problem of one plan document (empty when it can be rendered)."""
+    if not isinstance(plan, Mapping):
+        return [f"{label} is not a JSON object"]
+    out: list[str] = []
+    for section, fields in _FIELD_KINDS.items():
+        if section in ("lora", "quant"):
+            node = (plan.get("job") or {}).get(section) if isinstance(plan.get("job"), Mapping) else None
+            where = f"job.{section}"
+        else:
+            node = plan if not section else plan.get(section)
+            where = section
+        if node is None:
+            if section in _REQUIRED_FIELDS:
+                out.append(f"{label}: no '{section}'")
+            continue
+        if not isinstance(node, Mapping):
+            out.append(f"{label}: bad '{where}' (not an object)")
+            continue
+        for key in _REQUIRED_FIELDS.get(section, ()):
+            if key not in node:
+                out.append(f"{label}: bad '{where}' ({key} is missing)")
+        for key, kinds in fields.items():
+            if key in node and not _kind_ok(node[key], kinds):
+                out.append(f"{label}: bad '{where or 'plan'}' ({key} must be {' or '.join(kinds)}, "
+                           f"got {_describe(node[key])})")
+    job = plan.get("job")
+    if isinstance(job, Mapping) and isinstance(job.get("lora"), Mapping):
+        tm = job["lora"].get("target_modules")
+        if tm is not None and not (isinstance(tm, list) and len(tm) <= 256
+                                   and all(isinstance(t, str) and _kind_ok(t, (_S,)) for t in tm)):
+            out.append(f"{label}: bad 'job' (lora.target_modules must be a list of module names)")
+    if isinstance(job, Mapping) and isinstance(job.get("quant"), Mapping):
+        sm = job["quant"].get("skip_modules")
+        if sm is not None and not (isinstance(sm, list) and len(sm) <= 256
+                                   and all(isinstance(t, str) and _kind_ok(t, (_S,)) for t in sm)):
+            out.append(f"{label}: bad 'job' (quant.skip_modules must be a list of module names)")
+    for key in ("notes",):
+        v = plan.get(key)
+        if v is not None and not (isinstance(v, list) and all(isinstance(n, str) and _kind_ok(n, (_S,)) for n in v)):
+            out.append(f"{label}: {key} must be a list of text")
+    for section in ("memory", "runtime"):
+        node = plan.get(section)
+        sub = {"memory": "components", "runtime": "breakdown"}[section]
+        if isinstance(node, Mapping) and node.get(sub) is not None:
+            d = node[sub]
+            if not (isinstance(d, Mapping) and all(isinstance(k, str) and _kind_ok(v, (_N, _NONE))
+                                                   for k, v in d.items())):
+                out.append(f"{label}: {section}.{sub} must map names to numbers")
+    return out
+
+
+def check_plan_document(plan: Any, alternatives: Sequence[Any] = ()) -> None:
+    """Raise one ``ConfigError`` listing every type problem of a plan and its alternatives."""
+    problems = plan_problems(plan)
+    for i, alt in enumerate(alternatives, 1):
+        problems += plan_problems(alt, f"other plan {i}")
+    if problems:
+        shown = "; ".join(problems[:10]) + (f"; and {len(problems) - 10} more" if len(problems) > 10 else "")
+        raise ConfigError(f"malformed plan document: {shown}",
+                          "pass a file saved from `ftplan recommend --json` (unedited)")
 
 
 def _job_and_layout(plan_doc: Mapping[str, Any]) -> tuple[Job, Layout]:
@@ -133,9 +256,9 @@ def _resolve(model: Mapping[str, Any]):
         except FtplanError as e:
             last = e
     if last is None:
-        raise ConfigError("plan JSON: no model name", "pass a file saved from 'ftplan recommend --json'")
+        raise ConfigError("plan JSON: no model name", "pass a file saved from `ftplan recommend --json`")
     raise ConfigError(f"cannot find the plan's model ({', '.join(map(repr, refs))}): {last.message}",
-                      "run 'ftplan export MODEL ...' with the search options instead of --from-json")
+                      "run `ftplan export MODEL ...` with the search options instead of --from-json")
 
 
 def _local_ref(ref: str | None) -> str | None:
@@ -284,14 +407,21 @@ def render(plan_doc: dict, *, alternatives: Sequence[dict] = (), model_ref: str 
     from .readme import render_readme
     from .skypilot import render_sky_yaml
     from .targets import check_target
+    from .yamltext import user_text
 
     if not isinstance(plan_doc, Mapping) or any(not isinstance(plan_doc.get(k), Mapping)
                                                 for k in ("model", *_PLAN_KEYS)):
         raise ConfigError("not a plan document (needs model, offer, layout, job)",
-                          "pass one plan of 'ftplan recommend --json' (see plan_document / plan_from_json)")
+                          "pass one plan of `ftplan recommend --json` (see plan_document / plan_from_json)")
     check_target(target)
     if zero3_backend is not None and zero3_backend not in ZERO3_BACKENDS:
-        raise ConfigError(f"unknown ZeRO-3 backend {zero3_backend!r}", "use deepspeed or fsdp")
+        raise ConfigError(f"unknown ZeRO-3 backend {str(zero3_backend)[:40]!r}", "use deepspeed or fsdp")
+    alternatives = list(alternatives)
+    check_plan_document(plan_doc, alternatives)
+    if model_ref is not None:
+        model_ref = user_text(model_ref, "`model_ref`", field="model_ref")
+    if dataset is not None:
+        dataset = user_text(dataset, "`dataset`", field="dataset")
     job, layout = _job_and_layout(plan_doc)
     model = _resolve(plan_doc["model"])
     validate_job(model, job, layout)
@@ -302,7 +432,8 @@ def render(plan_doc: dict, *, alternatives: Sequence[dict] = (), model_ref: str 
     _check_hardware(plan_doc, job)
     kind = _kind(layout, job, target, zero3_backend, model)
     hsdp, hsdp_note = _hsdp(plan_doc, model, job, layout, kind)
-    model_ref = model_ref or model.hf_id or _local_ref(plan_doc["model"].get("ref")) or model.name
+    model_ref = user_text(model_ref or model.hf_id or _local_ref(plan_doc["model"].get("ref")) or model.name,
+                          "model reference")
     title = f"{model.name} {job.method} on {layout.world_size} x {plan_doc['offer'].get('gpu')}"
     notes = _notes(plan_doc, job, layout, kind, target)
     if hsdp_note:
@@ -397,25 +528,79 @@ def _render_accelerate_files(files: dict[str, str], model, job: Job, layout: Lay
 # ---------------------------------------------------------------------------------------------
 # write
 # ---------------------------------------------------------------------------------------------
+#: every file name an ftplan export writes (renderers that add files add their names here); with
+#: ``--force`` a directory is replaced only when it holds an earlier bundle and nothing else
+BUNDLE_FILE_NAMES = frozenset({"README.md", "plan.json", "train.py", "sky.yaml", "accelerate_config.yaml",
+                               "ds_config.json", "axolotl.yaml", "llamafactory.yaml", "dataset_info.json"})
+
+
+def earlier_bundle_problem(out: Path, new_files: Mapping[str, str] = {}) -> str | None:
+    """Why ``out`` is not a directory holding only an earlier ftplan bundle (None when it is).
+
+    A bundle directory has a ``plan.json`` of schema ``ftplan.plan/1`` and, besides it, only
+    regular files named like bundle files (:data:`BUNDLE_FILE_NAMES` or a file of the new bundle):
+    a training run's ``output/``, a user's notes or anything else makes it foreign.
+    """
+    try:
+        entries = list(out.iterdir())
+    except OSError as e:
+        return f"cannot list it ({e.strerror or e})"
+    names = BUNDLE_FILE_NAMES | {Path(n).name for n in new_files if len(Path(n).parts) == 1}
+    foreign = [p.name + ("/" if p.is_dir() and not p.is_symlink() else "") for p in entries
+               if p.is_symlink() or not p.is_file() or p.name not in names]
+    if foreign:
+        shown = ", ".join(sorted(foreign)[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        return f"it holds {shown}, which no ftplan export writes"
+    plan = out / "plan.json"
+    try:
+        doc = json.loads(plan.read_text(encoding="utf-8")) if plan.stat().st_size <= MAX_PLAN_BYTES else None
+    except FileNotFoundError:
+        return "it has no plan.json"
+    except (OSError, ValueError, RecursionError):
+        doc = None
+    if not isinstance(doc, Mapping) or doc.get("schema") != PLAN_SCHEMA:
+        return f"its plan.json is not an ftplan plan ({PLAN_SCHEMA})"
+    return None
+
+
 def write_bundle(files: Mapping[str, str], out_dir: str | os.PathLike, *, force: bool = False) -> Path:
     """Write ``files`` into ``out_dir`` atomically: all of them or nothing.
 
     The files go to a temporary directory next to ``out_dir`` that is then renamed into place. An
-    existing non-empty ``out_dir`` is refused (``ConfigError``) unless ``force``, in which case it is
-    replaced only after the new one is complete.
+    existing non-empty ``out_dir`` is refused (``ConfigError``) unless ``force`` *and* it holds an
+    earlier bundle and nothing else (:func:`earlier_bundle_problem`): then it is replaced, only
+    after the new one is complete. ``force`` never deletes a foreign directory (``--out ~``).
     """
-    out = Path(os.path.abspath(out_dir))
-    if out == Path(out.anchor) or out == Path.cwd() or out in Path.cwd().parents:
-        raise ConfigError(f"refusing to write the bundle over {out} (the current directory or one above it)",
-                          "pass --out with a new directory")
+    try:
+        out = Path(os.path.abspath(out_dir))
+        cwd = Path.cwd()
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"bad output directory {str(out_dir)[:200]!r}: {e}", "pass --out with a new directory") \
+            from None
+    check_text(str(out_dir), "output directory")
+    if out == Path(out.anchor) or out == cwd or out in cwd.parents or out == Path.home() \
+            or out in Path.home().parents:
+        raise ConfigError(f"refusing to write the bundle over {out} (the current directory, the home directory "
+                          "or one above them)", "pass --out with a new directory")
     for name in files:
         rel = Path(name)
         if rel.is_absolute() or ".." in rel.parts or not rel.parts:
             raise ConfigError(f"bad bundle path {name!r}", "paths must be relative, inside the bundle")
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"{out} exists and is not a directory", "pass --out with a new directory")
-    if out.is_dir() and any(out.iterdir()) and not force:
+    try:
+        if out.is_symlink():
+            raise ConfigError(f"{out} is a symbolic link", "pass --out with a new directory")
+        if out.exists() and not out.is_dir():
+            raise ConfigError(f"{out} exists and is not a directory", "pass --out with a new directory")
+        non_empty = out.is_dir() and any(out.iterdir())
+    except OSError as e:
+        raise ConfigError(f"cannot use {out}: {e.strerror or e}", "check the path and permissions") from None
+    if non_empty and not force:
         raise ConfigError(f"{out} exists and is not empty", "pass a new --out directory, or --force to replace it")
+    if non_empty:
+        why = earlier_bundle_problem(out, files)
+        if why:
+            raise ConfigError(f"--force only replaces an earlier ftplan bundle, and {out} is not one: {why}",
+                              "pass a new --out directory (nothing was deleted)")
     parent = out.parent
     if not parent.is_dir():
         raise ConfigError(f"{parent} does not exist", "create the parent directory first")

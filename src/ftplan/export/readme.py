@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 from ..job import Job, Layout
@@ -156,12 +157,12 @@ def render_readme(plan: dict[str, Any], *, job: Job, layout: Layout, kind: str, 
             flags = ", ".join(f for f in (_flags(a), "fallback" if is_fb else "") if f and f != "-") or "-"
             L.append(f"| {ao.get('provider')} | {ao.get('sku')} | {ao.get('gpu')} | {_gpus(al)} | "
                      f"{a.get('strategy_label', al.get('strategy'))} | "
-                     f"{(a.get('runtime') or {}).get('total_hours', 0):,.2f} | "
+                     f"{(a.get('runtime') or {}).get('total_hours') or 0:,.2f} | "
                      f"{_money((a.get('cost') or {}).get('usd'))} | {flags} |")
         L.append("")
 
     # ---- how to run --------------------------------------------------------------------------
-    data = dataset or "data.jsonl"
+    data = shlex.quote(dataset) if dataset else "data.jsonl"  # a shell word in the commands below
     if launch is None:
         from .accelerate import launch_command
 
@@ -214,7 +215,7 @@ def render_readme(plan: dict[str, Any], *, job: Job, layout: Layout, kind: str, 
         "plan.json": "the plan ftplan predicted (memory, runtime, cost)",
     }
     L += ["## Files", ""] + [f"- `{f}`: {desc.get(f, '')}" for f in files] + [""]
-    all_notes = list(notes) + [f"plan: {n}" for n in plan.get("notes", [])]
+    all_notes = list(notes) + [f"plan: {n}" for n in plan.get("notes") or []]
     if all_notes:
         L += ["## Notes", ""] + [f"- {n}" for n in all_notes] + [""]
     return "\n".join(L)

@@ -27,7 +27,7 @@ from typing import Any
 
 from ..job import Job, Layout
 from .accelerate import MAIN_PROCESS_PORT
-from .yamltext import Commented, dump_yaml
+from .yamltext import Commented, dump_yaml, user_text
 
 __all__ = ["skypilot_names", "sky_cloud", "sky_accelerator", "sky_candidates", "render_sky_yaml",
            "setup_packages", "MAX_FALLBACKS"]
@@ -203,9 +203,10 @@ def render_sky_yaml(plan: dict[str, Any], alternatives=(), *, job: Job, layout: 
         "num_nodes": layout.nodes,
         "resources": res,
         "envs": {
-            "MODEL": Commented(model_ref, "hub id or path the script loads (--env MODEL=... overrides)"),
-            "DATASET": Commented(dataset or "", "hub dataset name or a file in this folder: "
-                                                "--env DATASET=... (required)"),
+            "MODEL": Commented(user_text(model_ref, "model reference"),
+                               "hub id or path the script loads (--env MODEL=... overrides)"),
+            "DATASET": Commented(user_text(dataset or "", "dataset", allow_empty=True),
+                                 "hub dataset name or a file in this folder: --env DATASET=... (required)"),
             "OUTPUT_DIR": "output",
             "HF_TOKEN": Commented("", "gated models: --env HF_TOKEN (passes your local HF_TOKEN)"),
         },

@@ -59,8 +59,13 @@ def _field(o: Option, **extra: Any) -> Any:
     for bound, key in (("minimum", "ge"), ("exclusive_minimum", "gt"), ("maximum", "le"), ("exclusive_maximum", "lt")):
         if getattr(o, bound) is not None:
             kw[key] = getattr(o, bound)
-    if o.web_max is not None and "le" not in kw and "lt" not in kw:
-        kw["le"] = o.web_max
+    if o.web_max is not None:  # the web's own (smaller) cap wins over the library's sanity bound
+        if "le" in kw:
+            kw["le"] = min(kw["le"], o.web_max)
+        elif "lt" not in kw:
+            kw["le"] = o.web_max
+    if o.type == "float":
+        kw["allow_inf_nan"] = False  # NaN and infinities are not numbers a job can have
     if o.example is not None and o.type == "tokens":
         kw["examples"] = [o.example]
     kw.update(extra)

@@ -31,7 +31,7 @@ __all__ = [
 
 Method = Literal["full", "lora", "qlora", "fp8", "nvfp4"]
 METHODS = ("full", "lora", "qlora")
-FUTURE_METHODS = ("fp8", "nvfp4")  # designed for, not yet modelled
+FUTURE_METHODS = ("fp8", "nvfp4")  # not methods: low-precision recipes are precisions
 
 #: precision -> (working weight dtype, master/trainable dtype, gradient dtype, compute dtype)
 #: "bf16-mixed" is what HF Trainer does with ``bf16=True``: trainable weights stay fp32 and are the
@@ -86,6 +86,10 @@ class Job:
     #: training data, for runtime and cost (tokens per epoch x epochs)
     dataset_tokens: int | None = None
     epochs: float = 1.0
+    #: low-precision recipe (``catalog/data/precisions.json``: fp8-tensorwise, fp8-te-delayed,
+    #: nvfp4-te, nvfp4-weight-only ...) on top of ``precision`` (its base, bf16-mixed); None = none.
+    #: Set it from a user's ``--precision`` with ``ftplan.lowprec.apply_precision``.
+    low_precision: str | None = None
 
     @property
     def tokens_per_micro_batch(self) -> int:
@@ -94,6 +98,11 @@ class Job:
     @property
     def uses_lora(self) -> bool:
         return self.method in ("lora", "qlora")
+
+    @property
+    def precision_label(self) -> str:
+        """What the user picked: the low-precision recipe, else the precision."""
+        return self.low_precision or self.precision
 
     def with_(self, **changes) -> "Job":
         return replace(self, **changes)
@@ -183,8 +192,9 @@ def validate_job(model: ModelSpec, job: Job, layout: Layout | None = None) -> No
     p: list[str] = []
     if job.method in FUTURE_METHODS:
         raise ConfigError(
-            f"method {job.method!r} is not modelled yet",
-            "use --method full, lora or qlora (fp8/nvfp4 training are planned)",
+            f"{job.method!r} is a precision, not a method",
+            f"use --method full or lora with --precision {job.method} (e.g. --precision fp8-tensorwise, "
+            "fp8-te-delayed, nvfp4-te, nvfp4-weight-only)",
         )
     if job.method not in METHODS:
         hint = did_you_mean(job.method, METHODS) or f"use one of {', '.join(METHODS)}"
@@ -227,6 +237,10 @@ def validate_job(model: ModelSpec, job: Job, layout: Layout | None = None) -> No
         _check(q.quant_type in QUANT_TYPES, p, f"quant type must be nf4 or fp4 (got {q.quant_type!r})")
         _check(q.compute_dtype in ("bf16", "fp16", "fp32"), p,
                f"QLoRA compute dtype must be bf16, fp16 or fp32 (got {q.compute_dtype!r})")
+    if job.low_precision is not None:
+        from .lowprec import job_problems
+
+        p.extend(job_problems(model, job))
     if job.precision in ("bf16", "fp16") and job.method == "full" and job.optimizer == "adamw":
         pass  # legal (pure half-precision training), the memory model handles it
     # layout

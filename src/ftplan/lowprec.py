@@ -1,0 +1,641 @@
+"""Low-precision training recipes (FP8, MXFP8, NVFP4): catalog, validation and memory terms.
+
+A recipe is what a user selects in a real library today (``catalog/data/precisions.json``):
+torchao float8 (``fp8-tensorwise``, ``fp8-rowwise``, ``fp8-rowwise-gw-hp``), Transformer Engine
+(``fp8-te-delayed``, ``fp8-te-current``, ``mxfp8-te``, ``nvfp4-te``), torchao's MXFP8/NVFP4
+training prototypes, and weight-only FP8 / NVFP4 bases for LoRA (``fp8-weight-only``,
+``nvfp4-weight-only``). A job keeps its base precision (``bf16-mixed``: fp32 master weights, bf16
+autocast) in ``Job.precision`` and names the recipe in ``Job.low_precision``; everything outside the
+converted linears is unchanged.
+
+What the recipes change in memory (per converted ``nn.Linear``; held against torchao 0.18 on CPU in
+``tests/test_lowprec_memory.py``, Transformer Engine terms from its source):
+
+* torchao float8 (all three recipes: one autograd function, ``matmul_with_hp_or_float8_args``)
+  saves the high-precision input and the weight *parameter*; the FP8 casts are temporaries made
+  again in backward. Full fine-tuning therefore keeps NO compute-dtype copy of converted weights
+  (bf16 autocast keeps one: 2 bytes/parameter), and the same activations. With a frozen base
+  (LoRA) the function still saves its input and computes the weight gradient, so every converted
+  base linear keeps its input (inputs bf16 LoRA never saves) and backward runs 3 GEMMs, not 2.
+* Transformer Engine saves the input quantized column-wise (FP8 transpose on Hopper/Ada) instead
+  of the bf16 input, keeps the quantized weight row-wise and column-wise for dgrad, and (delayed
+  scaling) an fp32 amax history of ``amax_history_len`` rows per FP8 tensor.
+* weight-only bases: the frozen weights are stored quantized (FP8 + per-row fp32 scale; NVFP4 +
+  E4M3 per 16 + fp32 per tensor, swizzled scales padded to 128 x 4). torchao's ``Float8Tensor``
+  dequantizes above autograd, so a compute-dtype copy of every base weight whose input needs a
+  gradient is saved for backward; ``NVFP4Tensor`` dequantizes below autograd and saves nothing
+  extra.
+
+Nothing is read at import time; the data file is parsed once, on first use.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+from functools import lru_cache
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+
+from .errors import CatalogError, ConfigError, did_you_mean
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .catalog.gpus import GpuSpec
+    from .job import Job, Layout
+    from .model import LayerGroup, LinearSpec, ModelSpec
+
+__all__ = [
+    "QuantFormat",
+    "Recipe",
+    "recipes",
+    "get_recipe",
+    "resolve_precision",
+    "apply_precision",
+    "precision_names",
+    "job_problems",
+    "gpu_problem",
+    "check_gpu",
+    "converted_linears",
+    "converted_weight_elems",
+    "quantized_weight_bytes",
+    "weight_copy_delta_bytes",
+    "lora_extra_saved_bytes",
+    "lora_first_layer_extra_bytes",
+    "te_activation_delta_bytes",
+    "amax_history_bytes",
+    "gathered_layer_bytes",
+    "fp8_transient_bytes",
+]
+
+_DATA = "precisions.json"
+
+
+# ---------------------------------------------------------------------------------------------
+# catalog
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class QuantFormat:
+    """Byte layout of one quantized tensor format."""
+
+    name: str
+    elem_bits: int
+    scale: str  # "tensor", "row" or "block"
+    scale_bytes: int
+    block: int | None = None
+    tensor_scale_bytes: int = 0
+    swizzle_rows: int | None = None
+    swizzle_cols: int | None = None
+
+    def tensor_bytes(self, rows: int, cols: int, *, swizzled: bool = False) -> Fraction:
+        """Bytes of a ``(rows, cols)`` tensor in this format: values, scales, per-tensor scale.
+        ``cols`` is the dimension the blocks / rows run along (the GEMM's reduction dim)."""
+        values = Fraction(rows * cols * self.elem_bits, 8)
+        if self.scale == "tensor":
+            scales = self.scale_bytes
+        elif self.scale == "row":
+            scales = rows * self.scale_bytes
+        else:
+            assert self.block
+            n_rows, n_cols = rows, -(-cols // self.block)
+            if swizzled and self.swizzle_rows and self.swizzle_cols:
+                n_rows = -(-n_rows // self.swizzle_rows) * self.swizzle_rows
+                n_cols = -(-n_cols // self.swizzle_cols) * self.swizzle_cols
+            scales = n_rows * n_cols * self.scale_bytes
+        return values + scales + self.tensor_scale_bytes
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    aliases: tuple[str, ...]
+    display: str
+    library: str
+    min_version: str
+    status: str  # "stable" or "prototype"
+    api: str
+    accelerate: dict | None
+    kind: str  # "gemm" (low-precision GEMMs) or "weight_only" (quantized frozen base)
+    base_precision: str
+    methods: tuple[str, ...]
+    input: QuantFormat | None
+    weight: QuantFormat
+    grad_output: QuantFormat | None
+    low_precision_gemms: dict[str, bool]
+    peak: str  # GPU catalog throughput the low-precision GEMMs run at: fp8, nvfp4 or bf16
+    fsdp_float8_all_gather: bool
+    min_dim_multiple: int
+    nvidia_min_cc: str | None
+    nvidia_cc: tuple[str, ...]
+    nvidia_unverified_cc: tuple[str, ...]
+    amd_arch: tuple[str, ...]
+    transpose_copies_on: tuple[str, ...]
+    amax_history_len: int
+    fp8_meta_tensors: tuple[int, int]
+    sources: tuple[str, ...]
+
+    @property
+    def is_torchao_float8(self) -> bool:
+        return self.library == "torchao" and self.kind == "gemm" and self.name.startswith("fp8-")
+
+    @property
+    def is_te(self) -> bool:
+        return self.library == "transformer_engine"
+
+    @property
+    def skips_first_last_linear(self) -> bool:
+        return bool(self.accelerate and self.accelerate.get("skips_first_last_linear"))
+
+
+@dataclass(frozen=True)
+class Unsupported:
+    method: str
+    precisions: tuple[str, ...]  # ("*",) = every recipe
+    reason: str
+
+
+@dataclass(frozen=True)
+class _Catalog:
+    recipes: dict[str, Recipe]
+    unsupported: tuple[Unsupported, ...]
+    as_of: str
+
+
+def _cc(v: Any, where: str) -> str:
+    s = str(v)
+    try:
+        float(s)
+    except ValueError:
+        raise CatalogError(f"{where}: compute capability {v!r} is not a number like '8.9'") from None
+    return s
+
+
+def parse_precisions(data: dict, where: str = _DATA) -> _Catalog:
+    """Validate the precisions document (every recipe needs formats, GPUs and sources)."""
+    fmts: dict[str, QuantFormat] = {}
+    for name, f in (data.get("formats") or {}).items():
+        if not f.get("source"):
+            raise CatalogError(f"{where}: format {name!r} has no source")
+        sw = f.get("swizzle") or {}
+        try:
+            fmts[name] = QuantFormat(name=name, elem_bits=int(f["elem_bits"]), scale=str(f["scale"]),
+                                     scale_bytes=int(f["scale_bytes"]), block=f.get("block"),
+                                     tensor_scale_bytes=int(f.get("tensor_scale_bytes", 0)),
+                                     swizzle_rows=sw.get("rows"), swizzle_cols=sw.get("scale_cols"))
+        except (KeyError, TypeError, ValueError) as e:
+            raise CatalogError(f"{where}: format {name!r}: {e}") from None
+        if fmts[name].scale not in ("tensor", "row", "block") or (fmts[name].scale == "block"
+                                                                  and not fmts[name].block):
+            raise CatalogError(f"{where}: format {name!r} needs scale tensor|row|block (with block)")
+    out: dict[str, Recipe] = {}
+    for r in data.get("recipes") or []:
+        name = r.get("name")
+        w = f"{where}: recipe {name!r}"
+        if not name or not r.get("sources"):
+            raise CatalogError(f"{w} needs a name and sources")
+
+        def fmt(key: str, required: bool) -> QuantFormat | None:
+            v = r.get(key)
+            if v is None and not required:
+                return None
+            if v not in fmts:
+                raise CatalogError(f"{w}: {key} format {v!r} is not in 'formats'")
+            return fmts[v]
+
+        gpu = r.get("gpu") or {}
+        if not (gpu.get("nvidia_min_cc") or gpu.get("nvidia_cc")):
+            raise CatalogError(f"{w} names no NVIDIA GPU it runs on")
+        kind = r.get("kind")
+        if kind not in ("gemm", "weight_only"):
+            raise CatalogError(f"{w}: kind must be gemm or weight_only")
+        meta = r.get("fp8_meta_tensors") or {"forward": 0, "backward": 0}
+        out[name] = Recipe(
+            name=name, aliases=tuple(r.get("aliases") or ()), display=r.get("display", name),
+            library=r["library"], min_version=str(r.get("min_version", "")), status=r.get("status", "stable"),
+            api=r.get("api", ""), accelerate=r.get("accelerate"), kind=kind,
+            base_precision=r.get("base_precision", "bf16-mixed"), methods=tuple(r["methods"]),
+            input=fmt("input", kind == "gemm"), weight=fmt("weight", True),  # type: ignore[arg-type]
+            grad_output=fmt("grad_output", kind == "gemm"),
+            low_precision_gemms=dict(r.get("low_precision_gemms") or {}), peak=r.get("peak", "fp8"),
+            fsdp_float8_all_gather=bool(r.get("fsdp_float8_all_gather", False)),
+            min_dim_multiple=int(r.get("min_dim_multiple", 16)),
+            nvidia_min_cc=_cc(gpu["nvidia_min_cc"], w) if gpu.get("nvidia_min_cc") else None,
+            nvidia_cc=tuple(_cc(c, w) for c in gpu.get("nvidia_cc", ())),
+            nvidia_unverified_cc=tuple(_cc(c, w) for c in gpu.get("nvidia_unverified_cc", ())),
+            amd_arch=tuple(gpu.get("amd_arch", ())),
+            transpose_copies_on=tuple(r.get("transpose_copies_on", ())),
+            amax_history_len=int(r.get("amax_history_len", 0)),
+            fp8_meta_tensors=(int(meta.get("forward", 0)), int(meta.get("backward", 0))),
+            sources=tuple(r["sources"]),
+        )
+    uns = tuple(Unsupported(u["method"], tuple(u["precision"].split("|")), u["reason"])
+                for u in data.get("unsupported") or [])
+    return _Catalog(out, uns, str(data.get("as_of", "")))
+
+
+@lru_cache(maxsize=1)
+def _catalog() -> _Catalog:
+    path = resources.files("ftplan.catalog") / "data" / _DATA
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise CatalogError(f"cannot read bundled {_DATA}: {e}") from None
+    return parse_precisions(data)
+
+
+def recipes() -> dict[str, Recipe]:
+    """Every low-precision recipe, by name."""
+    return dict(_catalog().recipes)
+
+
+def get_recipe(name: str | None) -> Recipe | None:
+    if not name:
+        return None
+    return _catalog().recipes.get(name)
+
+
+def precision_names() -> tuple[str, ...]:
+    """Recipe names and aliases a user can pass as ``--precision``."""
+    names: list[str] = []
+    for r in _catalog().recipes.values():
+        names += [r.name, *r.aliases]
+    return tuple(dict.fromkeys(names))
+
+
+def resolve_precision(name: str, method: str = "full") -> Recipe | None:
+    """The recipe a ``--precision`` value names (``None`` for the base precisions). An alias
+    shared by several recipes (``nvfp4``: TE NVFP4 for full fine-tuning, an NVFP4 weight-only base
+    for LoRA) resolves to the first one that supports ``method``."""
+    from .job import PRECISIONS
+
+    if name in PRECISIONS:
+        return None
+    cat = _catalog()
+    if name in cat.recipes:
+        return cat.recipes[name]
+    hits = [r for r in cat.recipes.values() if name in r.aliases]
+    if not hits:
+        choices = list(PRECISIONS) + list(precision_names())
+        hint = did_you_mean(name, choices) or f"use one of {', '.join(choices)}"
+        raise ConfigError(f"unknown precision {name!r}", hint)
+    for r in hits:
+        if method in r.methods:
+            return r
+    return hits[0]
+
+
+def apply_precision(job: Job, name: str) -> Job:
+    """``job`` with ``--precision name``: a base precision, or a recipe (its base precision goes to
+    ``Job.precision``, its name to ``Job.low_precision``)."""
+    r = resolve_precision(name, job.method)
+    if r is None:
+        return job.with_(precision=name, low_precision=None)
+    return job.with_(precision=r.base_precision, low_precision=r.name)
+
+
+# ---------------------------------------------------------------------------------------------
+# validation
+# ---------------------------------------------------------------------------------------------
+def job_problems(model: ModelSpec, job: Job) -> list[str]:
+    """Why ``job`` cannot run with its low-precision recipe (empty when it can)."""
+    r = get_recipe(job.low_precision)
+    if r is None:
+        known = ", ".join(precision_names())
+        return [f"unknown low-precision recipe {job.low_precision!r} (use one of {known})"]
+    out: list[str] = []
+    for u in _catalog().unsupported:
+        if u.method == job.method and ("*" in u.precisions or r.name in u.precisions):
+            out.append(f"--method {job.method} with --precision {r.name}: {u.reason}")
+            return out
+    if job.method not in r.methods:
+        out.append(f"--precision {r.name} supports --method {' / '.join(r.methods)}, not {job.method}")
+    if job.precision != r.base_precision:
+        out.append(f"--precision {r.name} runs on {r.base_precision} (got base precision {job.precision})")
+    if r.kind == "gemm" and not converted_linears(model, job):
+        out.append(f"--precision {r.name}: no linear of {model.name} has dims divisible by "
+                   f"{r.min_dim_multiple}, nothing would run in low precision")
+    if r.kind == "weight_only":
+        m = r.min_dim_multiple
+        bad = sorted({lin.module for lin in _base_linears(model) if lin.in_features % m or lin.out_features % m})
+        if bad:
+            out.append(f"--precision {r.name}: {', '.join(bad)} of {model.name} have dims not divisible "
+                       f"by {m}, which {r.library} cannot quantize")
+    return out
+
+
+def _cc_tuple(cc: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in cc.split("."))
+
+
+def gpu_problem(recipe: Recipe, gpu: GpuSpec) -> str | None:
+    """Why ``recipe`` cannot run on ``gpu`` (``None`` when it can)."""
+    supported: str
+    if recipe.nvidia_cc:
+        supported = "NVIDIA compute capability " + " / ".join(recipe.nvidia_cc)
+    else:
+        supported = f"NVIDIA compute capability >= {recipe.nvidia_min_cc}"
+    if recipe.amd_arch:
+        supported += " or AMD " + " / ".join(a.upper() for a in recipe.amd_arch)
+    if gpu.vendor == "amd":
+        if gpu.arch in recipe.amd_arch:
+            return None
+        return (f"{gpu.name} ({gpu.arch.upper()}) cannot run {recipe.name}: it needs {supported} "
+                f"({recipe.library})")
+    cc = gpu.compute_capability
+    if cc in recipe.nvidia_unverified_cc:
+        return (f"{recipe.name} on {gpu.name} (compute capability {cc}) is not verified to work "
+                f"(see benchmarks/notes/low_precision_support.md); use fp8-tensorwise there")
+    ok = cc in recipe.nvidia_cc if recipe.nvidia_cc else (
+        recipe.nvidia_min_cc is not None and _cc_tuple(cc) >= _cc_tuple(recipe.nvidia_min_cc))
+    if ok and recipe.kind == "gemm":
+        need = "fp4_tflops" if recipe.peak == "nvfp4" else "fp8_tflops"
+        if getattr(gpu, need) is None:
+            ok = False
+        if recipe.peak == "nvfp4" and "nvfp4" not in gpu.fp4_formats:
+            ok = False
+    if ok:
+        return None
+    have = "no FP8 tensor cores" if gpu.fp8_tflops is None else (
+        "no NVFP4 tensor cores" if recipe.peak == "nvfp4" and "nvfp4" not in gpu.fp4_formats
+        else f"compute capability {cc}")
+    return (f"{gpu.name} has {have}: {recipe.name} needs {supported} ({recipe.library}); "
+            f"use --precision bf16-mixed on {gpu.name}")
+
+
+def check_gpu(job: Job, gpu: GpuSpec) -> None:
+    """Raise ``ConfigError`` when ``job``'s low-precision recipe cannot run on ``gpu``."""
+    r = get_recipe(job.low_precision)
+    if r is None:
+        return
+    msg = gpu_problem(r, gpu)
+    if msg:
+        raise ConfigError(msg, "pick a GPU that supports it or another --precision")
+
+
+# ---------------------------------------------------------------------------------------------
+# which linears run in low precision
+# ---------------------------------------------------------------------------------------------
+def _base_linears(model: ModelSpec) -> list[LinearSpec]:
+    """The model's ``nn.Linear`` modules but the output layer (what ``TorchAoConfig`` quantizes)."""
+    return [lin for lin in model.linears() if lin.is_module and lin.category != "lm_head"]
+
+
+def _first_linear(model: ModelSpec) -> str:
+    """Leaf name of the first ``nn.Linear`` in ``named_modules`` order (first layer, attention)."""
+    from .memory import _group_linears
+
+    return _group_linears(model, model.groups[0])[0].module
+
+
+def converted_linears(model: ModelSpec, job: Job) -> list[tuple[LinearSpec, int]]:
+    """(linear kind, how many of them are converted) for the recipe's conversion rule: both dims
+    divisible by ``min_dim_multiple``; accelerate's torchao path also skips the first and the last
+    ``nn.Linear`` (first layer's first attention projection, ``lm_head``); Transformer Engine's
+    ``convert_model`` converts the ``lm_head`` too. Weight-only recipes: every base linear."""
+    r = get_recipe(job.low_precision)
+    if r is None:
+        return []
+    m = r.min_dim_multiple
+    first = _first_linear(model) if r.skips_first_last_linear else None
+    out = []
+    for lin in model.linears():
+        if not lin.is_module or lin.in_features % m or lin.out_features % m:
+            continue
+        if lin.category == "lm_head" and (r.skips_first_last_linear or r.kind == "weight_only"):
+            continue
+        n = lin.count - (1 if lin.module == first and lin.category == "attention" else 0)
+        if n > 0:
+            out.append((lin, n))
+    return out
+
+
+def converted_weight_elems(model: ModelSpec, job: Job) -> int:
+    return sum(lin.in_features * lin.out_features * n for lin, n in converted_linears(model, job))
+
+
+def _converted_adapter_elems(model: ModelSpec, job: Job) -> int:
+    """LoRA A/B weights accelerate's torchao conversion also turns into ``Float8Linear`` (it runs
+    after PEFT wrapped the model: every ``nn.Linear`` with dims divisible by 16)."""
+    r = get_recipe(job.low_precision)
+    if r is None or not r.is_torchao_float8 or not job.uses_lora:
+        return 0
+    from .job import lora_targets
+
+    rank, m = job.lora.r, r.min_dim_multiple
+    if rank % m:
+        return 0
+    targets = lora_targets(model, job.lora)
+    n = 0
+    for lin in model.linears():
+        if lin.is_module and lin.module in targets:
+            if lin.in_features % m == 0:
+                n += rank * lin.in_features * lin.count
+            if lin.out_features % m == 0:
+                n += rank * lin.out_features * lin.count
+    return n
+
+
+# ---------------------------------------------------------------------------------------------
+# memory terms
+# ---------------------------------------------------------------------------------------------
+def quantized_weight_bytes(model: ModelSpec, job: Job) -> Fraction:
+    """Frozen base of a weight-only recipe: quantized linears (values + scales) plus every other
+    parameter (embeddings, lm_head, norms, biases) in the base dtype."""
+    from .job import PRECISIONS
+    from .units import dtype_bytes
+
+    r = get_recipe(job.low_precision)
+    assert r is not None and r.kind == "weight_only"
+    swizzled = r.weight.name == "nvfp4"  # NVFP4WeightOnlyConfig stores tcgen05-swizzled scales
+    q = Fraction(0)
+    elems = 0
+    for lin in _base_linears(model):
+        q += r.weight.tensor_bytes(lin.out_features, lin.in_features, swizzled=swizzled) * lin.count
+        elems += lin.in_features * lin.out_features * lin.count
+    rest = model.params.total - elems
+    return q + dtype_bytes(PRECISIONS[job.precision]["frozen"]) * rest
+
+
+def _holds_weight_copies(job: Job, layout: Layout | None) -> bool:
+    """Autocast keeps compute-dtype weight copies for backward (single GPU / DDP, no
+    checkpointing); ZeRO/FSDP keep their own working copy (modelled by the layout code)."""
+    if layout is not None and (layout.shards_params or layout.shards_optimizer):
+        return False
+    return not job.gradient_checkpointing
+
+
+def weight_copy_delta_bytes(model: ModelSpec, job: Job, layout: Layout | None = None) -> int:
+    """Change of the compute-dtype weight copies held for backward ("master_weights") against the
+    base precision. torchao float8: converted weights (and converted LoRA adapters) keep none.
+    Transformer Engine: the quantized workspace, row-wise + column-wise, replaces the bf16 copy.
+    fp8-weight-only: a dequantized copy of every base weight whose input needs a gradient."""
+    r = get_recipe(job.low_precision)
+    if r is None:
+        return 0
+    c = 2  # the base precision's compute dtype (bf16)
+    if r.is_torchao_float8:
+        if job.method == "full":
+            # (the base's copies of the full model; the layout code keeps only what is held)
+            return -c * converted_weight_elems(model, job)
+        if not _holds_weight_copies(job, layout):
+            return 0
+        return -c * _converted_adapter_elems(model, job)
+    if r.is_te and job.method == "full":
+        per = Fraction(0)
+        for lin, n in converted_linears(model, job):
+            w = r.weight.tensor_bytes(lin.out_features, lin.in_features)
+            per += (2 * w - c * lin.in_features * lin.out_features) * n
+        return math.ceil(per)
+    if r.name == "fp8-weight-only" and not job.gradient_checkpointing:
+        from .memory import _READS_LAYER_INPUT, _group_linears
+
+        first = sum(lin.in_features * lin.out_features for lin in _group_linears(model, model.groups[0])
+                    if lin.module in _READS_LAYER_INPUT)
+        return c * (sum(lin.in_features * lin.out_features * lin.count for lin in _base_linears(model)) - first)
+    return 0
+
+
+def amax_history_bytes(model: ModelSpec, job: Job) -> int:
+    """Transformer Engine delayed scaling: per converted module an fp32 amax history of
+    ``amax_history_len`` rows plus scale and scale_inv, for its forward (input, weight, output)
+    and backward (grad_output, grad_input) FP8 tensors."""
+    r = get_recipe(job.low_precision)
+    if r is None or not r.amax_history_len:
+        return 0
+    fwd, bwd = r.fp8_meta_tensors
+    n_modules = sum(n for _, n in converted_linears(model, job))
+    return n_modules * 4 * ((r.amax_history_len + 2) * fwd + (r.amax_history_len + 2) * bwd)
+
+
+def _mlp_down_input_width(g: LayerGroup, tp: int) -> list[int]:
+    widths = []
+    if g.mlp is not None:
+        widths.append(g.mlp.intermediate_size // tp)
+    if g.moe is not None and g.moe.shared is not None:
+        widths.append(g.moe.shared.intermediate_size // tp)
+    return widths
+
+
+def lora_extra_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, *, t: int, compute: int,
+                           stream: int, tp: int = 1) -> int:
+    """Per decoder layer of group ``g``: inputs of converted *frozen* base linears that torchao's
+    float8 function saves although no weight gradient is needed (bf16 LoRA saves none of them).
+
+    One compute-dtype tensor per distinct input: the attention input (shared by q/k/v when the
+    stream already is in the compute dtype, one cast per projection otherwise), the MLP input
+    (gate/up), and the down projection's input (the activation product). The attention output
+    feeding ``o_proj`` is already saved by sdpa; eager attention's contiguous copy is not."""
+    r = get_recipe(job.low_precision)
+    if r is None or not r.is_torchao_float8 or job.method != "lora":
+        return 0
+    m = r.min_dim_multiple
+    h = model.hidden_size
+    a = g.attention
+    if a.is_mla:
+        raise ConfigError(f"--method lora --precision {r.name} on MLA attention ({model.name}) is not "
+                          "modelled yet", "use --precision bf16-mixed for LoRA on this model")
+
+    def ok(lin_in: int, lin_out: int) -> bool:
+        return lin_in % m == 0 and lin_out % m == 0
+
+    q = a.num_heads * a.head_dim
+    kv = a.num_kv_heads * a.head_dim
+    per_copy = t * h * compute
+    out = 0
+    # attention input (q/k/v or qkv); the first layer's q_proj stays unconverted
+    qkv = [(h, q + 2 * kv)] if a.fused_qkv else [(h, q), (h, kv), (h, kv)]
+    n_conv = sum(1 for i, o in qkv if ok(i, o))
+    if n_conv:
+        out += per_copy * (1 if stream == compute else n_conv)
+    if job.attn_impl == "eager" and ok(a.num_heads * a.v_head_dim, h):
+        out += t * (a.num_heads // tp) * a.v_head_dim * compute
+    for i in [x * tp for x in _mlp_down_input_width(g, tp)]:
+        ups = [(h, 2 * i)] if (g.mlp is not None and g.mlp.fused_gate_up) else [(h, i), (h, i)]
+        n_up = sum(1 for a_, b_ in ups if ok(a_, b_))
+        if n_up:
+            out += per_copy * (1 if stream == compute else n_up)
+        if ok(i, h):
+            out += t * (i // tp) * compute
+    return out
+
+
+def lora_first_layer_extra_bytes(model: ModelSpec, job: Job, *, t: int, compute: int, stream: int) -> int:
+    """The attention-input part of :func:`lora_extra_saved_bytes` for the first layer, which is not
+    saved without checkpointing: the embedding is frozen, so that input needs no gradient and the
+    float8 function (its weight frozen too) records nothing."""
+    r = get_recipe(job.low_precision)
+    if r is None or not r.is_torchao_float8 or job.method != "lora":
+        return 0
+    a = model.groups[0].attention
+    h, m = model.hidden_size, r.min_dim_multiple
+    q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
+    qkv = [(h, q + 2 * kv)] if a.fused_qkv else [(h, q), (h, kv), (h, kv)]
+    n_conv = sum(1 for i, o in qkv if i % m == 0 and o % m == 0)
+    return t * h * compute * (1 if stream == compute else n_conv) if n_conv else 0
+
+
+def te_activation_delta_bytes(g: LayerGroup, model: ModelSpec, job: Job, *, t: int, compute: int,
+                              stream: int, tp: int = 1) -> int:
+    """Per decoder layer, Transformer Engine (full fine-tuning): every converted linear saves its
+    own column-wise quantized input instead of the compute-dtype input autocast saves (not
+    CPU-checked: TE needs CUDA). The attention output stays saved by the attention kernel."""
+    r = get_recipe(job.low_precision)
+    if r is None or not r.is_te or job.method != "full":
+        return 0
+    h = model.hidden_size
+    a = g.attention
+    fmt = r.input
+    assert fmt is not None
+
+    def q(width: int) -> Fraction:
+        return fmt.tensor_bytes(t, width)
+
+    delta = Fraction(0)
+    n_att = 1 if a.fused_qkv else 3
+    delta += n_att * q(h) - t * h * compute * (1 if stream == compute else n_att)
+    delta += q(a.num_heads // tp * a.v_head_dim)  # o_proj: its bf16 input is sdpa's output
+    for i in _mlp_down_input_width(g, tp):
+        n_up = 1 if (g.mlp is not None and g.mlp.fused_gate_up) else 2
+        delta += n_up * q(h) - t * h * compute * (1 if stream == compute else n_up)
+        delta += q(i) - t * i * compute
+    return math.ceil(delta)
+
+
+def gathered_layer_bytes(model: ModelSpec, job: Job, layer_params: int, compute: int) -> int:
+    """What ZeRO-3/FSDP gathers for the largest layer: with FSDP2 float8 all-gather (torchao
+    tensorwise, accelerate's default) the converted weights travel and stay unsharded in FP8
+    (1 byte + one fp32 scale each), the rest in the compute dtype."""
+    r = get_recipe(job.low_precision)
+    if r is None or not r.fsdp_float8_all_gather:
+        return layer_params * compute
+    from .memory import _group_linears
+
+    best = 0
+    for g in model.groups:
+        lins = _group_linears(model, g)
+        conv = [lin for lin in lins if lin.in_features % r.min_dim_multiple == 0
+                and lin.out_features % r.min_dim_multiple == 0]
+        conv_elems = sum(lin.in_features * lin.out_features for lin in conv)
+        total = sum(lin.params for lin in lins)
+        if g.moe is not None:
+            total += g.moe.num_experts * 3 * model.hidden_size * g.moe.expert_intermediate_size
+        best = max(best, conv_elems + 4 * len(conv) + (total - conv_elems) * compute)
+    return best
+
+
+def fp8_transient_bytes(model: ModelSpec, job: Job) -> int:
+    """Largest set of low-precision temporaries one converted linear holds at once in backward:
+    the quantized grad_output (twice for rowwise: one per GEMM orientation), weight and input."""
+    r = get_recipe(job.low_precision)
+    if r is None or r.kind != "gemm" or r.input is None or r.grad_output is None:
+        return 0
+    t = job.micro_batch * job.seq_len
+    twice = 2 if r.grad_output.scale != "tensor" else 1
+    best = Fraction(0)
+    for lin, _ in converted_linears(model, job):
+        b = (twice * r.grad_output.tensor_bytes(t, lin.out_features)
+             + r.weight.tensor_bytes(lin.out_features, lin.in_features)
+             + r.input.tensor_bytes(t, lin.in_features))
+        best = max(best, b)
+    return math.ceil(best)

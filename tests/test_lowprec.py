@@ -71,7 +71,7 @@ def test_unsupported_combinations_refused(llama70, method, precision, match):
 
 
 def test_former_fp8_method_points_to_precision(llama70):
-    with pytest.raises(ConfigError, match="is a precision, not a method") as e:
+    with pytest.raises(ConfigError, match="are precisions, not methods") as e:
         validate_job(llama70, Job(method="fp8"))
     assert "--precision" in e.value.hint
 

@@ -31,7 +31,8 @@ with warnings.catch_warnings():
 
 import ftplan.measure.lowprec_ref as LR  # noqa: E402
 import ftplan.measure.torchref as TR  # noqa: E402
-from ftplan.memory import saved_activation_bytes  # noqa: E402
+from ftplan.lowprec import weight_copy_delta_bytes  # noqa: E402
+from ftplan.memory import _autocast_weight_elems, saved_activation_bytes  # noqa: E402
 from ftplan.model import model_from_config  # noqa: E402
 
 
@@ -47,9 +48,12 @@ def _predict(spec, job: Job) -> tuple[int, int]:
     for one GPU (single layout)."""
     st = model_states(spec, job)
     acts = saved_activation_bytes(spec, job, backend="cpu")
-    if job.gradient_checkpointing and job.method == "full":
-        outside = spec.params.lm_head + (spec.params.embedding if spec.tie_word_embeddings else 0)
-        copies = min(st.master_weights, 2 * outside)
+    if job.method == "full":
+        # on CPU the fused (grouped_mm) MoE experts run in fp32: autocast copies no expert weight
+        copies = 2 * _autocast_weight_elems(spec, backend="cpu") + weight_copy_delta_bytes(spec, job)
+        if job.gradient_checkpointing:
+            outside = spec.params.lm_head + (spec.params.embedding if spec.tie_word_embeddings else 0)
+            copies = min(copies, 2 * outside)
     else:
         copies = st.master_weights
     return acts, copies
@@ -67,8 +71,9 @@ def _measure(cfg: dict, job: Job, attn: str):
             from peft import LoraConfig, get_peft_model
 
             lo = job.lora
+            targets = "all-linear" if "all-linear" in lo.target_modules else list(lo.target_modules)
             model = get_peft_model(model, LoraConfig(r=lo.r, lora_alpha=lo.alpha, lora_dropout=lo.dropout,
-                                                     target_modules="all-linear", task_type="CAUSAL_LM"))
+                                                     target_modules=targets, task_type="CAUSAL_LM"))
         if r is not None and r.kind == "gemm":
             LR.convert_like_accelerate(model, r.name)  # accelerate converts after PEFT wrapped
         return LR.measure_lowprec_step(model, batch=job.micro_batch, seq_len=job.seq_len,
@@ -80,6 +85,8 @@ def _measure(cfg: dict, job: Job, attn: str):
     ("llama", "sdpa", "fp8-tensorwise", False), ("llama", "sdpa", "fp8-rowwise", False),
     ("llama", "sdpa", "fp8-rowwise-gw-hp", False), ("llama", "sdpa", "fp8-tensorwise", True),
     ("qwen3", "sdpa", "fp8-rowwise", False), ("mistral", "eager", "fp8-tensorwise", False),
+    ("phi3", "sdpa", "fp8-tensorwise", False),  # phi3 registers o_proj before qkv_proj: o_proj stays bf16
+    ("gemma2", "eager", "fp8-rowwise", False), ("qwen3_moe", "sdpa", "fp8-tensorwise", False),
 ])
 def test_torchao_float8_full_exact(family, attn, recipe, ckpt):
     """Full fine-tuning, fp32 master + bf16 autocast + Float8Linear: states unchanged, no bf16
@@ -113,7 +120,8 @@ def test_torchao_float8_filter_leaves_non_multiple_of_16_mlp():
 @pytest.mark.torch
 @pytest.mark.parametrize("family,attn,rank,ckpt", [
     ("llama", "sdpa", 16, False), ("llama", "sdpa", 8, False), ("llama", "sdpa", 16, True),
-    ("qwen3", "sdpa", 16, False), ("mistral", "eager", 16, False),
+    ("qwen3", "sdpa", 16, False), ("mistral", "eager", 16, False), ("phi3", "sdpa", 16, False),
+    ("gemma2", "eager", 16, False),
 ])
 def test_torchao_float8_lora_exact(family, attn, rank, ckpt):
     """LoRA on a bf16 base converted after PEFT: frozen base linears save their inputs (bf16
@@ -184,3 +192,17 @@ def test_scaled_mm_runs_on_cpu():
     assert y.shape == (32, 48) and y.dtype == torch.bfloat16
     y = torch._scaled_mm(a, b, scale_a=torch.ones(32, 1), scale_b=torch.ones(1, 48), out_dtype=torch.bfloat16)
     assert y.shape == (32, 48)
+
+
+@pytest.mark.torch
+def test_torchao_float8_lora_on_moe_delta_exact():
+    """MoE (qwen3_moe, attention-only LoRA): what float8 adds over bf16 LoRA is exact (the routed
+    experts are 3-D parameters, never converted; the dense layer's MLP is)."""
+    cfg = _cfg("qwen3_moe")
+    spec = model_from_config(cfg)
+    job = Job(method="lora", micro_batch=2, seq_len=24, lora=LoraSpec(r=16, alpha=32, dropout=0.0,
+              target_modules=("q_proj", "k_proj", "v_proj", "o_proj")), low_precision="fp8-tensorwise")
+    base = job.with_(low_precision=None)
+    measured = _measure(cfg, job, "sdpa").saved_bytes - _measure(cfg, base, "sdpa").saved_bytes
+    predicted = sum(_predict(spec, job)) - sum(_predict(spec, base))
+    assert measured == predicted != 0

@@ -192,7 +192,7 @@ def validate_job(model: ModelSpec, job: Job, layout: Layout | None = None) -> No
     p: list[str] = []
     if job.method in FUTURE_METHODS:
         raise ConfigError(
-            f"{job.method!r} is a precision, not a method",
+            f"method {job.method!r} is not modelled: FP8/NVFP4 are precisions, not methods",
             f"use --method full or lora with --precision {job.method} (e.g. --precision fp8-tensorwise, "
             "fp8-te-delayed, nvfp4-te, nvfp4-weight-only)",
         )

@@ -381,11 +381,17 @@ def _base_linears(model: ModelSpec) -> list[LinearSpec]:
     return [lin for lin in model.linears() if lin.is_module and lin.category != "lm_head"]
 
 
+#: families whose attention registers a projection before the q/k/v one, so it is the model's
+#: first ``nn.Linear`` in ``named_modules`` order (transformers 5 ``Phi3Attention.__init__`` creates
+#: ``o_proj`` before ``qkv_proj``; every other family starts with q_proj / q_a_proj)
+_FIRST_LINEAR = {"phi3": "o_proj"}
+
+
 def _first_linear(model: ModelSpec) -> str:
     """Leaf name of the first ``nn.Linear`` in ``named_modules`` order (first layer, attention)."""
     from .memory import _group_linears
 
-    return _group_linears(model, model.groups[0])[0].module
+    return _FIRST_LINEAR.get(model.family) or _group_linears(model, model.groups[0])[0].module
 
 
 def converted_linears(model: ModelSpec, job: Job) -> list[tuple[LinearSpec, int]]:
@@ -404,7 +410,10 @@ def converted_linears(model: ModelSpec, job: Job) -> list[tuple[LinearSpec, int]
             continue
         if lin.category == "lm_head" and (r.skips_first_last_linear or r.kind == "weight_only"):
             continue
-        n = lin.count - (1 if lin.module == first and lin.category == "attention" else 0)
+        n = lin.count
+        if first is not None and lin.module == first and lin.category == "attention":
+            n -= 1  # once: the first layer's (multi-group models list a kind once per group)
+            first = None
         if n > 0:
             out.append((lin, n))
     return out
@@ -517,18 +526,17 @@ def _mlp_down_input_width(g: LayerGroup, tp: int) -> list[int]:
     return widths
 
 
-def lora_extra_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, *, t: int, compute: int,
-                           stream: int, tp: int = 1) -> int:
-    """Per decoder layer of group ``g``: inputs of converted *frozen* base linears that torchao's
-    float8 function saves although no weight gradient is needed (bf16 LoRA saves none of them).
-
-    One compute-dtype tensor per distinct input: the attention input (shared by q/k/v when the
-    stream already is in the compute dtype, one cast per projection otherwise), the MLP input
-    (gate/up), and the down projection's input (the activation product). The attention output
-    feeding ``o_proj`` is already saved by sdpa; eager attention's contiguous copy is not."""
+def _lora_input_parts(g: LayerGroup, model: ModelSpec, job: Job, *, t: int, compute: int, stream: int,
+                      tp: int, backend: str) -> dict[str, int]:
+    """Bytes per decoder layer, by the linear group whose input it is, that torchao's float8
+    function saves for converted frozen base linears (bf16 LoRA saves none of them):
+    ``attn_in`` (q/k/v or qkv: one compute-dtype tensor shared when the stream already is in the
+    compute dtype, one cast per projection otherwise), ``o_in`` (the attention output: already
+    saved by sdpa on CUDA; eager attention's contiguous copy, and on CPU the contiguous copy a fused
+    qkv makes, are new), ``mlp_in`` (gate/up), ``down_in`` (the activation product)."""
     r = get_recipe(job.low_precision)
     if r is None or not r.is_torchao_float8 or job.method != "lora":
-        return 0
+        return {}
     m = r.min_dim_multiple
     h = model.hidden_size
     a = g.attention
@@ -542,37 +550,46 @@ def lora_extra_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, *, t: int,
     q = a.num_heads * a.head_dim
     kv = a.num_kv_heads * a.head_dim
     per_copy = t * h * compute
-    out = 0
-    # attention input (q/k/v or qkv); the first layer's q_proj stays unconverted
+    parts = {"attn_in": 0, "o_in": 0, "mlp_in": 0, "down_in": 0}
     qkv = [(h, q + 2 * kv)] if a.fused_qkv else [(h, q), (h, kv), (h, kv)]
     n_conv = sum(1 for i, o in qkv if ok(i, o))
     if n_conv:
-        out += per_copy * (1 if stream == compute else n_conv)
-    if job.attn_impl == "eager" and ok(a.num_heads * a.v_head_dim, h):
-        out += t * (a.num_heads // tp) * a.v_head_dim * compute
-    for i in [x * tp for x in _mlp_down_input_width(g, tp)]:
-        ups = [(h, 2 * i)] if (g.mlp is not None and g.mlp.fused_gate_up) else [(h, i), (h, i)]
+        parts["attn_in"] = per_copy * (1 if stream == compute else n_conv)
+    o_width = a.num_heads // tp * a.v_head_dim
+    if ok(a.num_heads * a.v_head_dim, h) and (job.attn_impl == "eager" or (a.fused_qkv and backend == "cpu")):
+        parts["o_in"] = t * o_width * compute
+    for i in _mlp_down_input_width(g, tp):
+        fused = g.mlp is not None and g.mlp.fused_gate_up
+        ups = [(h, 2 * i * tp)] if fused else [(h, i * tp), (h, i * tp)]
         n_up = sum(1 for a_, b_ in ups if ok(a_, b_))
         if n_up:
-            out += per_copy * (1 if stream == compute else n_up)
-        if ok(i, h):
-            out += t * (i // tp) * compute
-    return out
+            parts["mlp_in"] += per_copy * (1 if stream == compute else n_up)
+        if ok(i * tp, h):
+            parts["down_in"] += t * i * compute
+    return parts
 
 
-def lora_first_layer_extra_bytes(model: ModelSpec, job: Job, *, t: int, compute: int, stream: int) -> int:
-    """The attention-input part of :func:`lora_extra_saved_bytes` for the first layer, which is not
-    saved without checkpointing: the embedding is frozen, so that input needs no gradient and the
-    float8 function (its weight frozen too) records nothing."""
-    r = get_recipe(job.low_precision)
-    if r is None or not r.is_torchao_float8 or job.method != "lora":
+def lora_extra_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, *, t: int, compute: int,
+                           stream: int, tp: int = 1, backend: str = "cuda") -> int:
+    """Per decoder layer of group ``g``: inputs of converted *frozen* base linears that torchao's
+    float8 function saves although no weight gradient is needed (see :func:`_lora_input_parts`)."""
+    return sum(_lora_input_parts(g, model, job, t=t, compute=compute, stream=stream, tp=tp,
+                                 backend=backend).values())
+
+
+def lora_first_layer_extra_bytes(model: ModelSpec, job: Job, *, t: int, compute: int, stream: int,
+                                 backend: str = "cuda") -> int:
+    """What the first layer saves less than :func:`lora_extra_saved_bytes` without checkpointing:
+    its attention input needs no gradient (the embedding is frozen) and the float8 function (its
+    weight frozen too) records nothing; its first ``nn.Linear`` stays unconverted (accelerate)."""
+    parts = _lora_input_parts(model.groups[0], model, job, t=t, compute=compute, stream=stream, tp=1,
+                              backend=backend)
+    if not parts:
         return 0
-    a = model.groups[0].attention
-    h, m = model.hidden_size, r.min_dim_multiple
-    q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
-    qkv = [(h, q + 2 * kv)] if a.fused_qkv else [(h, q), (h, kv), (h, kv)]
-    n_conv = sum(1 for i, o in qkv if i % m == 0 and o % m == 0)
-    return t * h * compute * (1 if stream == compute else n_conv) if n_conv else 0
+    out = parts["attn_in"]
+    if _first_linear(model) == "o_proj":
+        out += parts["o_in"]
+    return out
 
 
 def te_activation_delta_bytes(g: LayerGroup, model: ModelSpec, job: Job, *, t: int, compute: int,

@@ -665,7 +665,7 @@ def _activations(model: ModelSpec, job: Job, layout: Layout, backend: str = "cud
     tp, pp = layout.tp, layout.pp
     t = job.micro_batch * job.seq_len
     per_layer = [(g, _layer_saved_bytes(g, model, job, dt, tp, backend)
-                  + _lowprec_layer_saved(g, model, job, dt, tp)) for g in model.groups]
+                  + _lowprec_layer_saved(g, model, job, dt, tp, backend)) for g in model.groups]
     if job.gradient_checkpointing:
         # HF non-reentrant checkpointing keeps each layer's hidden-state input; one layer is
         # recomputed at a time in backward
@@ -676,7 +676,7 @@ def _activations(model: ModelSpec, job: Job, layout: Layout, backend: str = "cud
         saved = sum(g.count * x for g, x in per_layer)
         recompute = 0
         if not dt.full:
-            saved -= _first_layer_discount(model, job, dt, backend) + _lowprec_first_layer(model, job, dt)
+            saved -= _first_layer_discount(model, job, dt, backend) + _lowprec_first_layer(model, job, dt, backend)
     # pipeline 1F1B: a stage holds layers/pp, for up to pp micro-batches in flight
     saved = saved * min(pp, max(1, job.grad_accum)) // pp if pp > 1 else saved
     saved += _model_level_saved(model, job, dt)
@@ -824,24 +824,25 @@ def _lowprec_states(model: ModelSpec, job: Job, frozen_w: Fraction, master: Frac
     return frozen_w, max(Fraction(0), master)
 
 
-def _lowprec_layer_saved(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, tp: int) -> int:
+def _lowprec_layer_saved(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, tp: int, backend: str) -> int:
     if not job.low_precision:
         return 0
     from . import lowprec
 
     t = job.micro_batch * job.seq_len
     stream = dt.norm_out if dt.full else dt.resid
-    return (lowprec.lora_extra_saved_bytes(g, model, job, t=t, compute=dt.compute, stream=stream, tp=tp)
+    return (lowprec.lora_extra_saved_bytes(g, model, job, t=t, compute=dt.compute, stream=stream, tp=tp,
+                                           backend=backend)
             + lowprec.te_activation_delta_bytes(g, model, job, t=t, compute=dt.compute, stream=stream, tp=tp))
 
 
-def _lowprec_first_layer(model: ModelSpec, job: Job, dt: _Dtypes) -> int:
+def _lowprec_first_layer(model: ModelSpec, job: Job, dt: _Dtypes, backend: str) -> int:
     if not job.low_precision:
         return 0
     from . import lowprec
 
     return lowprec.lora_first_layer_extra_bytes(model, job, t=job.micro_batch * job.seq_len,
-                                                compute=dt.compute, stream=dt.resid)
+                                                compute=dt.compute, stream=dt.resid, backend=backend)
 
 
 def _lowprec_recompute_copies(model: ModelSpec, job: Job, layout: Layout) -> int:

@@ -52,6 +52,8 @@ def _job_dict(job: Job) -> dict[str, Any]:
         "gradient_checkpointing": job.gradient_checkpointing,
         "attn_impl": job.attn_impl,
     }
+    if job.low_precision:  # FP8 / NVFP4 recipe (catalog/data/precisions.json)
+        d["low_precision"] = job.low_precision
     if job.uses_lora:
         d["lora"] = {"r": job.lora.r, "alpha": job.lora.alpha, "dropout": job.lora.dropout,
                      "target_modules": list(job.lora.target_modules)}

@@ -67,6 +67,8 @@ REQUIRED = ("schema", "key", "outcome", "model", "job", "layout", "run", "measur
 # ---------------------------------------------------------------------------------------------
 def job_to_dict(job) -> dict[str, Any]:
     d = dataclasses.asdict(job)
+    if d.get("low_precision") is None:  # keep the keys of records written before the field existed
+        d.pop("low_precision", None)
     d["lora"]["target_modules"] = list(d["lora"]["target_modules"])
     d["quant"]["skip_modules"] = list(d["quant"]["skip_modules"])
     return d

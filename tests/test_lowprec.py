@@ -164,3 +164,35 @@ def test_fp8_weight_only_lora_keeps_dequantized_copies_without_checkpointing(lla
     assert m.components["master_weights"] - base.components["master_weights"] > 120 * 2**30
     ck = estimate_memory(llama70, j.with_(gradient_checkpointing=True))
     assert ck.device_total_bytes < 90 * 2**30
+
+
+# ---------------------------------------------------------------------------------------------
+# FLOP split (what the runtime model will run at the FP8/FP4 peak)
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["llama-3.1-8b", "llama-3.1-70b", "qwen3-30b-a3b"])
+@pytest.mark.parametrize("ckpt", [False, True])
+def test_flop_split(name, ckpt):
+    from ftplan.lowprec import flop_split
+    from ftplan.runtime import flops_per_token
+
+    model = resolve_model(name)
+    full = Job(method="full", seq_len=4096, gradient_checkpointing=ckpt)
+    hw = flops_per_token(model, full).hardware
+    tw = flop_split(model, apply_precision(full, "fp8-tensorwise"))
+    gw = flop_split(model, apply_precision(full, "fp8-rowwise-gw-hp"))
+    assert tw.total == pytest.approx(hw) and gw.total == pytest.approx(hw) and tw.wasted == 0
+    if model.is_moe:
+        # routed experts are 3-D parameters run by grouped_mm, not nn.Linear: Float8Linear does
+        # not touch them, so most of an MoE's FLOPs stay bf16
+        assert tw.low_share < 0.5
+    else:
+        assert 0.85 < tw.low_share < 1.0
+    assert gw.low_share < tw.low_share  # rowwise_with_gw_hp keeps the wgrad GEMM in bf16
+    # accelerate leaves lm_head and one q_proj in bf16; TE converts lm_head too
+    assert flop_split(model, apply_precision(full, "fp8-te-delayed")).low > tw.low
+    # LoRA: the frozen base's weight-gradient GEMM is computed anyway (+1 forward of the base)
+    lora = Job(method="lora", seq_len=4096, gradient_checkpointing=ckpt)
+    s = flop_split(model, apply_precision(lora, "fp8-tensorwise"))
+    assert s.total == pytest.approx(flops_per_token(model, lora).hardware + s.wasted)
+    assert s.wasted > (0.05 if model.is_moe else 0.15) * s.total
+    assert flop_split(model, apply_precision(lora, "nvfp4-weight-only")).low == 0

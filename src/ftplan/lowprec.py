@@ -656,3 +656,59 @@ def fp8_transient_bytes(model: ModelSpec, job: Job) -> int:
              + r.input.tensor_bytes(t, lin.in_features))
         best = max(best, b)
     return math.ceil(best)
+
+
+# ---------------------------------------------------------------------------------------------
+# FLOPs: what runs in the low-precision GEMMs (for the runtime model)
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class FlopSplit:
+    """Hardware FLOPs per trained token, split by the tensor-core rate they run at."""
+
+    low: float  # in the recipe's low-precision GEMMs (peak: ``Recipe.peak``)
+    high: float  # everything else at the compute dtype's rate (attention, unconverted linears, adapters)
+    #: of ``low + high``: weight-gradient GEMMs of frozen LoRA bases that torchao's float8 function
+    #: computes although autograd discards them (bf16 LoRA does not run them)
+    wasted: float
+
+    @property
+    def total(self) -> float:
+        return self.low + self.high
+
+    @property
+    def low_share(self) -> float:
+        return self.low / self.total if self.total else 0.0
+
+
+def flop_split(model: ModelSpec, job: Job) -> FlopSplit:
+    """Split of :func:`ftplan.runtime.flops_per_token`'s hardware FLOPs for ``job``'s recipe.
+
+    A converted linear runs fprop, dgrad and (full fine-tuning) wgrad in low precision, except the
+    weight-gradient GEMM of ``rowwise_with_gw_hp``; under checkpointing its forward is recomputed
+    in low precision too. torchao's float8 function also runs the wgrad GEMM of a frozen LoRA base
+    (``wasted``). Attention (sdpa / flash in bf16), unconverted linears (accelerate leaves the first
+    linear and ``lm_head``) and LoRA adapters stay in the compute dtype. Weight-only recipes run
+    every GEMM in the compute dtype."""
+    from .runtime import flops_per_token
+
+    f = flops_per_token(model, job)
+    r = get_recipe(job.low_precision)
+    if r is None or r.kind != "gemm":
+        return FlopSplit(low=0.0, high=f.hardware, wasted=0.0)
+    conv_fwd = sum(2.0 * lin.in_features * lin.out_features * n * lin.token_fraction
+                   for lin, n in converted_linears(model, job))
+    wgrad_low = r.low_precision_gemms.get("wgrad", True)
+    wasted = 0.0
+    if job.method == "full":
+        low = conv_fwd * (3.0 if wgrad_low else 2.0)
+        high_extra = 0.0 if wgrad_low else conv_fwd
+    else:  # frozen base: fprop + dgrad, plus the discarded wgrad GEMM
+        wasted = conv_fwd
+        low = conv_fwd * (3.0 if wgrad_low else 2.0)
+        high_extra = 0.0 if wgrad_low else conv_fwd
+    if job.gradient_checkpointing:
+        low += conv_fwd
+    # the base FLOP count has the converted linears' share already; move it, add the wasted GEMMs
+    base_conv = conv_fwd * (3.0 if job.method == "full" else 2.0) + (conv_fwd if job.gradient_checkpointing else 0.0)
+    high = f.hardware - base_conv + high_extra
+    return FlopSplit(low=low, high=high, wasted=wasted)

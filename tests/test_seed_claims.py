@@ -70,3 +70,86 @@ def test_70b_full_needs_more_than_one_8gpu_node_without_offload(llama70, strateg
         # states over 16 GPUs); four are
         assert not estimate_memory(llama70, job, Layout(8, 2, strategy)).fits(80 * GB, margin=0.05)
         assert estimate_memory(llama70, job, Layout(8, 4, strategy)).fits(80 * GB, margin=0.05)
+
+
+# ---------------------------------------------------------------------------------------------
+# FP8 / NVFP4 claims (memory; throughput claims need the runtime model's FP8/FP4 peaks)
+# ---------------------------------------------------------------------------------------------
+def _lp(job: Job, precision: str) -> Job:
+    from ftplan.lowprec import apply_precision
+
+    return apply_precision(job, precision)
+
+
+def test_fp4_is_not_4x_smaller_than_fp16(llama70):
+    """002: 'FP4 ... reducing the memory footprint by 4x compared to FP16' -> 3.6x for the linear
+    weights (E2M1 values + one E4M3 scale per 16 + an fp32 per-tensor scale = 4.5 bits), 3.3x for
+    the whole frozen 70B base (embeddings and lm_head stay bf16 in torchao's NVFP4 weight-only base)."""
+    lora = model_states(llama70, Job(method="lora")).frozen_weights
+    nvfp4 = model_states(llama70, _lp(Job(method="lora"), "nvfp4-weight-only")).frozen_weights
+    assert 3.2 < lora / nvfp4 < 3.4
+    from ftplan.lowprec import get_recipe
+
+    nvfp4_fmt = get_recipe("nvfp4-weight-only").weight
+    q_proj = nvfp4_fmt.tensor_bytes(8192, 8192, swizzled=True)  # one 70B q_proj
+    assert 2 * 8192 * 8192 / q_proj == pytest.approx(2 / 0.5625, rel=1e-6)  # 3.56x, not 4x
+
+
+def test_nvfp4_headroom_for_70b_on_one_b200(llama70):
+    """000: 'NVFP4 frees headroom for optimizer states and gradients ... larger batches and longer
+    context for LoRA'. LoRA: yes - an NVFP4 base (torchao weight-only + PEFT, bf16 GEMMs) takes the
+    70B base from 131 to 40 GiB, and one B200 goes from 8.7k to 40k tokens of context (checkpointing,
+    micro-batch 1) or from micro-batch 2 to 9 at 4k. Full fine-tuning: no - NVFP4 GEMMs (TE) keep
+    fp32 master weights, gradients and AdamW states (16 bytes/parameter, ~1.05 TiB for 70B); only the
+    weight working copy shrinks (2 -> 1.125 bytes/parameter)."""
+    b200 = load_gpus()["b200"]
+    job = Job(method="lora", seq_len=4096, gradient_checkpointing=True)
+    base, nv = fit(llama70, job, b200), fit(llama70, _lp(job, "nvfp4"), b200)
+    assert base.max_seq_len < 9_000 < 39_000 < nv.max_seq_len
+    assert base.max_micro_batch == 2 and nv.max_micro_batch >= 8
+    full = _lp(Job(method="full", gradient_checkpointing=True), "nvfp4")
+    assert full.low_precision == "nvfp4-te"
+    st, st16 = model_states(llama70, full), model_states(llama70, Job(method="full"))
+    assert st.trainable_weights + st.gradients + st.optimizer_states > 1.0 * 2**40
+    assert st.master_weights == pytest.approx(st16.master_weights * 1.125 / 2, rel=0.01)
+    assert not estimate_memory(llama70, full, Layout()).fits(b200.memory_bytes)
+
+
+def test_fp8_reduces_memory_only_for_full_fine_tuning(llama70):
+    """001/003: 'FP8 ... reduces VRAM consumption compared to FP16/BF16'. Full fine-tuning with
+    torchao float8 (accelerate's fp8 default): the bf16 weight copies go (2 bytes/parameter), e.g.
+    70B over 8 GPUs with FSDP: 171 -> 153 GiB per GPU. LoRA with FP8 GEMMs: no - torchao's float8
+    function saves the inputs of the frozen base linears, +13.7 GiB at 2k tokens without
+    checkpointing; checkpointing makes it equal."""
+    full = Job(method="full", seq_len=2048, gradient_checkpointing=True)
+    m16 = estimate_memory(llama70, full, Layout(8, 1, "fsdp")).device_total_bytes
+    m8 = estimate_memory(llama70, _lp(full, "fp8"), Layout(8, 1, "fsdp")).device_total_bytes
+    assert 15 * 2**30 < m16 - m8 < 22 * 2**30
+    lora = Job(method="lora", seq_len=2048)
+    more = (estimate_memory(llama70, _lp(lora, "fp8")).device_total_bytes
+            - estimate_memory(llama70, lora).device_total_bytes)
+    assert 12 * 2**30 < more < 16 * 2**30
+    ck = lora.with_(gradient_checkpointing=True)
+    assert estimate_memory(llama70, _lp(ck, "fp8")).device_total_bytes == estimate_memory(llama70, ck).device_total_bytes
+
+
+def test_a100_cannot_use_fp8(llama70):
+    """001: 'the A100 lacks ... native FP8 support' -> yes: ftplan refuses FP8 recipes on every
+    Ampere GPU (accelerate itself would silently fall back to fp16 with a warning)."""
+    from ftplan.errors import ConfigError
+
+    for name in ("a100-80gb-sxm", "a100-40gb-pcie"):
+        with pytest.raises(ConfigError, match="no FP8 tensor cores"):
+            fit(llama70, _lp(Job(method="lora", gradient_checkpointing=True), "fp8"), load_gpus()[name])
+
+
+def test_l40s_supports_fp8(llama70):
+    """003: 'choose the L40S to leverage FP8' -> the L40S (sm89) runs every FP8 recipe but no FP4
+    (733 dense FP8 TFLOPS = 2x its bf16)."""
+    from ftplan.lowprec import get_recipe, gpu_problem
+
+    l40s = load_gpus()["l40s"]
+    assert gpu_problem(get_recipe("fp8-tensorwise"), l40s) is None
+    assert gpu_problem(get_recipe("fp8-te-delayed"), l40s) is None
+    assert gpu_problem(get_recipe("nvfp4-te"), l40s) is not None
+    assert l40s.fp8_tflops == pytest.approx(2 * l40s.bf16_tflops, rel=0.02)

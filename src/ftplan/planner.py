@@ -187,6 +187,13 @@ def _platform_job(job: Job, gpu: Any) -> tuple[Job | None, list[str], str | None
         peak = None
     if not peak:
         return None, notes, f"{gpu.name} has no {compute_dtype(job)} tensor throughput"
+    if job.low_precision is not None:  # FP8 / NVFP4 recipes need the format's tensor cores
+        from .lowprec import get_recipe, gpu_problem
+
+        recipe = get_recipe(job.low_precision)
+        msg = gpu_problem(recipe, gpu) if recipe is not None else None
+        if msg:
+            return None, notes, msg
     if job.attn_impl == "flash" and not getattr(gpu, "supports_flash_attention", True):
         job = job.with_(attn_impl="sdpa")
         notes.append(f"flash attention not available on {gpu.name}: sdpa assumed")

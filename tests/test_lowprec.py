@@ -196,3 +196,17 @@ def test_flop_split(name, ckpt):
     assert s.total == pytest.approx(flops_per_token(model, lora).hardware + s.wasted)
     assert s.wasted > (0.05 if model.is_moe else 0.15) * s.total
     assert flop_split(model, apply_precision(lora, "nvfp4-weight-only")).low == 0
+
+
+def test_reference_points_file_is_sourced():
+    """catalog/data/lowprec_reference.json: published FP8/FP4 speedups with sources and tolerances
+    (held against the runtime model once it uses the FP8/FP4 peaks)."""
+    import json
+    from importlib import resources
+
+    doc = json.loads((resources.files("ftplan.catalog") / "data" / "lowprec_reference.json").read_text())
+    gpus = load_gpus()
+    for p in doc["points"]:
+        assert p["source"] and 0 < p["tolerance"] < 0.5, p["id"]
+        assert ("speedup" in p) != ("speedup_range" in p), p["id"]
+        assert p["gpu"] in gpus and get_recipe(p["precision"]) if "precision" in p else True

@@ -866,6 +866,9 @@ def _lowprec_recompute_copies(model: ModelSpec, job: Job, layout: Layout) -> int
             best = min(best, -c * conv)
         elif r.name == "fp8-weight-only":
             best = max(best, c * sum(lin.in_features * lin.out_features for lin in lins))
+    if r.is_torchao_float8 and job.uses_lora and _autocast_recompute(job, layout):
+        # converted (rank % 16 == 0) adapters make no compute-dtype copies when recomputed
+        best = min(best, -(c * lowprec._converted_adapter_elems(model, job) // model.num_layers))
     return best
 
 

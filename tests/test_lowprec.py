@@ -210,3 +210,22 @@ def test_reference_points_file_is_sourced():
         assert p["source"] and 0 < p["tolerance"] < 0.5, p["id"]
         assert ("speedup" in p) != ("speedup_range" in p), p["id"]
         assert p["gpu"] in gpus and get_recipe(p["precision"]) if "precision" in p else True
+
+
+def test_quant_traffic():
+    """Quantize-kernel traffic: torchao's eager casts read each tensor twice (amax, cast) and cast
+    input and grad_output once per GEMM orientation; TE fuses cast + transpose; gw_hp skips the
+    wgrad casts; weight-only recipes have none."""
+    from ftplan.lowprec import quant_traffic_bytes
+
+    model = resolve_model("llama-3.1-8b")
+    full = Job(method="full", seq_len=4096)
+    tw = quant_traffic_bytes(model, apply_precision(full, "fp8-tensorwise"))
+    gw = quant_traffic_bytes(model, apply_precision(full, "fp8-rowwise-gw-hp"))
+    te = quant_traffic_bytes(model, apply_precision(full, "fp8-te-delayed"))
+    assert te[0] < gw[0] < tw[0] and te[1] < tw[1]
+    # torchao tensorwise on 8B: ~10 bytes per (in + out) feature of every converted linear per token
+    conv = sum((lin.in_features + lin.out_features) * n
+               for lin, n in converted_linears(model, apply_precision(full, "fp8")))
+    assert tw[0] == pytest.approx(10 * conv, rel=0.01)
+    assert quant_traffic_bytes(model, apply_precision(Job(method="lora"), "nvfp4-weight-only")) == (0, 0)

@@ -134,6 +134,9 @@ class Recipe:
     amax_history_len: int
     fp8_meta_tensors: tuple[int, int]
     sources: tuple[str, ...]
+    #: quantize kernels' memory passes per converted linear and step: tensor -> (reads of the
+    #: high-precision tensor, writes of the quantized one)
+    cast_traffic: dict[str, tuple[int, int]] = None  # type: ignore[assignment]
 
     @property
     def is_torchao_float8(self) -> bool:
@@ -228,6 +231,8 @@ def parse_precisions(data: dict, where: str = _DATA) -> _Catalog:
             amax_history_len=int(r.get("amax_history_len", 0)),
             fp8_meta_tensors=(int(meta.get("forward", 0)), int(meta.get("backward", 0))),
             sources=tuple(r["sources"]),
+            cast_traffic={k: (int(v[0]), int(v[1])) for k, v in (r.get("cast_traffic") or {}).items()
+                          if k in ("input", "grad_output", "weight")},
         )
     uns = tuple(Unsupported(u["method"], tuple(u["precision"].split("|")), u["reason"])
                 for u in data.get("unsupported") or [])
@@ -712,3 +717,29 @@ def flop_split(model: ModelSpec, job: Job) -> FlopSplit:
     base_conv = conv_fwd * (3.0 if job.method == "full" else 2.0) + (conv_fwd if job.gradient_checkpointing else 0.0)
     high = f.hardware - base_conv + high_extra
     return FlopSplit(low=low, high=high, wasted=wasted)
+
+
+def quant_traffic_bytes(model: ModelSpec, job: Job) -> tuple[Fraction, Fraction]:
+    """Memory traffic of the quantize (amax / cast / transpose) kernels, as
+    (bytes per trained token, bytes per micro-batch): activations and gradients scale with tokens,
+    the weight casts happen once per micro-batch (from the fp32 master in full fine-tuning, the
+    frozen bf16 base in LoRA). Pass counts per recipe are in ``precisions.json`` (``cast_traffic``).
+    This is what keeps a real FP8 step from being "GEMM time / 2": the runtime model charges it at
+    HBM bandwidth."""
+    r = get_recipe(job.low_precision)
+    if r is None or r.kind != "gemm" or not r.cast_traffic or r.input is None or r.grad_output is None:
+        return Fraction(0), Fraction(0)
+    hp = 2  # compute-dtype activations and gradients
+    w_hp = 4 if job.method == "full" else 2
+    per_token = Fraction(0)
+    per_mb = Fraction(0)
+    rin, win = r.cast_traffic.get("input", (0, 0))
+    rgo, wgo = r.cast_traffic.get("grad_output", (0, 0))
+    rw, ww = r.cast_traffic.get("weight", (0, 0))
+    for lin, n in converted_linears(model, job):
+        i, o, tf = lin.in_features, lin.out_features, Fraction(lin.token_fraction)
+        q_in = r.input.tensor_bytes(1024, i) / 1024  # per token (row), scales included
+        q_go = r.grad_output.tensor_bytes(1024, o) / 1024
+        per_token += n * tf * (rin * hp * i + win * q_in + rgo * hp * o + wgo * q_go)
+        per_mb += n * (rw * w_hp * i * o + ww * r.weight.tensor_bytes(o, i))
+    return per_token, per_mb

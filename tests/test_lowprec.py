@@ -52,8 +52,15 @@ def test_aliases_resolve_by_method():
     assert resolve_precision("bf16-mixed", "full") is None
     job = apply_precision(Job(method="full"), "fp8")
     assert (job.precision, job.low_precision, job.precision_label) == ("bf16-mixed", "fp8-tensorwise", "fp8-tensorwise")
-    with pytest.raises(ConfigError, match="unknown precision 'fp9'"):
-        resolve_precision("fp9")
+    assert resolve_precision("fp9") is None
+    with pytest.raises(ConfigError, match="fp9"):
+        validate_job(resolve_model("llama-3.1-8b"), Job(precision="fp9"))
+    # a recipe passed as `precision` is split by Job itself (CLI, web, API, JSON all construct Job)
+    assert Job(method="lora", precision="nvfp4").low_precision == "nvfp4-weight-only"
+    from ftplan.job import LOW_PRECISIONS, LOW_PRECISION_RECIPES
+    from ftplan.lowprec import precision_names
+
+    assert set(LOW_PRECISIONS) == set(precision_names()) and set(LOW_PRECISION_RECIPES) == set(recipes())
 
 
 @pytest.mark.parametrize("method,precision,match", [
@@ -73,7 +80,7 @@ def test_unsupported_combinations_refused(llama70, method, precision, match):
 def test_former_fp8_method_points_to_precision(llama70):
     with pytest.raises(ConfigError, match="are precisions, not methods") as e:
         validate_job(llama70, Job(method="fp8"))
-    assert "--precision" in e.value.hint
+    assert "precision=" in e.value.hint
 
 
 @pytest.mark.parametrize("gpu", ["a100-80gb-sxm", "a100-40gb-pcie", "a10g", "rtx-3090"])
@@ -172,8 +179,11 @@ def test_fp8_weight_only_lora_keeps_dequantized_copies_without_checkpointing(lla
 @pytest.mark.parametrize("name", ["llama-3.1-8b", "llama-3.1-70b", "qwen3-30b-a3b"])
 @pytest.mark.parametrize("ckpt", [False, True])
 def test_flop_split(name, ckpt):
-    from ftplan.lowprec import flop_split
+    from ftplan.lowprec import flop_split as _split
     from ftplan.runtime import flops_per_token
+
+    def flop_split(model, job):
+        return _split(model, job, flops_per_token(model, job).hardware)
 
     model = resolve_model(name)
     full = Job(method="full", seq_len=4096, gradient_checkpointing=ckpt)

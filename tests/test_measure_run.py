@@ -11,7 +11,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 import ftplan.cli as cli  # noqa: E402
-from ftplan.cli_measure import add_measure_commands, row_to_argv  # noqa: E402
+from ftplan.cli.measure import row_to_argv  # noqa: E402
 from ftplan.measure import run as R  # noqa: E402
 from ftplan.measure.records import SCHEMA, load_records  # noqa: E402
 
@@ -29,11 +29,6 @@ def config_path(tmp_path):
     p = tmp_path / "qwen.json"
     p.write_text(json.dumps(QWEN))
     return str(p)
-
-
-@pytest.fixture(autouse=True)
-def _wire(monkeypatch):
-    monkeypatch.setattr(cli, "_add_measure_commands", add_measure_commands)
 
 
 def main(*argv) -> int:

@@ -39,12 +39,31 @@ from functools import lru_cache
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
-from .errors import CatalogError, ConfigError, did_you_mean
+from .errors import CatalogError, ConfigError, Problem
 
 if TYPE_CHECKING:  # pragma: no cover
     from .catalog.gpus import GpuSpec
-    from .job import Job, Layout
     from .model import LayerGroup, LinearSpec, ModelSpec
+
+#: ``ftplan.job.Job`` / ``Layout`` (not imported: job.py imports this module)
+Job = Any
+Layout = Any
+
+#: attention projections that read the (normed) decoder-layer input
+READS_LAYER_INPUT = frozenset({"q_proj", "k_proj", "v_proj", "qkv_proj", "q_a_proj", "kv_a_proj_with_mqa"})
+
+
+def layer_linears(model: ModelSpec, g: LayerGroup) -> list[LinearSpec]:
+    """One decoder layer's ``nn.Linear`` modules in registration order (attention, dense MLP or the
+    shared expert's MLP); routed experts are 3-D parameters, not linears."""
+    from .model import attention_linears, mlp_linears
+
+    out = attention_linears(g.attention, model.hidden_size, 1)
+    if g.mlp is not None:
+        out += mlp_linears(g.mlp, model.hidden_size, 1, "mlp")
+    if g.moe is not None and g.moe.shared is not None:
+        out += mlp_linears(g.moe.shared, model.hidden_size, 1, "mlp")
+    return out
 
 __all__ = [
     "QuantFormat",
@@ -53,6 +72,12 @@ __all__ = [
     "get_recipe",
     "resolve_precision",
     "apply_precision",
+    "layer_linears",
+    "READS_LAYER_INPUT",
+    "converted_adapter_elems",
+    "flop_split",
+    "FlopSplit",
+    "quant_traffic_bytes",
     "precision_names",
     "job_problems",
     "gpu_problem",
@@ -261,7 +286,7 @@ def get_recipe(name: str | None) -> Recipe | None:
 
 
 def precision_names() -> tuple[str, ...]:
-    """Recipe names and aliases a user can pass as ``--precision``."""
+    """Recipe names and aliases a user can pass as ``precision``."""
     names: list[str] = []
     for r in _catalog().recipes.values():
         names += [r.name, *r.aliases]
@@ -269,63 +294,58 @@ def precision_names() -> tuple[str, ...]:
 
 
 def resolve_precision(name: str, method: str = "full") -> Recipe | None:
-    """The recipe a ``--precision`` value names (``None`` for the base precisions). An alias
-    shared by several recipes (``nvfp4``: TE NVFP4 for full fine-tuning, an NVFP4 weight-only base
-    for LoRA) resolves to the first one that supports ``method``."""
-    from .job import PRECISIONS
-
-    if name in PRECISIONS:
-        return None
+    """The recipe a ``precision`` value names (``None`` when it names none: a base precision, or
+    an unknown name that ``validate_job`` reports). An alias shared by several recipes (``nvfp4``:
+    TE NVFP4 for full fine-tuning, an NVFP4 weight-only base for LoRA) resolves to the first one
+    that supports ``method``."""
     cat = _catalog()
     if name in cat.recipes:
         return cat.recipes[name]
     hits = [r for r in cat.recipes.values() if name in r.aliases]
-    if not hits:
-        choices = list(PRECISIONS) + list(precision_names())
-        hint = did_you_mean(name, choices) or f"use one of {', '.join(choices)}"
-        raise ConfigError(f"unknown precision {name!r}", hint)
     for r in hits:
         if method in r.methods:
             return r
-    return hits[0]
+    return hits[0] if hits else None
 
 
 def apply_precision(job: Job, name: str) -> Job:
-    """``job`` with ``--precision name``: a base precision, or a recipe (its base precision goes to
-    ``Job.precision``, its name to ``Job.low_precision``)."""
-    r = resolve_precision(name, job.method)
-    if r is None:
-        return job.with_(precision=name, low_precision=None)
-    return job.with_(precision=r.base_precision, low_precision=r.name)
+    """``job`` with ``precision=name``: a base precision, or a recipe (``Job.__post_init__`` puts
+    the recipe's base precision in ``precision`` and its name in ``low_precision``)."""
+    return job.with_(precision=name, low_precision=None)
 
 
 # ---------------------------------------------------------------------------------------------
 # validation
 # ---------------------------------------------------------------------------------------------
-def job_problems(model: ModelSpec, job: Job) -> list[str]:
-    """Why ``job`` cannot run with its low-precision recipe (empty when it can)."""
+def job_problems(model: ModelSpec, job: Job) -> list[Problem]:
+    """Why ``job`` cannot run with its low-precision recipe (empty when it can); every problem is
+    on the ``precision`` field."""
     r = get_recipe(job.low_precision)
     if r is None:
-        known = ", ".join(precision_names())
-        return [f"unknown low-precision recipe {job.low_precision!r} (use one of {known})"]
-    out: list[str] = []
+        return [Problem("precision", f"unknown low-precision recipe {job.low_precision!r}",
+                        f"use one of {', '.join(precision_names())}")]
+    out: list[Problem] = []
     for u in _catalog().unsupported:
         if u.method == job.method and ("*" in u.precisions or r.name in u.precisions):
-            out.append(f"--method {job.method} with --precision {r.name}: {u.reason}")
-            return out
+            return [Problem("precision", f"`method={job.method}` with `precision={r.name}`: {u.reason}")]
     if job.method not in r.methods:
-        out.append(f"--precision {r.name} supports --method {' / '.join(r.methods)}, not {job.method}")
+        out.append(Problem("precision", f"`precision={r.name}` supports `method={' / '.join(r.methods)}`, "
+                                        f"not {job.method}"))
     if job.precision != r.base_precision:
-        out.append(f"--precision {r.name} runs on {r.base_precision} (got base precision {job.precision})")
+        out.append(Problem("precision", f"`precision={r.name}` runs on {r.base_precision} (got base precision "
+                                        f"{job.precision})"))
     if r.kind == "gemm" and not converted_linears(model, job):
-        out.append(f"--precision {r.name}: no linear of {model.name} has dims divisible by "
-                   f"{r.min_dim_multiple}, nothing would run in low precision")
+        out.append(Problem("precision", f"`precision={r.name}`: no linear of {model.name} has dims divisible "
+                                        f"by {r.min_dim_multiple}, nothing would run in low precision"))
     if r.kind == "weight_only":
         m = r.min_dim_multiple
         bad = sorted({lin.module for lin in _base_linears(model) if lin.in_features % m or lin.out_features % m})
         if bad:
-            out.append(f"--precision {r.name}: {', '.join(bad)} of {model.name} have dims not divisible "
-                       f"by {m}, which {r.library} cannot quantize")
+            out.append(Problem("precision", f"`precision={r.name}`: {', '.join(bad)} of {model.name} have dims "
+                                            f"not divisible by {m}, which {r.library} cannot quantize"))
+    if job.method == "lora" and r.is_torchao_float8 and any(g.attention.is_mla for g in model.groups):
+        out.append(Problem("precision", f"`method=lora` with `precision={r.name}` on MLA attention "
+                                        f"({model.name}) is not modelled yet", "use `precision=bf16-mixed`"))
     return out
 
 
@@ -350,7 +370,7 @@ def gpu_problem(recipe: Recipe, gpu: GpuSpec) -> str | None:
     cc = gpu.compute_capability
     if cc in recipe.nvidia_unverified_cc:
         return (f"{recipe.name} on {gpu.name} (compute capability {cc}) is not verified to work "
-                f"(see benchmarks/notes/low_precision_support.md); use fp8-tensorwise there")
+                f"(see benchmarks/notes/low_precision_support.md); use `precision=fp8-tensorwise` there")
     ok = cc in recipe.nvidia_cc if recipe.nvidia_cc else (
         recipe.nvidia_min_cc is not None and _cc_tuple(cc) >= _cc_tuple(recipe.nvidia_min_cc))
     if ok and recipe.kind == "gemm":
@@ -365,7 +385,7 @@ def gpu_problem(recipe: Recipe, gpu: GpuSpec) -> str | None:
         "no NVFP4 tensor cores" if recipe.peak == "nvfp4" and "nvfp4" not in gpu.fp4_formats
         else f"compute capability {cc}")
     return (f"{gpu.name} has {have}: {recipe.name} needs {supported} ({recipe.library}); "
-            f"use --precision bf16-mixed on {gpu.name}")
+            f"use `precision=bf16-mixed` on {gpu.name}")
 
 
 def check_gpu(job: Job, gpu: GpuSpec) -> None:
@@ -375,7 +395,7 @@ def check_gpu(job: Job, gpu: GpuSpec) -> None:
         return
     msg = gpu_problem(r, gpu)
     if msg:
-        raise ConfigError(msg, "pick a GPU that supports it or another --precision")
+        raise ConfigError(msg, "pick a GPU that supports it or another `precision`", field="precision")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -394,9 +414,7 @@ _FIRST_LINEAR = {"phi3": "o_proj"}
 
 def _first_linear(model: ModelSpec) -> str:
     """Leaf name of the first ``nn.Linear`` in ``named_modules`` order (first layer, attention)."""
-    from .memory import _group_linears
-
-    return _FIRST_LINEAR.get(model.family) or _group_linears(model, model.groups[0])[0].module
+    return _FIRST_LINEAR.get(model.family) or layer_linears(model, model.groups[0])[0].module
 
 
 def converted_linears(model: ModelSpec, job: Job) -> list[tuple[LinearSpec, int]]:
@@ -428,18 +446,16 @@ def converted_weight_elems(model: ModelSpec, job: Job) -> int:
     return sum(lin.in_features * lin.out_features * n for lin, n in converted_linears(model, job))
 
 
-def _converted_adapter_elems(model: ModelSpec, job: Job) -> int:
+def converted_adapter_elems(model: ModelSpec, job: Job, targets: frozenset[str]) -> int:
     """LoRA A/B weights accelerate's torchao conversion also turns into ``Float8Linear`` (it runs
-    after PEFT wrapped the model: every ``nn.Linear`` with dims divisible by 16)."""
+    after PEFT wrapped the model: every ``nn.Linear`` with dims divisible by 16); ``targets`` are
+    the modules PEFT wraps (``ftplan.job.lora_targets``)."""
     r = get_recipe(job.low_precision)
     if r is None or not r.is_torchao_float8 or not job.uses_lora:
         return 0
-    from .job import lora_targets
-
     rank, m = job.lora.r, r.min_dim_multiple
     if rank % m:
         return 0
-    targets = lora_targets(model, job.lora)
     n = 0
     for lin in model.linears():
         if lin.is_module and lin.module in targets:
@@ -453,12 +469,9 @@ def _converted_adapter_elems(model: ModelSpec, job: Job) -> int:
 # ---------------------------------------------------------------------------------------------
 # memory terms
 # ---------------------------------------------------------------------------------------------
-def quantized_weight_bytes(model: ModelSpec, job: Job) -> Fraction:
+def quantized_weight_bytes(model: ModelSpec, job: Job, rest_bytes: Fraction) -> Fraction:
     """Frozen base of a weight-only recipe: quantized linears (values + scales) plus every other
-    parameter (embeddings, lm_head, norms, biases) in the base dtype."""
-    from .job import PRECISIONS
-    from .units import dtype_bytes
-
+    parameter (embeddings, lm_head, norms, biases) at ``rest_bytes`` each (the base dtype)."""
     r = get_recipe(job.low_precision)
     assert r is not None and r.kind == "weight_only"
     swizzled = r.weight.name == "nvfp4"  # NVFP4WeightOnlyConfig stores tcgen05-swizzled scales
@@ -468,7 +481,7 @@ def quantized_weight_bytes(model: ModelSpec, job: Job) -> Fraction:
         q += r.weight.tensor_bytes(lin.out_features, lin.in_features, swizzled=swizzled) * lin.count
         elems += lin.in_features * lin.out_features * lin.count
     rest = model.params.total - elems
-    return q + dtype_bytes(PRECISIONS[job.precision]["frozen"]) * rest
+    return q + rest_bytes * rest
 
 
 def _holds_weight_copies(job: Job, layout: Layout | None) -> bool:
@@ -479,7 +492,8 @@ def _holds_weight_copies(job: Job, layout: Layout | None) -> bool:
     return not job.gradient_checkpointing
 
 
-def weight_copy_delta_bytes(model: ModelSpec, job: Job, layout: Layout | None = None) -> int:
+def weight_copy_delta_bytes(model: ModelSpec, job: Job, layout: Layout | None = None,
+                            targets: frozenset[str] = frozenset()) -> int:
     """Change of the compute-dtype weight copies held for backward ("master_weights") against the
     base precision. torchao float8: converted weights (and converted LoRA adapters) keep none.
     Transformer Engine: the quantized workspace, row-wise + column-wise, replaces the bf16 copy.
@@ -494,7 +508,7 @@ def weight_copy_delta_bytes(model: ModelSpec, job: Job, layout: Layout | None = 
             return -c * converted_weight_elems(model, job)
         if not _holds_weight_copies(job, layout):
             return 0
-        return -c * _converted_adapter_elems(model, job)
+        return -c * converted_adapter_elems(model, job, targets)
     if r.is_te and job.method == "full":
         per = Fraction(0)
         for lin, n in converted_linears(model, job):
@@ -502,10 +516,8 @@ def weight_copy_delta_bytes(model: ModelSpec, job: Job, layout: Layout | None = 
             per += (2 * w - c * lin.in_features * lin.out_features) * n
         return math.ceil(per)
     if r.name == "fp8-weight-only" and not job.gradient_checkpointing:
-        from .memory import _READS_LAYER_INPUT, _group_linears
-
-        first = sum(lin.in_features * lin.out_features for lin in _group_linears(model, model.groups[0])
-                    if lin.module in _READS_LAYER_INPUT)
+        first = sum(lin.in_features * lin.out_features for lin in layer_linears(model, model.groups[0])
+                    if lin.module in READS_LAYER_INPUT)
         return c * (sum(lin.in_features * lin.out_features * lin.count for lin in _base_linears(model)) - first)
     return 0
 
@@ -546,8 +558,8 @@ def _lora_input_parts(g: LayerGroup, model: ModelSpec, job: Job, *, t: int, comp
     h = model.hidden_size
     a = g.attention
     if a.is_mla:
-        raise ConfigError(f"--method lora --precision {r.name} on MLA attention ({model.name}) is not "
-                          "modelled yet", "use --precision bf16-mixed for LoRA on this model")
+        raise ConfigError(f"`method=lora` with `precision={r.name}` on MLA attention ({model.name}) is not "
+                          "modelled yet", "use `precision=bf16-mixed` for LoRA on this model", field="precision")
 
     def ok(lin_in: int, lin_out: int) -> bool:
         return lin_in % m == 0 and lin_out % m == 0
@@ -631,11 +643,9 @@ def gathered_layer_bytes(model: ModelSpec, job: Job, layer_params: int, compute:
     r = get_recipe(job.low_precision)
     if r is None or not r.fsdp_float8_all_gather:
         return layer_params * compute
-    from .memory import _group_linears
-
     best = 0
     for g in model.groups:
-        lins = _group_linears(model, g)
+        lins = layer_linears(model, g)
         conv = [lin for lin in lins if lin.in_features % r.min_dim_multiple == 0
                 and lin.out_features % r.min_dim_multiple == 0]
         conv_elems = sum(lin.in_features * lin.out_features for lin in conv)
@@ -685,8 +695,9 @@ class FlopSplit:
         return self.low / self.total if self.total else 0.0
 
 
-def flop_split(model: ModelSpec, job: Job) -> FlopSplit:
-    """Split of :func:`ftplan.runtime.flops_per_token`'s hardware FLOPs for ``job``'s recipe.
+def flop_split(model: ModelSpec, job: Job, hardware_flops: float) -> FlopSplit:
+    """Split of the hardware FLOPs per token (``ftplan.runtime.flops_per_token(model, job).hardware``,
+    passed in as ``hardware_flops``) for ``job``'s recipe.
 
     A converted linear runs fprop, dgrad and (full fine-tuning) wgrad in low precision, except the
     weight-gradient GEMM of ``rowwise_with_gw_hp``; under checkpointing its forward is recomputed
@@ -694,12 +705,9 @@ def flop_split(model: ModelSpec, job: Job) -> FlopSplit:
     (``wasted``). Attention (sdpa / flash in bf16), unconverted linears (accelerate leaves the first
     linear and ``lm_head``) and LoRA adapters stay in the compute dtype. Weight-only recipes run
     every GEMM in the compute dtype."""
-    from .runtime import flops_per_token
-
-    f = flops_per_token(model, job)
     r = get_recipe(job.low_precision)
     if r is None or r.kind != "gemm":
-        return FlopSplit(low=0.0, high=f.hardware, wasted=0.0)
+        return FlopSplit(low=0.0, high=hardware_flops, wasted=0.0)
     conv_fwd = sum(2.0 * lin.in_features * lin.out_features * n * lin.token_fraction
                    for lin, n in converted_linears(model, job))
     wgrad_low = r.low_precision_gemms.get("wgrad", True)
@@ -715,7 +723,7 @@ def flop_split(model: ModelSpec, job: Job) -> FlopSplit:
         low += conv_fwd
     # the base FLOP count has the converted linears' share already; move it, add the wasted GEMMs
     base_conv = conv_fwd * (3.0 if job.method == "full" else 2.0) + (conv_fwd if job.gradient_checkpointing else 0.0)
-    high = f.hardware - base_conv + high_extra
+    high = hardware_flops - base_conv + high_extra
     return FlopSplit(low=low, high=high, wasted=wasted)
 
 

@@ -568,7 +568,7 @@ def _lora_saved(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t: int, 
 
 
 def _group_linears(model: ModelSpec, g: LayerGroup) -> list[LinearSpec]:
-    from .model import _attention_linears, _mlp_linears
+    from .model import attention_linears as _attention_linears, mlp_linears as _mlp_linears
 
     out = _attention_linears(g.attention, model.hidden_size, 1)
     if g.mlp is not None:
@@ -819,8 +819,10 @@ def _lowprec_states(model: ModelSpec, job: Job, frozen_w: Fraction, master: Frac
 
     r = lowprec.get_recipe(job.low_precision)
     if r is not None and r.kind == "weight_only":
-        frozen_w = lowprec.quantized_weight_bytes(model, job)
-    master = master + lowprec.weight_copy_delta_bytes(model, job) + lowprec.amax_history_bytes(model, job)
+        frozen_w = lowprec.quantized_weight_bytes(model, job, dtype_bytes(PRECISIONS[job.precision]["frozen"]))
+    targets = lora_targets(model, job.lora) if job.uses_lora else frozenset()
+    master = master + lowprec.weight_copy_delta_bytes(model, job, targets=targets) \
+        + lowprec.amax_history_bytes(model, job)
     return frozen_w, max(Fraction(0), master)
 
 
@@ -868,7 +870,8 @@ def _lowprec_recompute_copies(model: ModelSpec, job: Job, layout: Layout) -> int
             best = max(best, c * sum(lin.in_features * lin.out_features for lin in lins))
     if r.is_torchao_float8 and job.uses_lora and _autocast_recompute(job, layout):
         # converted (rank % 16 == 0) adapters make no compute-dtype copies when recomputed
-        best = min(best, -(c * lowprec._converted_adapter_elems(model, job) // model.num_layers))
+        adapters = lowprec.converted_adapter_elems(model, job, lora_targets(model, job.lora))
+        best = min(best, -(c * adapters // model.num_layers))
     return best
 
 

@@ -166,7 +166,7 @@ def _runtime_prediction(spec, job, layout, gpu_name: str | None) -> tuple[float 
 
 def predict(spec, job, layout, gpu_name: str | None = None) -> dict[str, Any]:
     """ftplan's prediction for ``job`` on ``spec``, as stored in records (bytes; tokens/s)."""
-    from .. import __version__
+    from ..version import __version__
     from ..memory import estimate_memory
 
     mem = estimate_memory(spec, job, layout)

@@ -294,6 +294,10 @@ def _search(model: ModelRef, job: Job | None, options: Mapping[str, Any], offer_
     j = probs.run(lambda: build_job(jv, spec, base=job))
     search = {o.name: o.default for o in SEARCH_OPTIONS} | (probs.run(lambda: check_values(sv, SEARCH_OPTIONS)) or {})
     offer_vals = _offer_values(ov, probs)
+    precisions = search.get("precisions")
+    if j is not None and j.precision == "auto":  # `precision=auto`: search the precisions per GPU
+        j = j.with_(precision="bf16-mixed", low_precision=None)
+        precisions = tuple(precisions or ()) + ("auto",)
     if j is not None:
         if not j.dataset_tokens:
             probs.add("tokens", "the planner needs the dataset size", "pass `tokens`, e.g. `tokens=50M`")
@@ -307,7 +311,8 @@ def _search(model: ModelRef, job: Job | None, options: Mapping[str, Any], offer_
                                pricing=offer_vals.get("pricing"))
     ps = _recommend(spec, j, offers, objective=search["objective"], deadline_hours=search["deadline"],
                     budget_usd=search["budget"], max_gpus=search["max_gpus"], safety_margin=search["margin"],
-                    global_batch=search["global_batch"], progress=progress)
+                    global_batch=search["global_batch"], progress=progress,
+                    precisions=tuple(precisions) if precisions else None)
     return spec, j, ps, search
 
 

@@ -117,11 +117,12 @@ class QuantSpec:
 @dataclass(frozen=True)
 class Job:
     method: str = option("full", choices=METHODS, help="full | lora | qlora")
-    precision: str = option("bf16-mixed", choices=tuple(PRECISIONS) + LOW_PRECISIONS,
+    precision: str = option("bf16-mixed", choices=tuple(PRECISIONS) + LOW_PRECISIONS + ("auto",),
                             help="bf16-mixed (fp32 master weights) | fp16-mixed | bf16 | fp16 | fp32, or an "
                                  "FP8/NVFP4 recipe on bf16-mixed: fp8 (= fp8-tensorwise, torchao) | fp8-rowwise | "
                                  "fp8-te-delayed | mxfp8-te | nvfp4 (nvfp4-te for full, nvfp4-weight-only for "
-                                 "LoRA) | fp8-weight-only ... (see benchmarks/notes/low_precision_support.md)")
+                                 "LoRA) | fp8-weight-only ... (see benchmarks/notes/low_precision_support.md); "
+                                 "recommend/compare: auto = search bf16-mixed, FP8 and FP4 per GPU")
     optimizer: str = option("adamw", choices=OPTIMIZERS, normalize=_optimizer_name,
                             help="adamw | adamw_8bit | paged_adamw_8bit | adafactor | sgd")
     micro_batch: int = option(1, flags=("--batch-size",), label="micro-batch", minimum=1, web_max=65536,
@@ -298,6 +299,9 @@ def validate_job(model: ModelSpec, job: Job, layout: Layout | None = None) -> No
                 f"(it has {', '.join(sorted(names))}, or use all-linear)"))
         elif not lora_targets(model, lo):
             p.append(Problem("lora_targets", "LoRA targets no module"))
+    if job.precision == "auto":
+        p.append(Problem("precision", "`precision=auto` searches precisions: it is for `ftplan recommend` and "
+                                      "`ftplan compare`", "pass one precision, e.g. `precision=bf16-mixed` or fp8"))
     if job.low_precision is not None and job.method not in FUTURE_METHODS:
         from .lowprec import job_problems
 

@@ -78,6 +78,7 @@ __all__ = [
     "flop_split",
     "FlopSplit",
     "quant_traffic_bytes",
+    "auto_precisions",
     "precision_names",
     "job_problems",
     "gpu_problem",
@@ -162,6 +163,7 @@ class Recipe:
     #: quantize kernels' memory passes per converted linear and step: tensor -> (reads of the
     #: high-precision tensor, writes of the quantized one)
     cast_traffic: dict[str, tuple[int, int]] = None  # type: ignore[assignment]
+    auto: bool = False  # tried by ``precision=auto`` (recommend / compare)
 
     @property
     def is_torchao_float8(self) -> bool:
@@ -258,6 +260,7 @@ def parse_precisions(data: dict, where: str = _DATA) -> _Catalog:
             sources=tuple(r["sources"]),
             cast_traffic={k: (int(v[0]), int(v[1])) for k, v in (r.get("cast_traffic") or {}).items()
                           if k in ("input", "grad_output", "weight")},
+            auto=bool(r.get("auto", False)),
         )
     uns = tuple(Unsupported(u["method"], tuple(u["precision"].split("|")), u["reason"])
                 for u in data.get("unsupported") or [])
@@ -751,3 +754,9 @@ def quant_traffic_bytes(model: ModelSpec, job: Job) -> tuple[Fraction, Fraction]
         per_token += n * tf * (rin * hp * i + win * q_in + rgo * hp * o + wgo * q_go)
         per_mb += n * (rw * w_hp * i * o + ww * r.weight.tensor_bytes(o, i))
     return per_token, per_mb
+
+
+def auto_precisions(method: str, base: str = "bf16-mixed") -> tuple[str, ...]:
+    """What ``precision=auto`` tries for ``method``: the base precision and the recipes marked
+    ``auto`` in the data file that support the method (one FP8, one FP4)."""
+    return (base,) + tuple(r.name for r in _catalog().recipes.values() if r.auto and method in r.methods)

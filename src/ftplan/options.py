@@ -79,6 +79,9 @@ SEARCH_OPTIONS: tuple[Option, ...] = (
            label="safety margin", minimum=0.0, exclusive_maximum=1.0, example=0.05),
     Option("top", "int", 10, "plans to print (default 10)", group="search", metavar="N", label="`top`",
            minimum=0, web_max=100_000, example=10),
+    Option("precisions", "names", None, "also search these precisions per GPU (comma-separated, or auto = "
+           "the job's precision + one FP8 and one FP4 recipe; `precision=auto` is the same)", group="search",
+           metavar="LIST", example="auto"),
 )
 
 #: which offers are searched (files only from the command line: the web never reads a path)

@@ -132,6 +132,18 @@ class PlanSet:
     def top(self, n: int) -> tuple[Plan, ...]:
         return self.plans[: max(0, n)]
 
+    def best_per_gpu_precision(self) -> tuple[Plan, ...]:
+        """The best plan of each (GPU type, precision) pair, in objective order: what each
+        precision brings on each GPU when the search covered several (``precisions``)."""
+        seen: set[tuple[str, str]] = set()
+        out = []
+        for p in self.plans:
+            key = (p.gpu.name, p.job.precision_label)
+            if key not in seen:
+                seen.add(key)
+                out.append(p)
+        return tuple(out)
+
     def best_per_gpu(self) -> tuple[Plan, ...]:
         """The best plan of each GPU type, in objective order (the performance-per-dollar table)."""
         seen: set[str] = set()
@@ -303,6 +315,37 @@ def _gb(n: float) -> str:
 # ---------------------------------------------------------------------------------------------
 # recommend
 # ---------------------------------------------------------------------------------------------
+def precision_candidates(model: ModelSpec, job: Job, precisions: Sequence[str] | None,
+                         notes: list[str]) -> list[Job]:
+    """The job variants a search runs: ``job`` itself, or one per precision / FP8-FP4 recipe in
+    ``precisions`` (``auto``: ``lowprec.auto_precisions``) that is valid for the model and method
+    (the others are named in ``notes``)."""
+    if not precisions:
+        return [job]
+    from .lowprec import apply_precision, auto_precisions
+
+    names: list[str] = []
+    for name in precisions:
+        names += list(auto_precisions(job.method, job.precision)) if name == "auto" else [name]
+    out: list[Job] = []
+    seen: set[tuple[str, str | None]] = set()
+    for name in names:
+        cjob = apply_precision(job, name)
+        if (cjob.precision, cjob.low_precision) in seen:
+            continue
+        try:
+            validate_job(model, cjob)
+        except ConfigError as e:
+            notes.append(f"precision {name} not searched: {e.message}")
+            continue
+        seen.add((cjob.precision, cjob.low_precision))
+        out.append(cjob)
+    if not out:
+        raise ConfigError(f"none of the precisions {', '.join(names)} can run {job.method} on {model.name}",
+                          "use `precision=bf16-mixed`", field="precision")
+    return out
+
+
 def recommend(
     model: ModelSpec,
     job: Job,
@@ -319,8 +362,13 @@ def recommend(
     global_batch: int | None = None,
     gpu_catalog: Mapping[str, Any] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    precisions: Sequence[str] | None = None,
 ) -> PlanSet:
     """Rank every plan that fits, for ``job.dataset_tokens x job.epochs`` tokens.
+
+    ``precisions``: also search these precisions / FP8-FP4 recipes (``("auto",)``: the base
+    precision plus one FP8 and one FP4 recipe for the method, ``lowprec.auto_precisions``); each
+    GPU type runs the ones it supports, and plans carry their precision in ``plan.job``.
 
     ``global_batch`` (sequences per optimizer step) is kept exactly: grad_accum is chosen per
     layout and micro-batch; without it the job's grad_accum is used. ``gpu_catalog`` maps GPU
@@ -344,6 +392,7 @@ def recommend(
             raise ConfigError(f"{what} must be > 0 (got {v})", f"pass a positive `{what}`", field=what)
     validate_job(model, job)
     notes: list[str] = []
+    candidates = precision_candidates(model, job, precisions, notes)
     if max_gpus is None:
         max_gpus = DEFAULT_MAX_GPUS
         notes.append(f"searched layouts up to {DEFAULT_MAX_GPUS} GPUs (use --max-gpus to change)")
@@ -376,22 +425,28 @@ def recommend(
         if gpu is None:
             infeasible.append(Infeasible(slug, f"GPU {slug!r} is not in the GPU catalog"))
             continue
-        gjob, gnotes, why = platform_job(job, gpu)
-        if gjob is None:
-            hint = "try --method lora on this GPU" if job.method == "qlora" else None
-            infeasible.append(Infeasible(slug, why or "cannot run", hint=hint))
-            continue
         cap = gpu.memory_bytes * (1.0 - safety_margin)
-        shapes: dict[tuple[int, bool], list[_Fits]] = {}
         gpu_plans = 0
-        for offer in by_gpu[slug]:
-            fits = _enumerate(memo, model, gjob, gpu, offer, cap, max_gpus, global_batch, total_tokens, shapes,
-                              counts)
-            best = _best_per_layout(model, gpu, offer, fits, gnotes, runtime_cache, counts)
-            raw.extend(best.values())
-            gpu_plans += len(best)
-        if gpu_plans == 0:
-            infeasible.append(_why_not(memo, model, gjob, gpu, cap, safety_margin, by_gpu[slug],
+        runnable: Job | None = None
+        refused: list[str] = []
+        for cjob in candidates:  # the job, or one variant per searched precision
+            gjob, gnotes, why = platform_job(cjob, gpu)
+            if gjob is None:
+                refused.append(why or "cannot run")
+                continue
+            runnable = runnable or gjob
+            shapes: dict[tuple[int, bool], list[_Fits]] = {}
+            for offer in by_gpu[slug]:
+                fits = _enumerate(memo, model, gjob, gpu, offer, cap, max_gpus, global_batch, total_tokens,
+                                  shapes, counts)
+                best = _best_per_layout(model, gpu, offer, fits, gnotes, runtime_cache, counts)
+                raw.extend(best.values())
+                gpu_plans += len(best)
+        if runnable is None:
+            hint = "try --method lora on this GPU" if job.method == "qlora" else None
+            infeasible.append(Infeasible(slug, refused[0], hint=hint))
+        elif gpu_plans == 0:
+            infeasible.append(_why_not(memo, model, runnable, gpu, cap, safety_margin, by_gpu[slug],
                                        max_gpus, global_batch))
     if progress is not None:
         progress(len(gpu_names), len(gpu_names))

@@ -171,6 +171,23 @@ def _check_hardware(plan: Mapping[str, Any], job: Job) -> None:
                           "plan with --attn sdpa or pick another plan (--plan N)")
 
 
+def _check_low_precision(job: Job, kind: str) -> None:
+    """FP8 plans export only where accelerate's config selects the recipe and the launcher
+    supports it (see ``export/accelerate.py`` FP8_CONFIG)."""
+    if not job.low_precision:
+        return
+    from .accelerate import FP8_CONFIG
+
+    if job.low_precision not in FP8_CONFIG:
+        raise ConfigError(f"the plan's precision {job.low_precision} is selected in code, not by an accelerate "
+                          "config: ftplan exports FP8 plans for fp8-tensorwise (torchao), fp8-te-delayed and "
+                          "mxfp8-te (Transformer Engine)",
+                          "plan with `precision=fp8` (or fp8-te-delayed), or set the recipe up by hand")
+    if kind == "deepspeed":
+        raise ConfigError(f"{job.low_precision} with DeepSpeed: accelerate runs FP8 under DeepSpeed only with "
+                          "MS-AMP", "use the FSDP backend (`zero3_backend=fsdp`) or a DDP/single-GPU plan")
+
+
 # ---------------------------------------------------------------------------------------------
 # render
 # ---------------------------------------------------------------------------------------------
@@ -205,6 +222,7 @@ def render_bundle(plan_doc: dict, *, alternatives: Sequence[dict] = (), model_re
     validate_job(model, job, layout)
     _check_hardware(plan_doc, job)
     kind = backend(layout, zero3_backend)
+    _check_low_precision(job, kind)
     if kind == "fsdp" and layout.offload_optimizer and not layout.offload_params:
         raise ConfigError("FSDP cannot offload only the optimizer states (its CPU offload moves parameters, "
                           "gradients and the optimizer step together)",

@@ -153,3 +153,52 @@ def test_l40s_supports_fp8(llama70):
     assert gpu_problem(get_recipe("fp8-te-delayed"), l40s) is None
     assert gpu_problem(get_recipe("nvfp4-te"), l40s) is not None
     assert l40s.fp8_tflops == pytest.approx(2 * l40s.bf16_tflops, rel=0.02)
+
+
+def _tps(model, job, layout, gpu):
+    from ftplan.planner import low_precision_runtime
+    from ftplan.runtime import estimate_runtime
+
+    g = load_gpus()[gpu]
+    rt = estimate_runtime(model, job, layout, g)
+    if job.low_precision:
+        rt = low_precision_runtime(model, job, layout, g, rt)
+    return rt.tokens_per_s / layout.world_size
+
+
+@pytest.mark.parametrize("name", ["llama-3.1-8b", "llama-3.1-70b"])
+def test_fp8_does_not_double_throughput(name):
+    """001/003: 'FP8 can double your training throughput' -> no. ftplan (8 GPUs, FSDP, seq 8192,
+    checkpointing, torchao tensorwise = accelerate's FP8 default): full fine-tuning 1.11x (8B) /
+    1.16x (70B) on H100 and 1.12x / 1.16x on B200. Why: FP8 GEMMs reach ~0.66 of bf16's efficiency
+    at 2x the peak (calibrated on torchtitan's 1.25x), ~19% of the FLOPs (attention, lm_head, first
+    projection) stay bf16, and communication/optimizer time does not shrink. LoRA is slower
+    (0.92x-0.95x): torchao's float8 function runs the frozen base's weight-gradient GEMM anyway.
+    Closest to 2x: NVFP4 GEMMs (TE) on B200, 1.8x-1.9x with the same (assumed) relative efficiency."""
+    model = resolve_model(name)
+    lay = Layout(8, 1, "fsdp")
+    for gpu in ("h100-sxm", "b200"):
+        full = Job(method="full", seq_len=8192, gradient_checkpointing=True)
+        s = _tps(model, _lp(full, "fp8"), lay, gpu) / _tps(model, full, lay, gpu)
+        assert 1.05 < s < 1.25, (gpu, s)
+        lora = Job(method="lora", seq_len=8192, gradient_checkpointing=True)
+        s = _tps(model, _lp(lora, "fp8"), lay, gpu) / _tps(model, lora, lay, gpu)
+        assert 0.85 < s < 1.0, (gpu, s)
+    full = Job(method="full", seq_len=8192, gradient_checkpointing=True)
+    s4 = _tps(model, _lp(full, "nvfp4"), lay, "b200") / _tps(model, full, lay, "b200")
+    assert 1.7 < s4 < 2.0
+
+
+def test_b200_vs_h100_is_the_peak_not_fp4():
+    """002/003: 'B200 delivers up to 2.2x the training speed of the H100 by utilizing native
+    FP4/FP8' -> the ~2x holds at EVERY precision: ftplan gives 1.91x (bf16) and 1.91x (FP8) per GPU
+    for 70B full fine-tuning on 8 GPUs (B200's dense peak is 2.27x H100's in bf16 and in FP8 alike);
+    FP4 adds on top only with NVFP4 GEMMs (TE, full fine-tuning): B200 NVFP4 vs H100 FP8 ~3.1x."""
+    model = resolve_model("llama-3.1-70b")
+    lay = Layout(8, 1, "fsdp")
+    full = Job(method="full", seq_len=8192, gradient_checkpointing=True)
+    bf = _tps(model, full, lay, "b200") / _tps(model, full, lay, "h100-sxm")
+    f8 = _tps(model, _lp(full, "fp8"), lay, "b200") / _tps(model, _lp(full, "fp8"), lay, "h100-sxm")
+    assert 1.8 < bf < 2.1 and 1.8 < f8 < 2.1
+    mixed = _tps(model, _lp(full, "nvfp4"), lay, "b200") / _tps(model, _lp(full, "fp8"), lay, "h100-sxm")
+    assert 2.8 < mixed < 3.4

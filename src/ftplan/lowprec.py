@@ -79,6 +79,9 @@ __all__ = [
     "FlopSplit",
     "quant_traffic_bytes",
     "auto_precisions",
+    "compute_time_factor",
+    "adjust_runtime",
+    "low_precision_peak_tflops",
     "precision_names",
     "job_problems",
     "gpu_problem",
@@ -164,6 +167,9 @@ class Recipe:
     #: high-precision tensor, writes of the quantized one)
     cast_traffic: dict[str, tuple[int, int]] = None  # type: ignore[assignment]
     auto: bool = False  # tried by ``precision=auto`` (recommend / compare)
+    #: achieved fraction of the low-precision peak relative to what bf16 GEMMs achieve of theirs
+    #: (calibrated against published runs where there are some; see the data file)
+    efficiency_vs_bf16: float = 1.0
 
     @property
     def is_torchao_float8(self) -> bool:
@@ -261,6 +267,7 @@ def parse_precisions(data: dict, where: str = _DATA) -> _Catalog:
             cast_traffic={k: (int(v[0]), int(v[1])) for k, v in (r.get("cast_traffic") or {}).items()
                           if k in ("input", "grad_output", "weight")},
             auto=bool(r.get("auto", False)),
+            efficiency_vs_bf16=float((r.get("efficiency_vs_bf16") or {}).get("value", 1.0)),
         )
     uns = tuple(Unsupported(u["method"], tuple(u["precision"].split("|")), u["reason"])
                 for u in data.get("unsupported") or [])
@@ -760,3 +767,78 @@ def auto_precisions(method: str, base: str = "bf16-mixed") -> tuple[str, ...]:
     """What ``precision=auto`` tries for ``method``: the base precision and the recipes marked
     ``auto`` in the data file that support the method (one FP8, one FP4)."""
     return (base,) + tuple(r.name for r in _catalog().recipes.values() if r.auto and method in r.methods)
+
+
+def low_precision_peak_tflops(recipe: Recipe, gpu: GpuSpec) -> float | None:
+    """The dense tensor-core peak the recipe's GEMMs run at on ``gpu`` (None: the GPU lacks it)."""
+    if recipe.peak == "nvfp4":
+        return gpu.fp4_tflops if "nvfp4" in gpu.fp4_formats else None
+    if recipe.peak == "fp8":
+        return gpu.fp8_tflops
+    return gpu.bf16_tflops
+
+
+def compute_time_factor(model: ModelSpec, job: Job, gpu: GpuSpec, hardware_flops: float,
+                        base_hardware_flops: float) -> float:
+    """Compute time of ``job`` (with its low-precision recipe) over the compute time the same job
+    takes in its base precision, on ``gpu``, from the FLOP split: the converted linears' GEMMs
+    (plus torchao's discarded LoRA wgrad GEMMs) run at the recipe's peak times its efficiency
+    relative to bf16, the rest as before. ``hardware_flops``: ``flops_per_token(...).hardware`` of
+    the job; ``base_hardware_flops``: the same without the recipe. The quantize kernels' memory
+    traffic (:func:`quant_traffic_bytes`) is charged separately at HBM bandwidth."""
+    r = get_recipe(job.low_precision)
+    if r is None or r.kind != "gemm" or base_hardware_flops <= 0:
+        return 1.0
+    peak = low_precision_peak_tflops(r, gpu)
+    if not peak:
+        return 1.0
+    split = flop_split(model, job, hardware_flops)
+    rate = (gpu.bf16_tflops / peak) / r.efficiency_vs_bf16
+    return (split.high + split.low * rate) / base_hardware_flops
+
+
+def adjust_runtime(model: ModelSpec, job: Job, layout: Layout, gpu: GpuSpec, rt: Any, hardware_flops: float,
+                   hbm_bytes_per_s: float) -> Any:
+    """``rt`` (a ``RuntimeEstimate`` of ``job`` computed at its base precision) with the recipe's
+    low-precision GEMMs: compute time x :func:`compute_time_factor`, plus the quantize kernels'
+    traffic (:func:`quant_traffic_bytes`) at ``hbm_bytes_per_s``; communication, optimizer and
+    start-up unchanged. Throughput, MFU and hours follow the step time.
+
+    Weight-only recipes (bf16 GEMMs) pay the dequantization of the base instead.
+    (Until the runtime model takes the FP8/FP4 peaks itself, the planner applies this.)"""
+    import dataclasses
+
+    r = get_recipe(job.low_precision)
+    if r is None or rt.step_time_s <= 0:
+        return rt
+    if r.kind == "weight_only":
+        # torchao dequantizes the base to bf16 for every matmul that uses it: forward, the input
+        # gradient (NVFP4 keeps only the packed weight; FP8 saved its bf16 copy) and the recompute;
+        # each pass reads the packed weight and writes bf16 (a lower bound: eager unpacking takes
+        # several elementwise kernels), like QLoRA's dequantization in the runtime model
+        passes = 1 + (1 if r.name == "nvfp4-weight-only" or job.gradient_checkpointing else 0) \
+            + (1 if job.gradient_checkpointing else 0)
+        elems = sum(lin.in_features * lin.out_features * lin.count for lin in _base_linears(model))
+        packed = quantized_weight_bytes(model, job, Fraction(0))
+        dequant_s = float(passes * (packed + 2 * elems) * job.grad_accum / (layout.tp * layout.pp)) / hbm_bytes_per_s
+        step = rt.step_time_s + dequant_s
+        scale = rt.step_time_s / step
+        breakdown = dict(rt.breakdown)
+        breakdown["weight_only_dequant_s"] = dequant_s
+        return dataclasses.replace(
+            rt, step_time_s=step, dequant_time_s=rt.dequant_time_s + dequant_s, tokens_per_s=rt.tokens_per_s * scale,
+            mfu=rt.mfu * scale, hours=None if rt.hours is None else rt.hours / scale, breakdown=breakdown)
+    factor = compute_time_factor(model, job, gpu, hardware_flops, hardware_flops)
+    per_token, per_mb = quant_traffic_bytes(model, job)
+    mp = layout.tp * layout.pp
+    tokens_per_gpu = job.micro_batch * job.seq_len * job.grad_accum
+    traffic_s = float(per_token * tokens_per_gpu / mp + per_mb * job.grad_accum / mp) / hbm_bytes_per_s
+    compute = rt.compute_time_s * factor
+    step = rt.step_time_s - rt.compute_time_s + compute + traffic_s
+    scale = rt.step_time_s / step
+    breakdown = dict(rt.breakdown)
+    breakdown["low_precision_compute_factor"] = factor
+    breakdown["quantize_traffic_s"] = traffic_s
+    return dataclasses.replace(
+        rt, step_time_s=step, compute_time_s=compute, tokens_per_s=rt.tokens_per_s * scale,
+        mfu=rt.mfu * scale, hours=None if rt.hours is None else rt.hours / scale, breakdown=breakdown)

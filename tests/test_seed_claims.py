@@ -202,3 +202,19 @@ def test_b200_vs_h100_is_the_peak_not_fp4():
     assert 1.8 < bf < 2.1 and 1.8 < f8 < 2.1
     mixed = _tps(model, _lp(full, "nvfp4"), lay, "b200") / _tps(model, _lp(full, "fp8"), lay, "h100-sxm")
     assert 2.8 < mixed < 3.4
+
+
+def test_claims_report_covers_every_fp8_fp4_claim():
+    """`ftplan claims`: one entry per FP8/FP4 claim of the seeds, verdict and numbers (the tests
+    above hold the numbers; this holds the report to them)."""
+    from ftplan import api
+
+    doc = api.claims().to_dict()
+    assert doc["schema"] == "ftplan.claims/1"
+    by_id = {c["id"]: c for c in doc["claims"]}
+    assert set(by_id) == {"fp8-doubles-throughput", "b200-2x-h100", "nvfp4-headroom-70b-b200", "fp4-4x-smaller",
+                          "fp8-reduces-memory", "a100-no-fp8", "l40s-fp8"}
+    assert by_id["fp8-doubles-throughput"]["verdict"] == "false"
+    assert by_id["fp8-doubles-throughput"]["numbers"]["full_70b_h100"] < 1.3
+    assert 1.8 < by_id["b200-2x-h100"]["numbers"]["fp8"] < 2.1
+    assert by_id["nvfp4-headroom-70b-b200"]["numbers"]["full_fits_one_b200"] == 0.0

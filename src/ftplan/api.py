@@ -50,6 +50,8 @@ __all__ = [
     "recommend",
     "Comparison",
     "compare",
+    "ClaimsReport",
+    "claims",
     "FitReport",
     "fit",
     "Bundle",
@@ -532,6 +534,25 @@ def offers(*, sort: str = "price", max_age_days: int = 120, today: _dt.date | No
             "gpu": lambda o: (o.gpu, o.usd_per_gpu_hour), "age": lambda o: (o.as_of, o.provider)}
     rows = sorted(_load_offers(vals), key=keys[sort])
     return OfferList(tuple(rows), today or _dt.date.today(), max_age_days)
+
+
+@dataclass(frozen=True)
+class ClaimsReport:
+    """The seed articles' FP8 / FP4 claims with ftplan's answers (``ftplan claims``)."""
+
+    claims: tuple
+
+    def to_dict(self) -> dict[str, Any]:
+        from .claims import CLAIMS_SCHEMA
+
+        return {"schema": CLAIMS_SCHEMA, "claims": [c.to_dict() for c in self.claims]}
+
+
+def claims() -> ClaimsReport:
+    """FP8 / FP4 claims of the seed articles answered with ftplan's numbers (``ftplan claims``)."""
+    from .claims import seed_claims
+
+    return ClaimsReport(tuple(seed_claims()))
 
 
 def options_schema() -> dict[str, Any]:

@@ -63,3 +63,14 @@ def test_auto_is_only_for_searches():
     with pytest.raises(ConfigError, match="precision=auto"):
         api.estimate("llama-3.1-8b", precision="auto")
     assert Job(precision="auto").low_precision is None
+
+
+@pytest.mark.parametrize("fn", ["measure", "train"])
+def test_measure_and_train_refuse_low_precision(fn, tmp_path):
+    """`ftplan measure` / `ftplan train` run the base precisions: an FP8 plan is refused with a
+    pointer to the export (accelerate launch sets FP8 up), never silently trained in bf16."""
+    with pytest.raises(ConfigError, match="base precisions only"):
+        if fn == "measure":
+            api.measure("llama-3.1-8b", precision="fp8", steps=1)
+        else:
+            api.train(str(tmp_path), "data.jsonl", str(tmp_path / "out"), precision="fp8")

@@ -576,6 +576,9 @@ def measure(model: str, job: Job | None = None, layout: Layout | None = None, *,
     probs = _Problems()
     j = probs.run(lambda: build_job(jv, base=job))
     lay = probs.run(lambda: build_layout(lv, base=layout))
+    if j is not None and j.low_precision:
+        probs.add("precision", f"`ftplan measure` runs the base precisions only, not {j.low_precision}",
+                  "measure with `precision=bf16-mixed` (FP8/FP4 runs are not measured yet)")
     probs.raise_any()
     return _measure(model, j, lay, steps=steps, warmup=warmup, device=device, tiny=tiny, seed=seed,
                     out=None if out is None else str(out), cache=cache if cache is not None else ModelCache(),
@@ -601,6 +604,9 @@ def train(model_dir: str | os.PathLike, dataset: str, out: str | os.PathLike, jo
     probs = _Problems()
     j = probs.run(lambda: build_job(jv, base=job))
     lay = probs.run(lambda: build_layout(lv, base=layout))
+    if j is not None and j.low_precision:
+        probs.add("precision", f"`ftplan train` runs the base precisions only, not {j.low_precision}",
+                  "export the plan (`ftplan export`) and run it with accelerate launch, which sets up FP8")
     probs.raise_any()
     return _train(str(model_dir), dataset, str(out), j, lay, max_steps=max_steps, save_steps=save_steps,
                   logging_steps=logging_steps, seed=seed, record=record, echo=echo)

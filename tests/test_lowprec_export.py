@@ -44,8 +44,10 @@ def test_fp8_plan_exports_an_accelerate_fp8_config(fp8_search, tmp_path):
     cfg, env = _launch_env(tmp_path, b.files["accelerate_config.yaml"])
     assert cfg.mixed_precision == "fp8" and cfg.fp8_config["backend"] == "AO"
     assert env["ACCELERATE_FP8_BACKEND"] == "AO" and env["ACCELERATE_FP8_PAD_INNER_DIM"] == "True"
-    # the exported FSDP config is FSDP1: torchao's float8 all-gather (FSDP2 only) stays off
-    assert env["ACCELERATE_FP8_ENABLE_FSDP_FLOAT8_ALL_GATHER"] == "False"
+    # FSDP2: torchao gathers the converted weights in FP8; accelerate refuses AO with FSDP2's
+    # CPU-RAM-efficient loading, so the export turns that off
+    assert env["ACCELERATE_FP8_ENABLE_FSDP_FLOAT8_ALL_GATHER"] == "True"
+    assert cfg.fsdp_config["fsdp_version"] == 2 and cfg.fsdp_config["fsdp_cpu_ram_efficient_loading"] is False
     # SFTConfig(bf16=True) would override the launcher's fp8
     assert "BF16 = False" in b.files["train.py"]
     assert "torchao" in b.files["sky.yaml"]
@@ -87,6 +89,7 @@ def test_exported_fp8_environment_trains_with_float8_linears(fp8_search, tmp_pat
 
     b = api.export_bundle(fp8_search, plan=1, zero3_backend="fsdp")
     text = b.files["accelerate_config.yaml"].replace("distributed_type: FSDP", "distributed_type: NO")
+    assert "distributed_type: NO" in text
     _, env = _launch_env(tmp_path, text)
     for k, v in env.items():
         monkeypatch.setenv(k, v)

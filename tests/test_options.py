@@ -136,7 +136,7 @@ def test_web_request_fields_equal_the_schema():
     assert set(schemas.SearchRequest.model_fields) == (ref | web(JOB_OPTIONS) | web(SEARCH_OPTIONS)
                                                         | web(OFFER_OPTIONS))
     assert set(schemas.ExportRequest.model_fields) == (set(schemas.SearchRequest.model_fields)
-                                                        | {"plan_index", "alternatives", "dataset"})
+                                                        | {"plan_index", "alternatives", "dataset", "export_target"})
     assert set(schemas.FitRequest.model_fields) == ref | web(JOB_OPTIONS) | web(FIT_OPTIONS)
     # files are never web fields: the web app reads no server path
     assert not web(OFFER_OPTIONS) & {"offers", "skypilot_catalog", "no_bundled_offers"}

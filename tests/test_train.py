@@ -137,7 +137,7 @@ def test_planning_modules_do_not_import_torch():
 @pytest.fixture()
 def fake_model(tmp_path) -> Path:
     """A model folder that passes the file checks (config, tokenizer, weights file)."""
-    from ftplan.measure.run import tiny_config  # stdlib only
+    from ftplan.measure.configs import tiny_config  # stdlib only
 
     d = tmp_path / "fake-model"
     d.mkdir()

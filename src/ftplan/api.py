@@ -220,6 +220,8 @@ class Recommendation:
     job: Job
     plans: Any  # ftplan.planner.PlanSet
     top: int = 10
+    #: the export target the ranking is for (its files run every ranked layout); None: every layout
+    target: str | None = "accelerate"
 
     @property
     def best(self):
@@ -311,9 +313,10 @@ def _search(model: ModelRef, job: Job | None, options: Mapping[str, Any], offer_
 
         offers = filter_offers(offers, providers=offer_vals.get("providers"), gpus=offer_vals.get("gpus_filter"),
                                pricing=offer_vals.get("pricing"))
+    target = None if search["target"] == "any" else search["target"]
     ps = _recommend(spec, j, offers, objective=search["objective"], deadline_hours=search["deadline"],
                     budget_usd=search["budget"], max_gpus=search["max_gpus"], safety_margin=search["margin"],
-                    global_batch=search["global_batch"], progress=progress,
+                    global_batch=search["global_batch"], progress=progress, target=target,
                     precisions=tuple(precisions) if precisions else None)
     return spec, j, ps, search
 
@@ -328,7 +331,7 @@ def recommend(model: ModelRef, job: Job | None = None, *, offer_list: Sequence[A
     these :class:`~ftplan.catalog.offers.Offer` s instead of the catalog.
     """
     spec, j, ps, search = _search(model, job, options, offer_list, progress)
-    return Recommendation(spec, j, ps, search["top"])
+    return Recommendation(spec, j, ps, search["top"], None if search["target"] == "any" else search["target"])
 
 
 def compare(model: ModelRef, job: Job | None = None, *, offer_list: Sequence[Any] | None = None,
@@ -390,6 +393,10 @@ class Bundle:
     plan: dict[str, Any]
     files: dict[str, str]
     index: int = 1
+    #: the export target (accelerate | deepspeed | axolotl | llamafactory) and how to launch the files:
+    #: {target, engine, setup, command, sky} (``ftplan.export.Rendered.launch``)
+    target: str = "accelerate"
+    launch: dict[str, Any] | None = None
 
     def write(self, out: str | os.PathLike, *, force: bool = False) -> Path:
         """Write the files into the new directory ``out`` atomically (all or nothing)."""
@@ -400,10 +407,11 @@ class Bundle:
     def to_dict(self, out: str | os.PathLike | None = None) -> dict[str, Any]:
         """The ``ftplan.export/1`` document."""
         return {"schema": "ftplan.export/1", "out": None if out is None else str(out),
-                "files": sorted(self.files), "plan": self.plan}
+                "files": sorted(self.files), "plan": self.plan, "target": self.target, "launch": self.launch}
 
 
-def _plans_of_search(rec: Recommendation, index: int, ref: str | None) -> tuple[dict, list[dict]]:
+def _plans_of_search(rec: Recommendation, index: int, ref: str | None,
+                     target: str = "accelerate") -> tuple[dict, list[dict]]:
     from .export.bundle import exportable, plan_document
 
     ps = rec.plans
@@ -417,9 +425,9 @@ def _plans_of_search(rec: Recommendation, index: int, ref: str | None) -> tuple[
                           field="plan")
     docs = [plan_document(rec.model, p, ref=ref) for p in ps.plans]
     chosen = docs[index - 1]
-    why = exportable(chosen)
+    why = exportable(chosen, target)
     if why:
-        ok = next((i for i, d in enumerate(docs, 1) if exportable(d) is None), None)
+        ok = next((i for i, d in enumerate(docs, 1) if exportable(d, target) is None), None)
         hint = (f"plan {ok} is the best one that can be exported: add `plan={ok}`" if ok
                 else "no plan of this search can be exported; try other `gpus_filter` / `max_gpus`")
         raise ConfigError(f"plan {index} cannot be exported: {why}", hint, field="plan")
@@ -432,31 +440,40 @@ def _plans_of_search(rec: Recommendation, index: int, ref: str | None) -> tuple[
 
 def export_bundle(source: Recommendation | Mapping[str, Any] | str | os.PathLike, plan: int = 1, *,
                   ref: str | None = None, model_ref: str | None = None, dataset: str | None = None,
-                  zero3_backend: str = "deepspeed", max_alternatives: int | None = None) -> Bundle:
+                  zero3_backend: str | None = None, max_alternatives: int | None = None,
+                  target: str | None = None) -> Bundle:
     """The launch files of the ``plan``-th plan (1 = best) of ``source``: a :func:`recommend` result,
     a saved ``recommend``/``compare``/``plan`` document (dict), or the path of one (``ftplan export``).
 
-    ``ref``: how the user named the model (kept in plan.json when it is a path). ``model_ref``: what
-    train.py loads (default: the hub id). ``dataset``: for sky.yaml and the README. The other plans
-    of the source become the README's alternatives and SkyPilot fallbacks (at most
-    ``max_alternatives``). Nothing is written: see :meth:`Bundle.write`.
+    ``target``: accelerate | deepspeed | axolotl | llamafactory (default: the target the search
+    ranked for, else accelerate). ``ref``: how the user named the model (kept in plan.json when it is
+    a path). ``model_ref``: what the files load (default: the hub id). ``dataset``: for the files and
+    the README. ``zero3_backend`` (deepspeed | fsdp): how a zero3 plan runs under the accelerate and
+    deepspeed targets (default: the target's rule, FSDP2 for accelerate). The other plans of the
+    source become the README's alternatives and SkyPilot fallbacks (at most ``max_alternatives``).
+    Nothing is written: see :meth:`Bundle.write`.
     """
-    from . import export as _export
+    from .export import render
     from .export.bundle import ZERO3_BACKENDS, load_plan_json, plan_from_json
+    from .export.targets import DEFAULT_TARGET, TARGETS
 
-    if zero3_backend not in ZERO3_BACKENDS:
+    if zero3_backend is not None and zero3_backend not in ZERO3_BACKENDS:
         raise ConfigError(f"unknown `zero3_backend` {zero3_backend!r}", "use deepspeed or fsdp", field="zero3_backend")
+    if target is None:
+        target = getattr(source, "target", None) or DEFAULT_TARGET
+    if target not in TARGETS:
+        raise ConfigError(f"unknown export `target` {target!r}", f"use one of {', '.join(TARGETS)}", field="target")
     if isinstance(source, Recommendation):
-        pdoc, others = _plans_of_search(source, plan, ref)
+        pdoc, others = _plans_of_search(source, plan, ref, target)
     elif isinstance(source, Mapping):
         pdoc, others = plan_from_json(source, plan)
     else:
         pdoc, others = load_plan_json(source, plan)
     if max_alternatives is not None:
         others = others[:max_alternatives]
-    files = _export.render_bundle(pdoc, alternatives=tuple(others), model_ref=model_ref, dataset=dataset,
-                                  zero3_backend=zero3_backend)
-    return Bundle(pdoc, dict(files), plan)
+    r = render(pdoc, alternatives=tuple(others), model_ref=model_ref, dataset=dataset, zero3_backend=zero3_backend,
+               target=target)
+    return Bundle(pdoc, dict(r.files), plan, target, r.launch(dataset))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -680,7 +680,10 @@ def _activations(model: ModelSpec, job: Job, layout: Layout, backend: str = "cud
     # pipeline 1F1B: a stage holds layers/pp, for up to pp micro-batches in flight
     saved = saved * min(pp, max(1, job.grad_accum)) // pp if pp > 1 else saved
     saved += _model_level_saved(model, job, dt)
-    logits_saved, logits_transient = _logits_bytes(model, job, dt, tp)
+    # tensor parallelism as transformers runs it (the model's TP plan, lm_head "colwise_gather_output"):
+    # the lm_head weight is split but its logits are gathered, so every rank holds all of them
+    # (checked on CPU: tests/test_tp_memory.py)
+    logits_saved, logits_transient = _logits_bytes(model, job, dt, 1)
     transient = max(recompute, logits_transient)
     return saved, logits_saved, transient
 

@@ -65,6 +65,9 @@ JOB_OPTIONS: tuple[Option, ...] = tuple(o for o in walk(Job, group_name="job") i
 LAYOUT_OPTIONS: tuple[Option, ...] = tuple(o for o in walk(Layout, group_name="layout") if o.is_option)
 
 #: search options of recommend / compare / export (arguments of ftplan.planner.recommend)
+#: the export targets (``ftplan.export.targets.TARGETS``; a test holds them equal, options stays below export)
+EXPORT_TARGETS = ("accelerate", "deepspeed", "axolotl", "llamafactory")
+
 SEARCH_OPTIONS: tuple[Option, ...] = (
     Option("objective", "str", "cost", "cost (default) | time", choices=OBJECTIVES, group="search"),
     Option("deadline", "float", None, "finish within this many hours (training + start-up)", group="search",
@@ -82,6 +85,10 @@ SEARCH_OPTIONS: tuple[Option, ...] = (
     Option("precisions", "names", None, "also search these precisions per GPU (comma-separated, or auto = "
            "the job's precision + one FP8 and one FP4 recipe; `precision=auto` is the same)", group="search",
            metavar="LIST", example="auto"),
+    Option("target", "str", "accelerate",
+           "export target whose files must run the ranked layouts: accelerate (default) | deepspeed | axolotl | "
+           "llamafactory | any (rank every layout, e.g. pipeline parallelism, which no exporter runs)",
+           choices=EXPORT_TARGETS + ("any",), group="search", label="export target"),
 )
 
 #: which offers are searched (files only from the command line: the web never reads a path)

@@ -364,6 +364,7 @@ def recommend(
     gpu_catalog: Mapping[str, Any] | None = None,
     progress: Callable[[int, int], None] | None = None,
     precisions: Sequence[str] | None = None,
+    target: str | None = "accelerate",
 ) -> PlanSet:
     """Rank every plan that fits, for ``job.dataset_tokens x job.epochs`` tokens.
 
@@ -373,7 +374,9 @@ def recommend(
 
     ``global_batch`` (sequences per optimizer step) is kept exactly: grad_accum is chosen per
     layout and micro-batch; without it the job's grad_accum is used. ``gpu_catalog`` maps GPU
-    slugs to specs (default: the bundled catalog).
+    slugs to specs (default: the bundled catalog). ``target`` (an export target of
+    :mod:`ftplan.export.targets`) keeps only layouts whose exported files run them; the reasons
+    for the others are in ``PlanSet.notes``. ``None`` ranks every layout.
     """
     t0 = time.perf_counter()
     if objective not in OBJECTIVES:
@@ -392,6 +395,7 @@ def recommend(
         if v is not None and not v > 0:
             raise ConfigError(f"{what} must be > 0 (got {v})", f"pass a positive `{what}`", field=what)
     validate_job(model, job)
+    keep = _runnable_filter(model, target)  # the export rule (export.targets)
     notes: list[str] = []
     candidates = precision_candidates(model, job, precisions, notes)
     if max_gpus is None:
@@ -439,7 +443,7 @@ def recommend(
             shapes: dict[tuple[int, bool], list[_Fits]] = {}
             for offer in by_gpu[slug]:
                 fits = _enumerate(memo, model, gjob, gpu, offer, cap, max_gpus, global_batch, total_tokens,
-                                  shapes, counts)
+                                  shapes, counts, keep)
                 best = _best_per_layout(model, gpu, offer, fits, gnotes, runtime_cache, counts)
                 raw.extend(best.values())
                 gpu_plans += len(best)
@@ -454,6 +458,9 @@ def recommend(
 
     kept, dropped = _constrain(raw, deadline_hours, budget_usd)
     infeasible.extend(dropped)
+    for why in sorted(counts.left_out):
+        notes.append(f"left out layouts that the {target} export cannot run: {why} "
+                     "(recommend(target=None) ranks them)")
 
     plans = _rank(kept, objective)
     stats = SearchStats(offers=len(offers), gpu_types=len(by_gpu), layouts=counts.layouts,
@@ -468,11 +475,34 @@ class _Counts:
 
     layouts: int = 0
     candidates: int = 0
+    #: reasons of the layouts the export target cannot run (left out of the search)
+    left_out: set[str] = field(default_factory=set)
+
+
+def _runnable_filter(model: ModelSpec, target: str | None):
+    """Keep the layouts ``target``'s exported files run (``export.targets.exportable``); None: keep all."""
+    if target is None:
+        return None
+    from .export.targets import check_target, exportable
+
+    check_target(target)
+
+    def keep(layouts: list[Layout], job: Job, counts: _Counts) -> list[Layout]:
+        out = []
+        for lay in layouts:
+            ok, why = exportable(lay, job, target, model)
+            if ok:
+                out.append(lay)
+            else:
+                counts.left_out.add(why)
+        return out
+
+    return keep
 
 
 def _enumerate(memo: _Memo, model: ModelSpec, job: Job, gpu: Any, offer: Any, cap: float, max_gpus: int,
                global_batch: int | None, total_tokens: int, shapes: dict[tuple[int, bool], list[_Fits]],
-               counts: _Counts) -> list[_Fits]:
+               counts: _Counts, keep=None) -> list[_Fits]:
     """Every (layout, micro-batch, checkpointing) that fits ``cap`` on instances of ``offer``.
 
     Layouts come in stages: plain data parallelism first, tensor/pipeline parallelism and offload
@@ -491,6 +521,8 @@ def _enumerate(memo: _Memo, model: ModelSpec, job: Job, gpu: Any, offer: Any, ca
         fits: list[_Fits] = []
         for stage in ("plain", "parallel", "offload"):
             lays = _layouts_stage(model, gpn_list, node_list, g_max, max_gpus, stage)
+            if keep is not None:  # only layouts the export target runs (PP is never run for HF models)
+                lays = keep(lays, job, counts)
             counts.layouts += len(lays)
             for lay in lays:
                 fits.extend(_fitting_variants(memo, gpu.vendor, lay, job, cap, global_batch, total_tokens))

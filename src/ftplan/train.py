@@ -515,7 +515,7 @@ def compare_text(report: dict[str, Any], predicted: dict[str, Any] | None,
 
 
 def _predict(spec, job, layout, gpu_name):
-    from .measure.run import predict
+    from .measure.predict import predict
 
     try:
         return predict(spec, job, layout, gpu_name)

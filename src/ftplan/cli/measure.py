@@ -90,7 +90,7 @@ def run_measure(a: argparse.Namespace) -> int:
 def _run_matrix(a: argparse.Namespace) -> int:
     from ..job import Layout
     from ..measure.records import existing_keys, record_key
-    from ..measure.run import ModelCache, build_key, load_matrix, measure, progress
+    from ..measure.run import ModelCache, build_key, import_torch, load_matrix, measure, progress
 
     if not a.out:
         raise ConfigError("`matrix` needs `out=FILE.jsonl`", "the output file is what makes the matrix resumable")
@@ -102,12 +102,8 @@ def _run_matrix(a: argparse.Namespace) -> int:
         tiny = True if (a.tiny or _truthy(row.get("tiny", False))) else None
         jobs.append((i, str(row["model"]), job, steps, tiny))
     # group rows by build key (stable) so each model is built once
-    try:
-        import torch
-
-        dev = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    except ImportError:
-        dev = a.device or "cpu"
+    torch = import_torch()
+    dev = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dev = "cuda" if dev.startswith("cuda") else dev
     order: dict[tuple, list] = {}
     for item in jobs:

@@ -14,6 +14,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from ..job import Job, Layout
 from ..options import job_from_dict, layout_from_dict
 
 __all__ = ["PLAN_SCHEMA", "ACCEPTED_SCHEMAS", "plan_document", "plan_from_json", "load_plan_json",
-           "exportable", "render_bundle", "write_bundle",
+           "exportable", "render_bundle", "render", "Rendered", "write_bundle",
            "ZERO3_BACKENDS"]
 
 PLAN_SCHEMA = "ftplan.plan/1"
@@ -144,13 +145,25 @@ def _local_ref(ref: str | None) -> str | None:
     return str(Path(ref).parent) if ref.endswith(".json") else ref
 
 
-def exportable(plan: Mapping[str, Any]) -> str | None:
-    """Why a plan cannot be exported (a short reason), or None when it can."""
+def exportable(plan: Mapping[str, Any], target: str = "accelerate") -> str | None:
+    """Why a plan (document) cannot be exported to ``target`` (a short reason), or None when it can."""
+    from .targets import exportable as rule
+
     lo = plan.get("layout") or {}
-    if int(lo.get("tp", 1) or 1) > 1 or int(lo.get("pp", 1) or 1) > 1:
-        return (f"its layout {plan.get('strategy_label') or lo.get('strategy')} uses tensor/pipeline "
-                "parallelism, which accelerate + TRL do not run")
-    return None
+    try:
+        layout = layout_from_dict(lo)
+        job = job_from_dict(plan.get("job") or {})
+    except ConfigError:
+        return None  # render_bundle says what is wrong with the document
+    model = None
+    try:
+        model = _resolve(plan.get("model") or {})
+    except FtplanError:
+        pass
+    ok, why = rule(layout, job, target, model)
+    if ok:
+        return None
+    return f"its layout {plan.get('strategy_label') or lo.get('strategy')} ({why})"
 
 
 def _check_hardware(plan: Mapping[str, Any], job: Job) -> None:
@@ -171,11 +184,19 @@ def _check_hardware(plan: Mapping[str, Any], job: Job) -> None:
                           "plan with --attn sdpa or pick another plan (--plan N)")
 
 
-def _check_low_precision(job: Job, kind: str) -> None:
+def _check_low_precision(job: Job, kind: str, target: str = "accelerate") -> None:
     """FP8 plans export only where accelerate's config selects the recipe and the launcher
-    supports it (see ``export/accelerate.py`` FP8_CONFIG)."""
+    supports it (see ``export/accelerate.py`` FP8_CONFIG): the accelerate target, one GPU, DDP or
+    FSDP2."""
     if not job.low_precision:
         return
+    if target != "accelerate":
+        raise ConfigError(f"{job.low_precision} plans export to the accelerate target only (its config selects "
+                          "the FP8 recipe)", "use `target=accelerate`")
+    if kind not in ("single", "ddp", "fsdp", "deepspeed"):
+        raise ConfigError(f"{job.low_precision} with {kind} layouts is not set up by ftplan's export (torchao / "
+                          "Transformer Engine FP8 with tensor parallelism is not wired through accelerate here)",
+                          "pick a single-GPU, DDP or FSDP plan (--plan N)")
     from .accelerate import FP8_CONFIG
 
     if job.low_precision not in FP8_CONFIG:
@@ -191,86 +212,212 @@ def _check_low_precision(job: Job, kind: str) -> None:
 # ---------------------------------------------------------------------------------------------
 # render
 # ---------------------------------------------------------------------------------------------
-def render_bundle(plan_doc: dict, *, alternatives: Sequence[dict] = (), model_ref: str | None = None,
-                  dataset: str | None = None, zero3_backend: str = "deepspeed") -> dict[str, str]:
-    """The files of the bundle: relative path -> text. Pure: reads only ftplan's bundled catalogs.
+#: safety margin for the HSDP check (the planner's default margin)
+_HSDP_MARGIN = 0.05
 
-    ``alternatives`` are the other plans of the same search (the README lists them; those that run
-    the same files become SkyPilot fallbacks). ``model_ref`` is what ``train.py`` loads (default:
-    the model's hub id). ``dataset`` is written into ``sky.yaml`` and the README. ``zero3_backend``
-    says how a ``zero3`` plan runs: ``deepspeed`` (ZeRO-3) or ``fsdp`` (FULL_SHARD).
-    Raises ``ConfigError`` for a plan that cannot be exported.
+
+def _kind(layout: Layout, job: Job, target: str, zero3_backend: str | None, model) -> str:
+    """The launch kind: the target's rule, with the legacy ``zero3_backend`` choice for zero3 plans."""
+    from .targets import engine
+
+    if zero3_backend is not None and zero3_backend not in ZERO3_BACKENDS:
+        raise ConfigError(f"unknown ZeRO-3 backend {zero3_backend!r}", "use deepspeed or fsdp")
+    if (zero3_backend and layout.strategy == "zero3" and layout.tp == 1 and layout.pp == 1
+            and target in ("accelerate", "deepspeed") and layout.world_size > 1):
+        if zero3_backend == "fsdp" and layout.offload_optimizer and not layout.offload_params:
+            raise ConfigError("FSDP cannot offload only the optimizer states (its CPU offload moves parameters, "
+                              "gradients and the optimizer step together)",
+                              "use --zero3-backend deepspeed for this plan")
+        if zero3_backend == "deepspeed":
+            return engine(layout, job, "deepspeed", model=model)
+        return "fsdp"
+    return engine(layout, job, target, model=model)
+
+
+def _hsdp(plan_doc: Mapping[str, Any], model, job: Job, layout: Layout, kind: str) -> tuple[bool, str | None]:
+    """(use HSDP, note): FSDP2 across nodes shards inside a node when one node's GPUs hold the states.
+
+    Checked with ftplan's own memory model: the same job sharded over one node's GPUs
+    (``Layout(gpus_per_node, 1, ...)``) must fit the GPU with the planner's default margin.
+    """
+    if kind != "fsdp" or layout.nodes == 1 or layout.gpus_per_node < 2:
+        return False, None
+    from dataclasses import replace
+
+    from ..memory import estimate_memory
+
+    cap = (plan_doc.get("memory") or {}).get("gpu_memory_bytes")
+    if not cap:
+        return False, None
+    one_node = replace(layout, nodes=1)
+    vendor = "amd" if str((plan_doc.get("offer") or {}).get("gpu", "")).startswith("mi") else "nvidia"
+    try:
+        need = estimate_memory(model, job, one_node, gpu_vendor=vendor).device_total_bytes
+    except FtplanError:
+        return False, None
+    usable = cap * (1 - _HSDP_MARGIN)
+    if need <= usable:
+        return True, (f"HSDP: states sharded over the {layout.gpus_per_node} GPUs of a node and replicated across the "
+                       f"{layout.nodes} nodes ({need / 1e9:,.1f} GB per GPU predicted, fits {usable / 1e9:,.1f} GB); "
+                       "only the gradient all-reduce crosses nodes, so the plan's time is an upper bound")
+    return False, (f"FSDP over all {layout.world_size} GPUs, not HSDP: sharded over one node's "
+                   f"{layout.gpus_per_node} GPUs the job needs {need / 1e9:,.1f} GB per GPU > {usable / 1e9:,.1f} GB")
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """A rendered bundle: ``files`` (relative path -> text) and how to launch it."""
+
+    files: dict[str, str]
+    target: str
+    kind: str  # the launch kind (export.targets.KINDS)
+    command: str  # the launch line, run from the bundle's folder (<DATA> = the dataset)
+    packages: tuple[str, ...]  # pip requirements of the GPU machine
+    sky_command: str | None  # the SkyPilot line, when sky.yaml was written
+
+    def launch(self, dataset: str | None = None) -> dict[str, Any]:
+        """The launch lines with the dataset filled in (the ``launch`` object of ``ftplan.export/1``)."""
+        data = dataset or "data.jsonl"
+        return {"target": self.target, "engine": self.kind,
+                "setup": "pip install " + " ".join(f'"{p}"' for p in self.packages) if self.packages else None,
+                "command": self.command.replace("<DATA>", data),
+                "sky": self.sky_command.replace("<DATA>", data) if self.sky_command else None}
+
+
+def render_bundle(plan_doc: dict, *, alternatives: Sequence[dict] = (), model_ref: str | None = None,
+                  dataset: str | None = None, zero3_backend: str | None = None,
+                  target: str = "accelerate") -> dict[str, str]:
+    """The files of the bundle: relative path -> text (:func:`render` without the launch lines)."""
+    return render(plan_doc, alternatives=alternatives, model_ref=model_ref, dataset=dataset,
+                  zero3_backend=zero3_backend, target=target).files
+
+
+def render(plan_doc: dict, *, alternatives: Sequence[dict] = (), model_ref: str | None = None,
+           dataset: str | None = None, zero3_backend: str | None = None, target: str = "accelerate") -> Rendered:
+    """The files of the bundle and its launch lines. Pure: reads only ftplan's bundled catalogs.
+
+    ``target`` (:data:`ftplan.export.targets.TARGETS`) picks the engine: ``accelerate`` (default:
+    accelerate + the TRL script, FSDP2 / DeepSpeed / TP as :func:`ftplan.export.targets.engine` says),
+    ``deepspeed`` (the same with DeepSpeed for every sharded layout, AutoTP for TP), ``axolotl`` or
+    ``llamafactory`` (their YAML). ``alternatives`` are the other plans of the same search (the
+    README lists them; those that run the same files become SkyPilot fallbacks). ``model_ref`` is what
+    the files load (default: the model's hub id). ``dataset`` is written into the files and the
+    README. ``zero3_backend`` (``deepspeed`` | ``fsdp``) overrides how a ``zero3`` plan runs under the
+    accelerate/deepspeed targets. Raises ``ConfigError`` for a plan that cannot be exported.
     """
     from ..job import validate_job
-    from .accelerate import backend, render_accelerate_config
-    from .deepspeed import render_deepspeed_config
     from .readme import render_readme
-    from .skypilot import render_sky_yaml, setup_packages
+    from .skypilot import render_sky_yaml
+    from .targets import check_target
 
     if not isinstance(plan_doc, Mapping) or any(not isinstance(plan_doc.get(k), Mapping)
                                                 for k in ("model", *_PLAN_KEYS)):
         raise ConfigError("not a plan document (needs model, offer, layout, job)",
                           "pass one plan of 'ftplan recommend --json' (see plan_document / plan_from_json)")
-    if zero3_backend not in ZERO3_BACKENDS:
+    check_target(target)
+    if zero3_backend is not None and zero3_backend not in ZERO3_BACKENDS:
         raise ConfigError(f"unknown ZeRO-3 backend {zero3_backend!r}", "use deepspeed or fsdp")
-    why = exportable(plan_doc)
-    if why:
-        raise ConfigError(f"this plan cannot be exported: {why}",
-                          "pick a plan without tp/pp with --plan N ('ftplan recommend' lists them)")
     job, layout = _job_and_layout(plan_doc)
     model = _resolve(plan_doc["model"])
     validate_job(model, job, layout)
+    why = exportable(plan_doc, target)
+    if why:
+        raise ConfigError(f"this plan cannot be exported to {target}: {why}",
+                          "pick another plan with --plan N ('ftplan recommend' lists them) or another --target")
     _check_hardware(plan_doc, job)
-    kind = backend(layout, zero3_backend)
-    _check_low_precision(job, kind)
-    if kind == "fsdp" and layout.offload_optimizer and not layout.offload_params:
-        raise ConfigError("FSDP cannot offload only the optimizer states (its CPU offload moves parameters, "
-                          "gradients and the optimizer step together)",
-                          "use --zero3-backend deepspeed for this plan")
+    kind = _kind(layout, job, target, zero3_backend, model)
+    hsdp, hsdp_note = _hsdp(plan_doc, model, job, layout, kind)
+    _check_low_precision(job, kind, target)
     model_ref = model_ref or model.hf_id or _local_ref(plan_doc["model"].get("ref")) or model.name
     title = f"{model.name} {job.method} on {layout.world_size} x {plan_doc['offer'].get('gpu')}"
-    notes: list[str] = []
-    if layout.strategy == "zero3":
-        notes.append(f"zero3 plan run with {'DeepSpeed ZeRO-3' if kind == 'deepspeed' else 'FSDP FULL_SHARD'} "
-                     f"(--zero3-backend {'fsdp' if kind == 'deepspeed' else 'deepspeed'} for the other; ftplan "
-                     "models both alike)")
-    if job.gradient_checkpointing:
-        notes.append("gradient checkpointing is turned on by train.py (trainer, non-reentrant); the launcher "
-                     "configs leave it off so that only one place does it")
-    if kind == "deepspeed" and layout.offload_optimizer:
-        notes.append("optimizer offload: DeepSpeed runs AdamW on the CPU (DeepSpeedCPUAdam, built on first use); "
-                     "train.py's optim= is not used")
-    if job.precision in ("bf16", "fp16") and kind == "deepspeed":
-        notes.append(f"pure {job.precision} training: DeepSpeed's bf16/fp16 modes are off (no autocast), "
-                     "the model trains in the dtype train.py loads it in")
-    if str((plan_doc.get("offer") or {}).get("gpu", "")).startswith("mi"):
-        notes.append("AMD GPU: use a ROCm build of PyTorch (e.g. a ROCm image), not the CUDA wheel that "
-                     "'pip install torch' picks")
+    notes = _notes(plan_doc, job, layout, kind, target)
+    if hsdp_note:
+        notes.append(hsdp_note)
 
     files: dict[str, str] = {}
-    files["accelerate_config.yaml"] = render_accelerate_config(layout, job, kind=kind, title=title)
-    if kind == "deepspeed":
-        files["ds_config.json"] = render_deepspeed_config(layout, job)
-    try:
-        from .script import render_train_script
-    except ImportError as e:  # the script renderer is a separate module; say so instead of failing
-        if "script" not in str(e):
-            raise
-        notes.append("train.py was not generated: this ftplan has no script renderer (ftplan.export.script)")
+    if target in ("accelerate", "deepspeed"):
+        launch = _render_accelerate_files(files, model, job, layout, kind, hsdp, title, model_ref, notes)
+    elif target == "axolotl":
+        from .axolotl import render_axolotl
+
+        launch = render_axolotl(files, model, job, layout, kind=kind, hsdp=hsdp, title=title,
+                                model_ref=model_ref, dataset=dataset, notes=notes)
     else:
-        files["train.py"] = render_train_script(model, job, layout, model_ref=model_ref)
+        from .llamafactory import render_llamafactory
+
+        launch = render_llamafactory(files, model, job, layout, kind=kind, hsdp=hsdp, title=title,
+                                     model_ref=model_ref, dataset=dataset, notes=notes)
     sky, sky_notes, cands = render_sky_yaml(plan_doc, alternatives, job=job, layout=layout, kind=kind,
                                             model_ref=model_ref, dataset=dataset, title=title,
-                                            params_total=plan_doc["model"].get("params_total"))
+                                            params_total=plan_doc["model"].get("params_total"), launch=launch)
     notes += sky_notes
     if sky is not None:
         files["sky.yaml"] = sky
     names = [*files, "README.md", "plan.json"]
     files["README.md"] = render_readme(plan_doc, job=job, layout=layout, kind=kind, model_ref=model_ref,
                                        dataset=dataset, files=names, alternatives=alternatives,
-                                       sky_candidates=cands, notes=notes, packages=setup_packages(job, kind))
+                                       sky_candidates=cands, notes=notes, launch=launch, target=target)
     files["plan.json"] = json.dumps(plan_doc, indent=2) + "\n"
-    return files
+    sky_cmd = None
+    if "sky.yaml" in files:
+        spot = any(c.get("use_spot") for c in cands)
+        sky_cmd = ("sky jobs launch -n ftplan sky.yaml --env DATASET=<DATA>" if spot
+                   else "sky launch -c ftplan sky.yaml --env DATASET=<DATA>")
+    return Rendered(files, target, kind, launch["command"], tuple(launch.get("packages", ())), sky_cmd)
+
+
+def _notes(plan_doc: Mapping[str, Any], job: Job, layout: Layout, kind: str, target: str) -> list[str]:
+    notes: list[str] = []
+    if layout.strategy == "zero3" and kind in ("fsdp", "deepspeed") and layout.world_size > 1:
+        notes.append(f"zero3 plan run with {'DeepSpeed ZeRO-3' if kind == 'deepspeed' else 'FSDP2 (fully_shard)'}: "
+                     "ftplan's memory model treats ZeRO-3 and FSDP alike (every model state sharded over the "
+                     "data-parallel ranks, one gathered layer plus one prefetched)")
+    if kind == "tp":
+        notes.append(f"tensor parallelism ({layout.tp}) with transformers' TP plan: weights are split (the input "
+                     "embedding and lm_head too), the logits are gathered on every rank (lm_head "
+                     "colwise_gather_output), as ftplan's memory model assumes")
+        if layout.dp > 1:
+            notes.append(f"planned as ZeRO-1 + TP; runs as FSDP2 over the {layout.dp} data-parallel ranks + TP "
+                         "(accelerate does not compose DDP/ZeRO-1 with TP): every model state is sharded at least "
+                         "as much as planned, FSDP2 gathers layers (about 1.5x the planned data-parallel traffic)")
+    if kind == "autotp":
+        notes.append(f"DeepSpeed AutoTP ({layout.tp}) with ZeRO stage {0 if layout.strategy == 'single' else layout.strategy[-1]}: "
+                     "each process loads the whole model in host RAM before DeepSpeed shards it "
+                     "(host RAM per node >= GPUs per node x the model in its load dtype)")
+    if job.gradient_checkpointing and target in ("accelerate", "deepspeed"):
+        notes.append("gradient checkpointing is turned on by train.py (trainer, non-reentrant); the launcher "
+                     "configs leave it off so that only one place does it")
+    if kind == "deepspeed" and layout.offload_optimizer:
+        notes.append("optimizer offload: DeepSpeed runs AdamW on the CPU (DeepSpeedCPUAdam, built on first use); "
+                     "the optimizer name in the training config is not used")
+    if job.precision in ("bf16", "fp16") and kind in ("deepspeed", "autotp"):
+        notes.append(f"pure {job.precision} training: DeepSpeed's bf16/fp16 modes are off (no autocast), "
+                     "the model trains in the dtype it is loaded in")
+    if str((plan_doc.get("offer") or {}).get("gpu", "")).startswith("mi"):
+        notes.append("AMD GPU: use a ROCm build of PyTorch (e.g. a ROCm image), not the CUDA wheel that "
+                     "'pip install torch' picks")
+    return notes
+
+
+def _render_accelerate_files(files: dict[str, str], model, job: Job, layout: Layout, kind: str, hsdp: bool,
+                             title: str, model_ref: str, notes: list[str]) -> dict[str, Any]:
+    from .accelerate import launch_command, render_accelerate_config
+    from .deepspeed import render_deepspeed_config
+    from .skypilot import setup_packages
+
+    files["accelerate_config.yaml"] = render_accelerate_config(layout, job, kind=kind, title=title, hsdp=hsdp)
+    if kind in ("deepspeed", "autotp"):
+        files["ds_config.json"] = render_deepspeed_config(layout, job)
+    from .script import render_train_script
+
+    files["train.py"] = render_train_script(model, job, layout, model_ref=model_ref, kind=kind)
+    args = '--model "$MODEL" --dataset "$DATASET" --output-dir "$OUTPUT_DIR"'
+    return {
+        "packages": setup_packages(job, kind),
+        "command": launch_command(layout, "--dataset <DATA> --output-dir output"),
+        "sky_command": launch_command(layout, args),
+        "multinode": "accelerate",
+    }
 
 
 # ---------------------------------------------------------------------------------------------

@@ -41,7 +41,11 @@ def _scalar(v: Any) -> str:
     if isinstance(v, float):
         if not math.isfinite(v):
             raise ValueError(f"cannot write {v!r} to YAML")
-        return repr(v)
+        text = repr(v)
+        mantissa, e, exp = text.partition("e")
+        if e and "." not in mantissa:  # YAML 1.1 (PyYAML) reads 2e-05 as a string, 2.0e-05 as a float
+            text = f"{mantissa}.0e{exp}"
+        return text
     if isinstance(v, str):
         if _PLAIN.match(v) and v.lower() not in _SPECIAL:
             return v

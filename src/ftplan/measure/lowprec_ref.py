@@ -194,10 +194,10 @@ def measure_lowprec_step(
     exclude = [t for p in params for t in inner_tensors(p)] + list(model.buffers())
     tracker = _SubclassAwareTracker(None, exclude=exclude)
     tracker.model = model  # checkpoint closures are found through the model's modules
-    tracker._names = {id(m): TR._strip_peft_prefix(n) for n, m in model.named_modules()}
-    tracker._param_names = {id(p): TR._strip_peft_prefix(n) for n, p in model.named_parameters()}
+    tracker._names = {id(m): TR.strip_peft_prefix(n) for n, m in model.named_modules()}
+    tracker._param_names = {id(p): TR.strip_peft_prefix(n) for n, p in model.named_parameters()}
 
-    hf = TR._hf_inner(model)
+    hf = TR.hf_inner(model)
     cfg = hf.config.get_text_config() if hasattr(hf.config, "get_text_config") else hf.config
     torch.manual_seed(seed)
     input_ids = torch.randint(0, int(cfg.vocab_size), (batch, seq_len))

@@ -165,8 +165,10 @@ def export_zip(req, cache: LRU) -> tuple[bytes, str]:
     if req.plan_index >= len(plans):
         raise _fail("plan_index", f"plan_index {req.plan_index} is out of range: the search found "
                                   f"{len(plans)} plan(s) (use 0 for the best)")
+    target = req.export_target or (None if req.target == "any" else req.target)
     bundle = _call(lambda: api.export_bundle(doc, req.plan_index + 1, model_ref=doc["model"].get("hf_id") or None,
-                                             dataset=req.dataset, max_alternatives=req.alternatives), "plan_index")
+                                             dataset=req.dataset, max_alternatives=req.alternatives, target=target),
+                   "plan_index")
     names = {_safe_member(name): text for name, text in bundle.files.items()}
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
@@ -175,7 +177,8 @@ def export_zip(req, cache: LRU) -> tuple[bytes, str]:
             z.writestr(name, text.encode() if isinstance(text, str) else bytes(text))
         if "plan.json" not in names:
             z.writestr("plan.json", json.dumps(bundle.plan, indent=2) + "\n")
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", f"ftplan-{doc['model']['name']}-{bundle.plan['offer']['gpu']}")[:120]
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-",
+                  f"ftplan-{doc['model']['name']}-{bundle.plan['offer']['gpu']}-{bundle.target}")[:120]
     return buf.getvalue(), slug + ".zip"
 
 

@@ -15,7 +15,7 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
-from ..options import FIT_OPTIONS, JOB_OPTIONS, LAYOUT_OPTIONS, OFFER_OPTIONS, SEARCH_OPTIONS
+from ..options import EXPORT_TARGETS, FIT_OPTIONS, JOB_OPTIONS, LAYOUT_OPTIONS, OFFER_OPTIONS, SEARCH_OPTIONS
 from ..optionspec import Option
 
 __all__ = ["JobRequest", "EstimateRequest", "SearchRequest", "ExportRequest", "FitRequest", "option_fields"]
@@ -144,7 +144,10 @@ ExportRequest = create_model(
     plan_index=(int, Field(0, ge=0, le=100_000, description="index into the ranked plans (0 = best)")),
     alternatives=(int, Field(9, ge=0, le=50, description="other plans of the search passed as alternatives "
                                                         "(listed in the README, SkyPilot fallbacks)")),
-    dataset=(Optional[str], Field(None, max_length=300, description="dataset name for the exported files")))
+    dataset=(Optional[str], Field(None, max_length=300, description="dataset name for the exported files")),
+    export_target=(Optional[Literal[EXPORT_TARGETS]], Field(
+        None, description="files for accelerate (+ the TRL script) | deepspeed | axolotl | llamafactory "
+                          "(default: the search's target)")))
 
 FitRequest = create_model(
     "FitRequest", __base__=JobRequest, __doc__="``ftplan fit``: job + GPU types.",

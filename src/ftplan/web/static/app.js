@@ -562,7 +562,7 @@
     if (!p) return;
     $("dl-status").textContent = "building…";
     try {
-      const r = await api("/api/export", { ...S.body, plan_index: S.sel });
+      const r = await api("/api/export", { ...S.body, plan_index: S.sel, export_target: $("export-target").value });
       const cd = r.headers.get("content-disposition") || "";
       const m = /filename="([^"]+)"/.exec(cd);
       download(await r.blob(), m ? m[1] : "ftplan-export.zip");

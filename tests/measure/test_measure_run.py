@@ -12,6 +12,7 @@ pytest.importorskip("peft")
 
 import ftplan.cli as cli  # noqa: E402
 from ftplan.cli.measure import row_to_argv  # noqa: E402
+from ftplan.measure import hf  # noqa: E402
 from ftplan.measure import run as R  # noqa: E402
 from ftplan.measure.records import SCHEMA, load_records  # noqa: E402
 
@@ -101,8 +102,8 @@ def test_matrix_resumes_and_builds_once(config_path, tmp_path, monkeypatch, caps
     )
     out = tmp_path / "r.jsonl"
     builds = []
-    real_build = R._build
-    monkeypatch.setattr(R, "_build", lambda *a, **k: builds.append(a[2].method) or real_build(*a, **k))
+    real_build = hf.build_for_job
+    monkeypatch.setattr(hf, "build_for_job", lambda *a, **k: builds.append(a[1].method) or real_build(*a, **k))
     real_measure = R.measure
     calls = []
 

@@ -158,15 +158,18 @@ def test_accelerate_skips_first_and_last_linear(llama70):
     job = apply_precision(Job(method="full"), "fp8-tensorwise")
     conv = {lin.module: n for lin, n in converted_linears(llama70, job)}
     assert "lm_head" not in conv and conv["q_proj"] == 79 and conv["k_proj"] == 80
-    te = {lin.module: n for lin, n in converted_linears(llama70, job.with_(low_precision="fp8-te-delayed"))}
+    te_job = job.with_(low_precision="fp8-te-delayed", loss="hf")
+    te = {lin.module: n for lin, n in converted_linears(llama70, te_job)}
     assert te["lm_head"] == 1 and te["q_proj"] == 80  # accelerate's TE convert_model takes every linear
+    # TRL's fused head (the default loss) reads lm_head.weight directly: nothing to convert there
+    assert "lm_head" not in {lin.module for lin, _ in converted_linears(llama70, te_job.with_(loss="trl"))}
 
 
 def test_fp8_weight_only_lora_keeps_dequantized_copies_without_checkpointing(llama70):
     """torchao Float8Tensor dequantizes above autograd: each base linear saves a bf16 copy of
     its weight. For 70B that is ~128 GiB more than bf16 LoRA; checkpointing removes it."""
-    j = apply_precision(Job(method="lora", seq_len=2048), "fp8-weight-only")
-    base = estimate_memory(llama70, Job(method="lora", seq_len=2048))
+    j = apply_precision(Job(method="lora", seq_len=2048, gradient_checkpointing=False), "fp8-weight-only")
+    base = estimate_memory(llama70, Job(method="lora", seq_len=2048, gradient_checkpointing=False))
     m = estimate_memory(llama70, j)
     assert m.components["master_weights"] - base.components["master_weights"] > 120 * 2**30
     ck = estimate_memory(llama70, j.with_(gradient_checkpointing=True))
@@ -196,7 +199,7 @@ def test_flop_split(name, ckpt):
         # not touch them, so most of an MoE's FLOPs stay bf16
         assert tw.low_share < 0.5
     else:
-        assert 0.85 < tw.low_share < 1.0
+        assert 0.8 < tw.low_share < 1.0
     assert gw.low_share < tw.low_share  # rowwise_with_gw_hp keeps the wgrad GEMM in bf16
     # accelerate leaves lm_head and one q_proj in bf16; TE converts lm_head too
     assert flop_split(model, apply_precision(full, "fp8-te-delayed")).low > tw.low

@@ -94,7 +94,7 @@ def test_torchao_float8_full_exact(family, attn, recipe, ckpt):
     cfg = _cfg(family)
     spec = model_from_config(cfg)
     if True:
-        job = Job(method="full", micro_batch=2, seq_len=24, gradient_checkpointing=ckpt, attn_impl=attn,
+        job = Job(loss="hf", method="full", micro_batch=2, seq_len=24, gradient_checkpointing=ckpt, attn_impl=attn,
                   low_precision=recipe)
         r = _measure(cfg, job, attn)
         st = model_states(spec, job)
@@ -110,7 +110,7 @@ def test_torchao_float8_filter_leaves_non_multiple_of_16_mlp():
     """The tiny llama's MLP width 120 is not a multiple of 16: accelerate leaves it in bf16."""
     cfg = _cfg("llama", mlp16=False)
     spec = model_from_config(cfg)
-    job = Job(method="full", micro_batch=2, seq_len=24, low_precision="fp8-tensorwise")
+    job = Job(loss="hf", method="full", micro_batch=2, seq_len=24, low_precision="fp8-tensorwise")
     assert {lin.module for lin, _ in converted_linears(spec, job)} == {"q_proj", "k_proj", "v_proj", "o_proj"}
     r = _measure(cfg, job, "sdpa")
     acts, copies = _predict(spec, job)
@@ -128,7 +128,7 @@ def test_torchao_float8_lora_exact(family, attn, rank, ckpt):
     LoRA saves none), rank-16 adapters are converted too (no autocast copies), rank 8 is not."""
     cfg = _cfg(family)
     spec = model_from_config(cfg)
-    job = Job(method="lora", micro_batch=2, seq_len=24, gradient_checkpointing=ckpt, attn_impl=attn,
+    job = Job(loss="hf", method="lora", micro_batch=2, seq_len=24, gradient_checkpointing=ckpt, attn_impl=attn,
               lora=LoraSpec(r=rank, alpha=2 * rank, dropout=0.0), low_precision="fp8-tensorwise")
     r = _measure(cfg, job, attn)
     st = model_states(spec, job)
@@ -149,7 +149,7 @@ def test_weight_only_base_lora_exact(recipe, ckpt):
     padding, per-tensor scale); FP8 saves a dequantized bf16 copy per base linear, NVFP4 none."""
     cfg = _cfg("llama")
     spec = model_from_config(cfg)
-    job = Job(method="lora", micro_batch=2, seq_len=24, gradient_checkpointing=ckpt,
+    job = Job(loss="hf", method="lora", micro_batch=2, seq_len=24, gradient_checkpointing=ckpt,
               lora=LoraSpec(r=8, alpha=16, dropout=0.0), low_precision=recipe)
     r = _measure(cfg, job, "sdpa")
     st = model_states(spec, job)
@@ -200,7 +200,7 @@ def test_torchao_float8_lora_on_moe_delta_exact():
     experts are 3-D parameters, never converted; the dense layer's MLP is)."""
     cfg = _cfg("qwen3_moe")
     spec = model_from_config(cfg)
-    job = Job(method="lora", micro_batch=2, seq_len=24, lora=LoraSpec(r=16, alpha=32, dropout=0.0,
+    job = Job(loss="hf", method="lora", micro_batch=2, seq_len=24, lora=LoraSpec(r=16, alpha=32, dropout=0.0,
               target_modules=("q_proj", "k_proj", "v_proj", "o_proj")), low_precision="fp8-tensorwise")
     base = job.with_(low_precision=None)
     measured = _measure(cfg, job, "sdpa").saved_bytes - _measure(cfg, base, "sdpa").saved_bytes

@@ -30,6 +30,7 @@ def _gemm_speedup(point: dict) -> float:
     """1 / compute-time factor: the FP8 speedup of the GEMM work the point's job does."""
     model = resolve_model(point["model"])
     job = Job(method=point["method"], seq_len=point.get("seq_len", 8192), micro_batch=point.get("micro_batch", 1),
+              gradient_checkpointing=False,
               precision=point["precision"])
     hw = flops_per_token(model, job).hardware
     return 1.0 / compute_time_factor(model, job, GPUS[point["gpu"]], hw, hw)

@@ -17,6 +17,7 @@ from ftplan.cli.options import add_options, values
 from ftplan.errors import ConfigError
 from ftplan.job import Job, Layout, LoraSpec, QuantSpec
 from ftplan.options import (
+    DATA_OPTIONS,
     FIT_OPTIONS,
     JOB_OPTIONS,
     LAYOUT_OPTIONS,
@@ -50,7 +51,7 @@ def _flags(parser: argparse.ArgumentParser, group: str) -> dict[str, set[str]]:
 
 
 def _schema_flags(table) -> dict[str, set[str]]:
-    return {o.name: {o.flag, *o.flags} for o in table if o.cli}
+    return {o.name: set(o.all_flags) for o in table if o.cli}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -88,11 +89,11 @@ def test_option_names_are_unique_and_well_formed():
 # CLI flags == schema
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("command, groups", [
-    ("estimate", {"job": JOB_OPTIONS, "layout": LAYOUT_OPTIONS}),
-    ("recommend", {"job": JOB_OPTIONS, "offers": OFFER_OPTIONS, "search": SEARCH_OPTIONS}),
-    ("compare", {"job": JOB_OPTIONS, "offers": OFFER_OPTIONS, "search": SEARCH_OPTIONS}),
+    ("estimate", {"job": JOB_OPTIONS, "layout": LAYOUT_OPTIONS, "data": DATA_OPTIONS}),
+    ("recommend", {"job": JOB_OPTIONS, "offers": OFFER_OPTIONS, "search": SEARCH_OPTIONS, "data": DATA_OPTIONS}),
+    ("compare", {"job": JOB_OPTIONS, "offers": OFFER_OPTIONS, "search": SEARCH_OPTIONS, "data": DATA_OPTIONS}),
     ("export", {"job": JOB_OPTIONS, "offers": OFFER_OPTIONS, "search": SEARCH_OPTIONS}),
-    ("fit", {"job": JOB_OPTIONS, "fit": FIT_OPTIONS}),
+    ("fit", {"job": JOB_OPTIONS, "fit": FIT_OPTIONS, "data": DATA_OPTIONS}),
     ("measure", {"job": JOB_OPTIONS, "layout": LAYOUT_OPTIONS}),
     ("train", {"job": JOB_OPTIONS, "layout": LAYOUT_OPTIONS}),
     ("offers", {"offers": OFFER_OPTIONS}),
@@ -108,7 +109,10 @@ def test_existing_flags_and_aliases_are_kept():
     assert {"--method", "--precision", "--optimizer", "--micro-batch", "--batch-size", "--seq-len", "--grad-accum",
             "--gradient-checkpointing", "--gc", "--attn", "--lora-r", "--lora-alpha", "--lora-dropout",
             "--lora-targets", "--quant-type", "--no-double-quant", "--compute-dtype", "--tokens", "--epochs",
-            "--gpus", "--nodes", "--strategy", "--offload-optimizer", "--offload-params", "--tp", "--pp"} == flags
+            "--gpus", "--nodes", "--strategy", "--offload-optimizer", "--offload-params", "--tp", "--pp", "--ep",
+            # checkpointing is on by default (TRL SFTConfig): the --no- forms turn it off
+            "--no-gradient-checkpointing", "--no-gc", "--checkpointing", "--checkpoint-every",
+            "--activation-offloading", "--loss", "--padding-free", "--packing"} == flags
 
 
 def test_cli_values_build_the_job():
@@ -206,7 +210,7 @@ def test_schema_doc_is_json():
     assert doc["schema"] == "ftplan.options/1"
     assert [o["name"] for o in doc["groups"]["job"]] == [o.name for o in JOB_OPTIONS]
     seq = next(o for o in doc["groups"]["job"] if o["name"] == "seq_len")
-    assert seq["default"] == 2048 and seq["flag"] == "--seq-len" and seq["minimum"] == 1
+    assert seq["default"] == 1024 and seq["flag"] == "--seq-len" and seq["minimum"] == 1  # TRL max_length
 
 
 # ---------------------------------------------------------------------------------------------

@@ -44,14 +44,14 @@ def _matmul_params(m):
 
 def test_full_flops_is_6n_plus_attention(model):
     s = 2048
-    f = flops_per_token(model, Job(seq_len=s))
+    f = flops_per_token(model, Job(seq_len=s, gradient_checkpointing=False, loss="hf"))
     n = _matmul_params(model)
     # causal attention: 4 * s * d_attn per layer per token, halved, 4 layers
     attn = 4 * 4 * (s / 2) * 16 * 64
     assert f.forward == pytest.approx(2 * n + attn)
     assert f.model == pytest.approx(6 * n + 3 * attn)
     assert f.recompute == 0
-    g = flops_per_token(model, Job(seq_len=s, gradient_checkpointing=True))
+    g = flops_per_token(model, Job(seq_len=s, gradient_checkpointing=True, loss="hf"))
     assert g.recompute == pytest.approx(2 * (n - 1024 * 32000) + attn)
 
 

@@ -28,7 +28,8 @@ def test_70b_qlora_fits_one_80gb_gpu_with_checkpointing(llama70):
     r = fit(llama70, Job(method="qlora", seq_len=2048, gradient_checkpointing=True), h100)
     assert r.fits and r.max_seq_len >= 4096
     # without checkpointing at 4096 it does not
-    assert estimate_memory(llama70, Job(method="qlora", seq_len=4096), Layout()).device_total_bytes > 80 * GB
+    assert estimate_memory(llama70, Job(method="qlora", seq_len=4096, gradient_checkpointing=False),
+                           Layout()).device_total_bytes > 80 * GB
 
 
 def test_70b_qlora_on_rtx4090_in_19_5_gb_is_false(llama70):
@@ -55,11 +56,16 @@ def test_one_192gb_b200_does_not_hold_70b_full_states(llama70):
 
 @pytest.mark.parametrize("strategy", ["ddp", "zero2", "zero3", "fsdp"])
 def test_70b_full_needs_more_than_one_8gpu_node_without_offload(llama70, strategy):
-    """001/003: '70B full fine-tuning needs a multi-node cluster' -> yes for data-parallel sharding:
-    no single 8-GPU node of <=192 GB GPUs fits it without offload (micro-batch 1, checkpointing,
-    seq 2048, the planner's 5% safety margin). ZeRO-3 on 8 GPUs is close: ~184 GB per GPU."""
-    job = Job(method="full", seq_len=2048, gradient_checkpointing=True)
+    """001/003: '70B full fine-tuning needs a multi-node cluster' -> yes for data-parallel sharding
+    with transformers' own loss (full fp32 logits): no single 8-GPU node of <=192 GB GPUs fits it
+    without offload (micro-batch 1, checkpointing, seq 2048, the planner's 5% safety margin).
+    ZeRO-3 on 8 GPUs is close: ~184 GB per GPU; with TRL's fused LM head (no logits at all) it
+    drops to ~181 GB and fits a 192 GB GPU, narrowly, and still no 80-141 GB one."""
+    job = Job(method="full", seq_len=2048, gradient_checkpointing=True, loss="hf")
     mem = estimate_memory(llama70, job, Layout(8, 1, strategy))
+    trl = estimate_memory(llama70, job.with_(loss="trl"), Layout(8, 1, strategy))
+    assert trl.device_total_bytes < mem.device_total_bytes
+    assert not trl.fits(141 * GB, margin=0.05)
     assert not mem.fits(192 * GB, margin=0.05)
     for g in load_gpus().values():
         if g.memory_bytes <= 192 * GB:
@@ -98,15 +104,15 @@ def test_fp4_is_not_4x_smaller_than_fp16(llama70):
 def test_nvfp4_headroom_for_70b_on_one_b200(llama70):
     """000: 'NVFP4 frees headroom for optimizer states and gradients ... larger batches and longer
     context for LoRA'. LoRA: yes - an NVFP4 base (torchao weight-only + PEFT, bf16 GEMMs) takes the
-    70B base from 131 to 40 GiB, and one B200 goes from 8.7k to 40k tokens of context (checkpointing,
-    micro-batch 1) or from micro-batch 2 to 9 at 4k. Full fine-tuning: no - NVFP4 GEMMs (TE) keep
+    70B base from 131 to 40 GiB, and one B200 goes from 14.6k to 67k tokens of context (checkpointing,
+    micro-batch 1, TRL's fused loss) or from micro-batch 3 to 16 at 4k. Full fine-tuning: no - NVFP4 GEMMs (TE) keep
     fp32 master weights, gradients and AdamW states (16 bytes/parameter, ~1.05 TiB for 70B); only the
     weight working copy shrinks (2 -> 1.125 bytes/parameter)."""
     b200 = load_gpus()["b200"]
     job = Job(method="lora", seq_len=4096, gradient_checkpointing=True)
     base, nv = fit(llama70, job, b200), fit(llama70, _lp(job, "nvfp4"), b200)
-    assert base.max_seq_len < 9_000 < 39_000 < nv.max_seq_len
-    assert base.max_micro_batch == 2 and nv.max_micro_batch >= 8
+    assert base.max_seq_len < 15_000 < 65_000 < nv.max_seq_len
+    assert base.max_micro_batch == 3 and nv.max_micro_batch >= 15
     full = _lp(Job(method="full", gradient_checkpointing=True), "nvfp4")
     assert full.low_precision == "nvfp4-te"
     st, st16 = model_states(llama70, full), model_states(llama70, Job(method="full"))
@@ -120,17 +126,19 @@ def test_fp8_reduces_memory_only_for_full_fine_tuning(llama70):
     torchao float8 (accelerate's fp8 default): the bf16 weight copies go (2 bytes/parameter), e.g.
     70B over 8 GPUs with FSDP: 171 -> 153 GiB per GPU. LoRA with FP8 GEMMs: no - torchao's float8
     function saves the inputs of the frozen base linears, +13.7 GiB at 2k tokens without
-    checkpointing; checkpointing makes it equal."""
+    checkpointing; with checkpointing only the recomputed layer's (+0.18 GiB)."""
     full = Job(method="full", seq_len=2048, gradient_checkpointing=True)
     m16 = estimate_memory(llama70, full, Layout(8, 1, "fsdp")).device_total_bytes
     m8 = estimate_memory(llama70, _lp(full, "fp8"), Layout(8, 1, "fsdp")).device_total_bytes
     assert 15 * 2**30 < m16 - m8 < 22 * 2**30
-    lora = Job(method="lora", seq_len=2048)
+    lora = Job(method="lora", seq_len=2048, gradient_checkpointing=False)
     more = (estimate_memory(llama70, _lp(lora, "fp8")).device_total_bytes
             - estimate_memory(llama70, lora).device_total_bytes)
     assert 12 * 2**30 < more < 16 * 2**30
+    # with checkpointing only the recomputed layer keeps them: +0.18 GiB
     ck = lora.with_(gradient_checkpointing=True)
-    assert estimate_memory(llama70, _lp(ck, "fp8")).device_total_bytes == estimate_memory(llama70, ck).device_total_bytes
+    more = estimate_memory(llama70, _lp(ck, "fp8")).device_total_bytes - estimate_memory(llama70, ck).device_total_bytes
+    assert 0 <= more < 0.25 * 2**30
 
 
 def test_a100_cannot_use_fp8(llama70):
@@ -174,7 +182,7 @@ def test_fp8_does_not_double_throughput(name):
     at 2x the peak (calibrated on torchtitan's 1.25x), ~19% of the FLOPs (attention, lm_head, first
     projection) stay bf16, and communication/optimizer time does not shrink. LoRA is slower
     (0.92x-0.95x): torchao's float8 function runs the frozen base's weight-gradient GEMM anyway.
-    Closest to 2x: NVFP4 GEMMs (TE) on B200, 1.8x-1.9x with the same (assumed) relative efficiency."""
+    Closest to 2x: NVFP4 GEMMs (TE) on B200, 1.7x-1.9x with the same (assumed) relative efficiency."""
     model = resolve_model(name)
     lay = Layout(8, 1, "fsdp")
     for gpu in ("h100-sxm", "b200"):
@@ -186,7 +194,7 @@ def test_fp8_does_not_double_throughput(name):
         assert 0.85 < s < 1.0, (gpu, s)
     full = Job(method="full", seq_len=8192, gradient_checkpointing=True)
     s4 = _tps(model, _lp(full, "nvfp4"), lay, "b200") / _tps(model, full, lay, "b200")
-    assert 1.7 < s4 < 2.0
+    assert 1.6 < s4 < 2.0
 
 
 def test_b200_vs_h100_is_the_peak_not_fp4():

@@ -26,6 +26,7 @@ from .errors import ConfigError, FtplanError, InfeasibleError, Problem
 from .job import Job, Layout, validate_job
 from .model import ModelSpec
 from .options import (
+    DATA_OPTIONS,
     FIT_OPTIONS,
     JOB_OPTIONS,
     LAYOUT_OPTIONS,
@@ -163,6 +164,12 @@ class Estimate:
     layout: Layout
     memory: Any  # ftplan.memory.MemoryBreakdown
     gpu: Any = None  # ftplan.catalog.gpus.GpuSpec
+    #: the defaults the answer rests on (:class:`ftplan.advice.Assumption`)
+    assumptions: tuple = ()
+    #: with a GPU the job does not fit: the single changes that make it fit (:class:`ftplan.advice.Suggestion`)
+    advice: tuple = ()
+    dataset: Any = None  # ftplan.dataset.DatasetProfile (with ``dataset=``)
+    batches: Any = None  # ftplan.dataset.Batches: the memory is at its largest batch
 
     @property
     def fits(self) -> bool | None:
@@ -174,25 +181,38 @@ class Estimate:
 
     def to_dict(self) -> dict[str, Any]:
         """The ``ftplan.estimate/1`` document."""
-        from .report import estimate_json
+        from .report import dataset_dict, estimate_json
 
-        return estimate_json(self.model, self.job, self.layout, self.memory, self.gpu)
+        doc = estimate_json(self.model, self.job, self.layout, self.memory, self.gpu, self.assumptions,
+                            self.advice)
+        if self.dataset is not None:
+            doc["dataset"] = dataset_dict(self.dataset, self.batches)
+        return doc
 
-    def text(self) -> str:
-        from .report import estimate_text
+    def text(self, renderer: Any = None) -> str:
+        """The text answer; ``renderer`` (:class:`ftplan.errors.Renderer`) writes option references
+        (the CLI's writes flags)."""
+        from .report import dataset_text, estimate_text
 
-        return estimate_text(self.model, self.job, self.layout, self.memory, self.gpu)
+        out = estimate_text(self.model, self.job, self.layout, self.memory, self.gpu, self.assumptions,
+                            self.advice, renderer)
+        if self.dataset is not None:
+            out += "\n" + dataset_text(self.dataset, self.batches)
+        return out
 
 
 def estimate(model: ModelRef, job: Job | None = None, layout: Layout | None = None, *, gpu: str | None = None,
              **options: Any) -> Estimate:
-    """Per-GPU memory breakdown of a job (``ftplan estimate``). ``options``: job and layout options."""
+    """Per-GPU memory breakdown of a job (``ftplan estimate``). ``options``: job and layout
+    options, and data options (``dataset``, ``tokenizer``, ``batching``: the memory is then taken
+    at the largest batch the loader forms from the data, with ``seq_len`` as its max length)."""
     from .memory import estimate_memory
 
-    jv, lv = split_values(options, JOB_OPTIONS, LAYOUT_OPTIONS)
+    jv, lv, dv = split_values(options, JOB_OPTIONS, LAYOUT_OPTIONS, DATA_OPTIONS)
     spec = resolve_model(model)
     probs = _Problems()
     j, lay = _job_layout(spec, job, layout, jv, lv, probs)
+    prof, batching = _dataset(dv, spec, probs)
     g = None
     if gpu:
         from .catalog.gpus import get_gpu
@@ -205,8 +225,41 @@ def estimate(model: ModelRef, job: Job | None = None, layout: Layout | None = No
 
         probs.run(lambda: check_gpu(j, g), "precision")  # FP8/NVFP4 need the format's tensor cores
     probs.raise_any()
-    mem = estimate_memory(spec, j, lay, gpu_vendor=g.vendor if g is not None else "nvidia")
-    return Estimate(spec, j, lay, mem, g)
+    batches = None
+    mjob = j
+    if prof is not None:
+        from .dataset import simulate_batches
+
+        batches = simulate_batches(prof, batching, j.seq_len, j.micro_batch, grad_accum=j.grad_accum)
+        mjob = batches.memory_job(j)
+        if batches.padding_free:
+            mjob = mjob.with_(attn_impl="flash")
+    mem = estimate_memory(spec, mjob, lay, gpu_vendor=g.vendor if g is not None else "nvidia")
+    from .advice import fit_advice, job_assumptions
+
+    # a ready Job counts as set where it differs from the defaults; options count where given
+    given = {k for k, v in jv.items() if v is not None}
+    assumed = job_assumptions(j, lay, explicit=given if job is None else None)
+    if job is not None:
+        assumed = tuple(a for a in assumed if a.field not in given)
+    advice = fit_advice(spec, mjob, lay, g) if g is not None and not mem.fits(g.memory_bytes) else ()
+    return Estimate(spec, mjob, lay, mem, g, assumed, advice, prof, batches)
+
+
+def _dataset(dv: Mapping[str, Any], spec: ModelSpec, probs: _Problems) -> tuple[Any, str]:
+    """(the dataset's profile or None, the batching) from the data options."""
+    vals = probs.run(lambda: check_values(dv, DATA_OPTIONS)) or {}
+    batching = vals.get("batching") or "longest"
+    path = vals.get("dataset")
+    if not path:
+        if vals.get("tokenizer"):
+            probs.add("tokenizer", "a tokenizer needs a dataset to count", "pass `dataset=FILE`")
+        return None, batching
+    from .dataset import profile_dataset
+
+    prof = probs.run(lambda: profile_dataset(path, tokenizer=vals.get("tokenizer"), model_name=spec.name,
+                                             family=spec.family), "dataset")
+    return prof, batching
 
 
 # ---------------------------------------------------------------------------------------------
@@ -222,6 +275,7 @@ class Recommendation:
     top: int = 10
     #: the export target the ranking is for (its files run every ranked layout); None: every layout
     target: str | None = "accelerate"
+    dataset: Any = None  # ftplan.dataset.DatasetProfile (with ``dataset=``)
 
     @property
     def best(self):
@@ -229,9 +283,12 @@ class Recommendation:
 
     def to_dict(self) -> dict[str, Any]:
         """The ``ftplan.recommend/1`` document (``top`` plans, the Pareto frontier, why-not)."""
-        from .report import recommend_doc
+        from .report import dataset_dict, recommend_doc
 
-        return recommend_doc(self.model, self.job, self.plans, self.top)
+        doc = recommend_doc(self.model, self.job, self.plans, self.top)
+        if self.dataset is not None:
+            doc["dataset"] = dataset_dict(self.dataset)
+        return doc
 
 
 @dataclass(frozen=True)
@@ -241,6 +298,7 @@ class Comparison:
     model: ModelSpec
     job: Job
     plans: Any  # ftplan.planner.PlanSet
+    dataset: Any = None  # ftplan.dataset.DatasetProfile (with ``dataset=``)
 
     @property
     def per_gpu(self) -> tuple:
@@ -250,9 +308,12 @@ class Comparison:
 
     def to_dict(self) -> dict[str, Any]:
         """The ``ftplan.compare/1`` document."""
-        from .report import compare_doc
+        from .report import compare_doc, dataset_dict
 
-        return compare_doc(self.model, self.job, self.plans)
+        doc = compare_doc(self.model, self.job, self.plans)
+        if self.dataset is not None:
+            doc["dataset"] = dataset_dict(self.dataset)
+        return doc
 
 
 def _offer_filters(values: Mapping[str, Any], probs: _Problems) -> None:
@@ -292,18 +353,19 @@ def _offer_values(ov: Mapping[str, Any], probs: _Problems, default_pricing: Any 
 def _search(model: ModelRef, job: Job | None, options: Mapping[str, Any], offer_list, progress):
     from .planner import recommend as _recommend
 
-    jv, sv, ov = split_values(options, JOB_OPTIONS, SEARCH_OPTIONS, OFFER_OPTIONS)
+    jv, sv, ov, dv = split_values(options, JOB_OPTIONS, SEARCH_OPTIONS, OFFER_OPTIONS, DATA_OPTIONS)
     spec = resolve_model(model)
     probs = _Problems()
     j = probs.run(lambda: build_job(jv, spec, base=job))
     search = {o.name: o.default for o in SEARCH_OPTIONS} | (probs.run(lambda: check_values(sv, SEARCH_OPTIONS)) or {})
     offer_vals = _offer_values(ov, probs)
+    prof, batching = _dataset(dv, spec, probs)
     precisions = search.get("precisions")
     if j is not None and j.precision == "auto":  # `precision=auto`: search the precisions per GPU
         j = j.with_(precision="bf16-mixed", low_precision=None)
         precisions = tuple(precisions or ()) + ("auto",)
     if j is not None:
-        if not j.dataset_tokens:
+        if not j.dataset_tokens and prof is None:
             probs.add("tokens", "the planner needs the dataset size", "pass `tokens`, e.g. `tokens=50M`")
         probs.run(lambda: validate_job(spec, j))
     probs.raise_any()
@@ -313,11 +375,19 @@ def _search(model: ModelRef, job: Job | None, options: Mapping[str, Any], offer_
 
         offers = filter_offers(offers, providers=offer_vals.get("providers"), gpus=offer_vals.get("gpus_filter"),
                                pricing=offer_vals.get("pricing"))
+    if prof is not None and not j.dataset_tokens:
+        from .dataset import simulate_batches
+
+        # the data's tokens after truncation at seq_len (what the planner trains on)
+        j = j.with_(dataset_tokens=simulate_batches(prof, batching, j.seq_len, j.micro_batch).real_tokens)
     target = None if search["target"] == "any" else search["target"]
     ps = _recommend(spec, j, offers, objective=search["objective"], deadline_hours=search["deadline"],
                     budget_usd=search["budget"], max_gpus=search["max_gpus"], safety_margin=search["margin"],
                     global_batch=search["global_batch"], progress=progress, target=target,
+                    preemption_rate=search["preemption_rate"], checkpoint_interval_s=search["checkpoint_interval"],
+                    dataset=prof, batching=batching,
                     precisions=tuple(precisions) if precisions else None)
+    search["dataset"] = prof
     return spec, j, ps, search
 
 
@@ -331,14 +401,15 @@ def recommend(model: ModelRef, job: Job | None = None, *, offer_list: Sequence[A
     these :class:`~ftplan.catalog.offers.Offer` s instead of the catalog.
     """
     spec, j, ps, search = _search(model, job, options, offer_list, progress)
-    return Recommendation(spec, j, ps, search["top"], None if search["target"] == "any" else search["target"])
+    return Recommendation(spec, j, ps, search["top"], None if search["target"] == "any" else search["target"],
+                          search["dataset"])
 
 
 def compare(model: ModelRef, job: Job | None = None, *, offer_list: Sequence[Any] | None = None,
             progress: Callable[[int, int], None] | None = None, **options: Any) -> Comparison:
     """The best plan per accelerator type (``ftplan compare``); options as :func:`recommend`."""
-    spec, j, ps, _ = _search(model, job, options, offer_list, progress)
-    return Comparison(spec, j, ps)
+    spec, j, ps, search = _search(model, job, options, offer_list, progress)
+    return Comparison(spec, j, ps, search["dataset"])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -367,10 +438,11 @@ def fit(model: ModelRef, job: Job | None = None, *, gpu: str | Sequence[str], ma
     from .catalog.gpus import get_gpu
     from .planner import fit as _fit
 
-    (jv,) = split_values(options, JOB_OPTIONS)
+    jv, dv = split_values(options, JOB_OPTIONS, DATA_OPTIONS)
     spec = resolve_model(model)
     probs = _Problems()
     j = probs.run(lambda: build_job(jv, spec, base=job))
+    prof, _ = _dataset(dv, spec, probs)
     fv = probs.run(lambda: check_values({"gpu": gpu, "margin": margin, "max_gpus": max_gpus}, FIT_OPTIONS)) or {}
     names = fv.get("gpu") or ()
     if not names and "gpu" in fv:
@@ -379,7 +451,8 @@ def fit(model: ModelRef, job: Job | None = None, *, gpu: str | Sequence[str], ma
     if j is not None:
         probs.run(lambda: validate_job(spec, j))
     probs.raise_any()
-    results = tuple(_fit(spec, j, g, safety_margin=fv["margin"], max_gpus=fv["max_gpus"]) for g in gpus)
+    results = tuple(_fit(spec, j, g, safety_margin=fv["margin"], max_gpus=fv["max_gpus"], dataset=prof)
+                    for g in gpus)
     return FitReport(spec, j, results, fv["margin"], fv["max_gpus"])
 
 

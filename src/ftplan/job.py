@@ -19,7 +19,7 @@ from typing import Literal
 
 from .errors import ConfigError, Problem
 from .model import ModelSpec
-from .optionspec import group, groups, internal, json_field, lower, option, walk
+from .optionspec import group, groups, internal, json_field, lower, option, options_of
 
 __all__ = [
     "METHODS",
@@ -29,6 +29,8 @@ __all__ = [
     "ATTN_IMPLS",
     "QUANT_TYPES",
     "COMPUTE_DTYPES",
+    "CHECKPOINTING",
+    "LOSSES",
     "LoraSpec",
     "QuantSpec",
     "Job",
@@ -68,6 +70,27 @@ STRATEGIES = ("single", "ddp", "zero1", "zero2", "zero3", "fsdp")
 ATTN_IMPLS = ("sdpa", "flash", "eager")
 QUANT_TYPES = ("nf4", "fp4")
 COMPUTE_DTYPES = ("bf16", "fp16", "fp32")
+#: activation checkpointing variants (``Job.checkpointing``; used when ``gradient_checkpointing``):
+#: ``full`` = HF/torch non-reentrant checkpointing of every decoder layer (transformers 5 default),
+#: ``full-reentrant`` = ``use_reentrant=True`` (what TRL forces for PEFT + DeepSpeed ZeRO-3),
+#: ``selective`` = torch selective activation checkpointing with torchtitan's per-op policy (save
+#: the attention kernel's outputs and every other matmul output), ``selective-attention`` = TRL's
+#: ``gradient_checkpointing_kwargs={"selective": True}`` (save the attention kernel's outputs only),
+#: ``every-k`` = checkpoint every ``checkpoint_every``-th decoder layer (transformers'
+#: ``every_n_layers``: layers 0, k, 2k, ...), ``none`` = off
+CHECKPOINTING = ("none", "full", "full-reentrant", "selective", "selective-attention", "every-k")
+#: the loss path: ``trl`` = TRL >= 1.x SFTTrainer's fused LM head (``loss_type="nll"``, alias
+#: ``chunked_nll``: chunked log-probabilities, the logits are never materialised), ``hf`` =
+#: transformers' ``ForCausalLMLoss`` through ``model(labels=...)`` (full logits, upcast to fp32),
+#: ``liger`` = Liger-Kernel's fused linear cross-entropy (HF Trainer ``use_liger_kernel``; CUDA)
+LOSSES = ("trl", "hf", "liger")
+#: TRL's names for its loss: both are the fused head
+_LOSS_ALIASES = {"nll": "trl", "chunked_nll": "trl", "chunked-nll": "trl"}
+
+
+def _loss_name(text: str) -> str:
+    name = lower(text)
+    return _LOSS_ALIASES.get(name, name)
 
 
 def _optimizer_name(text: str) -> str:
@@ -127,11 +150,14 @@ class Job:
                             help="adamw | adamw_8bit | paged_adamw_8bit | adafactor | sgd")
     micro_batch: int = option(1, flags=("--batch-size",), label="micro-batch", minimum=1, web_max=65536,
                               help="sequences per GPU per step")
-    seq_len: int = option(2048, label="sequence length", minimum=1, web_max=1 << 21, help="tokens per sequence")
+    seq_len: int = option(1024, label="sequence length", minimum=1, web_max=1 << 21,
+                          help="tokens per sequence (TRL SFTConfig max_length default: 1024)")
     grad_accum: int = option(1, label="gradient accumulation", minimum=1, web_max=1 << 20,
                              help="micro-batches per optimizer step")
-    gradient_checkpointing: bool = option(False, flags=("--gc",),
-                                          help="recompute activations in the backward pass")
+    gradient_checkpointing: bool = option(True, flags=("--gc",),
+                                          help="recompute activations in the backward pass (on by default, "
+                                               "as TRL SFTConfig and PEFT's QLoRA preparation have it; "
+                                               "--no-gradient-checkpointing turns it off)")
     attn_impl: str = option("sdpa", name="attn", choices=ATTN_IMPLS, label="attention implementation",
                             help="sdpa | flash | eager")
     lora: LoraSpec = group(LoraSpec, when="uses_lora")
@@ -141,6 +167,20 @@ class Job:
                                         exclusive_minimum=0, web_max=10**15, example="50M", json="data",
                                         help="dataset tokens per epoch, e.g. 50M")
     epochs: float = option(1.0, exclusive_minimum=0.0, web_max=1000.0, json="data", help="passes over the dataset")
+    checkpointing: str = option("full", choices=CHECKPOINTING, label="checkpointing variant", metavar="MODE",
+                                help="with checkpointing on: full (non-reentrant, default) | full-reentrant | "
+                                     "selective (torchtitan op SAC) | selective-attention (TRL selective) | "
+                                     "every-k | none")
+    checkpoint_every: int = option(2, minimum=1, web_max=4096, label="checkpoint every k layers", metavar="K",
+                                   help="every-k checkpointing: layers 0, k, 2k, ... (transformers every_n_layers)")
+    activation_offloading: bool = option(False, help="saved activations to pinned CPU memory "
+                                                     "(TRL activation_offloading=True)")
+    loss: str = option("trl", choices=LOSSES, normalize=_loss_name, label="loss path",
+                       help="trl (SFTTrainer's fused LM head, loss_type=nll, default) | hf (transformers' "
+                            "ForCausalLMLoss, fp32 logits) | liger (fused linear cross-entropy)")
+    padding_free: bool = option(False, help="one row of micro-batch x seq-len tokens with position_ids "
+                                            "(TRL padding_free=True; flash attention varlen)")
+    packing: bool = option(False, help="pack sequences into full rows (TRL packing=True, bfd: padding-free)")
     #: FP8 / NVFP4 recipe (``catalog/data/precisions.json``) on top of ``precision`` (its base,
     #: bf16-mixed): set by passing the recipe as ``precision`` (``Job(precision="fp8")`` becomes
     #: precision="bf16-mixed", low_precision="fp8-tensorwise"; see ``__post_init__``); None = none
@@ -173,6 +213,18 @@ class Job:
         """The frozen base is quantized to 4 bits (QLoRA)."""
         return self.method == "qlora"
 
+    @property
+    def ac_mode(self) -> str:
+        """The activation checkpointing in effect: ``none`` or one of the variants."""
+        if not self.gradient_checkpointing:
+            return "none"
+        return self.checkpointing
+
+    @property
+    def is_padding_free(self) -> bool:
+        """TRL flattens the micro-batch into one row (``padding_free``, or ``packing`` with bfd)."""
+        return self.padding_free or self.packing
+
     def with_(self, **changes) -> "Job":
         return replace(self, **changes)
 
@@ -188,6 +240,10 @@ class Layout:
     offload_params: bool = option(False, help="parameters on the CPU (zero3/fsdp)")
     tp: int = option(1, label="tensor-parallel degree", minimum=1, web_max=1024, help="tensor-parallel degree")
     pp: int = option(1, label="pipeline-parallel degree", minimum=1, web_max=1024, help="pipeline-parallel degree")
+    #: expert parallelism (MoE): routed experts split over ``ep`` ranks of the data-parallel
+    #: group, tokens exchanged with all-to-all (see ftplan.expert_parallel)
+    ep: int = option(1, label="expert-parallel degree", minimum=1, web_max=1024,
+                     help="expert-parallel degree (MoE): routed experts split over EP ranks")
 
     @property
     def world_size(self) -> int:
@@ -219,6 +275,8 @@ class Layout:
             parts.append(f"tp={self.tp}")
         if self.pp > 1:
             parts.append(f"pp={self.pp}")
+        if self.ep > 1:
+            parts.append(f"ep={self.ep}")
         if self.offload_optimizer:
             parts.append("offload-optimizer")
         if self.offload_params:
@@ -262,7 +320,7 @@ def _option_problems(obj, cls, skip: tuple[str, ...] = ()) -> list[Problem]:
     """Problems of ``obj``'s declared choices and bounds (nested groups only when they apply)."""
     active = {name for name, (_, when) in groups(cls).items() if when is None or getattr(obj, when)}
     out: list[Problem] = []
-    for opt in walk(cls):
+    for opt in options_of(cls):
         head = opt.attr.split(".")[0]
         if opt.name in skip or ("." in opt.attr and head not in active):
             continue
@@ -271,6 +329,31 @@ def _option_problems(obj, cls, skip: tuple[str, ...] = ()) -> list[Problem]:
             value = getattr(value, part)
         out += opt.check(value)
     return out
+
+
+def _check_ep(model: ModelSpec, layout: Layout, p: list[Problem]) -> None:
+    """Expert parallelism as transformers' DistributedConfig / torchtitan lay it out: the EP group
+    lies within the data-parallel x tensor-parallel ranks (``ep`` a multiple of ``tp`` dividing
+    ``dp x tp``), every rank holds ``num_experts / ep`` whole experts."""
+    ep = layout.ep
+    if ep < 1:
+        return  # the option's own bound reports it
+    if not model.is_moe:
+        p.append(Problem("ep", f"expert parallelism needs a mixture-of-experts model ({model.name} has no experts)",
+                         "use `ep=1`"))
+        return
+    experts = sorted({g.moe.num_experts for g in model.groups if g.moe is not None})
+    for e in experts:
+        _check(e % ep == 0, p, f"expert-parallel degree {ep} must divide the {e} experts of {model.name}", "ep")
+    dp_tp = layout.dp * layout.tp
+    _check(ep % layout.tp == 0 and dp_tp % ep == 0, p,
+           f"expert-parallel degree {ep} must be a multiple of tp={layout.tp} and divide dp x tp = {dp_tp} "
+           "(the EP group lies within the data-parallel ranks)", "ep")
+    _check(layout.pp == 1, p, "expert parallelism with pipeline parallelism is not modelled", "ep", "use `pp=1`")
+    _check(not (layout.offload_optimizer or layout.offload_params), p,
+           "expert parallelism with CPU offload is not modelled", "ep", "drop the offload")
+    _check(layout.strategy != "single", p, "expert parallelism needs a data-parallel strategy (fsdp, zero1/2/3, ddp)",
+           "strategy")
 
 
 def validate_job(model: ModelSpec, job: Job, layout: Layout | None = None) -> None:
@@ -306,6 +389,12 @@ def validate_job(model: ModelSpec, job: Job, layout: Layout | None = None) -> No
         from .lowprec import job_problems
 
         p += job_problems(model, job)
+    _check(job.checkpoint_every <= model.num_layers, p,
+           f"checkpoint every {job.checkpoint_every} layers: {model.name} has {model.num_layers}",
+           "checkpoint_every", f"use `checkpoint_every` between 1 and {model.num_layers}")
+    if job.uses_lora and job.loss == "trl" and "lm_head" in job.lora.target_modules:
+        p.append(Problem("lora_targets", "TRL's fused LM head reads lm_head.weight directly: SFTTrainer refuses a "
+                         "LoRA adapter on lm_head", "drop lm_head from `lora_targets`, or use `loss=hf`"))
     if job.precision in ("bf16", "fp16") and job.method == "full" and job.optimizer == "adamw":
         pass  # legal (pure half-precision training), the memory model handles it
     # layout
@@ -331,6 +420,8 @@ def validate_job(model: ModelSpec, job: Job, layout: Layout | None = None) -> No
         elif layout.strategy == "single" and layout.dp > 1:
             p.append(Problem("strategy",
                              f"{layout.world_size} GPUs need a data-parallel strategy (ddp, zero1/2/3, fsdp)"))
+    if layout.ep != 1:
+        _check_ep(model, layout, p)
     if layout.offload_params:
         _check(layout.strategy in ("zero3", "fsdp"), p, "parameter offload needs zero3 or fsdp", "offload_params")
     if layout.offload_optimizer:

@@ -441,8 +441,9 @@ def converted_linears(model: ModelSpec, job: Job) -> list[tuple[LinearSpec, int]
     for lin in model.linears():
         if not lin.is_module or lin.in_features % m or lin.out_features % m:
             continue
-        if lin.category == "lm_head" and (r.skips_first_last_linear or r.kind == "weight_only"):
-            continue
+        if lin.category == "lm_head" and (r.skips_first_last_linear or r.kind == "weight_only"
+                                          or getattr(job, "loss", "hf") != "hf"):
+            continue  # (TRL's fused head / Liger read lm_head.weight directly: no module call to convert)
         n = lin.count
         if first is not None and lin.module == first and lin.category == "attention":
             n -= 1  # once: the first layer's (multi-group models list a kind once per group)

@@ -27,6 +27,7 @@ __all__ = [
     "ParamCounts",
     "ModelSpec",
     "model_from_config",
+    "layer_group_order",
 ]
 
 CATEGORIES = ("embedding", "attention", "mlp", "experts", "router", "norms", "lm_head")
@@ -573,3 +574,28 @@ def _moe_spec(fam: Family, cfg: Mapping[str, Any]) -> MoeSpec:
     shared = MlpSpec(h_inter * shared_n) if shared_n else None
     return MoeSpec(_int(cfg, "n_routed_experts"), _int(cfg, "num_experts_per_tok"),
                    _int(cfg, "moe_intermediate_size"), shared, router="deepseek_v3")
+
+
+def layer_group_order(model: ModelSpec) -> list[int]:
+    """Index into ``model.groups`` of every decoder layer, in order (groups merge non-adjacent
+    identical layers, e.g. gemma's alternating sliding/full attention): rebuilt from the config's
+    windows and MoE layers; layers in group order when the config does not say."""
+    n = model.num_layers
+    fam = FAMILIES.get(model.family)
+    order: list[int] | None = None
+    if model.config and fam is not None:
+        cfg0 = text_config(model.config)
+        cfg = {**fam.defaults, **{k: v for k, v in cfg0.items() if v is not None or k not in fam.defaults}}
+        windows = _layer_windows(fam, cfg, n)
+        moe = _moe_layers(fam, cfg, n)
+        order = []
+        for i in range(n):
+            gi = next((j for j, g in enumerate(model.groups)
+                       if g.window == windows[i] and (g.moe is not None) == moe[i]), None)
+            if gi is None:
+                order = None
+                break
+            order.append(gi)
+    if order is None or [order.count(j) for j in range(len(model.groups))] != [g.count for g in model.groups]:
+        order = [j for j, g in enumerate(model.groups) for _ in range(g.count)]
+    return order

@@ -14,6 +14,7 @@ Stdlib only; nothing here knows about argparse, pydantic or the web.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,8 @@ __all__ = [
     "internal",
     "group",
     "walk",
+    "options_of",
+    "groups",
     "TYPES",
     "parse_tokens",
     "parse_int",
@@ -86,6 +89,18 @@ class Option:
     def flag(self) -> str:
         """The primary CLI flag: ``--seq-len`` for ``seq_len``."""
         return "--" + self.name.replace("_", "-")
+
+    @property
+    def negatable(self) -> bool:
+        """A bool option that is on by default: the CLI also has ``--no-<flag>`` for each flag."""
+        return self.type == "bool" and self.default is True and not self.invert
+
+    @property
+    def all_flags(self) -> tuple[str, ...]:
+        """Every CLI flag of the option: the primary one, the aliases and, for a bool option that is
+        on by default, their ``--no-`` forms (``--no-gradient-checkpointing``, ``--no-gc``)."""
+        out = (self.flag, *self.flags)
+        return out + tuple("--no-" + f[2:] for f in out) if self.negatable else out
 
     @property
     def words(self) -> str:
@@ -273,8 +288,15 @@ def walk(cls: type, prefix: str = "", group_name: str = "job") -> Iterator[Optio
                             "option(...), json_field(...) or internal(...) (see docs/extending.md)")
 
 
+@functools.lru_cache(maxsize=None)
+def options_of(cls: type, group_name: str = "job") -> tuple[Option, ...]:
+    """``tuple(walk(cls, group_name=...))``, computed once per class (validation runs it per job)."""
+    return tuple(walk(cls, group_name=group_name))
+
+
+@functools.lru_cache(maxsize=None)
 def groups(cls: type) -> dict[str, tuple[type, str | None]]:
-    """Nested group fields of ``cls``: name -> (dataclass, when)."""
+    """Nested group fields of ``cls``: name -> (dataclass, when). Cached: do not modify."""
     out = {}
     for f in dataclasses.fields(cls):
         meta = f.metadata.get(_META)

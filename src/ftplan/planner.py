@@ -19,10 +19,11 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .cost import Cost, estimate_cost
+from .expert_parallel import ep_degrees, ep_runtime
 from .errors import ConfigError, FtplanError
 from .job import Job, Layout, validate_job
 from .memory import MemoryBreakdown, estimate_memory
@@ -54,6 +55,8 @@ class Plan:
     fastest: bool = False
     pareto: bool = False
     notes: tuple[str, ...] = ()
+    host: Any = None  # HostRequirements (host RAM / disk per node), see ftplan.host
+    risk: Any = None  # SpotRisk on preemptible offers, see ftplan.risk
 
     @property
     def hours(self) -> float:
@@ -65,6 +68,15 @@ class Plan:
         return self.cost.usd
 
     @property
+    def expected_usd(self) -> float:
+        """Cost of the completed job: with preemptions on spot offers, else ``usd``."""
+        return self.risk.expected_usd if self.risk is not None else self.cost.usd
+
+    @property
+    def expected_hours(self) -> float:
+        return self.risk.expected_hours if self.risk is not None else self.hours
+
+    @property
     def strategy_label(self) -> str:
         lo = self.layout
         s = "zero3/fsdp" if lo.strategy in ("zero3", "fsdp") else lo.strategy
@@ -72,6 +84,8 @@ class Plan:
             s += f"+tp{lo.tp}"
         if lo.pp > 1:
             s += f"+pp{lo.pp}"
+        if lo.ep > 1:
+            s += f"+ep{lo.ep}"
         if lo.offload_params:
             s += "+offload(opt,params)"
         elif lo.offload_optimizer:
@@ -128,7 +142,7 @@ class PlanSet:
         return next((p for p in self.plans if p.fastest), None)
 
     def pareto(self) -> tuple[Plan, ...]:
-        return tuple(sorted((p for p in self.plans if p.pareto), key=lambda p: (p.usd, p.hours)))
+        return tuple(sorted((p for p in self.plans if p.pareto), key=lambda p: (p.expected_usd, p.expected_hours)))
 
     def top(self, n: int) -> tuple[Plan, ...]:
         return self.plans[: max(0, n)]
@@ -236,6 +250,9 @@ def _layouts_stage(model: ModelSpec, gpn_list: Sequence[int], node_list: Sequenc
                     out.append(Layout())
                 else:
                     out.extend(Layout(gpn, nodes, s) for s in _DP_STRATEGIES)
+                    # MoE: expert-parallel variants within a node (see ftplan.expert_parallel)
+                    out.extend(Layout(gpn, nodes, s, ep=k) for k in ep_degrees(model, world, gpn)
+                               for s in _DP_STRATEGIES)
             elif stage == "parallel":
                 for tp in (2, 4, 8):
                     if tp > gpn or heads % tp or world % tp:
@@ -260,11 +277,43 @@ class _Fits:
     layout: Layout
     job: Job
     memory: MemoryBreakdown
+    rjob: Job | None = None  # the job the runtime sees (a dataset's average batch), else ``job``
+    mjob: Job | None = None  # the job memory was taken at (a dataset's largest batch), else ``job``
+
+
+class _DataShapes:
+    """A dataset's batches per micro-batch (see ftplan.dataset): the largest one for memory, the
+    average one and the computed (padded) tokens for the runtime."""
+
+    def __init__(self, profile: Any, batching: str) -> None:
+        self.profile = profile
+        self.batching = batching
+        self.cache: dict[tuple, Any] = {}
+
+    def batches(self, job: Job) -> Any:
+        from .dataset import simulate_batches
+
+        key = (job.seq_len, job.micro_batch, job.grad_accum if self.batching == "bucketed" else 1)
+        b = self.cache.get(key)
+        if b is None:
+            b = self.cache[key] = simulate_batches(self.profile, self.batching, job.seq_len, job.micro_batch,
+                                                   grad_accum=job.grad_accum)
+        return b
+
+    def memory_job(self, job: Job) -> Job:
+        b = self.batches(job)
+        mj = b.memory_job(job)
+        return mj.with_(attn_impl="flash") if b.padding_free else mj
+
+    def runtime_job(self, job: Job) -> Job:
+        return self.batches(job).runtime_job(job)
 
 
 def _fitting_variants(memo: _Memo, vendor: str, layout: Layout, job: Job, cap: float,
-                      global_batch: int | None, total_tokens: int | None) -> list[_Fits]:
-    """Every (checkpointing, micro-batch) variant of ``job`` on ``layout`` that fits ``cap``."""
+                      global_batch: int | None, total_tokens: int | None,
+                      data: _DataShapes | None = None) -> list[_Fits]:
+    """Every (checkpointing, micro-batch) variant of ``job`` on ``layout`` that fits ``cap``
+    (with ``data``: memory at the largest batch the loader forms from the dataset)."""
     out: list[_Fits] = []
     dp = layout.dp
     if global_batch is not None:
@@ -284,10 +333,11 @@ def _fitting_variants(memo: _Memo, vendor: str, layout: Layout, job: Job, cap: f
             else:
                 ga = job.grad_accum
             variant = job.with_(micro_batch=mb, grad_accum=ga, gradient_checkpointing=gc)
-            mem = memo.get(vendor, layout, variant)
+            mjob = data.memory_job(variant) if data is not None else None
+            mem = memo.get(vendor, layout, mjob or variant)
             if mem is None or mem.device_total_bytes > cap:
                 break  # memory grows with the micro-batch
-            out.append(_Fits(layout, variant, mem))
+            out.append(_Fits(layout, variant, mem, data.runtime_job(variant) if data is not None else None, mjob))
             if total_tokens is not None and mb * job.seq_len * ga * dp >= total_tokens:
                 break  # one step already covers the whole dataset
             mb *= 2
@@ -365,12 +415,25 @@ def recommend(
     progress: Callable[[int, int], None] | None = None,
     precisions: Sequence[str] | None = None,
     target: str | None = "accelerate",
+    preemption_rate: float | None = None,
+    checkpoint_interval_s: float | None = None,
+    dataset: Any | None = None,
+    batching: str = "longest",
 ) -> PlanSet:
     """Rank every plan that fits, for ``job.dataset_tokens x job.epochs`` tokens.
 
     ``precisions``: also search these precisions / FP8-FP4 recipes (``("auto",)``: the base
     precision plus one FP8 and one FP4 recipe for the method, ``lowprec.auto_precisions``); each
     GPU type runs the ones it supports, and plans carry their precision in ``plan.job``.
+
+    Every plan carries the host RAM / disk it needs (``Plan.host``); an offer whose instance is
+    known to lack the host RAM is rejected with the reason. Spot offers carry the expected cost
+    and time with preemptions (``Plan.risk``; ``preemption_rate`` per instance-hour overrides the
+    catalog's, ``checkpoint_interval_s`` the optimum interval) and are ranked on it.
+
+    ``dataset`` (a ``ftplan.dataset.DatasetProfile``): memory is taken at the largest batch the
+    loader forms under ``batching`` with ``job.seq_len`` as max length, time and cost from the
+    tokens it computes (``job.dataset_tokens`` defaults to the dataset's tokens).
 
     ``global_batch`` (sequences per optimizer step) is kept exactly: grad_accum is chosen per
     layout and micro-batch; without it the job's grad_accum is used. ``gpu_catalog`` maps GPU
@@ -381,6 +444,12 @@ def recommend(
     t0 = time.perf_counter()
     if objective not in OBJECTIVES:
         raise ConfigError(f"unknown objective {objective!r}", "use cost or time", field="objective")
+    data = None
+    if dataset is not None:
+        data = _DataShapes(dataset, batching)
+        data.batches(job)  # validates the batching now (one clear error)
+        if not job.dataset_tokens:
+            job = job.with_(dataset_tokens=data.batches(job).real_tokens)
     if not job.dataset_tokens:
         raise ConfigError("the planner needs the dataset size", "pass `tokens`, e.g. `tokens=50M`", field="tokens")
     if not 0.0 <= safety_margin < 1.0:
@@ -422,6 +491,7 @@ def recommend(
     raw: list[Plan] = []
     infeasible: list[Infeasible] = []
     counts = _Counts()
+    extras = _Extras(preemption_rate, checkpoint_interval_s)
     gpu_names = sorted(by_gpu)
     for gi, slug in enumerate(gpu_names):
         if progress is not None:
@@ -443,16 +513,26 @@ def recommend(
             shapes: dict[tuple[int, bool], list[_Fits]] = {}
             for offer in by_gpu[slug]:
                 fits = _enumerate(memo, model, gjob, gpu, offer, cap, max_gpus, global_batch, total_tokens,
-                                  shapes, counts, keep)
-                best = _best_per_layout(model, gpu, offer, fits, gnotes, runtime_cache, counts)
+                                  shapes, counts, keep, data)
+                best = _best_per_layout(model, gpu, offer, fits, gnotes, runtime_cache, counts, extras)
                 raw.extend(best.values())
                 gpu_plans += len(best)
         if runnable is None:
             hint = "try --method lora on this GPU" if job.method == "qlora" else None
             infeasible.append(Infeasible(slug, refused[0], hint=hint))
+        elif gpu_plans == 0 and slug in extras.host_rejects:
+            offer, why_host = extras.host_rejects[slug][0]
+            infeasible.append(Infeasible(slug, f"{offer.provider} {offer.sku}: {why_host}",
+                                         hint="an instance with more host RAM, or a layout without CPU offload"))
         elif gpu_plans == 0:
             infeasible.append(_why_not(memo, model, runnable, gpu, cap, safety_margin, by_gpu[slug],
                                        max_gpus, global_batch))
+        elif slug in extras.host_rejects:
+            seen_offers = set()
+            for offer, why_host in extras.host_rejects[slug]:
+                if id(offer) not in seen_offers:
+                    seen_offers.add(id(offer))
+                    notes.append(f"rejected {offer.provider} {offer.sku} ({slug}): {why_host}")
     if progress is not None:
         progress(len(gpu_names), len(gpu_names))
 
@@ -502,7 +582,7 @@ def _runnable_filter(model: ModelSpec, target: str | None):
 
 def _enumerate(memo: _Memo, model: ModelSpec, job: Job, gpu: Any, offer: Any, cap: float, max_gpus: int,
                global_batch: int | None, total_tokens: int, shapes: dict[tuple[int, bool], list[_Fits]],
-               counts: _Counts, keep=None) -> list[_Fits]:
+               counts: _Counts, keep=None, data: _DataShapes | None = None) -> list[_Fits]:
     """Every (layout, micro-batch, checkpointing) that fits ``cap`` on instances of ``offer``.
 
     Layouts come in stages: plain data parallelism first, tensor/pipeline parallelism and offload
@@ -525,33 +605,62 @@ def _enumerate(memo: _Memo, model: ModelSpec, job: Job, gpu: Any, offer: Any, ca
                 lays = keep(lays, job, counts)
             counts.layouts += len(lays)
             for lay in lays:
-                fits.extend(_fitting_variants(memo, gpu.vendor, lay, job, cap, global_batch, total_tokens))
+                fits.extend(_fitting_variants(memo, gpu.vendor, lay, job, cap, global_batch, total_tokens, data))
             if fits:
                 break  # tensor/pipeline parallelism and offload only when needed
         shapes[shape] = fits
     return shapes[shape]
 
 
+class _Extras:
+    """Per-search state of the host / spot checks: the options, a cache of host requirements per
+    (layout, job) and the offers rejected for host RAM per GPU type."""
+
+    def __init__(self, preemption_rate: float | None, checkpoint_interval_s: float | None) -> None:
+        self.preemption_rate = preemption_rate
+        self.checkpoint_interval_s = checkpoint_interval_s
+        self.cache: dict[tuple, Any] = {}
+        self.host_rejects: dict[str, list[tuple[Any, str]]] = {}
+
+
 def _best_per_layout(model: ModelSpec, gpu: Any, offer: Any, fits: list[_Fits], gnotes: list[str],
-                     runtime_cache: dict[tuple, RuntimeEstimate], counts: _Counts) -> dict[Layout, Plan]:
-    """The fastest fitting variant per layout on ``offer``, priced."""
+                     runtime_cache: dict[tuple, RuntimeEstimate], counts: _Counts,
+                     extras: _Extras | None = None) -> dict[Layout, Plan]:
+    """The fastest fitting variant per layout on ``offer``, priced; with ``extras``: the host RAM /
+    disk it needs (offers lacking the RAM are rejected) and, on spot offers, the expected cost."""
+    extras = extras or _Extras(None, None)
     best: dict[Layout, Plan] = {}
     for f in fits:
         counts.candidates += 1
         bw = offer.inter_node_gbps if f.layout.nodes > 1 else None
-        rkey = (offer.gpu, bw, f.layout, f.job)
+        rjob = f.rjob or f.job
+        rkey = (offer.gpu, bw, f.layout, rjob)
         rt = runtime_cache.get(rkey)
         if rt is None:
-            rt = estimate_runtime(model, f.job, f.layout, gpu, offer=offer)
-            if f.job.low_precision:  # FP8 / FP4 GEMMs (lowprec.adjust_runtime)
-                rt = low_precision_runtime(model, f.job, f.layout, gpu, rt)
+            rt = estimate_runtime(model, rjob, f.layout, gpu, offer=offer)
+            if f.layout.ep > 1:
+                rt = ep_runtime(rt, model, rjob, f.layout, gpu, offer=offer)
+            if rjob.low_precision:  # FP8 / FP4 GEMMs (lowprec.adjust_runtime)
+                rt = low_precision_runtime(model, rjob, f.layout, gpu, rt)
             runtime_cache[rkey] = rt
         cur = best.get(f.layout)
         if cur is not None and cur.runtime.total_hours <= rt.total_hours:
             continue
         cost = estimate_cost(rt, offer, f.layout, gpu)
+        host, risk, reject, xnotes = _plan_extras(model, f, offer, rt, extras.cache, extras.preemption_rate,
+                                                  extras.checkpoint_interval_s)
+        if reject is not None:
+            extras.host_rejects.setdefault(offer.gpu, []).append((offer, reject))
+            continue
+        if f.mjob is not None and f.rjob is not None:
+            xnotes = (f"dataset: memory at the largest batch, {f.mjob.micro_batch} x {f.mjob.seq_len} tokens; "
+                      f"time from {f.rjob.dataset_tokens:,} computed tokens per epoch; $/M tokens per real token",
+                      ) + xnotes
+            real = (f.job.dataset_tokens or 0) * f.job.epochs
+            if real:
+                cost = replace(cost, usd_per_million_tokens=cost.usd / real * 1e6)
         best[f.layout] = Plan(offer, gpu, f.layout, f.job, f.memory, rt, cost,
-                              notes=tuple(gnotes) + f.memory.notes)
+                              notes=tuple(gnotes) + f.memory.notes + xnotes, host=host, risk=risk)
     return best
 
 
@@ -570,35 +679,60 @@ def _constrain(raw: list[Plan], deadline_hours: float | None,
     """(the plans within the deadline and the budget, why-not of the GPU types that lost all)."""
     kept = raw
     if deadline_hours is not None:
-        kept = [p for p in kept if p.hours <= deadline_hours]
+        kept = [p for p in kept if p.expected_hours <= deadline_hours]
     if budget_usd is not None:
-        kept = [p for p in kept if p.usd <= budget_usd]
+        kept = [p for p in kept if p.expected_usd <= budget_usd]
     infeasible = []
     dropped = {p.gpu.name for p in raw} - {p.gpu.name for p in kept}
     for slug in sorted(dropped):
         mine = [p for p in raw if p.gpu.name == slug]
         parts = []
-        fastest = min(mine, key=lambda p: p.hours)
-        cheapest = min(mine, key=lambda p: p.usd)
-        if deadline_hours is not None and fastest.hours > deadline_hours:
-            parts.append(f"fastest plan takes {fastest.hours:,.1f} h > deadline {deadline_hours:g} h")
-        if budget_usd is not None and cheapest.usd > budget_usd:
-            parts.append(f"cheapest plan costs ${cheapest.usd:,.0f} > budget ${budget_usd:,.0f}")
+        fastest = min(mine, key=lambda p: p.expected_hours)
+        cheapest = min(mine, key=lambda p: p.expected_usd)
+        if deadline_hours is not None and fastest.expected_hours > deadline_hours:
+            parts.append(f"fastest plan takes {fastest.expected_hours:,.1f} h > deadline {deadline_hours:g} h")
+        if budget_usd is not None and cheapest.expected_usd > budget_usd:
+            parts.append(f"cheapest plan costs ${cheapest.expected_usd:,.0f} > budget ${budget_usd:,.0f}")
         if not parts:
-            parts.append(f"no plan meets both deadline and budget (fastest {fastest.hours:,.1f} h "
-                         f"for ${fastest.usd:,.0f}; cheapest ${cheapest.usd:,.0f} in {cheapest.hours:,.1f} h)")
+            parts.append(f"no plan meets both deadline and budget (fastest {fastest.expected_hours:,.1f} h "
+                         f"for ${fastest.expected_usd:,.0f}; cheapest ${cheapest.expected_usd:,.0f} in {cheapest.expected_hours:,.1f} h)")
         infeasible.append(Infeasible(slug, "; ".join(parts),
                                      hint="relax --deadline/--budget or raise --max-gpus"))
     return kept, infeasible
 
 
+def _plan_extras(model: ModelSpec, f: _Fits, offer: Any, rt: RuntimeEstimate, cache: dict,
+                 preemption_rate: float | None, checkpoint_interval_s: float | None):
+    """(host requirements, spot risk or None, why the offer's instance cannot hold it, notes)."""
+    from .host import check_offer, disk_note, host_requirements
+    from .risk import spot_risk
+
+    key = (f.layout, f.job)
+    host = cache.get(key)
+    if host is None:
+        host = cache[key] = host_requirements(model, f.job, f.layout, f.memory)
+    reject = check_offer(host, offer)
+    notes: tuple[str, ...] = ()
+    dn = disk_note(host, offer)
+    if dn:
+        notes += (dn,)
+    risk = None
+    if reject is None and offer.pricing == "spot":
+        risk = spot_risk(rt, offer, f.layout, host.checkpoint, rate_per_hour=preemption_rate,
+                         checkpoint_interval_s=checkpoint_interval_s)
+        if risk.rate_assumed:
+            notes += (f"no published preemption rate for {offer.provider}: {risk.rate_per_hour:g}/h assumed "
+                      "(pass --preemption-rate)",)
+    return host, risk, reject, notes
+
+
 def _sort_key(p: Plan, objective: str) -> tuple:
     tie = (p.offer.provider, p.offer.sku, str(getattr(p.offer, "region", "")), p.layout.world_size,
            p.layout.strategy, p.layout.tp, p.layout.pp, p.layout.offload_optimizer,
-           p.layout.offload_params, p.layout.gpus_per_node)
+           p.layout.offload_params, p.layout.gpus_per_node, p.layout.ep)
     if objective == "time":
-        return (p.hours, p.usd, *tie)
-    return (p.usd, p.hours, *tie)
+        return (p.expected_hours, p.expected_usd, *tie)
+    return (p.expected_usd, p.expected_hours, *tie)
 
 
 def _rank(plans: list[Plan], objective: str) -> tuple[Plan, ...]:
@@ -611,18 +745,16 @@ def _rank(plans: list[Plan], objective: str) -> tuple[Plan, ...]:
     frontier: set[int] = set()
     best_h = math.inf
     last: tuple[float, float] | None = None
-    for p in sorted(plans, key=lambda p: (p.usd, p.hours)):
-        if p.hours < best_h:
+    for p in sorted(plans, key=lambda p: (p.expected_usd, p.expected_hours)):
+        if p.expected_hours < best_h:
             frontier.add(id(p))
-            best_h = p.hours
-            last = (p.usd, p.hours)
-        elif last is not None and (p.usd, p.hours) == last:
+            best_h = p.expected_hours
+            last = (p.expected_usd, p.expected_hours)
+        elif last is not None and (p.expected_usd, p.expected_hours) == last:
             frontier.add(id(p))
     out = []
     for p in ordered:
-        out.append(Plan(p.offer, p.gpu, p.layout, p.job, p.memory, p.runtime, p.cost,
-                        cheapest=p is cheapest, fastest=p is fastest, pareto=id(p) in frontier,
-                        notes=p.notes))
+        out.append(replace(p, cheapest=p is cheapest, fastest=p is fastest, pareto=id(p) in frontier))
     return tuple(out)
 
 
@@ -670,11 +802,18 @@ class FitResult:
     max_micro_batch: int | None  # largest micro-batch on one GPU at the job's sequence length
     min_gpus: dict[str, int | None] = field(default_factory=dict)  # fewest GPUs per strategy
     notes: tuple[str, ...] = ()
+    #: when the job does not fit one GPU: the single changes that make it fit (ftplan.advice)
+    advice: tuple = ()
+    #: with a dataset: % of samples kept untruncated -> the sequence-length cut-off that does it
+    seq_len_cutoffs: dict[float, int] = field(default_factory=dict)
 
 
 def fit(model: ModelSpec, job: Job, gpu: Any, *, safety_margin: float = 0.05,
-        max_gpus: int = 1024) -> FitResult:
-    """What fits on ``gpu``: longest sequence, largest micro-batch, fewest GPUs per strategy."""
+        max_gpus: int = 1024, dataset: Any | None = None,
+        keep_pct: Sequence[float] = (90.0, 95.0, 99.0, 100.0)) -> FitResult:
+    """What fits on ``gpu``: longest sequence, largest micro-batch, fewest GPUs per strategy;
+    with ``dataset`` (a ``DatasetProfile``), the sequence-length cut-off that keeps each
+    ``keep_pct`` % of its samples untruncated, and whether it fits one GPU."""
     if not 0.0 <= safety_margin < 1.0:
         raise ConfigError(f"safety margin must be in [0, 1) (got {safety_margin})", "e.g. `margin=0.05`",
                           field="margin")
@@ -746,6 +885,21 @@ def fit(model: ModelSpec, job: Job, gpu: Any, *, safety_margin: float = 0.05,
         if found is None and fits_now and strategy != "ddp":
             pass
         min_gpus[label] = found
+    advice = ()
+    if not fits_now:
+        from .advice import fit_advice
+
+        advice = fit_advice(model, gjob, one, gpu, margin=safety_margin)
+    cutoffs: dict[float, int] = {}
+    if dataset is not None:
+        for pct in keep_pct:
+            cut = dataset.cutoff(pct)
+            cutoffs[float(pct)] = cut
+            ok_one = max_seq is not None and cut <= max_seq
+            notes.append(f"{pct:g} % of the samples untruncated: --seq-len {cut} "
+                         + ("fits one GPU" if ok_one else "does not fit one GPU at this micro-batch"))
     return FitResult(gpu=gpu.name, memory_bytes=gpu.memory_bytes, usable_bytes=int(cap), fits=fits_now,
+                     advice=advice,
                      device_total_bytes=m0.device_total_bytes if m0 is not None else None,
-                     max_seq_len=max_seq, max_micro_batch=max_mb, min_gpus=min_gpus, notes=tuple(notes))
+                     max_seq_len=max_seq, max_micro_batch=max_mb, min_gpus=min_gpus, notes=tuple(notes),
+                     seq_len_cutoffs=cutoffs)

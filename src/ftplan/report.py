@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from .errors import Renderer, render_refs
 from .job import Job, Layout
 from .memory import COMPONENTS, MemoryBreakdown
 from .model import ModelSpec
@@ -56,7 +57,8 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], align: str | No
 
 
 def estimate_json(model: ModelSpec, job: Job, layout: Layout, mem: MemoryBreakdown,
-                  gpu: Any | None = None) -> dict[str, Any]:
+                  gpu: Any | None = None, assumptions: Sequence[Any] = (),
+                  advice: Sequence[Any] = ()) -> dict[str, Any]:
     p = model.params
     doc: dict[str, Any] = {
         "schema": ESTIMATE_SCHEMA,
@@ -77,11 +79,13 @@ def estimate_json(model: ModelSpec, job: Job, layout: Layout, mem: MemoryBreakdo
         },
         "host_bytes": mem.host_bytes,
         "notes": list(mem.notes),
+        "assumptions": [a.to_dict() for a in assumptions],
     }
     if gpu is not None:
         doc["gpu"] = {"name": gpu.name, "memory_bytes": gpu.memory_bytes}
         doc["fits"] = mem.fits(gpu.memory_bytes)
         doc["headroom_bytes"] = mem.headroom_bytes(gpu.memory_bytes)
+        doc["advice"] = [a.to_dict() for a in advice]
     return doc
 
 
@@ -96,16 +100,30 @@ def _precision_text(job: Job) -> str:
     return f"{job.low_precision} ({lib}on {job.precision})"
 
 
+_CKPT_WORDS = {"none": "off", "full": "on", "full-reentrant": "on (reentrant)", "selective": "selective (op SAC)",
+               "selective-attention": "selective (attention)"}
+
+
+def _job_line(job: Job) -> str:
+    ckpt = _CKPT_WORDS.get(job.ac_mode, f"every {job.checkpoint_every} layers")
+    extra = [f"loss {job.loss}"]
+    if job.activation_offloading:
+        extra.append("activation offloading")
+    if job.is_padding_free:
+        extra.append("packed" if job.packing else "padding-free")
+    return (f"job: {job.method}, {_precision_text(job)}, {job.optimizer}, micro-batch {job.micro_batch} x "
+            f"{job.seq_len} tokens, checkpointing {ckpt}, attention {job.attn_impl}, " + ", ".join(extra))
+
+
 def estimate_text(model: ModelSpec, job: Job, layout: Layout, mem: MemoryBreakdown,
-                  gpu: Any | None = None) -> str:
+                  gpu: Any | None = None, assumptions: Sequence[Any] = (), advice: Sequence[Any] = (),
+                  renderer: Renderer | None = None) -> str:
     p = model.params
     lines = [
         f"{model.name}  ({model.family}, {p.total:,} parameters"
         + (f", {p.active:,} active" if model.is_moe else "")
         + f"; trainable {mem.params_trainable:,})",
-        f"job: {job.method}, {_precision_text(job)}, {job.optimizer}, micro-batch {job.micro_batch} x "
-        f"{job.seq_len} tokens, checkpointing {'on' if job.gradient_checkpointing else 'off'}, "
-        f"attention {job.attn_impl}",
+        _job_line(job),
         f"layout: {layout.describe()}",
         "",
     ]
@@ -132,6 +150,12 @@ def estimate_text(model: ModelSpec, job: Job, layout: Layout, mem: MemoryBreakdo
         )
     for n in mem.notes:
         lines.append(f"note: {n}")
+    if gpu is not None and advice:
+        lines.append("single changes that make it fit:")
+        lines += [f"  - {render_refs(a.text, renderer)}" for a in advice]
+    if assumptions:
+        lines.append("assumed (defaults of the reference stack; change them with the options named):")
+        lines += [f"  - {a.text} [{a.source}; {render_refs(a.change, renderer)}]" for a in assumptions]
     return "\n".join(lines)
 
 
@@ -171,15 +195,82 @@ def plan_dict(p) -> dict[str, Any]:
         "cost": {"instances": c.instances, "gpus_billed": c.gpus_billed, "billed_hours": c.billed_hours,
                  "usd": c.usd, "usd_per_million_tokens": c.usd_per_million_tokens,
                  "energy_kwh_upper_bound": c.energy_kwh},
+        "host": host_dict(p.host) if p.host is not None else None,
+        "spot": spot_dict(p.risk) if p.risk is not None else None,
+        "expected_usd": p.expected_usd,
+        "expected_hours": p.expected_hours,
         "cheapest": p.cheapest, "fastest": p.fastest, "pareto": p.pareto,
         "notes": list(p.notes),
     }
+
+
+def host_dict(h) -> dict[str, Any]:
+    """Host RAM / disk per node of a plan (``plans[i].host``, see ftplan.host)."""
+    ck = h.checkpoint
+    return {"ram_bytes": h.ram_bytes, "ram_phase": h.ram_phase, "ram_breakdown": dict(h.ram_breakdown),
+            "disk_bytes": h.disk_bytes, "disk_breakdown": dict(h.disk_breakdown),
+            "efficient_loading": h.efficient_loading,
+            "checkpoint": {"kind": ck.kind, "weights_bytes": ck.weights_bytes, "optimizer_bytes": ck.optimizer_bytes,
+                           "total_bytes": ck.total_bytes, "sharded": ck.sharded, "writers": ck.writers},
+            "notes": list(h.notes)}
+
+
+def spot_dict(r) -> dict[str, Any]:
+    """Expected time and cost with preemptions on a spot offer (``plans[i].spot``, see ftplan.risk)."""
+    return {"rate_per_instance_hour": r.rate_per_hour, "job_rate_per_hour": r.job_rate_per_hour,
+            "rate_source": r.rate_source, "rate_basis": r.rate_basis, "rate_assumed": r.rate_assumed,
+            "checkpoint_bytes": r.checkpoint_bytes, "checkpoint_write_s": r.checkpoint_write_s,
+            "checkpoint_interval_hours": r.interval_hours, "checkpoint_interval_optimal": r.interval_optimal,
+            "restart_s": r.restart_s, "capacity_wait_s": r.capacity_wait_s,
+            "expected_preemptions": r.expected_preemptions, "p_no_preemption": r.p_no_preemption,
+            "expected_hours": r.expected_hours, "expected_billed_hours": r.expected_billed_hours,
+            "expected_usd": r.expected_usd, "uninterrupted_usd": r.uninterrupted_usd,
+            "overhead_fraction": r.overhead_fraction}
+
+
+def dataset_text(profile, batches=None) -> str:
+    """The dataset summary and length histogram under a text table."""
+    s = profile.summary()
+    lines = [f"dataset: {s['path']} ({s['format']}, {s['kind']}), {s['samples']:,} samples, "
+             f"{s['total_tokens']:,} tokens ({s['counter']})"
+             + (f"; sampled: {s['sampling']}" if s["sampled"] else ""),
+             f"  lengths: p50 {s['p50']:,}, p90 {s['p90']:,}, p95 {s['p95']:,}, p99 {s['p99']:,}, max {s['max']:,}"]
+    total = max(1, profile.measured)
+    for lo, hi, n in profile.histogram():
+        lines.append(f"  {lo:>8,} - {hi:<8,} {n:>9,} {'#' * max(0, round(40 * n / total))}")
+    if batches is not None:
+        b = batches
+        lines.append(f"batches ({b.batching}, max length {b.max_length}, micro-batch {b.micro_batch}): largest "
+                     f"{b.peak_rows} x {b.peak_seq_len} tokens; {b.real_tokens:,} real / {b.computed_tokens:,} "
+                     f"computed tokens per epoch ({b.padding_fraction:.0%} padding), {b.truncated_samples:,} samples "
+                     f"truncated")
+    lines += [f"  note: {n}" for n in profile.notes + (batches.notes if batches is not None else ())]
+    return "\n".join(lines)
+
+
+def dataset_dict(profile, batches=None) -> dict[str, Any]:
+    """The data a plan was made from (``dataset`` of the search / estimate documents)."""
+    doc: dict[str, Any] = dict(profile.summary())
+    doc["histogram"] = [{"low": lo, "high": hi, "count": n} for lo, hi, n in profile.histogram()]
+    doc["notes"] = list(profile.notes)
+    if batches is not None:
+        doc["batches"] = batches.summary()
+        doc["batches"]["notes"] = list(batches.notes)
+    return doc
 
 
 def infeasible_dict(i) -> dict[str, Any]:
     """One why-not entry (``infeasible[i]``)."""
     return {"gpu": i.gpu, "reason": i.reason, "hint": i.hint, "needed_bytes": i.needed_bytes,
             "available_bytes": i.available_bytes}
+
+
+def search_assumptions(job: Job) -> tuple:
+    """The defaults a search rests on (the search itself picks checkpointing on/off and the
+    micro-batch per plan, so those are not assumptions)."""
+    from .advice import job_assumptions
+
+    return tuple(a for a in job_assumptions(job) if a.field not in ("gradient_checkpointing", "micro_batch"))
 
 
 def _header_doc(schema: str, model, job, ps) -> dict[str, Any]:
@@ -190,7 +281,8 @@ def _header_doc(schema: str, model, job, ps) -> dict[str, Any]:
             "search": {"offers": s.offers, "gpu_types": s.gpu_types, "layouts": s.layouts,
                        "memory_evals": s.memory_evals, "runtime_evals": s.runtime_evals,
                        "candidates": s.candidates, "seconds": s.seconds, "max_gpus": s.max_gpus},
-            "notes": list(ps.notes)}
+            "notes": list(ps.notes),
+            "assumptions": [a.to_dict() for a in search_assumptions(job)]}
 
 
 def recommend_doc(model, job, ps, top: int = 10) -> dict[str, Any]:
@@ -244,12 +336,16 @@ def fit_doc(model, job, results, margin: float) -> dict[str, Any]:
     """The ``ftplan.fit/1`` document of a list of FitResults."""
     return {"schema": FIT_SCHEMA, "model": {"name": model.name, "hf_id": model.hf_id},
             "job": {"method": job.method, "seq_len": job.seq_len, "micro_batch": job.micro_batch,
-                    "gradient_checkpointing": job.gradient_checkpointing},
+                    "gradient_checkpointing": job.gradient_checkpointing, "checkpointing": job.checkpointing,
+                    "activation_offloading": job.activation_offloading, "loss": job.loss},
             "margin": margin,
             "results": [{"gpu": r.gpu, "memory_bytes": r.memory_bytes, "usable_bytes": r.usable_bytes,
                          "fits": r.fits, "device_total_bytes": r.device_total_bytes,
                          "max_seq_len": r.max_seq_len, "max_micro_batch": r.max_micro_batch,
-                         "min_gpus": r.min_gpus, "notes": list(r.notes)} for r in results]}
+                         "min_gpus": r.min_gpus, "notes": list(r.notes),
+                         "advice": [a.to_dict() for a in r.advice],
+                         "seq_len_cutoffs": [{"keep_pct": k, "seq_len": v} for k, v in r.seq_len_cutoffs.items()]}
+                        for r in results]}
 
 
 # ---------------------------------------------------------------------------------------------

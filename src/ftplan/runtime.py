@@ -28,6 +28,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from .actflops import loss_extra_flops_per_token, recompute_flops_per_token
 from .catalog.efficiency import Efficiency, efficiency
 from .errors import ConfigError
 from .job import PRECISIONS, Job, Layout, lora_targets
@@ -127,7 +128,7 @@ _FLOPS_CACHE: dict[tuple, FlopsPerToken] = {}
 def flops_per_token(model: ModelSpec, job: Job) -> FlopsPerToken:
     """FLOPs per token of ``job`` on ``model`` (independent of micro-batch and layout)."""
     key = (model, job.method, job.lora.r, job.lora.target_modules, job.seq_len, job.attn_impl,
-           job.gradient_checkpointing)
+           job.ac_mode, job.checkpoint_every, job.loss)
     hit = _FLOPS_CACHE.get(key)
     if hit is not None:
         return hit
@@ -159,7 +160,8 @@ def flops_per_token(model: ModelSpec, job: Job) -> FlopsPerToken:
         bwd = 2.0 * fwd
     else:  # frozen base: input gradients only; attention and adapters: input + weight grads
         bwd = base + 2.0 * attn + 2.0 * adapters
-    recompute = (fwd - lm_head) if job.gradient_checkpointing else 0.0
+    # checkpointing variants and the loss path (actflops): what backward re-executes
+    recompute = recompute_flops_per_token(model, job, attn) + loss_extra_flops_per_token(model, job)
     out = FlopsPerToken(forward=fwd, backward=bwd, recompute=recompute, base_matmul=base,
                         attention=attn, adapters=adapters, lm_head=lm_head)
     if len(_FLOPS_CACHE) > 4096:

@@ -250,8 +250,8 @@ def test_export_with_the_real_render_bundle(client):
     assert r.status_code == 422 and fields(r) == {"export_target"}
     # tensor parallelism exports (transformers' TP plan); pipeline parallelism is ranked only with
     # target=any and then refused -> 422 on plan_index with the reason
-    job = {"model": "llama-3.1-70b", "method": "full", "tokens": "20M", "gpus_filter": ["b200"], "max_gpus": 8,
-           "top": 50}
+    job = {"model": "llama-3.1-70b", "method": "full", "tokens": "20M", "seq_len": 4096, "gpus_filter": ["b200"],
+           "max_gpus": 8, "top": 50}
     plans = client.post("/api/recommend", json=job).json()["plans"]
     assert plans and not any(p["layout"]["pp"] > 1 for p in plans)
     tp = [i for i, p in enumerate(plans) if p["layout"]["tp"] > 1]
@@ -326,8 +326,8 @@ def test_options_endpoint_gives_the_page_its_defaults(client):
     form = re.search(r"const FORM_OPTIONS = \[(.*?)\];", js, re.S).group(1)
     used = re.findall(r'"([a-z_]+)"', form)
     assert used and set(used) <= set(names)
-    assert names["seq_len"]["default"] == 2048 and names["method"]["choices"] == ["full", "lora", "qlora"]
+    assert names["seq_len"]["default"] == 1024 and names["method"]["choices"] == ["full", "lora", "qlora"]
     assert names["tokens"]["example"] and names["lora_dropout"]["default"] is None  # auto
     # no option default is written into the page itself
     html = Path(ftplan.web.__file__).with_name("static").joinpath("index.html").read_text()
-    assert 'value="2048"' not in html and 'value="all-linear"' not in html
+    assert 'value="1024"' not in html and 'value="all-linear"' not in html

@@ -23,6 +23,10 @@ _REQUIRED = (
     "zero_bucket_bytes",
     "bnb_8bit_block_size",
     "bnb_8bit_min_size",
+    "trl_offload_stash_tensors",
+    "trl_offload_min_bytes",
+    "trl_logprob_token_chunk",
+    "trl_logprob_vocab_chunk",
 )
 
 
@@ -37,6 +41,10 @@ class MemoryConstants:
     zero_bucket_bytes: int
     bnb_8bit_block_size: int
     bnb_8bit_min_size: int
+    trl_offload_stash_tensors: int
+    trl_offload_min_bytes: int
+    trl_logprob_token_chunk: int
+    trl_logprob_vocab_chunk: int
 
     def context_bytes(self, vendor: str | None) -> int:
         return self.cuda_context_bytes_amd if (vendor or "").lower() == "amd" else self.cuda_context_bytes

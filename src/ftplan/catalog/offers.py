@@ -25,6 +25,10 @@ billing_granularity_s  no        billing increment in seconds (1 = per-second, 6
 as_of                  yes       date the price was observed, ``YYYY-MM-DD``
 source                 yes       where the price comes from (URL/repo and date)
 notes                  no        free text
+host_ram_gib           no        host (CPU) RAM of one instance in GiB; blank = unknown
+local_disk_gb          no        local disk of one instance in GB (instance store / bundled SSD,
+                                 not a network volume the user sizes); blank = unknown
+host_source            no        where host_ram_gib / local_disk_gb come from (required with them)
 =====================  ========  ===============================================================
 
 The bundled file keeps price history: a (provider, sku, gpu, gpus_per_instance, pricing,
@@ -88,6 +92,9 @@ OFFER_COLUMNS = (
     "as_of",
     "source",
     "notes",
+    "host_ram_gib",
+    "local_disk_gb",
+    "host_source",
 )
 _REQUIRED = frozenset({"provider", "sku", "gpu", "gpus_per_instance", "usd_per_gpu_hour", "pricing", "as_of", "source"})
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
@@ -113,6 +120,9 @@ class Offer:
     as_of: _dt.date
     source: str
     notes: str | None
+    host_ram_gib: float | None = None  # host RAM of one instance (GiB); None = unknown
+    local_disk_gb: float | None = None  # local disk of one instance (GB); None = unknown
+    host_source: str | None = None
 
     @property
     def usd_per_instance_hour(self) -> float:
@@ -210,6 +220,13 @@ def _parse_offers(text: str, display: str, gpus: Mapping[str, GpuSpec]) -> list[
             if row["billing_granularity_s"]
             else None
         )
+        host = {}
+        for col in ("host_ram_gib", "local_disk_gb"):
+            if row.get(col):
+                host[col] = parse_float(display, line, col, row[col])
+        if host and not row.get("host_source"):
+            raise field_error(display, line, "host_source", "required with host_ram_gib / local_disk_gb",
+                              "say where the instance's RAM / disk figures come from")
         offer = Offer(
             provider=row["provider"],
             sku=row["sku"],
@@ -224,6 +241,8 @@ def _parse_offers(text: str, display: str, gpus: Mapping[str, GpuSpec]) -> list[
             as_of=_parse_date(display, line, "as_of", row["as_of"]),
             source=row["source"],
             notes=row["notes"] or None,
+            host_source=row.get("host_source") or None,
+            **host,
         )
         ident = (*offer.key, offer.as_of)
         if ident in seen:

@@ -57,6 +57,8 @@ def row_to_argv(row: dict) -> list[str]:
         if opt is not None and opt.type == "bool":
             if v:
                 argv.append(flag)
+            elif opt.negatable:  # on by default: say off
+                argv.append("--no-" + flag[2:])
             continue
         if isinstance(v, (list, tuple)):
             v = ",".join(map(str, v))

@@ -69,7 +69,9 @@ def add_options(p: argparse.ArgumentParser, table: tuple[Option, ...], title: st
         if not o.cli or o.name in skip:
             continue
         kw: dict[str, Any] = {"dest": o.name, "default": argparse.SUPPRESS, "help": _help(o)}
-        if o.type == "bool":
+        if o.negatable:  # on by default: --flag / --no-flag
+            kw["action"] = argparse.BooleanOptionalAction
+        elif o.type == "bool":
             kw["action"] = "store_true"
         else:
             kw["type"] = _PARSERS.get(o.type, str)

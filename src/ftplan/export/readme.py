@@ -134,6 +134,7 @@ def render_readme(plan: dict[str, Any], *, job: Job, layout: Layout, kind: str, 
     ]
     L += [f"| {a} | {b} |" for a, b in rows]
     L.append("")
+    L += _host_spot_section(plan)
 
     # ---- alternatives ------------------------------------------------------------------------
     alts = list(alternatives)[:8]
@@ -217,3 +218,38 @@ def render_readme(plan: dict[str, Any], *, job: Job, layout: Layout, kind: str, 
     if all_notes:
         L += ["## Notes", ""] + [f"- {n}" for n in all_notes] + [""]
     return "\n".join(L)
+
+
+def _host_spot_section(plan: dict[str, Any]) -> list[str]:
+    """Host RAM / disk per node, and on a spot offer the expected cost with preemptions (plans
+    written by ftplan >= the issue-19 planner carry ``host`` and ``spot``; older ones do not)."""
+    L: list[str] = []
+    host, spot = plan.get("host"), plan.get("spot")
+    if host:
+        ram, disk = host.get("ram_breakdown", {}), host.get("disk_breakdown", {})
+        ck = host.get("checkpoint", {})
+        L += ["## Host RAM and disk per node", "",
+              f"Host RAM: **{host['ram_bytes'] / 2**30:,.0f} GiB** at its peak ({host.get('ram_phase', '?')}); "
+              + ", ".join(f"{k.replace('_', ' ')} {v / 2**30:,.0f} GiB" for k, v in ram.items() if v) + ". "
+              + ("CPU-RAM-efficient loading assumed (one process per node loads the weights)."
+                 if host.get("efficient_loading") else "Every process loads the whole model on the CPU first."),
+              "",
+              f"Disk: **{host['disk_bytes'] / _GB:,.0f} GB** per node; "
+              + ", ".join(f"{k.replace('_', ' ')} {v / _GB:,.0f} GB" for k, v in disk.items() if v)
+              + (f". A training checkpoint is {ck.get('total_bytes', 0) / _GB:,.1f} GB ({ck.get('kind')}, "
+                 f"{'sharded over ' + str(ck.get('writers')) + ' ranks' if ck.get('sharded') else 'one writer'})."
+                 if ck else "."),
+              ""]
+    if spot:
+        interval = spot.get("checkpoint_interval_hours")
+        L += ["## Spot: expected cost with preemptions", "",
+              f"This is a spot offer. With {spot['rate_per_instance_hour']:g} reclaims per instance-hour "
+              f"({spot.get('rate_basis', '')}), the job expects {spot['expected_preemptions']:.2f} preemptions "
+              f"({spot['p_no_preemption']:.0%} chance of none), takes {spot['expected_hours']:,.2f} h and costs "
+              f"{_money(spot['expected_usd'])} (uninterrupted: {_money(spot.get('uninterrupted_usd'))}), "
+              + (f"checkpointing every {interval:,.2f} h of training to durable storage "
+                 f"({spot['checkpoint_write_s']:,.1f} s per checkpoint)."
+                 if interval else "without periodic checkpoints."),
+              "Set `--save_steps` so that a checkpoint is written about that often, on a volume or bucket that "
+              "survives the instance.", ""]
+    return L

@@ -71,6 +71,9 @@ def job_to_dict(job) -> dict[str, Any]:
 
 
 def job_from_dict(d: dict[str, Any]):
+    d = dict(d)
+    # records from before the loss path was a job option measured model(labels=...): transformers' loss
+    d.setdefault("loss", "hf")
     return options.job_from_dict(d)
 
 

@@ -197,6 +197,22 @@ def _train_steps(torch, model, job, device: str, steps: int, warmup: int, vocab:
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise MeasurementError("the built model has no trainable parameters")
+    if job.loss == "liger":
+        raise MeasurementError("the liger loss path is not measured by ftplan measure (it needs liger-kernel "
+                               "and Triton): use --loss trl or hf")
+    if job.loss == "trl":
+        from trl.trainer.utils import add_fused_lm_head
+
+        add_fused_lm_head(model.get_base_model() if hasattr(model, "get_base_model") else model,
+                          outputs=("log_probs", "entropy", "is_top1"))
+    offload_ctx = None
+    if job.activation_offloading:
+        if device != "cuda":
+            raise MeasurementError("activation offloading moves activations off a GPU: measure it on CUDA")
+        from trl.models.activation_offloading import get_act_offloading_ctx_manager
+
+        offload_ctx = get_act_offloading_ctx_manager(model)
+    offload = offload_ctx if offload_ctx is not None else _null()
     opt, opt_desc = trainer_optimizer(job.optimizer, params)
     run["optimizer_impl"] = opt_desc
     prec = PRECISIONS[job.precision]
@@ -220,16 +236,21 @@ def _train_steps(torch, model, job, device: str, steps: int, warmup: int, vocab:
         sync()
         t0 = time.perf_counter()
         for i, ids in enumerate(batches):
-            tracker = SavedBytes(model) if step == 0 and i == 0 else None
+            tracker = SavedBytes(model) if step == 0 and i == 0 and offload_ctx is None else None
             ctx = torch.autocast(dev_type, dtype=cdtype) if autocast else _null()
             hooks = tracker.hooks() if tracker else _null()
-            with ctx, hooks:
-                out = model(input_ids=ids, labels=ids)
-                loss = out.loss / job.grad_accum
-            if tracker:
-                tensors["saved_activation_bytes"] = tracker.total
-                tensors["saved_weight_copy_bytes"] = tracker.weight_copy_bytes
-            loss.backward()
+            with offload:  # TRL: one context around the forward and the backward (training_step)
+                with ctx, hooks:
+                    if job.loss == "trl":  # SFTTrainer.compute_loss with the fused LM head
+                        out = model(input_ids=ids, labels=ids, fused_lm_head=True)
+                        loss = -out.log_probs.sum() / (ids.numel() - ids.shape[0]) / job.grad_accum
+                    else:
+                        out = model(input_ids=ids, labels=ids)
+                        loss = out.loss / job.grad_accum
+                if tracker:
+                    tensors["saved_activation_bytes"] = tracker.total
+                    tensors["saved_weight_copy_bytes"] = tracker.weight_copy_bytes
+                loss.backward()
             if i == len(batches) - 1:
                 losses.append(float(loss.detach().float().item()) * job.grad_accum)
             del out, loss
@@ -370,7 +391,12 @@ def measure(
         model, reused = cache.get(build_key(model_ref, job, device, bool(tiny)),
                                   lambda: hf.build_for_job(config, job, device, seed))
         run["model_reused"] = reused
-        hf.set_gradient_checkpointing(model, job.gradient_checkpointing)
+        if job.ac_mode not in ("none", "full"):
+            from .acref import enable_checkpointing  # transformers / TRL / torch SAC, as the stack does it
+
+            enable_checkpointing(model, job.ac_mode, every=job.checkpoint_every)
+        else:
+            hf.set_gradient_checkpointing(model, job.gradient_checkpointing)
         if _step_hook:
             _step_hook(model=model, job=job, device=device)
         _train_steps(torch, model, job, device, steps, warmup, built.vocab_size, seed, measured, run, sync)

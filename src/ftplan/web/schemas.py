@@ -116,12 +116,17 @@ class _ModelRef(BaseModel):
         return v
 
     def cache_key(self, endpoint: str) -> str:
-        return endpoint + json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        # what was given, not the filled-in defaults: an answer lists the defaults it assumed
+        return endpoint + json.dumps(self.model_dump(mode="json", exclude_unset=True), sort_keys=True,
+                                     separators=(",", ":"))
 
     def values(self, *tables: tuple[Option, ...]) -> dict[str, Any]:
-        """The option values of ``tables`` in this request (name -> value; None = not set)."""
+        """The option values of ``tables`` given in this request (name -> value; None = not set):
+        options left out take the schema's defaults in the library, which lists them as assumed."""
         fields = type(self).model_fields
-        return {o.name: getattr(self, o.name) for t in tables for o in t if o.web and o.name in fields}
+        given = self.model_fields_set
+        return {o.name: getattr(self, o.name) for t in tables for o in t
+                if o.web and o.name in fields and o.name in given}
 
 
 JobRequest = create_model(

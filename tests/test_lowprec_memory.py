@@ -110,7 +110,8 @@ def test_torchao_float8_filter_leaves_non_multiple_of_16_mlp():
     """The tiny llama's MLP width 120 is not a multiple of 16: accelerate leaves it in bf16."""
     cfg = _cfg("llama", mlp16=False)
     spec = model_from_config(cfg)
-    job = Job(loss="hf", method="full", micro_batch=2, seq_len=24, low_precision="fp8-tensorwise")
+    job = Job(loss="hf", method="full", micro_batch=2, seq_len=24, gradient_checkpointing=False,
+              low_precision="fp8-tensorwise")
     assert {lin.module for lin, _ in converted_linears(spec, job)} == {"q_proj", "k_proj", "v_proj", "o_proj"}
     r = _measure(cfg, job, "sdpa")
     acts, copies = _predict(spec, job)
@@ -200,8 +201,9 @@ def test_torchao_float8_lora_on_moe_delta_exact():
     experts are 3-D parameters, never converted; the dense layer's MLP is)."""
     cfg = _cfg("qwen3_moe")
     spec = model_from_config(cfg)
-    job = Job(loss="hf", method="lora", micro_batch=2, seq_len=24, lora=LoraSpec(r=16, alpha=32, dropout=0.0,
-              target_modules=("q_proj", "k_proj", "v_proj", "o_proj")), low_precision="fp8-tensorwise")
+    job = Job(loss="hf", method="lora", micro_batch=2, seq_len=24, gradient_checkpointing=False,
+              lora=LoraSpec(r=16, alpha=32, dropout=0.0, target_modules=("q_proj", "k_proj", "v_proj", "o_proj")),
+              low_precision="fp8-tensorwise")
     base = job.with_(low_precision=None)
     measured = _measure(cfg, job, "sdpa").saved_bytes - _measure(cfg, base, "sdpa").saved_bytes
     predicted = sum(_predict(spec, job)) - sum(_predict(spec, base))

@@ -52,6 +52,8 @@ __all__ = [
     "recommend",
     "Comparison",
     "compare",
+    "ClaimsReport",
+    "claims",
     "FitReport",
     "fit",
     "Bundle",
@@ -230,6 +232,10 @@ def estimate(model: ModelRef, job: Job | None = None, layout: Layout | None = No
         g = probs.run(lambda: get_gpu(gpu), "gpu")
     if j is not None and lay is not None:
         probs.run(lambda: validate_job(spec, j, lay))
+    if g is not None and j is not None and j.low_precision:
+        from .lowprec import check_gpu
+
+        probs.run(lambda: check_gpu(j, g), "precision")  # FP8/NVFP4 need the format's tensor cores
     probs.raise_any()
     batches = None
     mjob = j
@@ -399,6 +405,10 @@ def _search(model: ModelRef, job: Job | None, options: Mapping[str, Any], offer_
     search = {o.name: o.default for o in SEARCH_OPTIONS} | (probs.run(lambda: check_values(sv, SEARCH_OPTIONS)) or {})
     offer_vals = _offer_values(ov, probs)
     prof, batching = _dataset(dv, spec, probs)
+    precisions = search.get("precisions")
+    if j is not None and j.precision == "auto":  # `precision=auto`: search the precisions per GPU
+        j = j.with_(precision="bf16-mixed", low_precision=None)
+        precisions = tuple(precisions or ()) + ("auto",)
     if j is not None:
         if not j.dataset_tokens and prof is None:
             probs.add("tokens", "the planner needs the dataset size", "pass `tokens`, e.g. `tokens=50M`")
@@ -423,7 +433,8 @@ def _search(model: ModelRef, job: Job | None, options: Mapping[str, Any], offer_
                     preemption_rate=search["preemption_rate"], checkpoint_interval_s=search["checkpoint_interval"],
                     dataset=prof, batching=batching, cache=search_cache,
                     micro_batch=j.micro_batch if jv.get("micro_batch") is not None else None,
-                    strategy=search.get("fixed_strategy"), num_gpus=search.get("fixed_gpus"))
+                    strategy=search.get("fixed_strategy"), num_gpus=search.get("fixed_gpus"),
+                    precisions=tuple(precisions) if precisions else None)
     search["dataset"] = prof
     return spec, j, ps, search
 
@@ -668,6 +679,25 @@ def offers(*, sort: str = "price", max_age_days: int = 120, today: _dt.date | No
     return OfferList(tuple(rows), today or _dt.date.today(), max_age_days)
 
 
+@dataclass(frozen=True)
+class ClaimsReport:
+    """The seed articles' FP8 / FP4 claims with ftplan's answers (``ftplan claims``)."""
+
+    claims: tuple
+
+    def to_dict(self) -> dict[str, Any]:
+        from .claims import CLAIMS_SCHEMA
+
+        return {"schema": CLAIMS_SCHEMA, "claims": [c.to_dict() for c in self.claims]}
+
+
+def claims() -> ClaimsReport:
+    """FP8 / FP4 claims of the seed articles answered with ftplan's numbers (``ftplan claims``)."""
+    from .claims import seed_claims
+
+    return ClaimsReport(tuple(seed_claims()))
+
+
 def options_schema() -> dict[str, Any]:
     """The options schema as JSON (``ftplan.options/1``; the web page's defaults)."""
     return schema_doc()
@@ -689,6 +719,9 @@ def measure(model: str, job: Job | None = None, layout: Layout | None = None, *,
     probs = _Problems()
     j = probs.run(lambda: build_job(jv, base=job))
     lay = probs.run(lambda: build_layout(lv, base=layout))
+    if j is not None and j.low_precision:
+        probs.add("precision", f"`ftplan measure` runs the base precisions only, not {j.low_precision}",
+                  "measure with `precision=bf16-mixed` (FP8/FP4 runs are not measured yet)")
     probs.raise_any()
     return _measure(model, j, lay, steps=steps, warmup=warmup, device=device, tiny=tiny, seed=seed,
                     out=None if out is None else str(out), cache=cache if cache is not None else ModelCache(),
@@ -714,6 +747,9 @@ def train(model_dir: str | os.PathLike, dataset: str, out: str | os.PathLike, jo
     probs = _Problems()
     j = probs.run(lambda: build_job(jv, base=job))
     lay = probs.run(lambda: build_layout(lv, base=layout))
+    if j is not None and j.low_precision:
+        probs.add("precision", f"`ftplan train` runs the base precisions only, not {j.low_precision}",
+                  "export the plan (`ftplan export`) and run it with accelerate launch, which sets up FP8")
     probs.raise_any()
     return _train(str(model_dir), dataset, str(out), j, lay, max_steps=max_steps, save_steps=save_steps,
                   logging_steps=logging_steps, seed=seed, record=record, echo=echo)

@@ -50,7 +50,7 @@ __all__ = [
 
 Method = Literal["full", "lora", "qlora", "fp8", "nvfp4"]
 METHODS = ("full", "lora", "qlora")
-FUTURE_METHODS = ("fp8", "nvfp4")  # designed for, not yet modelled
+FUTURE_METHODS = ("fp8", "nvfp4")  # not methods: FP8/NVFP4 recipes are precisions
 
 #: precision -> (working weight dtype, master/trainable dtype, gradient dtype, compute dtype)
 #: "bf16-mixed" is what HF Trainer does with ``bf16=True``: trainable weights stay fp32 and are the
@@ -62,6 +62,16 @@ PRECISIONS = {
     "fp16": {"compute": "fp16", "trainable": "fp16", "grad": "fp16", "frozen": "fp16"},
     "fp32": {"compute": "fp32", "trainable": "fp32", "grad": "fp32", "frozen": "fp32"},
 }
+
+#: FP8 / NVFP4 recipes users pass as ``precision`` (names, then aliases); their formats, GPUs,
+#: libraries and sources are in ``catalog/data/precisions.json`` (``tests/test_lowprec.py`` holds
+#: these names equal to the data file)
+LOW_PRECISION_RECIPES = ("fp8-tensorwise", "fp8-rowwise", "fp8-rowwise-gw-hp", "fp8-te-delayed", "fp8-te-current",
+                         "mxfp8-te", "nvfp4-te", "mxfp8-torchao", "nvfp4-torchao", "fp8-weight-only",
+                         "nvfp4-weight-only")
+LOW_PRECISIONS = LOW_PRECISION_RECIPES + ("fp8", "fp8-torchao", "float8", "fp8-torchao-rowwise",
+                                          "fp8-rowwise-with-gw-hp", "fp8-te", "te-fp8", "mxfp8", "nvfp4", "fp4",
+                                          "lora-fp8-base", "lora-nvfp4-base")
 
 OPTIMIZERS = ("adamw", "adamw_8bit", "paged_adamw_8bit", "adafactor", "sgd")
 STRATEGIES = ("single", "ddp", "zero1", "zero2", "zero3", "fsdp")
@@ -192,8 +202,12 @@ class QuantSpec:
 @dataclass(frozen=True)
 class Job:
     method: str = option("full", choices=METHODS, help="full | lora | qlora")
-    precision: str = option("bf16-mixed", choices=tuple(PRECISIONS),
-                            help="bf16-mixed (fp32 master weights) | fp16-mixed | bf16 | fp16 | fp32")
+    precision: str = option("bf16-mixed", choices=tuple(PRECISIONS) + LOW_PRECISIONS + ("auto",),
+                            help="bf16-mixed (fp32 master weights) | fp16-mixed | bf16 | fp16 | fp32, or an "
+                                 "FP8/NVFP4 recipe on bf16-mixed: fp8 (= fp8-tensorwise, torchao) | fp8-rowwise | "
+                                 "fp8-te-delayed | mxfp8-te | nvfp4 (nvfp4-te for full, nvfp4-weight-only for "
+                                 "LoRA) | fp8-weight-only ... (see benchmarks/notes/low_precision_support.md); "
+                                 "recommend/compare: auto = search bf16-mixed, FP8 and FP4 per GPU")
     optimizer: str = option("adamw", choices=OPTIMIZERS, normalize=_optimizer_name,
                             help="adamw | adamw_8bit | paged_adamw_8bit | adafactor | sgd")
     micro_batch: int = option(1, flags=("--batch-size",), label="micro-batch", minimum=1,
@@ -238,6 +252,19 @@ class Job:
                                  help="fused (HF Trainer adamw_torch_fused, the default) | foreach "
                                       "(torch.optim default without fused=True) | forloop")
     torch_compile: bool = option(False, flags=("--compile",), help="the model runs under torch.compile (runtime)")
+    #: FP8 / NVFP4 recipe (``catalog/data/precisions.json``) on top of ``precision`` (its base,
+    #: bf16-mixed): set by passing the recipe as ``precision`` (``Job(precision="fp8")`` becomes
+    #: precision="bf16-mixed", low_precision="fp8-tensorwise"; see ``__post_init__``); None = none
+    low_precision: str | None = json_field(None, choices=LOW_PRECISION_RECIPES)
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS and self.precision in LOW_PRECISIONS:
+            from .lowprec import resolve_precision
+
+            recipe = resolve_precision(self.precision, self.method)
+            if recipe is not None:
+                object.__setattr__(self, "precision", recipe.base_precision)
+                object.__setattr__(self, "low_precision", recipe.name)
 
     @property
     def tokens_per_micro_batch(self) -> int:
@@ -246,6 +273,11 @@ class Job:
     @property
     def uses_lora(self) -> bool:
         return self.method in ("lora", "qlora")
+
+    @property
+    def precision_label(self) -> str:
+        """What the user picked: the low-precision recipe, else the precision."""
+        return self.low_precision or self.precision
 
     @property
     def uses_quant(self) -> bool:
@@ -455,8 +487,9 @@ def check_job_fields(job: Job, layout: Layout | None = None) -> None:
 def _field_problems(job: Job, layout: Layout) -> list[Problem]:
     p: list[Problem] = []
     if job.method in FUTURE_METHODS:
-        p.append(Problem("method", f"method {job.method!r} is not modelled yet",
-                         "use `method=full`, lora or qlora (fp8/nvfp4 training are planned)"))
+        p.append(Problem("method", f"method {job.method!r} is not modelled: FP8/NVFP4 are precisions, not methods",
+                         f"use `method=full` or lora with `precision={job.method}` (e.g. fp8-tensorwise, "
+                         "fp8-te-delayed, nvfp4-te, nvfp4-weight-only)"))
     p += _option_problems(job, Job, skip=("method",) if job.method in FUTURE_METHODS else ())
     p += _option_problems(layout, Layout)
     if not p and layout.world_size > JOB_LIMITS["world_size"]:
@@ -495,6 +528,13 @@ def validate_job(model: ModelSpec, job: Job, layout: Layout | None = None) -> No
                 f"(it has {', '.join(sorted(names))}, or use all-linear)"))
         elif not lora_targets(model, lo):
             p.append(Problem("lora_targets", "LoRA targets no module"))
+    if job.precision == "auto":
+        p.append(Problem("precision", "`precision=auto` searches precisions: it is for `ftplan recommend` and "
+                                      "`ftplan compare`", "pass one precision, e.g. `precision=bf16-mixed` or fp8"))
+    if job.low_precision is not None and job.method not in FUTURE_METHODS:
+        from .lowprec import job_problems
+
+        p += job_problems(model, job)
     _check(job.checkpoint_every <= model.num_layers, p,
            f"checkpoint every {job.checkpoint_every} layers: {model.name} has {model.num_layers}",
            "checkpoint_every", f"use `checkpoint_every` between 1 and {model.num_layers}")

@@ -385,6 +385,8 @@ def model_states(model: ModelSpec, job: Job, consts: MemoryConstants | None = No
             frozen_w = quant_bytes + 4 * unq
     grads = grad_b * n_train
     opt = _optimizer_bytes(job, n_train, n_tensors, param_b, model, consts)
+    if job.low_precision:
+        frozen_w, master = _lowprec_states(model, job, frozen_w, master)
     return ModelStates(
         frozen_weights=math.ceil(frozen_w),
         trainable_weights=math.ceil(trainable_w),
@@ -1170,15 +1172,15 @@ def activation_parts(model: ModelSpec, job: Job, layout: Layout | None = None, *
     t = job.micro_batch * job.seq_len
     mode = job.ac_mode
     ep = getattr(layout, "ep", 1)
-    per_layer = [(g, _layer_saved_bytes(g, model, job, dt, tp, backend, ep, _ep_rows(g, job, ep)))
-                 for g in model.groups]
+    per_layer = [(g, _layer_saved_bytes(g, model, job, dt, tp, backend, ep, _ep_rows(g, job, ep))
+                  + _lowprec_layer_saved(g, model, job, dt, tp, backend)) for g in model.groups]
     ck_counts = _checkpointed_counts(model, job)
     saved = sac = 0
     recompute = 0
     if mode == "none":
         saved = sum(g.count * x for g, x in per_layer)
         if not dt.full:
-            saved -= _first_layer_discount(model, job, dt, backend)
+            saved -= _first_layer_discount(model, job, dt, backend) + _lowprec_first_layer(model, job, dt, backend)
     else:
         # HF non-reentrant (or reentrant) checkpointing keeps each checkpointed layer's
         # hidden-state input; selective checkpointing also caches the policy's op outputs; one
@@ -1189,7 +1191,7 @@ def activation_parts(model: ModelSpec, job: Job, layout: Layout | None = None, *
             sac += n_ck * cache
             if n_ck:
                 recompute = max(recompute, x - cache)
-        recompute += _recompute_weight_copy_bytes(model, job, layout)
+        recompute += _recompute_weight_copy_bytes(model, job, layout) + _lowprec_recompute_copies(model, job, layout)
     # pipeline 1F1B: a stage holds layers/pp, for up to pp micro-batches in flight
     if pp > 1:
         inflight = min(pp, max(1, job.grad_accum))
@@ -1324,6 +1326,8 @@ def estimate_memory(
         notes.append(f"expert parallel ep={layout.ep}: {_experts_of(model) // layout.ep} experts per rank and MoE "
                      "layer; all-to-all buffers and the busiest rank's tokens included")
 
+    if job.low_precision:
+        master, transient = _lowprec_layout_terms(model, job, layout, master, transient, notes)
     resident = frozen + trainable + master + grads + opt
     fwd_bwd = resident + saved + logits_saved + transient
     # optimizer step: fused AdamW has no whole-model temporaries; activations are freed
@@ -1376,3 +1380,93 @@ def largest_layer_params(model: ModelSpec, ep: int = 1) -> int:
 def _largest_layer_bytes(model: ModelSpec, job: Job, ep: int = 1) -> int:
     c = int(dtype_bytes(PRECISIONS[job.precision]["compute"]))
     return largest_layer_params(model, ep) * c
+
+
+# ---------------------------------------------------------------------------------------------
+# low-precision recipes (FP8 / MXFP8 / NVFP4): the terms live in lowprec.py; these hooks apply
+# them on top of the base precision's breakdown (Job.low_precision is None: all return 0/as is)
+# ---------------------------------------------------------------------------------------------
+def _lowprec_states(model: ModelSpec, job: Job, frozen_w: Fraction, master: Fraction) -> tuple[Fraction, Fraction]:
+    """Quantized frozen base (weight-only recipes); compute-dtype weight copies kept for backward
+    (torchao float8: none for converted weights; TE: FP8 workspaces; fp8-weight-only: dequantized
+    copies) plus TE's amax histories, counted with the weight copies."""
+    from . import lowprec
+
+    r = lowprec.get_recipe(job.low_precision)
+    if r is not None and r.kind == "weight_only":
+        frozen_w = lowprec.quantized_weight_bytes(model, job, dtype_bytes(PRECISIONS[job.precision]["frozen"]))
+    targets = lora_targets(model, job.lora) if job.uses_lora else frozenset()
+    master = master + lowprec.weight_copy_delta_bytes(model, job, targets=targets) \
+        + lowprec.amax_history_bytes(model, job)
+    return frozen_w, max(Fraction(0), master)
+
+
+def _lowprec_layer_saved(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, tp: int, backend: str) -> int:
+    if not job.low_precision:
+        return 0
+    from . import lowprec
+
+    t = job.micro_batch * job.seq_len
+    stream = dt.norm_out if dt.full else dt.resid
+    return (lowprec.lora_extra_saved_bytes(g, model, job, t=t, compute=dt.compute, stream=stream, tp=tp,
+                                           backend=backend)
+            + lowprec.te_activation_delta_bytes(g, model, job, t=t, compute=dt.compute, stream=stream, tp=tp))
+
+
+def _lowprec_first_layer(model: ModelSpec, job: Job, dt: _Dtypes, backend: str) -> int:
+    if not job.low_precision:
+        return 0
+    from . import lowprec
+
+    return lowprec.lora_first_layer_extra_bytes(model, job, t=job.micro_batch * job.seq_len,
+                                                compute=dt.compute, stream=dt.resid, backend=backend)
+
+
+def _lowprec_recompute_copies(model: ModelSpec, job: Job, layout: Layout) -> int:
+    """Under checkpointing, the weight copies of the one recomputed layer: torchao float8 makes
+    none for its converted weights; fp8-weight-only dequantizes the layer's base weights."""
+    if not job.low_precision:
+        return 0
+    from . import lowprec
+
+    r = lowprec.get_recipe(job.low_precision)
+    if r is None:
+        return 0
+    c = int(dtype_bytes(PRECISIONS[job.precision]["compute"]))
+    best = 0
+    for g in model.groups:
+        lins = _group_linears(model, g)
+        if r.is_torchao_float8 and job.method == "full" and _autocast_recompute(job, layout):
+            m = r.min_dim_multiple
+            conv = sum(lin.in_features * lin.out_features for lin in lins
+                       if lin.in_features % m == 0 and lin.out_features % m == 0)
+            best = min(best, -c * conv)
+        elif r.name == "fp8-weight-only":
+            best = max(best, c * sum(lin.in_features * lin.out_features for lin in lins))
+    if r.is_torchao_float8 and job.uses_lora and _autocast_recompute(job, layout):
+        # converted (rank % 16 == 0) adapters make no compute-dtype copies when recomputed
+        adapters = lowprec.converted_adapter_elems(model, job, lora_targets(model, job.lora))
+        best = min(best, -(c * adapters // model.num_layers))
+    return best
+
+
+def _lowprec_layout_terms(model: ModelSpec, job: Job, layout: Layout, master: float, transient: float,
+                          notes: list[str]) -> tuple[float, float]:
+    from . import lowprec
+
+    r = lowprec.get_recipe(job.low_precision)
+    if r is None:
+        return master, transient
+    transient = max(transient, lowprec.fp8_transient_bytes(model, job))
+    notes.append(f"{r.name}: {r.display} ({r.library}{', prototype' if r.status == 'prototype' else ''})")
+    if r.is_te:
+        notes.append(f"{r.name}: Transformer Engine terms are read from its source, not checked on CPU")
+    if r.fsdp_float8_all_gather and layout.shards_params and layout.dp > 1:
+        # ZeRO-3/FSDP gather one layer plus one prefetched: with FSDP2 float8 all-gather the
+        # converted weights arrive (and stay unsharded) in FP8
+        c = int(dtype_bytes(PRECISIONS[job.precision]["compute"]))
+        bf16_layer = largest_layer_params(model) * c
+        fp8_layer = lowprec.gathered_layer_bytes(model, job, largest_layer_params(model), c)
+        transient -= 2 * (bf16_layer - fp8_layer) / (layout.tp * layout.pp)
+        notes.append(f"{r.name}: FSDP2 float8 all-gather: converted weights are gathered in FP8")
+    return master, transient

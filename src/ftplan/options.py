@@ -88,6 +88,9 @@ SEARCH_OPTIONS: tuple[Option, ...] = (
            "zero2 | zero3 | fsdp", choices=STRATEGIES, group="search", flags=("--strategy",), label="strategy"),
     Option("fixed_gpus", "int", None, "keep this total GPU count instead of searching up to `max_gpus`",
            group="search", flags=("--gpus",), metavar="N", label="GPU count", minimum=1, web_max=1024, example=8),
+    Option("precisions", "names", None, "also search these precisions per GPU (comma-separated, or auto = "
+           "the job's precision + one FP8 and one FP4 recipe; `precision=auto` is the same)", group="search",
+           metavar="LIST", example="auto"),
     Option("target", "str", "accelerate",
            "export target whose files must run the ranked layouts: accelerate (default) | deepspeed | axolotl | "
            "llamafactory | any (rank every layout, e.g. pipeline parallelism, which no exporter runs)",

@@ -34,7 +34,7 @@ from .runtime import RuntimeEstimate, compute_dtype, estimate_runtime, for_datas
 from .units import GB
 
 __all__ = ["Plan", "Infeasible", "PlanSet", "SearchStats", "FitResult", "SearchCache", "recommend", "fit", "platform_job",
-           "price_layout",
+           "price_layout", "precision_candidates", "low_precision_runtime",
            "DEFAULT_MAX_GPUS", "OBJECTIVES"]
 
 OBJECTIVES = ("cost", "time")
@@ -148,6 +148,18 @@ class PlanSet:
 
     def top(self, n: int) -> tuple[Plan, ...]:
         return self.plans[: max(0, n)]
+
+    def best_per_gpu_precision(self) -> tuple[Plan, ...]:
+        """The best plan of each (GPU type, precision) pair, in objective order: what each
+        precision brings on each GPU when the search covered several (``precisions``)."""
+        seen: set[tuple[str, str]] = set()
+        out = []
+        for p in self.plans:
+            key = (p.gpu.name, p.job.precision_label)
+            if key not in seen:
+                seen.add(key)
+                out.append(p)
+        return tuple(out)
 
     def best_per_gpu(self) -> tuple[Plan, ...]:
         """The best plan of each GPU type, in objective order (the performance-per-dollar table)."""
@@ -263,6 +275,13 @@ def platform_job(job: Job, gpu: Any) -> tuple[Job | None, list[str], str | None]
         peak = None
     if not peak:
         return None, notes, f"{gpu.name} has no {compute_dtype(job)} tensor throughput"
+    if job.low_precision is not None:  # FP8 / NVFP4 recipes need the format's tensor cores
+        from .lowprec import get_recipe, gpu_problem
+
+        recipe = get_recipe(job.low_precision)
+        msg = gpu_problem(recipe, gpu) if recipe is not None else None
+        if msg:
+            return None, notes, msg
     if job.attn_impl == "flash" and not getattr(gpu, "supports_flash_attention", True):
         job = job.with_(attn_impl="sdpa")
         notes.append(f"flash attention not available on {gpu.name}: sdpa assumed")
@@ -464,6 +483,37 @@ def _gb(n: float) -> str:
 # ---------------------------------------------------------------------------------------------
 # recommend
 # ---------------------------------------------------------------------------------------------
+def precision_candidates(model: ModelSpec, job: Job, precisions: Sequence[str] | None,
+                         notes: list[str]) -> list[Job]:
+    """The job variants a search runs: ``job`` itself, or one per precision / FP8-FP4 recipe in
+    ``precisions`` (``auto``: ``lowprec.auto_precisions``) that is valid for the model and method
+    (the others are named in ``notes``)."""
+    if not precisions:
+        return [job]
+    from .lowprec import apply_precision, auto_precisions
+
+    names: list[str] = []
+    for name in precisions:
+        names += list(auto_precisions(job.method, job.precision)) if name == "auto" else [name]
+    out: list[Job] = []
+    seen: set[tuple[str, str | None]] = set()
+    for name in names:
+        cjob = apply_precision(job, name)
+        if (cjob.precision, cjob.low_precision) in seen:
+            continue
+        try:
+            validate_job(model, cjob)
+        except ConfigError as e:
+            notes.append(f"precision {name} not searched: {e.message}")
+            continue
+        seen.add((cjob.precision, cjob.low_precision))
+        out.append(cjob)
+    if not out:
+        raise ConfigError(f"none of the precisions {', '.join(names)} can run {job.method} on {model.name}",
+                          "use `precision=bf16-mixed`", field="precision")
+    return out
+
+
 def recommend(
     model: ModelSpec,
     job: Job,
@@ -483,6 +533,7 @@ def recommend(
     micro_batch: int | None = None,
     strategy: str | None = None,
     num_gpus: int | None = None,
+    precisions: Sequence[str] | None = None,
     target: str | None = "accelerate",
     preemption_rate: float | None = None,
     checkpoint_interval_s: float | None = None,
@@ -491,6 +542,10 @@ def recommend(
     cache: SearchCache | None = None,
 ) -> PlanSet:
     """Rank every plan that fits, for ``job.dataset_tokens x job.epochs`` tokens.
+
+    ``precisions``: also search these precisions / FP8-FP4 recipes (``("auto",)``: the base
+    precision plus one FP8 and one FP4 recipe for the method, ``lowprec.auto_precisions``); each
+    GPU type runs the ones it supports, and plans carry their precision in ``plan.job``.
 
     Every plan carries the host RAM / disk it needs (``Plan.host``); an offer whose instance is
     known to lack the host RAM is rejected with the reason. Spot offers carry the expected cost
@@ -532,6 +587,7 @@ def recommend(
             f"{num_gpus} GPU{'s' if num_gpus != 1 else ''}" if num_gpus else ""]
     kept_note = ", ".join(k for k in kept if k)
     notes: list[str] = [f"kept as given (not searched): {kept_note}"] if kept_note else []
+    candidates = precision_candidates(model, job, precisions, notes)
     if max_gpus is None:
         max_gpus = DEFAULT_MAX_GPUS
         notes.append(f"searched layouts up to {DEFAULT_MAX_GPUS} GPUs (use --max-gpus to change)")
@@ -565,26 +621,32 @@ def recommend(
         if gpu is None:
             infeasible.append(Infeasible(slug, f"GPU {slug!r} is not in the GPU catalog"))
             continue
-        gjob, gnotes, why = platform_job(job, gpu)
-        if gjob is None:
-            hint = "try --method lora on this GPU" if job.method == "qlora" else None
-            infeasible.append(Infeasible(slug, why or "cannot run", hint=hint))
-            continue
         cap = gpu.memory_bytes * (1.0 - safety_margin)
-        shapes: dict[tuple[int, bool], list[_Fits]] = {}
         gpu_plans = 0
-        for offer in by_gpu[slug]:
-            fits = _enumerate(memo, model, gjob, gpu, offer, cap, max_gpus, global_batch, total_tokens, shapes,
-                              counts, keep, data, fixed)
-            best = _best_per_layout(model, gpu, offer, fits, gnotes, runtime_cache, counts, extras, memo)
-            raw.extend(best.values())
-            gpu_plans += len(best)
-        if gpu_plans == 0 and slug in extras.host_rejects:
+        runnable: Job | None = None
+        refused: list[str] = []
+        for cjob in candidates:  # the job, or one variant per searched precision
+            gjob, gnotes, why = platform_job(cjob, gpu)
+            if gjob is None:
+                refused.append(why or "cannot run")
+                continue
+            runnable = runnable or gjob
+            shapes: dict[tuple[int, bool], list[_Fits]] = {}
+            for offer in by_gpu[slug]:
+                fits = _enumerate(memo, model, gjob, gpu, offer, cap, max_gpus, global_batch, total_tokens,
+                                  shapes, counts, keep, data, fixed)
+                best = _best_per_layout(model, gpu, offer, fits, gnotes, runtime_cache, counts, extras, memo)
+                raw.extend(best.values())
+                gpu_plans += len(best)
+        if runnable is None:
+            hint = "try --method lora on this GPU" if job.method == "qlora" else None
+            infeasible.append(Infeasible(slug, refused[0], hint=hint))
+        elif gpu_plans == 0 and slug in extras.host_rejects:
             offer, why_host = extras.host_rejects[slug][0]
             infeasible.append(Infeasible(slug, f"{offer.provider} {offer.sku}: {why_host}",
                                          hint="an instance with more host RAM, or a layout without CPU offload"))
         elif gpu_plans == 0:
-            infeasible.append(_why_not(memo, model, gjob, gpu, cap, safety_margin, by_gpu[slug],
+            infeasible.append(_why_not(memo, model, runnable, gpu, cap, safety_margin, by_gpu[slug],
                                        max_gpus, global_batch))
         elif slug in extras.host_rejects:
             seen_offers = set()
@@ -704,6 +766,8 @@ def _best_per_layout(model: ModelSpec, gpu: Any, offer: Any, fits: list[_Fits], 
                 rt = memo.step_runtime(gpu, offer, bw, f.layout, rjob)
             else:
                 rt = estimate_runtime(model, rjob, f.layout, gpu, offer=offer)  # EP all-to-alls included
+            if rjob.low_precision:  # FP8 / FP4 GEMMs (lowprec.adjust_runtime)
+                rt = low_precision_runtime(model, rjob, f.layout, gpu, rt)
             runtime_cache[rkey] = rt
         cur = best.get(f.layout)
         if cur is not None and cur.runtime.total_hours <= rt.total_hours:
@@ -724,6 +788,16 @@ def _best_per_layout(model: ModelSpec, gpu: Any, offer: Any, fits: list[_Fits], 
         best[f.layout] = Plan(offer, gpu, f.layout, f.job, f.memory, rt, cost,
                               notes=tuple(gnotes) + f.memory.notes + xnotes, host=host, risk=risk)
     return best
+
+
+def low_precision_runtime(model: ModelSpec, job: Job, layout: Layout, gpu: Any, rt: RuntimeEstimate) -> RuntimeEstimate:
+    """``rt`` with ``job``'s FP8/FP4 GEMMs at the format's peak (``lowprec.adjust_runtime``)."""
+    from .catalog.efficiency import efficiency
+    from .lowprec import adjust_runtime
+    from .runtime import flops_per_token
+
+    hbm = float(gpu.mem_bw_tbps) * 1e12 * efficiency().hbm(getattr(gpu, "arch", None))
+    return adjust_runtime(model, job, layout, gpu, rt, flops_per_token(model, job).hardware, hbm)
 
 
 def _constrain(raw: list[Plan], deadline_hours: float | None,

@@ -123,6 +123,15 @@ def runtime_text(r, cost: Any | None = None, offer: Any | None = None) -> list[s
                      f"${offer.usd_per_instance_hour:,.2f}/instance-hour, as of {offer.as_of.isoformat()})")
     lines.append(f"(brackets: the {band})")
     return lines
+def _precision_text(job: Job) -> str:
+    """``bf16-mixed``, or ``fp8-tensorwise (torchao, on bf16-mixed)`` for an FP8/NVFP4 recipe."""
+    if not job.low_precision:
+        return job.precision
+    from .lowprec import get_recipe
+
+    r = get_recipe(job.low_precision)
+    lib = f"{r.library}{', prototype' if r.status == 'prototype' else ''}, " if r is not None else ""
+    return f"{job.low_precision} ({lib}on {job.precision})"
 
 
 _CKPT_WORDS = {"none": "off", "full": "on", "full-reentrant": "on (reentrant)", "selective": "selective (op SAC)",
@@ -136,7 +145,7 @@ def _job_line(job: Job) -> str:
         extra.append("activation offloading")
     if job.is_padding_free:
         extra.append("packed" if job.packing else "padding-free")
-    return (f"job: {job.method}, {job.precision}, {job.optimizer}, micro-batch {job.micro_batch} x "
+    return (f"job: {job.method}, {_precision_text(job)}, {job.optimizer}, micro-batch {job.micro_batch} x "
             f"{job.seq_len} tokens, checkpointing {ckpt}, attention {job.attn_impl}, " + ", ".join(extra))
 
 
@@ -359,10 +368,31 @@ def compare_plans(ps) -> tuple:
     return best
 
 
+def precision_speedups(ps) -> list[tuple[Any, Any, float | None]]:
+    """(plan, the same GPU's best base-precision plan or None, tokens/s-per-GPU speedup over it)
+    for the best plan of each (GPU type, precision): what each precision contributes."""
+    best = ps.best_per_gpu_precision()
+    base = {p.gpu.name: p for p in best if not p.job.low_precision}
+    out = []
+    for p in best:
+        b = base.get(p.gpu.name)
+        speed = None
+        if b is not None and b.runtime.tokens_per_s > 0:
+            speed = (p.runtime.tokens_per_s / p.layout.world_size) / (b.runtime.tokens_per_s / b.layout.world_size)
+        out.append((p, b, speed))
+    return out
+
+
 def compare_doc(model, job, ps) -> dict[str, Any]:
     """The ``ftplan.compare/1`` document of a PlanSet."""
     doc = _header_doc(COMPARE_SCHEMA, model, job, ps)
     doc["per_gpu"] = [plan_dict(p) for p in compare_plans(ps)]
+    if any(p.job.low_precision for p in ps.plans):
+        # best plan per (GPU, precision) and its tokens/s-per-GPU speedup over the GPU's base plan
+        doc["per_gpu_precision"] = [{"gpu": p.gpu.name, "precision": p.job.precision_label,
+                                     "plan": plan_dict(p), "speedup_vs_base": sp,
+                                     "base_precision": b.job.precision if b is not None else None}
+                                    for p, b, sp in precision_speedups(ps)]
     doc["infeasible"] = [infeasible_dict(i) for i in ps.infeasible]
     return doc
 

@@ -600,7 +600,6 @@ def import_skypilot_catalog(
     source = f"SkyPilot catalog {path.parent.name}/{path.name} (skypilot-org/skypilot-catalog format)"
     try:
         for raw in reader:
-            line = reader.line_num
             result.rows_read += 1
             row = {(k or "").strip(): (v or "").strip() for k, v in raw.items() if k is not None}
             accel = row.get("AcceleratorName", "")

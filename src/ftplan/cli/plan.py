@@ -12,7 +12,7 @@ import sys
 from .. import api
 from ..errors import render_refs
 from ..options import DATA_OPTIONS, FIT_OPTIONS, JOB_OPTIONS, LAYOUT_OPTIONS, OFFER_OPTIONS, SEARCH_OPTIONS
-from ..report import search_assumptions, table
+from ..report import precision_speedups, search_assumptions, table
 from .options import RENDERER, Command, add_options, emit_json, values
 
 __all__ = ["COMMANDS", "add_job_options", "add_layout_options", "add_search_options", "progress"]
@@ -212,11 +212,26 @@ def run_compare(a: argparse.Namespace) -> int:
                      f"{p.hours:,.2f}", f"{p.usd:,.2f}", f"{per_m:,.3f}" if per_m is not None else "?",
                      f"{p.cost.energy_kwh:,.1f}" if p.cost.energy_kwh is not None else "?"))
     lines = _summary_lines(cmp.model, cmp.job, cmp.plans) + [""]
-    if rows:
+    lowp = any(p.job.low_precision for p in cmp.plans.plans)
+    if rows and lowp:  # a precision search: name each plan's precision
+        rows = [r[:2] + (p.job.precision_label,) + r[2:] for r, p in zip(rows, cmp.per_gpu)]
+        lines.append(table(("#", "gpu", "precision", "provider", "sku", "gpus", "strategy", "$/GPU-h",
+                            "tok/s/GPU", "hours", "job $", "$/Mtok", "kWh"), rows, "lllllrlrrrrrr"))
+    elif rows:
         lines.append(table(("#", "gpu", "provider", "sku", "gpus", "strategy", "$/GPU-h", "tok/s/GPU",
                             "hours", "job $", "$/Mtok", "kWh"), rows, "rllllrlrrrrr"))
     else:
         lines.append("no plan fits the constraints")
+    if lowp:
+        prows = [(p.gpu.name, p.job.precision_label, p.layout.world_size, p.strategy_label,
+                  f"{p.runtime.tokens_per_s / p.layout.world_size:,.0f}",
+                  f"{sp:.2f}x" if sp is not None else "-", f"{p.hours:,.2f}", f"{p.usd:,.2f}")
+                 for p, _, sp in precision_speedups(cmp.plans)]
+        prows.sort(key=lambda r: (r[0], r[1] != cmp.job.precision, r[1]))
+        lines += ["", f"what each precision contributes (best plan per GPU and precision; speedup = tok/s per GPU "
+                      f"over the same GPU's {cmp.job.precision} plan):",
+                  table(("gpu", "precision", "gpus", "strategy", "tok/s/GPU", "speedup", "hours", "job $"),
+                        prows, "llrlrrrr")]
     lines += _footer_lines(cmp.plans, cmp.job)
     print("\n".join(lines))
     return 0 if rows else 3

@@ -35,7 +35,7 @@ from .targets import tp_mesh
 from .yamltext import Commented, dump_yaml
 
 __all__ = ["backend", "accelerate_config", "render_accelerate_config", "mixed_precision", "launch_command",
-           "MAIN_PROCESS_PORT"]
+           "fp8_config", "FP8_CONFIG", "MAIN_PROCESS_PORT"]
 
 MAIN_PROCESS_PORT = 29500
 ZERO3_BACKENDS = ("deepspeed", "fsdp")
@@ -58,8 +58,37 @@ def backend(layout: Layout, zero3_backend: str = "deepspeed") -> str:
 
 
 def mixed_precision(job: Job) -> str:
-    """accelerate's ``mixed_precision`` for the job (autocast only for the ``-mixed`` precisions)."""
+    """accelerate's ``mixed_precision`` for the job (autocast only for the ``-mixed`` precisions;
+    ``fp8`` for an FP8 recipe accelerate can select: bf16 autocast plus FP8 linears)."""
+    if job.low_precision in FP8_CONFIG:
+        return "fp8"
     return {"bf16-mixed": "bf16", "fp16-mixed": "fp16"}.get(job.precision, "no")
+
+
+#: FP8 recipes an accelerate config selects (``fp8_config`` -> ``ACCELERATE_FP8_*`` env of
+#: ``accelerate launch``, read by ``AORecipeKwargs`` / ``TERecipeKwargs`` in accelerate 1.15); the
+#: other recipes are chosen in code (torchao ``Float8LinearConfig`` recipes, TE's current scaling
+#: and NVFP4) or are not training paths accelerate knows
+FP8_CONFIG: dict[str, dict[str, Any]] = {
+    "fp8-tensorwise": {"backend": "AO", "pad_inner_dim": True},
+    "fp8-te-delayed": {"backend": "TE", "fp8_format": "HYBRID", "amax_history_len": 1024,
+                       "amax_compute_algo": "most_recent", "margin": 0, "interval": 1},
+    "mxfp8-te": {"backend": "TE", "fp8_format": "HYBRID", "use_mxfp8_block_scaling": True},
+}
+
+
+def fp8_config(job: Job, kind: str, fsdp_version: int) -> dict[str, Any] | None:
+    """The ``fp8_config`` block for an FP8 plan (None otherwise). torchao's float8 all-gather needs
+    FSDP2, so it is off under FSDP1 and without FSDP."""
+    base = FP8_CONFIG.get(job.low_precision or "")
+    if base is None:
+        return None
+    out = dict(base)
+    if out["backend"] == "AO":
+        out["enable_fsdp_float8_all_gather"] = Commented(
+            kind == "fsdp" and fsdp_version == 2,
+            "FSDP2 only: gather the converted weights in FP8 (torchao WeightWithDynamicFloat8CastTensor)")
+    return out
 
 
 def _parallelism(sizes: dict[str, int]) -> dict[str, Any]:
@@ -121,6 +150,14 @@ def accelerate_config(layout: Layout, job: Job, *, kind: str, hsdp: bool = False
         # with a DeepSpeed config file, precision is set there (accelerate refuses both)
         cfg["mixed_precision"] = mixed_precision(job)
         cfg["downcast_bf16"] = "no"
+        version = cfg.get("fsdp_config", {}).get("fsdp_version", 0)
+        fp8 = fp8_config(job, kind, int(getattr(version, "value", version)))
+        if fp8 is not None:
+            cfg["fp8_config"] = fp8
+            if kind == "fsdp" and fp8["backend"] == "AO":
+                # accelerate 1.15 refuses torchao FP8 with FSDP2's CPU-RAM-efficient loading
+                cfg["fsdp_config"]["fsdp_cpu_ram_efficient_loading"] = Commented(
+                    False, "off: accelerate refuses torchao FP8 (fp8_backend AO) with FSDP2 cpu_ram_efficient_loading")
     cfg["machine_rank"] = Commented(0, "multi-node: each node passes its own --machine_rank") if multi else 0
     cfg["num_machines"] = layout.nodes
     cfg["num_processes"] = Commented(layout.world_size, "all GPUs of all machines "

@@ -81,7 +81,6 @@ def _dataset_entry(dataset: str | None) -> dict[str, Any]:
 
 def axolotl_config(model: ModelSpec, job: Job, layout: Layout, *, kind: str, hsdp: bool, model_ref: str,
                    dataset: str | None) -> dict[str, Any]:
-    mixed = job.precision.endswith("-mixed")
     cfg: dict[str, Any] = {"base_model": model_ref}
     if job.method == "qlora":
         q = job.quant

@@ -307,6 +307,31 @@ def _check_hardware(plan: Mapping[str, Any], job: Job) -> None:
                           "plan with --attn sdpa or pick another plan (--plan N)")
 
 
+def _check_low_precision(job: Job, kind: str, target: str = "accelerate") -> None:
+    """FP8 plans export only where accelerate's config selects the recipe and the launcher
+    supports it (see ``export/accelerate.py`` FP8_CONFIG): the accelerate target, one GPU, DDP or
+    FSDP2."""
+    if not job.low_precision:
+        return
+    if target != "accelerate":
+        raise ConfigError(f"{job.low_precision} plans export to the accelerate target only (its config selects "
+                          "the FP8 recipe)", "use `target=accelerate`")
+    if kind not in ("single", "ddp", "fsdp", "deepspeed"):
+        raise ConfigError(f"{job.low_precision} with {kind} layouts is not set up by ftplan's export (torchao / "
+                          "Transformer Engine FP8 with tensor parallelism is not wired through accelerate here)",
+                          "pick a single-GPU, DDP or FSDP plan (--plan N)")
+    from .accelerate import FP8_CONFIG
+
+    if job.low_precision not in FP8_CONFIG:
+        raise ConfigError(f"the plan's precision {job.low_precision} is selected in code, not by an accelerate "
+                          "config: ftplan exports FP8 plans for fp8-tensorwise (torchao), fp8-te-delayed and "
+                          "mxfp8-te (Transformer Engine)",
+                          "plan with `precision=fp8` (or fp8-te-delayed), or set the recipe up by hand")
+    if kind == "deepspeed":
+        raise ConfigError(f"{job.low_precision} with DeepSpeed: accelerate runs FP8 under DeepSpeed only with "
+                          "MS-AMP", "use the FSDP backend (`zero3_backend=fsdp`) or a DDP/single-GPU plan")
+
+
 # ---------------------------------------------------------------------------------------------
 # render
 # ---------------------------------------------------------------------------------------------
@@ -432,6 +457,7 @@ def render(plan_doc: dict, *, alternatives: Sequence[dict] = (), model_ref: str 
     _check_hardware(plan_doc, job)
     kind = _kind(layout, job, target, zero3_backend, model)
     hsdp, hsdp_note = _hsdp(plan_doc, model, job, layout, kind)
+    _check_low_precision(job, kind, target)
     model_ref = user_text(model_ref or model.hf_id or _local_ref(plan_doc["model"].get("ref")) or model.name,
                           "model reference")
     title = f"{model.name} {job.method} on {layout.world_size} x {plan_doc['offer'].get('gpu')}"

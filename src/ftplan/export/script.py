@@ -91,7 +91,10 @@ def script_constants(model: ModelSpec, job: Job, layout: Layout, *, model_ref: s
         "PRECISION": job.precision,
         "MODEL_DTYPE": TORCH_DTYPE[load],
         "TRAINABLE_DTYPE": TORCH_DTYPE[prec["trainable"]],
-        "BF16": mixed and prec["compute"] == "bf16",
+        # FP8 plans: accelerate_config.yaml sets mixed_precision fp8 (bf16 autocast + FP8 linears);
+        # SFTConfig(bf16=True) would replace it with plain bf16 (transformers reads the launcher's
+        # ACCELERATE_MIXED_PRECISION only when bf16/fp16 are off)
+        "BF16": mixed and prec["compute"] == "bf16" and job.low_precision is None,
         "FP16": mixed and prec["compute"] == "fp16",
         "OPTIM": optim,
         "OPTIM_ARGS": optim_args,

@@ -125,6 +125,10 @@ def setup_packages(job: Job, kind: str) -> list[str]:
         pkgs.append("bitsandbytes>=0.45")
     if kind in ("deepspeed", "autotp"):
         pkgs.append("deepspeed>=0.16.4" if kind == "autotp" else "deepspeed>=0.16")
+    if job.low_precision == "fp8-tensorwise":
+        pkgs.append("torchao>=0.10")  # accelerate's fp8_backend AO
+    elif job.low_precision in ("fp8-te-delayed", "mxfp8-te"):
+        pkgs.append("transformer-engine[pytorch]>=2.0")  # accelerate's fp8_backend TE (builds against CUDA)
     return pkgs
 
 

@@ -73,6 +73,7 @@ __all__ = [
     "step_overhead",
     "loss_bytes_per_token",
     "optimizer_time",
+    "host_link_bytes_per_s",
     "dp_comm",
     "tp_comm",
     "pp_comm",
@@ -628,15 +629,26 @@ def step_overhead(eff: Efficiency) -> float:
 # ---------------------------------------------------------------------------------------------
 # optimizer
 # ---------------------------------------------------------------------------------------------
+def host_link_bytes_per_s(gpu: Any, eff: Efficiency) -> float:
+    """Achieved host<->GPU bytes/s of offload transfers: ``pcie_bytes_per_s``, measured on a PCIe
+    Gen4 x16 link, scaled down when the GPU's host link (``pcie_bw_gbps``: its PCIe generation at
+    x16, or a stated slower slot) is slower than that link; never scaled up."""
+    link = getattr(gpu, "pcie_bw_gbps", None)
+    ref = eff.pcie_measured_link_gbps
+    if link and 0 < float(link) < ref:
+        return eff.pcie_bytes_per_s * float(link) / ref
+    return eff.pcie_bytes_per_s
+
+
 def optimizer_time(st: Any, job: Job, layout: Layout, rates: Rates, eff: Efficiency,
-                   expert_share: float = 0.0) -> tuple[float, float]:
+                   expert_share: float = 0.0, host_bytes_per_s: float | None = None) -> tuple[float, float]:
     """(optimizer seconds, offload transfer seconds) per step on one GPU.
 
     On the GPU: read weights, master, gradients and states and write weights, master and states
     (x the implementation's traffic factor: fused 1, foreach/for-loop ~3), plus gradient clipping,
     on this GPU's shard (with expert parallelism an unsharded optimizer holds ``1 / ep`` of the
     routed experts, ``expert_share`` of the parameters). Offloaded: CPU Adam at ``cpu_adam_params_per_s`` plus the gradient and
-    parameter transfers over PCIe.
+    parameter transfers over PCIe (``host_bytes_per_s``, default ``pcie_bytes_per_s``).
     """
     mp = layout.tp * layout.pp
     dp = layout.dp
@@ -647,7 +659,7 @@ def optimizer_time(st: Any, job: Job, layout: Layout, rates: Rates, eff: Efficie
     if layout.offload_optimizer:
         n_shard = st.params_trainable / mp / shard
         opt = n_shard / eff.cpu_adam_params_per_s
-        xfer = (grads / (dp if layout.shards_grads else 1) + upd_params / shard) / eff.pcie_bytes_per_s
+        xfer = (grads / (dp if layout.shards_grads else 1) + upd_params / shard) / (host_bytes_per_s or eff.pcie_bytes_per_s)
         return opt, xfer
     factor = eff.optimizer_traffic_factor.get(job.optimizer_impl, 1.0)
     if job.optimizer in ("adamw_8bit", "paged_adamw_8bit"):
@@ -897,6 +909,7 @@ class _Static(NamedTuple):
     rc: Recompute
     offload_xfer_s: float
     offload_gather_bytes: float
+    host_bytes_per_s: float  # offload transfers (host_link_bytes_per_s)
     startup_hours: float
 
 
@@ -923,7 +936,8 @@ def _static(model: ModelSpec, job: Job, layout: Layout, gpu: Any, offer: Any | N
     params_gpu = st.params_trainable / mp / (layout.dp if layout.shards_params else 1)
     links = _links(gpu, layout, offer, eff)
     share = (model.params.experts or 0) / max(1, model.params.total) if layout.ep > 1 else 0.0
-    opt, xfer = optimizer_time(st, job, layout, rates, eff, share)
+    host_bw = host_link_bytes_per_s(gpu, eff)
+    opt, xfer = optimizer_time(st, job, layout, rates, eff, share, host_bw)
     rc = recompute_fractions(job, eff, model)
     gather = 0.0
     if layout.offload_params:  # FSDP CPUOffload: each GPU's shard goes up for forward and backward
@@ -942,7 +956,7 @@ def _static(model: ModelSpec, job: Job, layout: Layout, gpu: Any, offer: Any | N
         host_s=host_time(model, job, layout, eff),
         links=links,
         tp_per_token_s=tp2 - tp1, tp_latency_s=tp0, pp_per_token_s=pp2 - pp1, pp_latency_s=pp0,
-        optimizer_s=opt, rc=rc, offload_xfer_s=xfer, offload_gather_bytes=gather,
+        optimizer_s=opt, rc=rc, offload_xfer_s=xfer, offload_gather_bytes=gather, host_bytes_per_s=host_bw,
         startup_hours=(eff.startup_fixed_s + _params_total(model) * 2.0 / eff.startup_load_bytes_per_s) / 3600.0,
     )
     if len(_STATIC_CACHE) > 4096:
@@ -989,7 +1003,7 @@ def estimate_runtime(model: ModelSpec, job: Job, layout: Layout, gpu: Any, *, of
     bubble = (pp - 1) * mb_time if pp > 1 else 0.0
 
     opt = sx.optimizer_s
-    offload_s = sx.offload_xfer_s + (m * 2.0 * sx.offload_gather_bytes / mp / dp / eff.pcie_bytes_per_s
+    offload_s = sx.offload_xfer_s + (m * 2.0 * sx.offload_gather_bytes / mp / dp / sx.host_bytes_per_s
                                      if sx.offload_gather_bytes else 0.0)
     fixed = step_overhead(eff)
     step = m * mb_time + bubble + exposed_step + opt + offload_s + fixed

@@ -92,6 +92,7 @@ class Efficiency:
     grad_clip_bytes_factor: float  # x gradient bytes
     cpu_adam_params_per_s: float
     pcie_bytes_per_s: float
+    pcie_measured_link_gbps: float  # the PCIe link (GB/s per direction) pcie_bytes_per_s was measured on
     # QLoRA (bitsandbytes 4-bit)
     dequant_bytes_per_weight: float
     dequant_double_quant_extra_bytes: float
@@ -281,6 +282,8 @@ def parse_efficiency(data: Any, where: str = "efficiency.json") -> Efficiency:
         grad_clip_bytes_factor=_valued(o.get("grad_clip_bytes_factor"), f"{where}: optimizer.grad_clip_bytes_factor", 0, 10),
         cpu_adam_params_per_s=_valued(o.get("cpu_adam_params_per_s"), f"{where}: optimizer.cpu_adam_params_per_s", pos, 1e12),
         pcie_bytes_per_s=_valued(o.get("pcie_bytes_per_s"), f"{where}: optimizer.pcie_bytes_per_s", pos, 1e12),
+        pcie_measured_link_gbps=_valued(o.get("pcie_measured_link_gbps"), f"{where}: optimizer.pcie_measured_link_gbps",
+                                        pos, 1e4),
         dequant_bytes_per_weight=_num(dq.get("bytes_per_weight_per_pass"), f"{where}: dequant.bytes_per_weight_per_pass", 0, 100),
         dequant_double_quant_extra_bytes=_num(dq.get("double_quant_extra_bytes"),
                                               f"{where}: dequant.double_quant_extra_bytes", 0, 100),

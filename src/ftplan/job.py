@@ -314,6 +314,11 @@ class Layout:
                      help="tensor-parallel degree")
     pp: int = option(1, label="pipeline-parallel degree", minimum=1, maximum=JOB_LIMITS["pp"], web_max=1024,
                      help="pipeline-parallel degree")
+    #: interleaved pipeline schedule (Megatron-LM virtual pipeline stages; torch.distributed.pipelining
+    #: ScheduleInterleaved1F1B): model chunks per pipeline rank, 1 = plain 1F1B
+    pp_virtual: int = option(1, label="virtual pipeline stages per rank", minimum=1, maximum=JOB_LIMITS["pp"],
+                             web_max=1024, help="interleaved pipeline schedule: model chunks per pipeline rank "
+                                                "(1 = plain 1F1B)")
     #: expert parallelism (MoE): routed experts split over ``ep`` ranks of the data-parallel
     #: group, tokens exchanged with all-to-all (see ftplan.expert_parallel)
     ep: int = option(1, label="expert-parallel degree", minimum=1, maximum=JOB_LIMITS["ep"], web_max=1024,
@@ -348,7 +353,7 @@ class Layout:
         if self.tp > 1:
             parts.append(f"tp={self.tp}")
         if self.pp > 1:
-            parts.append(f"pp={self.pp}")
+            parts.append(f"pp={self.pp}" + (f" x {self.pp_virtual} virtual" if self.pp_virtual > 1 else ""))
         if self.ep > 1:
             parts.append(f"ep={self.ep}")
         if self.offload_optimizer:
@@ -560,6 +565,12 @@ def validate_job(model: ModelSpec, job: Job, layout: Layout | None = None) -> No
         if layout.pp > 1:
             _check(layout.pp <= model.num_layers, p,
                    f"pipeline degree {layout.pp} exceeds the {model.num_layers} layers", "pp")
+        if layout.pp_virtual > 1:
+            _check(layout.pp > 1, p, "virtual pipeline stages need pipeline parallelism", "pp_virtual",
+                   "use `pp_virtual=1`, or `pp=N` with N > 1")
+            _check(layout.pp * layout.pp_virtual <= model.num_layers, p,
+                   f"pp x pp_virtual = {layout.pp * layout.pp_virtual} model chunks exceed the {model.num_layers} layers",
+                   "pp_virtual")
         if layout.world_size == 1:
             _check(layout.strategy == "single", p,
                    f"strategy {layout.strategy!r} needs more than one GPU", "strategy", "use single, or `gpus=N`")

@@ -28,7 +28,8 @@ sum of named terms, each a function of this module:
   collective (per layer, not per bucket); GeForce cards without peer-to-peer bounce through host
   memory;
 * :func:`tp_comm` / :func:`pp_comm` / :func:`pp_bubble_fraction` -- tensor-parallel all-reduces (on
-  the critical path), pipeline sends and the 1F1B bubble;
+  the critical path), pipeline sends and the 1F1B bubble (an interleaved schedule, ``pp_virtual``
+  chunks per rank, divides the bubble and multiplies the sends by ``pp_virtual``);
 * :func:`ep_comm` -- MoE expert parallelism: the dispatch/combine all-to-alls of every MoE layer
   on the critical path (the experts' data-parallel traffic moves to their own group in
   :func:`dp_comm`);
@@ -697,11 +698,15 @@ def reduce_scatter_time(nbytes: float, n: int, bw_bytes_per_s: float, latency_s:
 all_gather_time = reduce_scatter_time
 
 
-def pp_bubble_fraction(pp: int, micro_batches: int) -> float:
-    """Idle fraction of a 1F1B / GPipe schedule: (pp - 1) / (m + pp - 1)."""
+def pp_bubble_fraction(pp: int, micro_batches: int, virtual: int = 1) -> float:
+    """Idle fraction of a 1F1B / GPipe schedule: (pp - 1) / (m + pp - 1); with ``virtual`` model
+    chunks per rank (interleaved 1F1B) the bubble shrinks ``virtual``-fold: (pp - 1) / v against m
+    micro-batch times (Narayanan et al. 2021, 'Efficient Large-Scale Language Model Training on
+    GPU Clusters Using Megatron-LM', section 2.2.2)."""
     if pp <= 1:
         return 0.0
-    return (pp - 1) / (micro_batches + pp - 1)
+    b = (pp - 1) / max(1, virtual)
+    return b / (micro_batches + b)
 
 
 class _Links(NamedTuple):
@@ -844,12 +849,14 @@ def tp_comm(model: ModelSpec, job: Job, layout: Layout, tokens: float, links: _L
 
 
 def pp_comm(model: ModelSpec, job: Job, layout: Layout, tokens: float, links: _Links) -> float:
-    """Pipeline point-to-point sends of one micro-batch: activations forward, gradients back."""
+    """Pipeline point-to-point sends of one micro-batch: activations forward, gradients back, once
+    per model chunk of the rank (an interleaved schedule with ``pp_virtual`` chunks sends
+    ``pp_virtual`` times as much: Narayanan et al. 2021, section 2.2.2)."""
     if layout.pp <= 1:
         return 0.0
     act = tokens * model.hidden_size * float(dtype_bytes(compute_dtype(job)))
     bw = links.dp_bw if layout.nodes > 1 else links.intra_bw
-    return 2.0 * (act / bw + links.hop_latency)
+    return 2.0 * layout.pp_virtual * (act / bw + links.hop_latency)
 
 
 def ep_comm(model: ModelSpec, job: Job, layout: Layout, tokens: float, links: _Links,
@@ -1000,7 +1007,7 @@ def estimate_runtime(model: ModelSpec, job: Job, layout: Layout, gpu: Any, *, of
     busy_mb = gpu_mb + exposed_mb + t_tp + t_ppc + t_ep
     mb_time = max(busy_mb, host_mb)
     compute = m * gpu_mb
-    bubble = (pp - 1) * mb_time if pp > 1 else 0.0
+    bubble = (pp - 1) * mb_time / layout.pp_virtual if pp > 1 else 0.0  # pp_bubble_fraction
 
     opt = sx.optimizer_s
     offload_s = sx.offload_xfer_s + (m * 2.0 * sx.offload_gather_bytes / mp / dp / sx.host_bytes_per_s

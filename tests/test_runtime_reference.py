@@ -101,12 +101,12 @@ def test_holdout_accuracy(outcomes):
     # target: held-out median |error| <= 15 % (today 5.9 %); in-sample <= 10 % (today 4.1 %)
     assert error_stats(held)["median_abs"] <= 0.15
     assert error_stats(cal)["median_abs"] <= 0.10
-    # target: no case predicted more than 25 % faster than measured. Today six held-out records
-    # miss it; each carries its analysis in "miss_note". Any other record over 25 % fails here,
-    # and so does a seventh documented miss (the count may only go down).
+    # target: no case predicted more than 25 % faster than measured. Today four held-out records
+    # miss it (was six before the 3090 box's host link was modelled); each carries its analysis in
+    # "miss_note". Any other record over 25 % fails here, and so does a fifth (the count may only go down).
     over = [o for o in outcomes if o.error > 0.25]
     assert all(o.ref.raw.get("miss_note") for o in over), [o.ref.id for o in over if not o.ref.raw.get("miss_note")]
-    assert len(over) <= 6
+    assert len(over) <= 4
     # nothing is under-predicted by more than 25 % (too slow costs money too)
     assert min(o.error for o in outcomes) >= -0.25
 

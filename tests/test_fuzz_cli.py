@@ -204,6 +204,7 @@ def _allowed(argv: list[str], rc: int) -> bool:
 def test_fuzz_cli(files, data):
     argv = data.draw(command_lines(files), label="argv")
     with pytest.MonkeyPatch.context() as mp, _no_heavy_work(mp):
+        mp.chdir(files["dir"])  # relative outputs (`--out ~` is a folder named '~') stay in the temp dir
         t0 = time.perf_counter()
         rc, err = _run(argv)
         if os.environ.get("FTPLAN_FUZZ_SLOW") and time.perf_counter() - t0 > 0.5:
@@ -238,6 +239,7 @@ def test_fuzz_cli(files, data):
 def test_cli_regressions(files, argv, words):
     argv = [a.replace("{deep}", files["deep.json"]) for a in argv]
     with pytest.MonkeyPatch.context() as mp, _no_heavy_work(mp):
+        mp.chdir(files["dir"])
         rc, err = _run(argv)
     assert rc == 2 and err.startswith("ftplan: error: ") and err.count("\n") == 1 and words in err, err
 

@@ -26,6 +26,11 @@ What the recipes change in memory (per converted ``nn.Linear``; held against tor
   gradient is saved for backward; ``NVFP4Tensor`` dequantizes below autograd and saves nothing
   extra.
 
+Step time: ``ftplan.runtime`` times the converted linears (:func:`converted_counts`) at the
+recipe's FP8/FP4 peak (:func:`low_precision_peak_tflops` x ``Recipe.efficiency_vs_bf16``), charges
+the quantize kernels' traffic (:func:`quant_traffic_bytes`) and a weight-only base's dequantization
+(:func:`weight_only_dequant`); this module only supplies those inputs.
+
 Nothing is read at import time; the data file is parsed once, on first use.
 """
 

@@ -345,8 +345,7 @@ def lowprec_main(argv: list[str]) -> int:
     def use(doc: dict) -> None:  # the runtime reads recipes through lowprec's cached catalog
         cat = lowprec.parse_precisions(doc)
         lowprec._catalog = lambda: cat  # noqa: SLF001 - script-only swap of the cached catalog
-        for cache in (runtime._STATIC_CACHE, runtime._RATES_CACHE, runtime._PROFILE_CACHE):  # noqa: SLF001
-            cache.clear()
+        runtime.clear_caches()
 
     fitted: dict[str, float] = {}
     for p in points:

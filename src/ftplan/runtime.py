@@ -66,6 +66,8 @@ __all__ = [
     "attention_context",
     "gemm_time",
     "matmul_time",
+    "linear_time",
+    "clear_caches",
     "attention_time",
     "elementwise_time",
     "dequant_time",
@@ -474,6 +476,24 @@ def matmul_time(model: ModelSpec, job: Job, layout: Layout, tokens: float, rates
     discards.
     """
     return _matmul_seconds(_linear_profile(model, job, layout.tp, layout.pp), tokens, rates)[0]
+
+
+def linear_time(m: float, k: int, n: int, rates: Rates, *, low_precision: bool = False,
+                low_precision_wgrad: bool = True) -> float:
+    """GPU seconds of one trainable ``nn.Linear`` (m x k) @ (k x n): forward, input gradient and
+    weight gradient, in the compute dtype or (``low_precision``) at ``rates.lp_flops`` with FP8/FP4
+    operands (the weight gradient too when ``low_precision_wgrad``); the quantize kernels are not
+    included (:func:`quantize_time`)."""
+    lin = _Lin(1.0, k, n, 1.0, True, 0.0, 0, low_precision, low_precision_wgrad)
+    return _matmul_seconds((lin,), float(m), rates)[0]
+
+
+def clear_caches() -> None:
+    """Forget every memoised intermediate (for a caller that swaps catalog data in place, e.g.
+    ``scripts/calibrate.py``)."""
+    for c in (_STATIC_CACHE, _RATES_CACHE, _PROFILE_CACHE, _FLOPS_CACHE, _EW_CACHE, _LP_CACHE, _RC_CACHE,
+              _STATES_CACHE):
+        c.clear()
 
 
 def _matmul_seconds(lins: tuple[_Lin, ...], tokens: float, rates: Rates) -> tuple[float, float]:

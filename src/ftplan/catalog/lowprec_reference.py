@@ -75,10 +75,10 @@ def published_speedup(p: LowPrecisionPoint) -> float:
 
 def _gpu(name: str, overrides: dict | None):
     from .gpus import load_gpus
-    from .runtime_reference import _GpuVariant
+    from .runtime_reference import GpuVariant
 
     g = load_gpus()[name]
-    return _GpuVariant(g, overrides) if overrides else g
+    return GpuVariant(g, overrides) if overrides else g
 
 
 def predicted_speedup(p: LowPrecisionPoint, eff: Any | None = None) -> float:
@@ -112,7 +112,7 @@ def _linear_speedup(p: LowPrecisionPoint) -> float:
     from ..catalog.efficiency import efficiency
     from ..job import Job
     from ..lowprec import get_recipe
-    from ..runtime import _Lin, _matmul_seconds, rates_for
+    from ..runtime import linear_time, rates_for
 
     raw = p.raw
     m, k, n = int(raw["m"]), int(raw["k"]), int(raw["n"])
@@ -121,10 +121,9 @@ def _linear_speedup(p: LowPrecisionPoint) -> float:
     job = Job(method="full", precision=p.precision)
     r = get_recipe(job.low_precision)
     rates = rates_for(gpu, job, eff)
-    lin = _Lin(1.0, k, n, 1.0, True, 0.0, 0)
-    t16 = _matmul_seconds((lin,), float(m), rates)[0]
-    t8 = _matmul_seconds((lin._replace(lp=True, lp_wgrad=bool(r.low_precision_gemms.get("wgrad", True))),),
-                         float(m), rates)[0]
+    t16 = linear_time(m, k, n, rates)
+    t8 = linear_time(m, k, n, rates, low_precision=True,
+                     low_precision_wgrad=bool(r.low_precision_gemms.get("wgrad", True)))
     rin, win = r.cast_traffic.get("input", (0, 0))
     rgo, wgo = r.cast_traffic.get("grad_output", (0, 0))
     rw, ww = r.cast_traffic.get("weight", (0, 0))

@@ -2,6 +2,10 @@
 
 * ``tests/`` is on ``sys.path`` for every test module, also those in sub-folders, so helper
   modules kept here (``_check_catalog_params.py``, ...) import the same from anywhere.
+* ``.venv/validators`` (axolotl's and LLaMA-Factory's config validators, installed there without
+  their dependencies by the README test command: ``tests/validators.txt``) goes at the END of
+  ``sys.path`` when it exists, so the export checks run the owners' parsers; nothing else can be
+  shadowed by it.
 * The ``slow`` marker (registered in pyproject.toml) goes on the long benchmark-style and
   end-to-end tests listed in :data:`SLOW`. They run by default, as CI runs everything;
   ``pytest -m "not slow"`` leaves them out for a quick loop.
@@ -17,6 +21,9 @@ import pytest
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
+VALIDATORS = HERE.parent / ".venv" / "validators"
+if VALIDATORS.is_dir() and str(VALIDATORS) not in sys.path:
+    sys.path.append(str(VALIDATORS))
 
 #: node-id fragments of the slow tests (each takes 15-45 s on the 2-core CI machine)
 SLOW = (

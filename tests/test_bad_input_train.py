@@ -92,7 +92,7 @@ def test_flash_attention_on_cpu_is_refused_up_front(setup):
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     model, data, out = setup
-    with pytest.raises(ConfigError, match="--attn flash needs a CUDA GPU"):
+    with pytest.raises(ConfigError, match="attn=flash needs a CUDA GPU"):
         train(str(model), str(data), str(out), Job(attn_impl="flash"), Layout())
     _nothing_written(model.parent, out)
 

@@ -327,5 +327,5 @@ def test_fit_reports_the_cutoff_keeping_n_percent():
     r = fit(load_model("qwen2.5-0.5b"), Job(method="lora", seq_len=1024), load_gpus()["h100-sxm"], dataset=prof,
             keep_pct=(95, 100))
     assert r.seq_len_cutoffs == {95.0: prof.cutoff(95), 100.0: 200_000}
-    assert any("95 % of the samples untruncated: --seq-len 951 fits one GPU" in n for n in r.notes)
-    assert any("100 % of the samples untruncated: --seq-len 200000 does not fit" in n for n in r.notes)
+    assert any("95 % of the samples untruncated: `seq_len=951` fits one GPU" in n for n in r.notes)
+    assert any("100 % of the samples untruncated: `seq_len=200000` does not fit" in n for n in r.notes)

@@ -204,7 +204,7 @@ class Estimate:
         out = estimate_text(self.model, self.job, self.layout, self.memory, self.gpu, self.assumptions,
                             self.advice, renderer, self.runtime, self.priced, self.runtime_notes)
         if self.dataset is not None:
-            out += "\n" + dataset_text(self.dataset, self.batches)
+            out += "\n" + dataset_text(self.dataset, self.batches, renderer)
         return out
 
 

@@ -24,7 +24,7 @@ training loader does with those lengths:
   flattened into one row.
 
 The peak memory is set by the largest micro-batch the loader can form (``Batches.peak_rows`` x
-``Batches.peak_seq_len``), not by ``--seq-len``; time and cost follow the tokens the model
+``Batches.peak_seq_len``), not by ``seq_len``; time and cost follow the tokens the model
 actually computes on (``computed_tokens``, padding included), while $/M tokens counts the real
 ones. ``plan_dataset`` puts these together with ``estimate_memory`` / ``estimate_runtime`` /
 ``estimate_cost``.
@@ -205,7 +205,7 @@ class _Counter:
         else:
             if self.est is None:
                 raise ConfigError("no model family to estimate tokens from",
-                                  "pass --tokenizer tokenizer.json or a model")
+                                  "pass `tokenizer=tokenizer.json` or a model")
             self.kind = "estimate"
             e = self.est
             self.detail = (f"{e.tokenizer}: {e.chars_per_token:g} chars/token ({e.source}); "
@@ -253,8 +253,8 @@ def _load_tokenizer(path: str):
     try:
         from tokenizers import Tokenizer
     except ImportError:
-        raise ConfigError("--tokenizer needs the 'tokenizers' package",
-                          "pip install 'ftplan[data]' (or transformers), or leave --tokenizer out for an estimate") from None
+        raise ConfigError("`tokenizer` needs the 'tokenizers' package",
+                          "pip install 'ftplan[data]' (or transformers), or leave `tokenizer` out for an estimate") from None
     try:
         return Tokenizer.from_file(str(p))
     except Exception as e:  # tokenizers raises plain Exception subclasses
@@ -280,7 +280,7 @@ def _detect_kind(keys: Iterable[str], text_field: str | None) -> str:
     if text_field:
         if text_field not in keys:
             raise ConfigError(f"column {text_field!r} not in the dataset (it has {', '.join(sorted(keys))})",
-                              "pass an existing --text-field")
+                              "pass an existing column as `text_field`")
         return "text"
     if "messages" in keys or "conversations" in keys:
         return "messages"
@@ -612,7 +612,7 @@ def profile_dataset(
     if notes_multi:
         notes.append(notes_multi)
     if counter.kind == "estimate":
-        notes.append("token counts estimated from characters (pass --tokenizer tokenizer.json for exact counts)")
+        notes.append("token counts estimated from characters (pass `tokenizer=tokenizer.json` for exact counts)")
     measured_total = total - (skipped if uniform is None else round(skipped * total / len(uniform)))
     return DatasetProfile(
         path=str(p), file_format=fmt, kind=kind or "text", lengths=tuple(lengths),

@@ -221,7 +221,7 @@ class Job:
     gradient_checkpointing: bool = option(True, flags=("--gc",),
                                           help="recompute activations in the backward pass (on by default, "
                                                "as TRL SFTConfig and PEFT's QLoRA preparation have it; "
-                                               "--no-gradient-checkpointing turns it off)")
+                                               "`gradient_checkpointing=false` turns it off)")
     attn_impl: str = option("sdpa", name="attn", choices=ATTN_IMPLS, label="attention implementation",
                             help="sdpa | flash | eager")
     lora: LoraSpec = group(LoraSpec, when="uses_lora")

@@ -109,7 +109,7 @@ OFFER_OPTIONS: tuple[Option, ...] = (
            group="offers", metavar="FILE", repeat=True, web=False),
     Option("skypilot_catalog", "paths", (), "a SkyPilot catalog vms.csv to import offers from (repeatable)",
            group="offers", metavar="FILE", repeat=True, web=False),
-    Option("no_bundled_offers", "bool", False, "use only --offers/--skypilot-catalog", group="offers", web=False),
+    Option("no_bundled_offers", "bool", False, "use only `offers` / `skypilot_catalog`", group="offers", web=False),
     Option("providers", "names", None, "comma-separated providers, e.g. aws,lambda", group="offers",
            normalize=sorted_names),
     Option("gpus_filter", "names", None, "comma-separated GPU names, e.g. h100-sxm,b200", group="offers",
@@ -125,7 +125,7 @@ DATA_OPTIONS: tuple[Option, ...] = (
            "batch it forms, time and cost from its tokens", group="data", metavar="FILE", web=False),
     Option("tokenizer", "str", None, "the model's tokenizer.json: exact token counts (default: a chars/token "
            "estimate per tokenizer family)", group="data", metavar="FILE", web=False),
-    Option("batching", "str", "longest", "how the loader batches --dataset: padded | longest (default, HF "
+    Option("batching", "str", "longest", "how the loader batches `dataset`: padded | longest (default, HF "
            "collator) | bucketed (group_by_length) | packed (TRL bfd) | padding-free",
            choices=("padded", "longest", "bucketed", "packed", "padding-free"), group="data", web=False),
 )

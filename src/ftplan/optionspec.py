@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import Problem, did_you_mean
+from .errors import Problem, did_you_mean, render_refs
 from .inputs import show_value
 
 __all__ = [
@@ -214,7 +214,7 @@ class Option:
         """The option as JSON (``GET /api/options``, docs)."""
         d: dict[str, Any] = {"name": self.name, "type": self.type, "group": self.group,
                              "default": list(self.default) if isinstance(self.default, tuple) else self.default,
-                             "help": self.help, "flag": self.flag, "aliases": list(self.flags)}
+                             "help": render_refs(self.help), "flag": self.flag, "aliases": list(self.flags)}
         for k in ("choices", "minimum", "exclusive_minimum", "maximum", "exclusive_maximum", "example"):
             v = getattr(self, k)
             if v is not None:

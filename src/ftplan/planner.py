@@ -590,7 +590,7 @@ def recommend(
     candidates = precision_candidates(model, job, precisions, notes)
     if max_gpus is None:
         max_gpus = DEFAULT_MAX_GPUS
-        notes.append(f"searched layouts up to {DEFAULT_MAX_GPUS} GPUs (use --max-gpus to change)")
+        notes.append(f"searched layouts up to {DEFAULT_MAX_GPUS} GPUs (use `max_gpus` to change)")
 
     from .catalog.offers import filter_offers
 
@@ -639,7 +639,7 @@ def recommend(
                 raw.extend(best.values())
                 gpu_plans += len(best)
         if runnable is None:
-            hint = "try --method lora on this GPU" if job.method == "qlora" else None
+            hint = "try `method=lora` on this GPU" if job.method == "qlora" else None
             infeasible.append(Infeasible(slug, refused[0], hint=hint))
         elif gpu_plans == 0 and slug in extras.host_rejects:
             offer, why_host = extras.host_rejects[slug][0]
@@ -811,7 +811,7 @@ def _constrain(raw: list[Plan], deadline_hours: float | None,
             parts.append(f"no plan meets both deadline and budget (fastest {fastest.expected_hours:,.1f} h "
                          f"for ${fastest.expected_usd:,.0f}; cheapest ${cheapest.expected_usd:,.0f} in {cheapest.expected_hours:,.1f} h)")
         infeasible.append(Infeasible(slug, "; ".join(parts),
-                                     hint="relax --deadline/--budget or raise --max-gpus"))
+                                     hint="relax `deadline` / `budget` or raise `max_gpus`"))
     return kept, infeasible
 
 
@@ -836,7 +836,7 @@ def _plan_extras(model: ModelSpec, f: _Fits, offer: Any, rt: RuntimeEstimate, ca
                          checkpoint_interval_s=checkpoint_interval_s)
         if risk.rate_assumed:
             notes += (f"no published preemption rate for {offer.provider}: {risk.rate_per_hour:g}/h assumed "
-                      "(pass --preemption-rate)",)
+                      "(pass `preemption_rate`)",)
     return host, risk, reject, notes
 
 
@@ -928,18 +928,18 @@ def _why_not(memo: _Memo, model: ModelSpec, job: Job, gpu: Any, cap: float, marg
     n3 = _min_gpus_zero3(memo, model, job, gpu, cap)
     hints = []
     if job.method == "full":
-        hints.append("try --method lora or qlora")
+        hints.append("try `method=lora` or `method=qlora`")
     elif job.method == "lora" and getattr(gpu, "supports_bitsandbytes", False):
-        hints.append("try --method qlora")
+        hints.append("try `method=qlora`")
     if n3:
         where = f"offers have {g_inst} per instance" + ("" if net else " and no inter-node network")
         if n3 > max_gpus:
-            where += f"; --max-gpus is {max_gpus}"
+            where += f"; `max_gpus` is {max_gpus}"
         hints.append(f">={n3} GPUs with zero3 ({where})")
     if job.seq_len > 512:
-        hints.append("a shorter --seq-len")
+        hints.append("a shorter `seq_len`")
     if global_batch is not None:
-        hints.append(f"a --global-batch divisible by the GPU count (now {global_batch})")
+        hints.append(f"a `global_batch` divisible by the GPU count (now {global_batch})")
     reason = (f"needs {_gb(need)} per GPU, has {_gb(have)} ({_gb(cap)} usable with a "
               f"{margin:.0%} margin)" if need is not None else "no layout is valid for this model")
     if need is not None and need <= cap:
@@ -1054,7 +1054,7 @@ def fit(model: ModelSpec, job: Job, gpu: Any, *, safety_margin: float = 0.05,
             cut = dataset.cutoff(pct)
             cutoffs[float(pct)] = cut
             ok_one = max_seq is not None and cut <= max_seq
-            notes.append(f"{pct:g} % of the samples untruncated: --seq-len {cut} "
+            notes.append(f"{pct:g} % of the samples untruncated: `seq_len={cut}` "
                          + ("fits one GPU" if ok_one else "does not fit one GPU at this micro-batch"))
     return FitResult(gpu=gpu.name, memory_bytes=gpu.memory_bytes, usable_bytes=int(cap), fits=fits_now,
                      advice=advice,

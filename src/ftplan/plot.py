@@ -69,7 +69,7 @@ def _mpl():
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError:
-        raise ConfigError("--plot needs matplotlib, which is not installed", _INSTALL_HINT) from None
+        raise ConfigError("`plot` needs matplotlib, which is not installed", _INSTALL_HINT) from None
     return Figure, FigureCanvasAgg, ticker
 
 

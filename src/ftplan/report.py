@@ -21,7 +21,7 @@ from .options import job_to_dict, layout_to_dict
 from .units import GB, GIB
 
 __all__ = ["table", "fmt_bytes", "estimate_json", "estimate_text", "plan_dict", "infeasible_dict",
-           "runtime_dict", "cost_dict", "offer_dict", "runtime_text",
+           "runtime_dict", "cost_dict", "offer_dict", "runtime_text", "rendered",
            "recommend_doc", "compare_plans", "compare_doc", "fit_doc", "models_doc", "gpus_doc", "offers_doc",
            "ESTIMATE_SCHEMA", "RECOMMEND_SCHEMA", "COMPARE_SCHEMA", "FIT_SCHEMA", "MODELS_SCHEMA", "GPUS_SCHEMA",
            "OFFERS_SCHEMA"]
@@ -57,6 +57,13 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], align: str | No
     return "\n".join(out)
 
 
+def rendered(notes: Sequence[str], renderer: Renderer | None = None) -> list[str]:
+    """``notes`` (plan notes, hints: library text with backticked option references) as a front end
+    says them: ``renderer`` writes the references (the CLI's writes flags); the default, the
+    library's wording (field names), is what the JSON documents hold."""
+    return [render_refs(n, renderer) for n in notes]
+
+
 def estimate_json(model: ModelSpec, job: Job, layout: Layout, mem: MemoryBreakdown,
                   gpu: Any | None = None, assumptions: Sequence[Any] = (), advice: Sequence[Any] = (),
                   runtime: Any | None = None, priced: Any | None = None,
@@ -80,7 +87,7 @@ def estimate_json(model: ModelSpec, job: Job, layout: Layout, mem: MemoryBreakdo
             "peak_phase": mem.peak_phase,
         },
         "host_bytes": mem.host_bytes,
-        "notes": list(mem.notes),
+        "notes": rendered(mem.notes),
         "assumptions": [a.to_dict() for a in assumptions],
     }
     if gpu is not None:
@@ -94,7 +101,7 @@ def estimate_json(model: ModelSpec, job: Job, layout: Layout, mem: MemoryBreakdo
                                  "cost": cost_dict(priced.cost)}
             else:
                 doc["priced"] = {"infeasible": infeasible_dict(priced)}
-        doc["runtime_notes"] = list(runtime_notes)
+        doc["runtime_notes"] = rendered(runtime_notes)
         doc["advice"] = [a.to_dict() for a in advice]
     return doc
 
@@ -190,11 +197,9 @@ def estimate_text(model: ModelSpec, job: Job, layout: Layout, mem: MemoryBreakdo
         else:
             lines += runtime_text(runtime)
             if priced is not None:
-                lines.append(f"not priced: {priced.message()}")
-    for n in runtime_notes:
-        lines.append(f"note: {n}")
-    for n in mem.notes:
-        lines.append(f"note: {n}")
+                lines.append(f"not priced: {render_refs(priced.message(), renderer)}")
+    lines += [f"note: {n}" for n in rendered(runtime_notes, renderer)]
+    lines += [f"note: {n}" for n in rendered(mem.notes, renderer)]
     if gpu is not None and advice:
         lines.append("single changes that make it fit:")
         lines += [f"  - {render_refs(a.text, renderer)}" for a in advice]
@@ -265,7 +270,7 @@ def plan_dict(p) -> dict[str, Any]:
         "expected_usd": p.expected_usd,
         "expected_hours": p.expected_hours,
         "cheapest": p.cheapest, "fastest": p.fastest, "pareto": p.pareto,
-        "notes": list(p.notes),
+        "notes": rendered(p.notes),
     }
 
 
@@ -277,7 +282,7 @@ def host_dict(h) -> dict[str, Any]:
             "efficient_loading": h.efficient_loading,
             "checkpoint": {"kind": ck.kind, "weights_bytes": ck.weights_bytes, "optimizer_bytes": ck.optimizer_bytes,
                            "total_bytes": ck.total_bytes, "sharded": ck.sharded, "writers": ck.writers},
-            "notes": list(h.notes)}
+            "notes": rendered(h.notes)}
 
 
 def spot_dict(r) -> dict[str, Any]:
@@ -293,8 +298,9 @@ def spot_dict(r) -> dict[str, Any]:
             "overhead_fraction": r.overhead_fraction}
 
 
-def dataset_text(profile, batches=None) -> str:
-    """The dataset summary and length histogram under a text table."""
+def dataset_text(profile, batches=None, renderer: Renderer | None = None) -> str:
+    """The dataset summary and length histogram under a text table (``renderer``: see
+    :func:`rendered`)."""
     s = profile.summary()
     lines = [f"dataset: {s['path']} ({s['format']}, {s['kind']}), {s['samples']:,} samples, "
              f"{s['total_tokens']:,} tokens ({s['counter']})"
@@ -309,7 +315,7 @@ def dataset_text(profile, batches=None) -> str:
                      f"{b.peak_rows} x {b.peak_seq_len} tokens; {b.real_tokens:,} real / {b.computed_tokens:,} "
                      f"computed tokens per epoch ({b.padding_fraction:.0%} padding), {b.truncated_samples:,} samples "
                      f"truncated")
-    lines += [f"  note: {n}" for n in profile.notes + (batches.notes if batches is not None else ())]
+    lines += [f"  note: {n}" for n in rendered(profile.notes + (batches.notes if batches is not None else ()), renderer)]
     return "\n".join(lines)
 
 
@@ -317,16 +323,17 @@ def dataset_dict(profile, batches=None) -> dict[str, Any]:
     """The data a plan was made from (``dataset`` of the search / estimate documents)."""
     doc: dict[str, Any] = dict(profile.summary())
     doc["histogram"] = [{"low": lo, "high": hi, "count": n} for lo, hi, n in profile.histogram()]
-    doc["notes"] = list(profile.notes)
+    doc["notes"] = rendered(profile.notes)
     if batches is not None:
         doc["batches"] = batches.summary()
-        doc["batches"]["notes"] = list(batches.notes)
+        doc["batches"]["notes"] = rendered(batches.notes)
     return doc
 
 
 def infeasible_dict(i) -> dict[str, Any]:
     """One why-not entry (``infeasible[i]``)."""
-    return {"gpu": i.gpu, "reason": i.reason, "hint": i.hint, "needed_bytes": i.needed_bytes,
+    return {"gpu": i.gpu, "reason": render_refs(i.reason), "hint": render_refs(i.hint) if i.hint else i.hint,
+            "needed_bytes": i.needed_bytes,
             "available_bytes": i.available_bytes}
 
 
@@ -346,7 +353,7 @@ def _header_doc(schema: str, model, job, ps) -> dict[str, Any]:
             "search": {"offers": s.offers, "gpu_types": s.gpu_types, "layouts": s.layouts,
                        "memory_evals": s.memory_evals, "runtime_evals": s.runtime_evals,
                        "candidates": s.candidates, "seconds": s.seconds, "max_gpus": s.max_gpus},
-            "notes": list(ps.notes),
+            "notes": rendered(ps.notes),
             "assumptions": [a.to_dict() for a in search_assumptions(job)]}
 
 
@@ -422,7 +429,7 @@ def fit_doc(model, job, results, margin: float) -> dict[str, Any]:
             "results": [{"gpu": r.gpu, "memory_bytes": r.memory_bytes, "usable_bytes": r.usable_bytes,
                          "fits": r.fits, "device_total_bytes": r.device_total_bytes,
                          "max_seq_len": r.max_seq_len, "max_micro_batch": r.max_micro_batch,
-                         "min_gpus": r.min_gpus, "notes": list(r.notes),
+                         "min_gpus": r.min_gpus, "notes": rendered(r.notes),
                          "advice": [a.to_dict() for a in r.advice],
                          "seq_len_cutoffs": [{"keep_pct": k, "seq_len": v} for k, v in r.seq_len_cutoffs.items()]}
                         for r in results]}

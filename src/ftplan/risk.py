@@ -105,13 +105,13 @@ def spot_risk(
     per-instance rate; ``checkpoint_interval_s`` overrides the optimum interval."""
     c = consts or host_constants()
     if runtime.hours is None:
-        raise ConfigError("the runtime has no hours: the job needs its dataset size", "pass --tokens")
+        raise ConfigError("the runtime has no hours: the job needs its dataset size", "pass `tokens`")
     if rate_per_hour is not None and not 0 <= rate_per_hour < 1:
         raise ConfigError(f"preemption rate must be in [0, 1) per hour (got {rate_per_hour})",
-                          "e.g. --preemption-rate 0.01 (one reclaim per 100 instance-hours)")
+                          "e.g. `preemption_rate=0.01` (one reclaim per 100 instance-hours)")
     if checkpoint_interval_s is not None and checkpoint_interval_s <= 0:
         raise ConfigError(f"checkpoint interval must be > 0 s (got {checkpoint_interval_s})",
-                          "e.g. --checkpoint-interval 1800")
+                          "e.g. `checkpoint_interval=1800`")
     if rate_per_hour is None:
         row = preemption_rate_for(offer.provider, getattr(offer, "sku", None), offer.gpu)
         rate, src, basis, assumed = row.rate_per_hour, row.source, row.basis, row.assumed

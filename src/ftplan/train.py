@@ -272,7 +272,7 @@ def load_plan_json(path: str | os.PathLike, index: int = 1):
     if isinstance(index, bool) or not isinstance(index, int):
         raise ConfigError(f"`plan` must be an integer (got {show_value(index)})", field="plan")
     p = Path(os.path.expanduser(str(path)))
-    hint = "write one with ftplan recommend ... --json > plan.json"
+    hint = "save the document of `ftplan recommend --json` to a file and pass that"
     if not p.exists():
         raise ConfigError(f"no plan file {str(p)!r}", hint)
     doc = load_json_text(read_text_file(p, "plan file", max_bytes=64 * 2**20, hint=hint), str(p), hint=hint)
@@ -283,9 +283,9 @@ def load_plan_json(path: str | os.PathLike, index: int = 1):
         if isinstance(doc.get(key), list):
             plans = doc[key]
             if not plans:
-                raise ConfigError(f"{p}: the document has no plans", "relax the constraints of ftplan recommend")
+                raise ConfigError(f"{p}: the document has no plans", "relax the constraints of `ftplan recommend`")
             if not 1 <= index <= len(plans):
-                raise ConfigError(f"--plan {index} is out of range", f"{p} has plans 1..{len(plans)}")
+                raise ConfigError(f"`plan={index}` is out of range", f"{p} has plans 1..{len(plans)}")
             entry = plans[index - 1]
             break
     else:
@@ -293,11 +293,11 @@ def load_plan_json(path: str | os.PathLike, index: int = 1):
             entry = doc["plan"]
     if not isinstance(entry, dict):
         raise ConfigError(f"{p}: plan {index} is not a JSON object",
-                          "pass the --json output of ftplan estimate, recommend or compare")
+                          "pass a document saved from `ftplan recommend --json` (or from estimate / compare)")
     job_d, layout_d = entry.get("job"), entry.get("layout")
     if not isinstance(job_d, dict) or not isinstance(layout_d, dict):
         raise ConfigError(f"{p}: no 'job' and 'layout' in the plan",
-                          "pass the --json output of ftplan estimate, recommend or compare")
+                          "pass a document saved from `ftplan recommend --json` (or from estimate / compare)")
     doc_job = doc.get("job") if isinstance(doc.get("job"), dict) else {}
     base = dict(doc_job) if entry is not doc else {}
     base.update(job_d)  # a plan's job variant over the document's job (dataset_tokens, epochs, lora ...)
@@ -307,15 +307,15 @@ def load_plan_json(path: str | os.PathLike, index: int = 1):
     for k in ("lora", "quant"):
         if k in base and base[k] is not None and not isinstance(base[k], dict):
             raise ConfigError(f"{p}: malformed job ('{k}' is not an object)",
-                              "pass the --json output of ftplan estimate, recommend or compare")
+                              "pass a document saved from `ftplan recommend --json` (or from estimate / compare)")
     try:
         job, layout = job_from_dict(base), layout_from_dict(layout_d)
     except ConfigError as e:
         raise ConfigError(f"{p}: malformed job or layout ({e.one_line()})",
-                          "pass the --json output of `ftplan estimate`, recommend or compare") from None
+                          "pass a document saved from `ftplan recommend --json` (or from estimate / compare)") from None
     except (TypeError, ValueError, KeyError, AttributeError, OverflowError) as e:
         raise ConfigError(f"{p}: malformed job or layout ({type(e).__name__}: {str(e)[:200]})",
-                          "pass the --json output of `ftplan estimate`, recommend or compare") from None
+                          "pass a document saved from `ftplan recommend --json` (or from estimate / compare)") from None
     try:
         check_job_fields(job, layout)
     except ConfigError as e:
@@ -343,18 +343,18 @@ def check_machine(job, layout) -> Machine:
     """What this machine can run of ``job``/``layout``; ``ConfigError`` for what it cannot."""
     if layout.nodes > 1:
         raise ConfigError(f"ftplan train runs on this machine; the plan spans {layout.nodes} nodes",
-                          "use ftplan export for a multi-node launch, or --nodes 1")
+                          "use `ftplan export` for a multi-node launch, or `nodes=1`")
     if layout.tp > 1 or layout.pp > 1:
         raise ConfigError("the TRL/accelerate script does not do tensor or pipeline parallelism",
-                          "drop --tp/--pp (use zero3 or fsdp to shard a large model)")
+                          "set `tp=1` and `pp=1` (`strategy=zero3` or `strategy=fsdp` shard a large model)")
     for mod in ("torch", "transformers", "accelerate", "trl", "datasets"):
         _need(mod, "ftplan train", "'ftplan[train]'")
     if job.uses_lora:
-        _need("peft", f"--method {job.method}", "peft")
+        _need("peft", f"`method={job.method}`", "peft")
     if job.method == "qlora" or job.optimizer in ("adamw_8bit", "paged_adamw_8bit"):
-        _need("bitsandbytes", "QLoRA" if job.method == "qlora" else f"--optimizer {job.optimizer}", "bitsandbytes")
+        _need("bitsandbytes", "QLoRA" if job.method == "qlora" else f"`optimizer={job.optimizer}`", "bitsandbytes")
     if layout.strategy in ("zero1", "zero2", "zero3") and layout.world_size > 1:
-        _need("deepspeed", f"--strategy {layout.strategy}", "deepspeed (or use --strategy fsdp)")
+        _need("deepspeed", f"`strategy={layout.strategy}`", "deepspeed (or use `strategy=fsdp`)")
     import torch  # the one place torch is imported
 
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -362,9 +362,9 @@ def check_machine(job, layout) -> Machine:
         m = Machine("cpu", 0)
         if layout.world_size > 1:
             raise ConfigError(f"the plan uses {layout.world_size} GPUs and this machine has no CUDA GPU",
-                              "run it on a GPU machine, or --gpus 1 to try it on CPU")
+                              "run it on a GPU machine, or `gpus=1` to try it on CPU")
         if job.attn_impl == "flash":
-            raise ConfigError("--attn flash needs a CUDA GPU", "use --attn sdpa on CPU")
+            raise ConfigError("`attn=flash` needs a CUDA GPU", "use `attn=sdpa` on CPU")
         if job.method == "qlora":
             m.notes.append("QLoRA on CPU runs bitsandbytes' CPU kernels: slow, for checking a setup")
         m.notes.append("no CUDA GPU: training on CPU (tokens/s measured, peak memory not)")
@@ -373,14 +373,14 @@ def check_machine(job, layout) -> Machine:
     m = Machine("cuda", n, name)
     if layout.world_size > n:
         raise ConfigError(f"the plan uses {layout.world_size} GPUs and this machine has {n}",
-                          f"use --gpus {n} (and a strategy that fits), or a bigger machine")
+                          f"use `gpus={n}` (and a strategy that fits), or a bigger machine")
     from .job import PRECISIONS
 
     compute = job.quant.compute_dtype if job.method == "qlora" else PRECISIONS[job.precision]["compute"]
     if compute == "bf16" and not torch.cuda.is_bf16_supported():
-        raise ConfigError(f"{name} has no bf16 support", "use --precision fp16-mixed (and --compute-dtype fp16)")
+        raise ConfigError(f"{name} has no bf16 support", "use `precision=fp16-mixed` (and `compute_dtype=fp16`)")
     if job.attn_impl == "flash":
-        _need("flash_attn", "--attn flash", "flash-attn")
+        _need("flash_attn", "`attn=flash`", "flash-attn")
     return m
 
 
@@ -395,7 +395,7 @@ def write_run_dir(out: Path, files: dict[str, str]) -> Path:
     out = Path(os.path.expanduser(str(out)))
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"output directory {str(out)!r} already exists and is not empty",
-                          "pass a new --out (checkpoints and the trained model go there)")
+                          "pass a new `out` directory (checkpoints and the trained model go there)")
     parent = out.parent if str(out.parent) else Path(".")
     try:
         parent.mkdir(parents=True, exist_ok=True)
@@ -553,7 +553,7 @@ def compare_text(report: dict[str, Any], predicted: dict[str, Any] | None,
     if p.get("tokens_per_s") is None and p.get("tokens_per_s_note"):
         lines.append(f"  (no tokens/s prediction: {p['tokens_per_s_note']})")
     if seen and seen < job.seq_len:
-        lines.append(f"  note: the longest padded batch had {seen} tokens (planned --seq-len {job.seq_len}); "
+        lines.append(f"  note: the longest padded batch had {seen} tokens (planned `seq_len={job.seq_len}`); "
                      "memory for full-length batches is the 'predicted' column")
     return "\n".join(lines)
 
@@ -658,7 +658,7 @@ def train(model_dir: str, dataset: str, out: str, job, layout, *, max_steps: int
     outp = Path(os.path.expanduser(out))
     if outp.exists() and (not outp.is_dir() or any(outp.iterdir())):
         raise ConfigError(f"output directory {str(outp)!r} already exists and is not empty",
-                          "pass a new --out (checkpoints and the trained model go there)")
+                          "pass a new `out` directory (checkpoints and the trained model go there)")
     if record:
         rp = Path(os.path.expanduser(record))
         if rp.exists() and not rp.is_file():

@@ -617,7 +617,7 @@ def resolve_gpu_name(name: str, gpus: Mapping[str, GpuSpec] | None = None, *,
             return index[key]
     shown = name if len(name) <= 60 else name[:60] + "..."
     if len(name) > 200:
-        raise NotFoundError(f"unknown GPU {shown!r}", "run 'ftplan gpus' to list the catalog")
+        raise NotFoundError(f"unknown GPU {shown!r}", "run `ftplan gpus` to list the catalog")
     key = normalize_gpu_name(name)
     family = sorted(s for s in catalog if s.startswith(key + "-"))
     if family:

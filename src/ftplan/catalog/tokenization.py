@@ -73,7 +73,7 @@ def token_estimate(model_name: str | None, family: str) -> TokenEstimate:
     key = data.get("models", {}).get(model_name or "") or data.get("families", {}).get(family)
     if key is None:
         raise ConfigError(f"no token estimate for model family {family!r}",
-                           "pass --tokenizer tokenizer.json for an exact count")
+                           "pass `tokenizer=tokenizer.json` for an exact count")
     t = data["tokenizers"][key]
     tmpl = data["templates"][t["template"]]
     return TokenEstimate(

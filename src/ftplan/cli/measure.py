@@ -13,7 +13,7 @@ from pathlib import Path
 from .. import api
 from ..errors import ConfigError, FtplanError
 from ..options import JOB_OPTIONS, LAYOUT_OPTIONS, build_job
-from .options import Command, emit_json, values
+from .options import RENDERER, Command, echo, emit_json, values
 from .plan import add_job_options, add_layout_options
 
 __all__ = ["COMMANDS", "row_to_argv", "row_values"]
@@ -80,7 +80,7 @@ def run_measure(a: argparse.Namespace) -> int:
     if not a.model:
         raise ConfigError("measure needs a MODEL or `matrix=FILE`", "see `ftplan measure --help`")
     rec = api.measure(a.model, steps=a.steps, warmup=a.warmup, device=a.device, tiny=True if a.tiny else None,
-                      seed=a.seed, out=a.out, echo=None if a.json else print,
+                      seed=a.seed, out=a.out, echo=None if a.json else echo,
                       **values(a, JOB_OPTIONS, LAYOUT_OPTIONS))
     if a.json:
         emit_json(rec)
@@ -134,10 +134,10 @@ def _run_matrix(a: argparse.Namespace) -> int:
         progress(k - 1, n, desc + " ...")
         try:
             rec = measure(model, job, layout, steps=steps, warmup=a.warmup, device=a.device, tiny=tiny,
-                          seed=a.seed, out=a.out, cache=cache, echo=print)
+                          seed=a.seed, out=a.out, cache=cache, echo=echo)
         except ConfigError as e:  # a bad row does not stop the campaign
             counts["error"] += 1
-            progress(k, n, f"{desc}: skipped: {e.one_line()}")
+            progress(k, n, f"{desc}: skipped: {e.one_line(RENDERER)}")
             continue
         counts[rec["outcome"]] += 1
         done.add(rec["key"])

@@ -14,11 +14,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ConfigError, Renderer
+from ..errors import ConfigError, Renderer, render_refs
 from ..options import FIT_OPTIONS, options_by_name
 from ..optionspec import Option, parse_float, parse_int, parse_tokens
 
-__all__ = ["Parser", "Command", "add_options", "values", "RENDERER", "flag_of", "emit_json", "arg_type"]
+__all__ = ["Parser", "Command", "add_options", "values", "RENDERER", "flag_of", "echo", "emit_json",
+           "arg_type"]
 
 
 class Parser(argparse.ArgumentParser):
@@ -60,7 +61,7 @@ def _help(o: Option) -> str:
     if o.default is not None and o.default != () and o.type != "bool" and "default" not in text:
         d = ",".join(o.default) if isinstance(o.default, tuple) else o.default
         text = f"{text} (default: {d})" if text else f"default: {d}"
-    return text.replace("%", "%%")
+    return render_refs(text, RENDERER).replace("%", "%%")
 
 
 def add_options(p: argparse.ArgumentParser, table: tuple[Option, ...], title: str | None = None, *,
@@ -91,18 +92,38 @@ def values(a: argparse.Namespace, *tables: tuple[Option, ...]) -> dict[str, Any]
     return {o.name: getattr(a, o.name) for t in tables for o in t if o.cli and hasattr(a, o.name)}
 
 
+def _option_of(name: str) -> Option | None:
+    return options_by_name().get(name) or options_by_name(FIT_OPTIONS).get(name)
+
+
 def flag_of(name: str) -> str:
-    """The CLI flag of an option or parameter name: ``seq_len`` -> ``--seq-len``."""
-    opt = options_by_name().get(name) or options_by_name(FIT_OPTIONS).get(name)
+    """The CLI flag of an option or parameter name: ``seq_len`` -> ``--seq-len`` (a parameter
+    that is no option, e.g. ``plan`` or ``out``, is its own dashed flag)."""
+    opt = _option_of(name)
     return opt.flag if opt is not None else "--" + name.replace("_", "-")
 
 
+_TRUE, _FALSE = ("true", "on", "yes", "1"), ("false", "off", "no", "0")
+
+
 def _field(name: str, value: str | None) -> str:
+    opt = _option_of(name)
+    if value is not None and opt is not None and opt.type == "bool":  # a switch, not a flag with a value
+        if value.lower() in _TRUE:
+            return opt.flag
+        if value.lower() in _FALSE:
+            return "--no-" + opt.flag[2:] if opt.negatable else f"without {opt.flag}"
     return flag_of(name) if value is None else f"{flag_of(name)} {value}"
 
 
 #: the library's references as the command line says them: ``seq_len=4096`` -> ``--seq-len 4096``
 RENDERER = Renderer(field=_field, command=lambda text: f"'{text}'")
+
+
+def echo(text: str) -> None:
+    """Print a line of the library's text output (``ftplan train`` / ``measure`` progress and
+    reports), its option references written as flags."""
+    print(render_refs(text, RENDERER))
 
 
 def emit_json(doc: Any) -> None:

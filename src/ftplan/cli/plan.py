@@ -12,7 +12,7 @@ import sys
 from .. import api
 from ..errors import render_refs
 from ..options import DATA_OPTIONS, FIT_OPTIONS, JOB_OPTIONS, LAYOUT_OPTIONS, OFFER_OPTIONS, SEARCH_OPTIONS
-from ..report import precision_speedups, same_layout_speedup, search_assumptions, table
+from ..report import precision_speedups, rendered, same_layout_speedup, search_assumptions, table
 from .options import RENDERER, Command, add_options, emit_json, values
 
 __all__ = ["COMMANDS", "add_job_options", "add_layout_options", "add_search_options", "progress"]
@@ -141,7 +141,7 @@ def _footer_lines(ps, job) -> list[str]:
     if ps.infeasible:
         lines += ["", "why not:"]
         for i in ps.infeasible:
-            lines.append(f"  {i.gpu}: {i.message()}")
+            lines.append(f"  {i.gpu}: {render_refs(i.message(), RENDERER)}")
     lines += ["", "hours = training + start-up (provisioning, checkpoint download); $ = instances x price x "
               "hours rounded up to the billing granularity; kWh = GPUs x board power (TDP) x hours, an upper bound.",
               "host = host RAM (GiB) / local disk (GB) per node; spot E[$] = expected cost of the completed job with "
@@ -155,8 +155,7 @@ def _footer_lines(ps, job) -> list[str]:
                      f"x{r.step_time_s_high / r.step_time_s:.2f} ({q[0]:.0%}-{q[1]:.0%} of published measurements "
                      f"against the model, held out from its fit); plan 1: {r.total_hours_low:,.2f}-"
                      f"{r.total_hours_high:,.2f} h, ${c.usd_low:,.2f}-${c.usd_high:,.2f}.")
-    for n in ps.notes:
-        lines.append(f"note: {n}")
+    lines += [f"note: {n}" for n in rendered(ps.notes, RENDERER)]
     assumed = search_assumptions(job)
     if assumed:
         lines.append("assumed: " + "; ".join(a.text for a in assumed) + " (change with: "
@@ -270,7 +269,7 @@ def run_fit(a: argparse.Namespace) -> int:
                      f"{r.max_micro_batch if r.max_micro_batch else 'none'}")
         rows = [(k, v if v is not None else f"> {rep.max_gpus}") for k, v in r.min_gpus.items()]
         lines.append(table(("strategy", "fewest GPUs"), rows, "lr"))
-        lines += [f"  note: {n}" for n in r.notes]
+        lines += [f"  note: {n}" for n in rendered(r.notes, RENDERER)]
         if r.advice:
             lines.append("  single changes that make it fit on one GPU:")
             lines += [f"    - {render_refs(x.text, RENDERER)}" for x in r.advice]

@@ -9,7 +9,7 @@ import argparse
 
 from .. import api
 from ..options import JOB_OPTIONS, LAYOUT_OPTIONS, build_job, build_layout
-from .options import Command, values
+from .options import Command, echo, values
 from .plan import add_job_options, add_layout_options
 
 __all__ = ["COMMANDS", "run_train", "job_and_layout"]
@@ -30,7 +30,7 @@ def job_and_layout(a: argparse.Namespace):
 def run_train(a: argparse.Namespace) -> int:
     job, layout = job_and_layout(a)
     return api.train(a.model_dir, a.dataset, a.out, job, layout, max_steps=a.max_steps, save_steps=a.save_steps,
-                     logging_steps=a.logging_steps, seed=a.seed, record=a.record)
+                     logging_steps=a.logging_steps, seed=a.seed, record=a.record, echo=echo)
 
 
 def _train_args(s: argparse.ArgumentParser) -> None:

@@ -197,7 +197,7 @@ def render_axolotl(files: dict[str, str], model: ModelSpec, job: Job, layout: La
     if kind in ("deepspeed", "autotp"):
         files["ds_config.json"] = render_deepspeed_config(layout, job)
     if job.uses_lora and job.lora.dropout and model.is_moe:
-        notes.append("axolotl: LoRA dropout on an MoE model's fused experts is refused by PEFT; use --lora-dropout 0")
+        notes.append("axolotl: LoRA dropout on an MoE model's fused experts is refused by PEFT; use `lora_dropout=0`")
     notes.append("axolotl: the learning rate is not planned by ftplan (a usual starting point is written); "
                  "axolotl tokenizes the dataset first (dataset_prepared_path)")
     return _launch(layout, job, kind)

@@ -77,7 +77,7 @@ def plan_from_json(doc: Any, index: int = 1, *, where: str = "plan JSON") -> tup
                           "relax the constraints and run `ftplan recommend --json` again")
     if not 1 <= index <= len(plans):
         raise ConfigError(f"plan {index} is out of range: {where} holds {len(plans)} plan(s)",
-                          f"use --plan 1..{len(plans)}")
+                          f"use `plan=1..{len(plans)}`")
     for i, p in enumerate(plans + extra, 1):
         if not isinstance(p, Mapping) or any(not isinstance(p.get(k), Mapping) for k in _PLAN_KEYS):
             raise _bad(where, f"plan {i} lacks {', '.join(_PLAN_KEYS)}")
@@ -258,7 +258,7 @@ def _resolve(model: Mapping[str, Any]):
     if last is None:
         raise ConfigError("plan JSON: no model name", "pass a file saved from `ftplan recommend --json`")
     raise ConfigError(f"cannot find the plan's model ({', '.join(map(repr, refs))}): {last.message}",
-                      "run `ftplan export MODEL ...` with the search options instead of --from-json")
+                      "run `ftplan export MODEL ...` with the search options instead of a saved plan")
 
 
 def _local_ref(ref: str | None) -> str | None:
@@ -301,10 +301,10 @@ def _check_hardware(plan: Mapping[str, Any], job: Job) -> None:
     adapted, _, why = platform_job(job, gpu)
     if adapted is None:
         raise ConfigError(f"the plan cannot run on {slug}: {why}",
-                          "pick another plan (--plan N) or another method")
+                          "pick another plan (`plan=N`) or another `method`")
     if adapted.attn_impl != job.attn_impl:
         raise ConfigError(f"the plan asks for {job.attn_impl} attention, not available on {slug}",
-                          "plan with --attn sdpa or pick another plan (--plan N)")
+                          "plan with `attn=sdpa` or pick another plan (`plan=N`)")
 
 
 def _check_low_precision(job: Job, kind: str, target: str = "accelerate") -> None:
@@ -319,7 +319,7 @@ def _check_low_precision(job: Job, kind: str, target: str = "accelerate") -> Non
     if kind not in ("single", "ddp", "fsdp", "deepspeed"):
         raise ConfigError(f"{job.low_precision} with {kind} layouts is not set up by ftplan's export (torchao / "
                           "Transformer Engine FP8 with tensor parallelism is not wired through accelerate here)",
-                          "pick a single-GPU, DDP or FSDP plan (--plan N)")
+                          "pick a single-GPU, DDP or FSDP plan (`plan=N`)")
     from .accelerate import FP8_CONFIG
 
     if job.low_precision not in FP8_CONFIG:
@@ -350,7 +350,7 @@ def _kind(layout: Layout, job: Job, target: str, zero3_backend: str | None, mode
         if zero3_backend == "fsdp" and layout.offload_optimizer and not layout.offload_params:
             raise ConfigError("FSDP cannot offload only the optimizer states (its CPU offload moves parameters, "
                               "gradients and the optimizer step together)",
-                              "use --zero3-backend deepspeed for this plan")
+                              "use `zero3_backend=deepspeed` for this plan")
         if zero3_backend == "deepspeed":
             return engine(layout, job, "deepspeed", model=model)
         return "fsdp"
@@ -453,7 +453,7 @@ def render(plan_doc: dict, *, alternatives: Sequence[dict] = (), model_ref: str 
     why = exportable(plan_doc, target)
     if why:
         raise ConfigError(f"this plan cannot be exported to {target}: {why}",
-                          "pick another plan with --plan N ('ftplan recommend' lists them) or another --target")
+                          "pick another plan with `plan=N` (`ftplan recommend` lists them) or another `target`")
     _check_hardware(plan_doc, job)
     kind = _kind(layout, job, target, zero3_backend, model)
     hsdp, hsdp_note = _hsdp(plan_doc, model, job, layout, kind)
@@ -601,32 +601,32 @@ def write_bundle(files: Mapping[str, str], out_dir: str | os.PathLike, *, force:
         out = Path(os.path.abspath(out_dir))
         cwd = Path.cwd()
     except (OSError, ValueError) as e:
-        raise ConfigError(f"bad output directory {str(out_dir)[:200]!r}: {e}", "pass --out with a new directory") \
+        raise ConfigError(f"bad output directory {str(out_dir)[:200]!r}: {e}", "pass a new `out` directory") \
             from None
     check_text(str(out_dir), "output directory")
     if out == Path(out.anchor) or out == cwd or out in cwd.parents or out == Path.home() \
             or out in Path.home().parents:
         raise ConfigError(f"refusing to write the bundle over {out} (the current directory, the home directory "
-                          "or one above them)", "pass --out with a new directory")
+                          "or one above them)", "pass a new `out` directory")
     for name in files:
         rel = Path(name)
         if rel.is_absolute() or ".." in rel.parts or not rel.parts:
             raise ConfigError(f"bad bundle path {name!r}", "paths must be relative, inside the bundle")
     try:
         if out.is_symlink():
-            raise ConfigError(f"{out} is a symbolic link", "pass --out with a new directory")
+            raise ConfigError(f"{out} is a symbolic link", "pass a new `out` directory")
         if out.exists() and not out.is_dir():
-            raise ConfigError(f"{out} exists and is not a directory", "pass --out with a new directory")
+            raise ConfigError(f"{out} exists and is not a directory", "pass a new `out` directory")
         non_empty = out.is_dir() and any(out.iterdir())
     except OSError as e:
         raise ConfigError(f"cannot use {out}: {e.strerror or e}", "check the path and permissions") from None
     if non_empty and not force:
-        raise ConfigError(f"{out} exists and is not empty", "pass a new --out directory, or --force to replace it")
+        raise ConfigError(f"{out} exists and is not empty", "pass a new `out` directory, or `force` to replace it")
     if non_empty:
         why = earlier_bundle_problem(out, files)
         if why:
-            raise ConfigError(f"--force only replaces an earlier ftplan bundle, and {out} is not one: {why}",
-                              "pass a new --out directory (nothing was deleted)")
+            raise ConfigError(f"`force` only replaces an earlier ftplan bundle, and {out} is not one: {why}",
+                              "pass a new `out` directory (nothing was deleted)")
     parent = out.parent
     if not parent.is_dir():
         raise ConfigError(f"{parent} does not exist", "create the parent directory first")

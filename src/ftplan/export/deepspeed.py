@@ -50,7 +50,7 @@ def deepspeed_config(layout: Layout, job: Job) -> dict[str, Any]:
     if layout.offload_optimizer and job.optimizer != "adamw":
         raise ConfigError(
             f"DeepSpeed's optimizer offload runs AdamW on the CPU (DeepSpeedCPUAdam), not {job.optimizer}",
-            "plan with --optimizer adamw, or pick a plan without offload (--plan N)")
+            "plan with `optimizer=adamw`, or pick a plan without offload (`plan=N`)")
     bf16, fp16 = _half(job)
     zero: dict[str, Any] = {"stage": stage}
     if layout.offload_optimizer:

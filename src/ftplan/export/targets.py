@@ -117,7 +117,7 @@ def engine(layout: Layout, job: Job, target: str = DEFAULT_TARGET, *, model=None
     kind, why = _engine(layout, job, target, model)
     if kind is None:
         raise ConfigError(f"the {target} export cannot run {layout.describe()}: {why}",
-                          "pick another plan (--plan N) or another --target")
+                          "pick another plan (`plan=N`) or another `target`")
     return kind
 
 

@@ -167,7 +167,7 @@ def attn_implementation(job) -> str:
             importlib.import_module("flash_attn")
         except ImportError:
             raise MeasurementError("attention 'flash' needs the flash_attn package, which is not installed",
-                                   "use --attn sdpa or install flash-attn") from None
+                                   "use `attn=sdpa` or install flash-attn") from None
         return "flash_attention_2"
     return job.attn_impl
 

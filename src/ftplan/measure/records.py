@@ -119,7 +119,7 @@ def append_record(path: str | os.PathLike, record: dict[str, Any]) -> None:
     line = json.dumps(record, sort_keys=False, separators=(",", ":"), allow_nan=False) + "\n"
     p = Path(path)
     if p.exists() and not p.is_file():
-        raise MeasurementError(f"{str(p)!r} is not a regular file", "pass a .jsonl file path with --out")
+        raise MeasurementError(f"{str(p)!r} is not a regular file", "pass a .jsonl file path as `out`")
     if p.parent and not p.parent.exists():
         p.parent.mkdir(parents=True, exist_ok=True)
     data = line.encode("utf-8")

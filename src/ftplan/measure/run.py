@@ -203,7 +203,7 @@ def _train_steps(torch, model, job, device: str, steps: int, warmup: int, vocab:
         raise MeasurementError("the built model has no trainable parameters")
     if job.loss == "liger":
         raise MeasurementError("the liger loss path is not measured by ftplan measure (it needs liger-kernel "
-                               "and Triton): use --loss trl or hf")
+                               "and Triton): use `loss=trl` or `loss=hf`")
     if job.loss == "trl":
         from trl.trainer.utils import add_fused_lm_head
 
@@ -293,7 +293,7 @@ def _resolve_device(torch, device: str | None) -> str:
     d = device.lower()
     if d.startswith("cuda"):
         if not torch.cuda.is_available():
-            raise MeasurementError("--device cuda but torch sees no CUDA GPU", "use --device cpu (with --tiny)")
+            raise MeasurementError("`device=cuda` but torch sees no CUDA GPU", "use `device=cpu` (with `tiny`)")
         return "cuda"
     if d == "cpu":
         return "cpu"

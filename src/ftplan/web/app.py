@@ -27,7 +27,7 @@ from starlette.middleware.gzip import GZipMiddleware
 
 from ..errors import CatalogError
 from .cache import LRU
-from .routes import ApiError, add_routes
+from .routes import RENDERER, ApiError, add_routes
 
 __all__ = ["create_app", "MAX_BODY_BYTES"]
 
@@ -350,7 +350,8 @@ def create_app(*, max_body_bytes: int = MAX_BODY_BYTES, cache_size: int = 64) ->
 
     @app.exception_handler(CatalogError)
     async def _on_catalog_error(request: Request, exc: CatalogError):
-        return JSONResponse(_safe({"detail": exc.one_line(), "message": f"catalog error: {exc.one_line()}"}),
+        line = exc.one_line(RENDERER)
+        return JSONResponse(_safe({"detail": line, "message": f"catalog error: {line}"}),
                             status_code=500)
 
     # ---- the page ----

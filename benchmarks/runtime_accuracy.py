@@ -14,6 +14,8 @@ publications are disjoint from the calibration ones):
   full, QLoRA vs LoRA, 8 vs 64/128 GPUs, torch.compile, FSDP vs ZeRO-3): predicted vs measured;
 * the issue's targets: held-out median |error| <= 15 %, no case over-predicted by more than
   25 %, ratios within 15 % -- and exactly which records / ratios miss, with the record's notes;
+* the FP8 / FP4 subset: the low-precision records' errors, and every published speedup of
+  ``catalog/data/lowprec_reference.json`` predicted vs published;
 * the uncertainty band the estimates carry (efficiency.json ``uncertainty``) and how many
   held-out measurements fall inside it.
 
@@ -43,6 +45,25 @@ def _pct(x: float) -> str:
     return f"{x * 100:+.1f}%"
 
 
+def _low_precision(job: dict) -> bool:
+    from ftplan.lowprec import resolve_precision
+
+    return resolve_precision(str(job.get("precision", "bf16-mixed")), job.get("method", "full")) is not None
+
+
+def _lowprec_points() -> list[dict]:
+    """catalog/data/lowprec_reference.json: published FP8/FP4 speedups, predicted vs published."""
+    from ftplan.catalog.lowprec_reference import load_points, predicted_speedup, published_speedup
+
+    out = []
+    for p in load_points():
+        pred, pub = predicted_speedup(p), published_speedup(p)
+        out.append({"id": p.id, "kind": p.kind, "precision": p.precision, "calibrates": p.calibrates,
+                    "bound": p.bound, "published": pub, "predicted": pred, "error": pred / pub - 1.0,
+                    "tolerance": p.tolerance})
+    return out
+
+
 def report() -> dict:
     refs = load_reference()
     eff = efficiency()
@@ -55,6 +76,7 @@ def report() -> dict:
     over = [o for o in held + calib if o.error > TARGET_OVER]
     bad_ratios = [r for r in ratios if abs(r["error"]) > TARGET_RATIO]
     hs = error_stats(held)
+    low = [o for o in outs if _low_precision(o.ref.job)]
     return {
         "records": len(refs),
         "scored": len(outs),
@@ -62,6 +84,9 @@ def report() -> dict:
         "sources": sorted({(r.source, r.split) for r in refs}),
         "calibration": error_stats(calib),
         "holdout": hs,
+        # FP8 / FP4 records (job.precision names a low-precision recipe): all held out
+        "low_precision": error_stats(low),
+        "low_precision_points": _lowprec_points(),
         "band": {"log_low": lo, "log_high": hi, "quantiles": list(eff.band_quantiles),
                  "step_time_factor_low": math.exp(lo), "step_time_factor_high": math.exp(hi),
                  "holdout_inside": len(inside), "holdout_n": len(held)},
@@ -94,10 +119,16 @@ def main(argv: list[str]) -> int:
     print("sources: " + ", ".join(f"{s} ({sp})" for s, sp in r["sources"]))
     print()
     print(f"{'set':12s} {'n':>3s} {'median|err|':>12s} {'max|err|':>9s} {'median':>8s} {'max over':>9s} {'max under':>10s} {'<=15%':>6s}")
-    for name in ("calibration", "holdout"):
+    for name in ("calibration", "holdout", "low_precision"):
         s = r[name]
         print(f"{name:12s} {s['n']:3d} {s['median_abs'] * 100:11.1f}% {s['max_abs'] * 100:8.1f}% "
               f"{_pct(s['median_signed']):>8s} {_pct(s['max_over']):>9s} {_pct(s['max_under']):>10s} {s['within_15'] * 100:5.0f}%")
+    print("(low_precision: the FP8 / FP4 records, all held out)")
+    print("\nFP8 / FP4 speedups (catalog/data/lowprec_reference.json; 'fit' = the point a recipe's efficiency_vs_bf16 was fitted on):")
+    for x in r["low_precision_points"]:
+        tag = "fit " if x["calibrates"] else ("<=  " if x["bound"] == "upper" else "    ")
+        print(f"  {tag}{x['id'][:46]:46s} {x['precision']:15s} published {x['published']:.3f} predicted {x['predicted']:.3f} "
+              f"({_pct(x['error'])}, tolerance {x['tolerance']:.0%})")
     b = r["band"]
     print(f"\nuncertainty band (held-out quantiles {b['quantiles'][0]:.0%}/{b['quantiles'][1]:.0%} of measured/predicted step time): "
           f"x{b['step_time_factor_low']:.2f} .. x{b['step_time_factor_high']:.2f}; "

@@ -164,58 +164,73 @@ def test_l40s_supports_fp8(llama70):
 
 
 def _tps(model, job, layout, gpu):
-    from ftplan.planner import low_precision_runtime
     from ftplan.runtime import estimate_runtime
 
-    g = load_gpus()[gpu]
-    rt = estimate_runtime(model, job, layout, g)
-    if job.low_precision:
-        rt = low_precision_runtime(model, job, layout, g, rt)
-    return rt.tokens_per_s / layout.world_size
+    return estimate_runtime(model, job, layout, load_gpus()[gpu]).tokens_per_s / layout.world_size
 
 
+# The throughput claims below are answered for one stated setup: 8 GPUs, FSDP, seq 8192,
+# checkpointing, torchao tensorwise FP8 (accelerate's `mixed_precision: fp8`) and TE NVFP4. The FP8
+# GEMM efficiency relative to bf16 is calibrated on torchtitan's 8B / 8 H100 run (1.248x; the fit
+# stops at 1.0, 1.206x) and NVFP4's on NVIDIA's NVFP4 blog (1.59x): see test_lowprec_runtime.py for
+# the published points these numbers are held against.
 @pytest.mark.parametrize("name", ["llama-3.1-8b", "llama-3.1-70b"])
 def test_fp8_does_not_double_throughput(name):
-    """001/003: 'FP8 can double your training throughput' -> no. ftplan (8 GPUs, FSDP, seq 8192,
-    checkpointing, torchao tensorwise = accelerate's FP8 default): full fine-tuning 1.11x (8B) /
-    1.16x (70B) on H100 and 1.12x / 1.16x on B200. Why: FP8 GEMMs reach ~0.66 of bf16's efficiency
-    at 2x the peak (calibrated on torchtitan's 1.25x), ~19% of the FLOPs (attention, lm_head, first
-    projection) stay bf16, and communication/optimizer time does not shrink. LoRA is slower
-    (0.92x-0.95x): torchao's float8 function runs the frozen base's weight-gradient GEMM anyway.
-    Closest to 2x: NVFP4 GEMMs (TE) on B200, 1.7x-1.9x with the same (assumed) relative efficiency."""
+    """001/003: 'FP8 can double your training throughput' -> no. ftplan: full fine-tuning 1.23x (8B)
+    / 1.41x (70B) on H100, the same on B200 (1.22x / 1.41x). Held against: torchtitan's 8B / 8 H100
+    Float8 1.25-1.28x (commit 7a04053; Dec 2024 benchmark) and torchao's 'up to 1.5x' at 70B, each
+    within 10 %. Why not 2x: FP8 GEMMs run at twice the peak only for the converted linears (the
+    first q_proj and lm_head stay bf16), attention (~25-35 % of the step at 8k tokens), norms and
+    the loss stay bf16, the quantize kernels add memory traffic (~10 % of the 8B step), and
+    communication / optimizer do not shrink; 70B gains more (larger GEMMs, smaller attention share).
+    LoRA: 1.05x (8B) / 1.12x (70B): torchao's float8 function also runs the frozen base's
+    weight-gradient GEMM (3 FP8 GEMMs where bf16 LoRA runs 2). Closest to 2x: NVFP4 GEMMs (TE, full
+    fine-tuning) on B200, 1.37x (8B) / 1.66x (70B) over bf16 (NVIDIA's blog: 1.59x for 8B
+    pre-training with micro-batch 2 -> 4)."""
     model = resolve_model(name)
     lay = Layout(8, 1, "fsdp")
-    for gpu in ("h100-sxm", "b200"):
-        full = Job(method="full", seq_len=8192, gradient_checkpointing=True)
-        s = _tps(model, _lp(full, "fp8"), lay, gpu) / _tps(model, full, lay, gpu)
-        assert 1.05 < s < 1.25, (gpu, s)
-        lora = Job(method="lora", seq_len=8192, gradient_checkpointing=True)
-        s = _tps(model, _lp(lora, "fp8"), lay, gpu) / _tps(model, lora, lay, gpu)
-        assert 0.85 < s < 1.0, (gpu, s)
+    big = name.endswith("70b")
     full = Job(method="full", seq_len=8192, gradient_checkpointing=True)
+    lora = Job(method="lora", seq_len=8192, gradient_checkpointing=True)
+    for gpu in ("h100-sxm", "b200"):
+        s = _tps(model, _lp(full, "fp8"), lay, gpu) / _tps(model, full, lay, gpu)
+        assert s == pytest.approx(1.41 if big else 1.225, abs=0.02), (gpu, s)
+        if not big:  # torchtitan 8B / 8 H100: 1.248x (commit 7a04053), 1.28x (Dec 2024 benchmark)
+            assert s == pytest.approx(1.26, rel=0.10)
+        else:  # torchao: 'up to 1.5x' at 70B
+            assert 1.5 * 0.9 < s <= 1.5
+        s = _tps(model, _lp(lora, "fp8"), lay, gpu) / _tps(model, lora, lay, gpu)
+        assert s == pytest.approx(1.12 if big else 1.045, abs=0.02), (gpu, s)
     s4 = _tps(model, _lp(full, "nvfp4"), lay, "b200") / _tps(model, full, lay, "b200")
-    assert 1.6 < s4 < 2.0
+    assert s4 == pytest.approx(1.66 if big else 1.37, abs=0.02)
+    assert s4 < 2.0
 
 
 def test_b200_vs_h100_is_the_peak_not_fp4():
     """002/003: 'B200 delivers up to 2.2x the training speed of the H100 by utilizing native
-    FP4/FP8' -> the ~2x holds at EVERY precision: ftplan gives ~2.1x in bf16 and the same within 5 %
-    in FP8 per GPU for 70B full fine-tuning on 8 GPUs (B200's dense peak is 2.27x H100's in bf16 and
-    in FP8 alike);
-    FP4 adds on top only with NVFP4 GEMMs (TE, full fine-tuning): B200 NVFP4 vs H100 FP8 ~3.1x."""
+    FP4/FP8' -> the ~2x holds at EVERY precision: 70B full fine-tuning on 8 GPUs 2.12x per GPU in
+    bf16, 2.11x in FP8 (B200's dense peak is 2.27x H100's in bf16 and in FP8 alike; HBM 2.3x), and
+    2.12x for 70B LoRA in FP8, against MLPerf Training v4.1's 2.2x (Llama 2 70B LoRA, FP8 on both,
+    NVIDIA's submissions) within 10 %. FP4 adds on top only where NVFP4 GEMMs run (TE, full
+    fine-tuning): B200 NVFP4 vs H100 FP8 2.50x, far below the 4.5x of the peaks (9 PFLOPS NVFP4 vs
+    1.98 FP8): only the converted GEMMs speed up, at 0.85 of their peak's share (NVIDIA's 1.59x)."""
     model = resolve_model("llama-3.1-70b")
     lay = Layout(8, 1, "fsdp")
     full = Job(method="full", seq_len=8192, gradient_checkpointing=True)
+    lora = Job(method="lora", seq_len=8192, gradient_checkpointing=True)
     bf = _tps(model, full, lay, "b200") / _tps(model, full, lay, "h100-sxm")
     f8 = _tps(model, _lp(full, "fp8"), lay, "b200") / _tps(model, _lp(full, "fp8"), lay, "h100-sxm")
-    assert 1.8 < bf < 2.3 and 1.8 < f8 < 2.3 and abs(f8 / bf - 1) < 0.05, (bf, f8)
+    assert bf == pytest.approx(2.12, abs=0.02) and f8 == pytest.approx(2.11, abs=0.02)
+    assert abs(f8 / bf - 1) < 0.02
+    lf8 = _tps(model, _lp(lora, "fp8"), lay, "b200") / _tps(model, _lp(lora, "fp8"), lay, "h100-sxm")
+    assert lf8 == pytest.approx(2.2, rel=0.10)  # MLPerf v4.1
     mixed = _tps(model, _lp(full, "nvfp4"), lay, "b200") / _tps(model, _lp(full, "fp8"), lay, "h100-sxm")
-    assert 2.8 < mixed < 3.4
+    assert mixed == pytest.approx(2.50, abs=0.03)
 
 
 def test_claims_report_covers_every_fp8_fp4_claim():
-    """`ftplan claims`: one entry per FP8/FP4 claim of the seeds, verdict and numbers (the tests
-    above hold the numbers; this holds the report to them)."""
+    """`ftplan claims`: one entry per FP8/FP4 claim of the seeds, verdict and numbers; the numbers
+    are the ones the tests above derive (same runtime path, same jobs)."""
     from ftplan import api
 
     doc = api.claims().to_dict()
@@ -223,7 +238,14 @@ def test_claims_report_covers_every_fp8_fp4_claim():
     by_id = {c["id"]: c for c in doc["claims"]}
     assert set(by_id) == {"fp8-doubles-throughput", "b200-2x-h100", "nvfp4-headroom-70b-b200", "fp4-4x-smaller",
                           "fp8-reduces-memory", "a100-no-fp8", "l40s-fp8"}
+    m70 = resolve_model("llama-3.1-70b")
+    lay = Layout(8, 1, "fsdp")
+    full = Job(method="full", seq_len=8192, gradient_checkpointing=True)
+    n = by_id["fp8-doubles-throughput"]["numbers"]
     assert by_id["fp8-doubles-throughput"]["verdict"] == "false"
-    assert by_id["fp8-doubles-throughput"]["numbers"]["full_70b_h100"] < 1.3
-    assert 1.8 < by_id["b200-2x-h100"]["numbers"]["fp8"] < 2.1
+    assert n["full_70b_h100"] == pytest.approx(_tps(m70, _lp(full, "fp8"), lay, "h100-sxm")
+                                               / _tps(m70, full, lay, "h100-sxm"), rel=1e-9)
+    assert max(v for v in n.values()) < 2.0
+    r = by_id["b200-2x-h100"]["numbers"]
+    assert r["fp8"] == pytest.approx(2.11, abs=0.02) and r["nvfp4_vs_h100_fp8"] == pytest.approx(2.50, abs=0.03)
     assert by_id["nvfp4-headroom-70b-b200"]["numbers"]["full_fits_one_b200"] == 0.0

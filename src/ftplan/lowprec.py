@@ -26,6 +26,11 @@ What the recipes change in memory (per converted ``nn.Linear``; held against tor
   gradient is saved for backward; ``NVFP4Tensor`` dequantizes below autograd and saves nothing
   extra.
 
+Step time: ``ftplan.runtime`` times the converted linears (:func:`converted_counts`) at the
+recipe's FP8/FP4 peak (:func:`low_precision_peak_tflops` x ``Recipe.efficiency_vs_bf16``), charges
+the quantize kernels' traffic (:func:`quant_traffic_bytes`) and a weight-only base's dequantization
+(:func:`weight_only_dequant`); this module only supplies those inputs.
+
 Nothing is read at import time; the data file is parsed once, on first use.
 """
 
@@ -33,7 +38,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from functools import lru_cache
 from importlib import resources
@@ -79,8 +84,8 @@ __all__ = [
     "FlopSplit",
     "quant_traffic_bytes",
     "auto_precisions",
-    "compute_time_factor",
-    "adjust_runtime",
+    "weight_only_dequant",
+    "converted_counts",
     "low_precision_peak_tflops",
     "precision_names",
     "job_problems",
@@ -269,6 +274,15 @@ def parse_precisions(data: dict, where: str = _DATA) -> _Catalog:
             auto=bool(r.get("auto", False)),
             efficiency_vs_bf16=float((r.get("efficiency_vs_bf16") or {}).get("value", 1.0)),
         )
+    # efficiency_vs_bf16 {"same_as": NAME}: the (calibrated) value of another recipe
+    for r in data.get("recipes") or []:
+        same = (r.get("efficiency_vs_bf16") or {}).get("same_as")
+        if same is not None:
+            if same not in out or (next((x for x in data["recipes"] if x.get("name") == same), {})
+                                   .get("efficiency_vs_bf16") or {}).get("same_as"):
+                raise CatalogError(f"{where}: recipe {r['name']!r}: efficiency_vs_bf16 same_as {same!r} "
+                                   "must name a recipe with its own value")
+            out[r["name"]] = replace(out[r["name"]], efficiency_vs_bf16=out[same].efficiency_vs_bf16)
     uns = tuple(Unsupported(u["method"], tuple(u["precision"].split("|")), u["reason"])
                 for u in data.get("unsupported") or [])
     return _Catalog(out, uns, str(data.get("as_of", "")))
@@ -432,25 +446,33 @@ def converted_linears(model: ModelSpec, job: Job) -> list[tuple[LinearSpec, int]
     divisible by ``min_dim_multiple``; accelerate's torchao path also skips the first and the last
     ``nn.Linear`` (first layer's first attention projection, ``lm_head``); Transformer Engine's
     ``convert_model`` converts the ``lm_head`` too. Weight-only recipes: every base linear."""
+    return [(lin, n) for lin, n in zip(model.linears(), converted_counts(model, job)) if n > 0]
+
+
+def converted_counts(model: ModelSpec, job: Job) -> tuple[int, ...]:
+    """How many of each ``model.linears()`` entry the recipe converts (aligned with it; all zero
+    without a recipe): the rule of :func:`converted_linears`."""
     r = get_recipe(job.low_precision)
+    lins = model.linears()
     if r is None:
-        return []
+        return (0,) * len(lins)
     m = r.min_dim_multiple
     first = _first_linear(model) if r.skips_first_last_linear else None
     out = []
-    for lin in model.linears():
+    for lin in lins:
         if not lin.is_module or lin.in_features % m or lin.out_features % m:
+            out.append(0)
             continue
         if lin.category == "lm_head" and (r.skips_first_last_linear or r.kind == "weight_only"
                                           or getattr(job, "loss", "hf") != "hf"):
-            continue  # (TRL's fused head / Liger read lm_head.weight directly: no module call to convert)
+            out.append(0)  # (TRL's fused head / Liger read lm_head.weight directly: no module call to convert)
+            continue
         n = lin.count
         if first is not None and lin.module == first and lin.category == "attention":
             n -= 1  # once: the first layer's (multi-group models list a kind once per group)
             first = None
-        if n > 0:
-            out.append((lin, n))
-    return out
+        out.append(max(0, n))
+    return tuple(out)
 
 
 def converted_weight_elems(model: ModelSpec, job: Job) -> int:
@@ -779,81 +801,22 @@ def low_precision_peak_tflops(recipe: Recipe, gpu: GpuSpec) -> float | None:
     return gpu.bf16_tflops
 
 
-def compute_time_factor(model: ModelSpec, job: Job, gpu: GpuSpec, hardware_flops: float,
-                        base_hardware_flops: float) -> float:
-    """Compute time of ``job`` (with its low-precision recipe) over the compute time the same job
-    takes in its base precision, on ``gpu``, from the FLOP split: the converted linears' GEMMs
-    (plus torchao's discarded LoRA wgrad GEMMs) run at the recipe's peak times its efficiency
-    relative to bf16, the rest as before. ``hardware_flops``: ``flops_per_token(...).hardware`` of
-    the job; ``base_hardware_flops``: the same without the recipe. The quantize kernels' memory
-    traffic (:func:`quant_traffic_bytes`) is charged separately at HBM bandwidth."""
+def weight_only_dequant(model: ModelSpec, job: Job, recompute: float) -> tuple[float, float]:
+    """(dequantization passes per micro-batch, bytes per pass) of a weight-only base (torchao
+    ``Float8WeightOnlyConfig`` / ``NVFP4WeightOnlyConfig`` + PEFT), for the runtime's dequant term.
+
+    torchao dequantizes the base to bf16 for every matmul that uses it: the forward, the recomputed
+    share of it under checkpointing (``recompute``: the runtime's recomputed matmul share), and
+    the input gradient: ``NVFP4Tensor`` dequantizes below autograd and keeps only the packed weight,
+    so backward dequantizes again; ``Float8Tensor`` dequantizes above autograd and saved the bf16
+    copy, except for the recomputed share. A pass reads the packed weights (values + scales) and
+    writes bf16 (a lower bound: eager unpacking takes several elementwise kernels), like QLoRA's."""
     r = get_recipe(job.low_precision)
-    if r is None or r.kind != "gemm" or base_hardware_flops <= 0:
-        return 1.0
-    peak = low_precision_peak_tflops(r, gpu)
-    if not peak:
-        return 1.0
-    split = flop_split(model, job, hardware_flops)
-    rate = (gpu.bf16_tflops / peak) / r.efficiency_vs_bf16
-    return (split.high + split.low * rate) / base_hardware_flops
-
-
-def adjust_runtime(model: ModelSpec, job: Job, layout: Layout, gpu: GpuSpec, rt: Any, hardware_flops: float,
-                   hbm_bytes_per_s: float) -> Any:
-    """``rt`` (a ``RuntimeEstimate`` of ``job`` computed at its base precision) with the recipe's
-    low-precision GEMMs: compute time x :func:`compute_time_factor`, plus the quantize kernels'
-    traffic (:func:`quant_traffic_bytes`) at ``hbm_bytes_per_s``; communication, optimizer and
-    start-up unchanged. Throughput, MFU and hours follow the step time.
-
-    Weight-only recipes (bf16 GEMMs) pay the dequantization of the base instead.
-    (Until the runtime model takes the FP8/FP4 peaks itself, the planner applies this.)"""
-
-    r = get_recipe(job.low_precision)
-    if r is None or rt.step_time_s <= 0:
-        return rt
-    if r.kind == "weight_only":
-        # torchao dequantizes the base to bf16 for every matmul that uses it: forward, the input
-        # gradient (NVFP4 keeps only the packed weight; FP8 saved its bf16 copy) and the recompute;
-        # each pass reads the packed weight and writes bf16 (a lower bound: eager unpacking takes
-        # several elementwise kernels), like QLoRA's dequantization in the runtime model
-        passes = 1 + (1 if r.name == "nvfp4-weight-only" or job.gradient_checkpointing else 0) \
-            + (1 if job.gradient_checkpointing else 0)
-        elems = sum(lin.in_features * lin.out_features * lin.count for lin in _base_linears(model))
-        packed = quantized_weight_bytes(model, job, Fraction(0))
-        dequant_s = float(passes * (packed + 2 * elems) * job.grad_accum / (layout.tp * layout.pp)) / hbm_bytes_per_s
-        step = rt.step_time_s + dequant_s
-        scale = rt.step_time_s / step
-        breakdown = dict(rt.breakdown)
-        breakdown["weight_only_dequant_s"] = dequant_s
-        return _rescaled(rt, scale, step_time_s=step, dequant_time_s=rt.dequant_time_s + dequant_s,
-                         breakdown=breakdown)
-    factor = compute_time_factor(model, job, gpu, hardware_flops, hardware_flops)
-    per_token, per_mb = quant_traffic_bytes(model, job)
-    mp = layout.tp * layout.pp
-    tokens_per_gpu = job.micro_batch * job.seq_len * job.grad_accum
-    traffic_s = float(per_token * tokens_per_gpu / mp + per_mb * job.grad_accum / mp) / hbm_bytes_per_s
-    compute = rt.compute_time_s * factor
-    step = rt.step_time_s - rt.compute_time_s + compute + traffic_s
-    scale = rt.step_time_s / step
-    breakdown = dict(rt.breakdown)
-    breakdown["low_precision_compute_factor"] = factor
-    breakdown["quantize_traffic_s"] = traffic_s
-    return _rescaled(rt, scale, step_time_s=step, compute_time_s=compute, breakdown=breakdown)
-
-
-def _rescaled(rt: Any, scale: float, **changes: Any) -> Any:
-    """``rt`` with ``changes`` and everything that follows the step time (throughput, MFU, hours
-    and the uncertainty band) divided by ``scale`` = old step time / new step time."""
-    import dataclasses
-
-    def div(v):
-        return None if v is None else v / scale
-
-    def mul(v):
-        return None if v is None else v * scale
-
-    return dataclasses.replace(
-        rt, tokens_per_s=rt.tokens_per_s * scale, mfu=rt.mfu * scale, hours=div(rt.hours),
-        step_time_s_low=div(rt.step_time_s_low), step_time_s_high=div(rt.step_time_s_high),
-        tokens_per_s_low=mul(rt.tokens_per_s_low), tokens_per_s_high=mul(rt.tokens_per_s_high),
-        hours_low=div(rt.hours_low), hours_high=div(rt.hours_high), **changes)
+    if r is None or r.kind != "weight_only":
+        return 0.0, 0.0
+    passes = 1.0 + recompute + (1.0 if r.name == "nvfp4-weight-only" else recompute)
+    elems = sum(lin.in_features * lin.out_features * lin.count for lin in _base_linears(model))
+    swizzled = r.weight.name == "nvfp4"
+    packed = sum(r.weight.tensor_bytes(lin.out_features, lin.in_features, swizzled=swizzled) * lin.count
+                 for lin in _base_linears(model))
+    return passes, float(packed + 2 * elems)

@@ -34,7 +34,7 @@ from .runtime import RuntimeEstimate, compute_dtype, estimate_runtime, for_datas
 from .units import GB
 
 __all__ = ["Plan", "Infeasible", "PlanSet", "SearchStats", "FitResult", "SearchCache", "recommend", "fit", "platform_job",
-           "price_layout", "precision_candidates", "low_precision_runtime",
+           "price_layout", "precision_candidates",
            "DEFAULT_MAX_GPUS", "OBJECTIVES"]
 
 OBJECTIVES = ("cost", "time")
@@ -766,8 +766,6 @@ def _best_per_layout(model: ModelSpec, gpu: Any, offer: Any, fits: list[_Fits], 
                 rt = memo.step_runtime(gpu, offer, bw, f.layout, rjob)
             else:
                 rt = estimate_runtime(model, rjob, f.layout, gpu, offer=offer)  # EP all-to-alls included
-            if rjob.low_precision:  # FP8 / FP4 GEMMs (lowprec.adjust_runtime)
-                rt = low_precision_runtime(model, rjob, f.layout, gpu, rt)
             runtime_cache[rkey] = rt
         cur = best.get(f.layout)
         if cur is not None and cur.runtime.total_hours <= rt.total_hours:
@@ -788,16 +786,6 @@ def _best_per_layout(model: ModelSpec, gpu: Any, offer: Any, fits: list[_Fits], 
         best[f.layout] = Plan(offer, gpu, f.layout, f.job, f.memory, rt, cost,
                               notes=tuple(gnotes) + f.memory.notes + xnotes, host=host, risk=risk)
     return best
-
-
-def low_precision_runtime(model: ModelSpec, job: Job, layout: Layout, gpu: Any, rt: RuntimeEstimate) -> RuntimeEstimate:
-    """``rt`` with ``job``'s FP8/FP4 GEMMs at the format's peak (``lowprec.adjust_runtime``)."""
-    from .catalog.efficiency import efficiency
-    from .lowprec import adjust_runtime
-    from .runtime import flops_per_token
-
-    hbm = float(gpu.mem_bw_tbps) * 1e12 * efficiency().hbm(getattr(gpu, "arch", None))
-    return adjust_runtime(model, job, layout, gpu, rt, flops_per_token(model, job).hardware, hbm)
 
 
 def _constrain(raw: list[Plan], deadline_hours: float | None,

@@ -390,6 +390,20 @@ def precision_speedups(ps) -> list[tuple[Any, Any, float | None]]:
     return out
 
 
+def same_layout_speedup(model, plan) -> float | None:
+    """What the plan's low-precision recipe alone contributes: its tokens/s over the same job in the
+    base precision on the same GPU, layout and micro-batch (step time only: the base-precision job
+    need not fit there). None for a base-precision plan."""
+    if not plan.job.low_precision:
+        return None
+    from .runtime import estimate_runtime
+
+    base = plan.job.with_(precision=plan.job.precision, low_precision=None)
+    offer = plan.offer if plan.layout.nodes > 1 else None
+    rt = estimate_runtime(model, base, plan.layout, plan.gpu, offer=offer)
+    return plan.runtime.tokens_per_s / rt.tokens_per_s if rt.tokens_per_s > 0 else None
+
+
 def compare_doc(model, job, ps) -> dict[str, Any]:
     """The ``ftplan.compare/1`` document of a PlanSet."""
     doc = _header_doc(COMPARE_SCHEMA, model, job, ps)
@@ -398,6 +412,7 @@ def compare_doc(model, job, ps) -> dict[str, Any]:
         # best plan per (GPU, precision) and its tokens/s-per-GPU speedup over the GPU's base plan
         doc["per_gpu_precision"] = [{"gpu": p.gpu.name, "precision": p.job.precision_label,
                                      "plan": plan_dict(p), "speedup_vs_base": sp,
+                                     "speedup_same_layout": same_layout_speedup(model, p),
                                      "base_precision": b.job.precision if b is not None else None}
                                     for p, b, sp in precision_speedups(ps)]
     doc["infeasible"] = [infeasible_dict(i) for i in ps.infeasible]

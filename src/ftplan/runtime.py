@@ -67,9 +67,12 @@ __all__ = [
     "attention_context",
     "gemm_time",
     "matmul_time",
+    "linear_time",
+    "clear_caches",
     "attention_time",
     "elementwise_time",
     "dequant_time",
+    "quantize_time",
     "host_time",
     "step_overhead",
     "loss_bytes_per_token",
@@ -170,6 +173,11 @@ class Rates(NamedTuple):
     flash_fraction: float
     hbm_bytes_per_s: float  # achieved
     hbm_nominal_bytes_per_s: float  # datasheet
+    #: FP8 / FP4 GEMMs of the job's low-precision recipe (``job.low_precision``; 0 without one):
+    #: the format's datasheet dense peak x the recipe's achieved efficiency relative to bf16
+    #: (``precisions.json`` ``efficiency_vs_bf16``), FLOP/s; and the operand bytes per element
+    lp_flops: float = 0.0
+    lp_operand_bytes: float = 2.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -312,18 +320,28 @@ _RATES_CACHE: dict[tuple, tuple[Any, Efficiency, Rates]] = {}
 
 def rates_for(gpu: Any, job: Job, eff: Efficiency) -> Rates:
     dt = compute_dtype(job)
-    key = (id(gpu), id(eff), dt)
+    recipe = _recipe(job)
+    key = (id(gpu), id(eff), dt, job.low_precision, recipe.efficiency_vs_bf16 if recipe else None)
     hit = _RATES_CACHE.get(key)
     if hit is not None and hit[0] is gpu and hit[1] is eff:
         return hit[2]
-    rates = _rates(gpu, dt, eff)
+    rates = _rates(gpu, dt, eff, recipe)
     if len(_RATES_CACHE) > 1024:
         _RATES_CACHE.clear()
     _RATES_CACHE[key] = (gpu, eff, rates)
     return rates
 
 
-def _rates(gpu: Any, dt: str, eff: Efficiency) -> Rates:
+def _recipe(job: Job) -> Any:
+    """The job's FP8 / FP4 recipe (``ftplan.lowprec.Recipe``) or None."""
+    if not job.low_precision:
+        return None
+    from .lowprec import get_recipe
+
+    return get_recipe(job.low_precision)
+
+
+def _rates(gpu: Any, dt: str, eff: Efficiency, recipe: Any = None) -> Rates:
     peak = gpu.peak_tflops(dt)
     if not peak:
         raise ConfigError(f"{getattr(gpu, 'name', gpu)} has no {dt} tensor throughput",
@@ -332,6 +350,17 @@ def _rates(gpu: Any, dt: str, eff: Efficiency) -> Rates:
     arch = getattr(gpu, "arch", None)
     vendor = getattr(gpu, "vendor", None)
     bw = float(gpu.mem_bw_tbps) * 1e12
+    lp_flops, lp_bytes = 0.0, 2.0
+    if recipe is not None and recipe.kind == "gemm":
+        from .lowprec import gpu_problem, low_precision_peak_tflops
+
+        why = gpu_problem(recipe, gpu) if hasattr(gpu, "compute_capability") else None
+        lp_peak = low_precision_peak_tflops(recipe, gpu)
+        if why or not lp_peak:
+            raise ConfigError(why or f"{getattr(gpu, 'name', gpu)} has no {recipe.peak} tensor throughput",
+                              "pick a GPU that supports it or another `precision`", field="precision")
+        lp_flops = float(lp_peak) * 1e12 * recipe.efficiency_vs_bf16
+        lp_bytes = recipe.weight.elem_bits / 8.0
     return Rates(
         peak_flops=float(peak) * 1e12,
         clock=clock_factor(gpu, eff),
@@ -340,6 +369,8 @@ def _rates(gpu: Any, dt: str, eff: Efficiency) -> Rates:
         flash_fraction=eff.flash(arch),
         hbm_bytes_per_s=bw * eff.hbm(arch),
         hbm_nominal_bytes_per_s=bw,
+        lp_flops=lp_flops,
+        lp_operand_bytes=lp_bytes,
     )
 
 
@@ -369,6 +400,13 @@ class _Lin(NamedTuple):
     trainable: bool  # weight gradient computed
     recompute: float  # share of the forward run again in backward (checkpointing)
     lora_r: int  # 0 = no adapter
+    #: converted by the low-precision recipe: forward, input gradient (and the weight gradient when
+    #: ``lp_wgrad``) run at ``Rates.lp_flops``
+    lp: bool = False
+    lp_wgrad: bool = False
+    #: the weight-gradient GEMM runs although the weight is frozen (torchao's float8 autograd
+    #: function on a LoRA base: computed, then discarded)
+    extra_wgrad: bool = False
 
 
 _PROFILE_CACHE: dict[tuple, tuple[_Lin, ...]] = {}
@@ -384,17 +422,27 @@ def lm_head_recompute(job: Job) -> float:
 def _linear_profile(model: ModelSpec, job: Job, tp: int, pp: int) -> tuple[_Lin, ...]:
     rc = recompute_fractions(job, None, model).matmul
     head_rc = lm_head_recompute(job)
-    key = (model, job.method, job.lora, rc, head_rc, tp, pp)
+    key = (model, job.method, job.lora, rc, head_rc, tp, pp, job.low_precision, job.loss)
     hit = _PROFILE_CACHE.get(key)
     if hit is not None:
         return hit
     targets = lora_targets(model, job.lora) if job.uses_lora else frozenset()
     full = job.method == "full"
     lins = list(model.linears())
+    recipe = _recipe(job)
+    if recipe is not None and recipe.kind == "gemm":
+        from .lowprec import converted_counts
+
+        conv = converted_counts(model, job)
+        lp_wgrad = bool(recipe.low_precision_gemms.get("wgrad", True))
+        # torchao's float8 function computes grad_weight even for a frozen weight
+        extra = recipe.is_torchao_float8 and not full
+    else:
+        conv, lp_wgrad, extra = (0,) * len(lins), False, False
     out: list[_Lin] = []
     if model.tie_word_embeddings:  # the tied lm_head is a GEMM with the embedding matrix
         out.append(_Lin(1.0 / pp, model.hidden_size, math.ceil(model.vocab_size / tp), 1.0, full, head_rc, 0))
-    for lin in lins:
+    for lin, n_conv in zip(lins, conv):
         k, n = lin.in_features, lin.out_features
         if tp > 1:
             if lin.module in _ROW_PARALLEL:
@@ -402,7 +450,11 @@ def _linear_profile(model: ModelSpec, job: Job, tp: int, pp: int) -> tuple[_Lin,
             else:
                 n = math.ceil(n / tp)
         r = job.lora.r if (lin.is_module and lin.module in targets) else 0
-        out.append(_Lin(lin.count / pp, k, n, lin.token_fraction, full, head_rc if lin.category == "lm_head" else rc, r))
+        lrc = head_rc if lin.category == "lm_head" else rc
+        if n_conv:
+            out.append(_Lin(n_conv / pp, k, n, lin.token_fraction, full, lrc, r, True, lp_wgrad, extra))
+        if lin.count - n_conv > 0:
+            out.append(_Lin((lin.count - n_conv) / pp, k, n, lin.token_fraction, full, lrc, r))
     res = tuple(out)
     if len(_PROFILE_CACHE) > 2048:
         _PROFILE_CACHE.clear()
@@ -418,32 +470,69 @@ def matmul_time(model: ModelSpec, job: Job, layout: Layout, tokens: float, rates
     their four gradient GEMMs in backward: skinny GEMMs that are memory-bound on the activations.
     Each GEMM as :func:`gemm_time` (written out inline here: the planner calls this thousands of
     times).
+
+    Linears a low-precision recipe converts (``job.low_precision``: ``ftplan.lowprec``) run their
+    forward, recompute and input-gradient GEMMs, and the weight-gradient GEMM where the recipe
+    quantizes it, at ``Rates.lp_flops`` with FP8/FP4 operands (bf16 output); torchao's float8
+    function also runs the weight-gradient GEMM of a frozen LoRA base, whose result autograd
+    discards.
     """
-    return _matmul_seconds(_linear_profile(model, job, layout.tp, layout.pp), tokens, rates)
+    return _matmul_seconds(_linear_profile(model, job, layout.tp, layout.pp), tokens, rates)[0]
 
 
-def _matmul_seconds(lins: tuple[_Lin, ...], tokens: float, rates: Rates) -> float:
+def linear_time(m: float, k: int, n: int, rates: Rates, *, low_precision: bool = False,
+                low_precision_wgrad: bool = True) -> float:
+    """GPU seconds of one trainable ``nn.Linear`` (m x k) @ (k x n): forward, input gradient and
+    weight gradient, in the compute dtype or (``low_precision``) at ``rates.lp_flops`` with FP8/FP4
+    operands (the weight gradient too when ``low_precision_wgrad``); the quantize kernels are not
+    included (:func:`quantize_time`)."""
+    lin = _Lin(1.0, k, n, 1.0, True, 0.0, 0, low_precision, low_precision_wgrad)
+    return _matmul_seconds((lin,), float(m), rates)[0]
+
+
+def clear_caches() -> None:
+    """Forget every memoised intermediate (for a caller that swaps catalog data in place, e.g.
+    ``scripts/calibrate.py``)."""
+    for c in (_STATIC_CACHE, _RATES_CACHE, _PROFILE_CACHE, _FLOPS_CACHE, _EW_CACHE, _LP_CACHE, _RC_CACHE,
+              _STATES_CACHE):
+        c.clear()
+
+
+def _matmul_seconds(lins: tuple[_Lin, ...], tokens: float, rates: Rates) -> tuple[float, float]:
+    """(all GEMM seconds, of which in the low-precision GEMMs) of one micro-batch."""
     # gemm_time written out: max(2mkn / P, 2(mk + kn + mn) / B) + t0 per GEMM
     ip = 2.0 / (rates.peak_flops * rates.clock * rates.gemm_fraction)
     ib = 2.0 / rates.hbm_bytes_per_s
+    lp_ip = 2.0 / (rates.lp_flops * rates.clock * rates.gemm_fraction) if rates.lp_flops else 0.0
+    lp_b = rates.lp_operand_bytes / rates.hbm_bytes_per_s
     t0 = rates.gemm_launch_s
     total = 0.0
-    for count, k, n, tf, trainable, rc, r in lins:
+    low = 0.0
+    for count, k, n, tf, trainable, rc, r, lp, lp_wgrad, extra in lins:
         m = tokens * tf
         if m <= 0:
             continue
         tm = (m * k + k * n + m * n) * ib  # same operand traffic for forward, dgrad and wgrad
         tc = m * k * n * ip
         one = (tc if tc > tm else tm) + t0
-        # forward (+ recompute), input gradient, weight gradient of trainable weights
-        t = one * (2.0 + rc + (1.0 if trainable else 0.0))
+        wgrad = trainable or extra
+        if lp and lp_ip:
+            tml = (m * k + k * n) * lp_b + m * n * ib  # FP8/FP4 operands, bf16 result
+            tcl = m * k * n * lp_ip
+            one_lp = (tcl if tcl > tml else tml) + t0
+            t_low = one_lp * (2.0 + rc + (1.0 if wgrad and lp_wgrad else 0.0))
+            t = t_low + (one if wgrad and not lp_wgrad else 0.0)
+            low += count * t_low
+        else:
+            # forward (+ recompute), input gradient, weight gradient of trainable weights
+            t = one * (2.0 + rc + (1.0 if wgrad else 0.0))
         if r:
             mr, kr, rn = m * r, k * r, r * n
             a = max(m * k * r * ip, (m * k + kr + mr) * ib) + t0  # x @ A and its two gradients
             b = max(m * r * n * ip, (mr + rn + m * n) * ib) + t0  # (xA) @ B and its two gradients
             t += (a + b) * (1.0 + rc) + 2.0 * (a + b)
         total += count * t
-    return total
+    return total, low
 
 
 # ---------------------------------------------------------------------------------------------
@@ -571,10 +660,68 @@ def _weight_traffic_bytes(model: ModelSpec, job: Job, layout: Layout, eff: Effic
     if job.method == "full":
         prec = PRECISIONS[job.precision]
         if prec["trainable"] != prec["compute"]:  # autocast: weight cast per forward, grad cast back
-            total += params_per_gpu * eff.autocast_cast_bytes_per_param * (2.0 + rc.matmul)
+            # (weights a low-precision recipe converts are cast by its quantize kernels instead)
+            total += (params_per_gpu * (1.0 - _converted_share(model, job)) * eff.autocast_cast_bytes_per_param
+                      * (2.0 + rc.matmul))
         if prec["grad"] == "fp32":
             total += params_per_gpu * eff.grad_accumulate_bytes_per_param * (1.0 - first_micro_batch_share)
     return total
+
+
+_LP_CACHE: dict[tuple, tuple[float, float, float]] = {}
+
+
+def _lowprec_static(model: ModelSpec, job: Job) -> tuple[float, float, float]:
+    """(share of the parameters the recipe converts, quantize bytes per token, quantize bytes per
+    micro-batch) of ``job``'s low-precision recipe (zeros without one)."""
+    if not job.low_precision:
+        return 0.0, 0.0, 0.0
+    key = (model, job.low_precision, job.method, job.loss)
+    hit = _LP_CACHE.get(key)
+    if hit is None:
+        from .lowprec import converted_weight_elems, get_recipe, quant_traffic_bytes
+
+        r = get_recipe(job.low_precision)
+        share = 0.0
+        if r is not None and r.kind == "gemm":
+            share = converted_weight_elems(model, job) / max(1, model.params.total)
+        per_token, per_mb = quant_traffic_bytes(model, job)
+        hit = (share, float(per_token), float(per_mb))
+        if len(_LP_CACHE) > 1024:
+            _LP_CACHE.clear()
+        _LP_CACHE[key] = hit
+    return hit
+
+
+def _converted_share(model: ModelSpec, job: Job) -> float:
+    return _lowprec_static(model, job)[0]
+
+
+def _fp8_gather_saving(model: ModelSpec, job: Job) -> float:
+    """Bytes an FSDP2 float8 all-gather (torchao tensorwise) saves per full-model gather: the
+    converted weights travel in FP8 (1 byte) instead of the compute dtype."""
+    r = _recipe(job)
+    if r is None or not r.fsdp_float8_all_gather or job.method != "full":
+        return 0.0
+    c = float(dtype_bytes(compute_dtype(job)))
+    return _converted_share(model, job) * model.params.total * (c - 1.0)
+
+
+def quantize_time(model: ModelSpec, job: Job, layout: Layout, tokens: float, rates: Rates) -> float:
+    """GPU seconds of the low-precision recipe's quantize kernels (amax, scale, cast, transpose)
+    in one micro-batch of ``tokens`` tokens on one GPU: the inputs and output gradients of every
+    converted linear and its weight, read in the compute dtype and written in FP8/FP4, as many
+    passes as the recipe's kernels make (``precisions.json`` ``cast_traffic``,
+    :func:`ftplan.lowprec.quant_traffic_bytes`), at the achieved HBM bandwidth. With FSDP2 float8
+    all-gather the weights are cast on the shard before the gather. Memory-bound work FP8 adds:
+    what keeps a real FP8 step from being "GEMM time / 2"."""
+    _, per_token, per_mb = _lowprec_static(model, job)
+    if not per_token and not per_mb:
+        return 0.0
+    r = _recipe(job)
+    if layout.shards_params and r is not None and r.fsdp_float8_all_gather and job.method == "full":
+        per_mb /= layout.dp
+    return (per_token * tokens + per_mb) / (layout.tp * layout.pp) / rates.hbm_bytes_per_s
 
 
 def dequant_time(model: ModelSpec, job: Job, layout: Layout, rates: Rates, eff: Efficiency) -> float:
@@ -582,8 +729,15 @@ def dequant_time(model: ModelSpec, job: Job, layout: Layout, rates: Rates, eff: 
 
     Every quantized weight is dequantized in the forward, again for the input gradient in
     backward, and again in the recompute under checkpointing, at the measured cost in bytes per
-    weight at the datasheet bandwidth (efficiency.json ``dequant``).
+    weight at the datasheet bandwidth (efficiency.json ``dequant``). A torchao weight-only FP8 /
+    NVFP4 base (``job.low_precision``) instead: its passes and bytes from
+    :func:`ftplan.lowprec.weight_only_dequant`, at the achieved HBM bandwidth.
     """
+    if job.low_precision and job.method != "qlora":
+        from .lowprec import weight_only_dequant
+
+        passes, nbytes = weight_only_dequant(model, job, recompute_fractions(job, eff, model).matmul)
+        return passes * nbytes / (layout.tp * layout.pp) / rates.hbm_bytes_per_s
     if job.method != "qlora":
         return 0.0
     passes = 2.0 + recompute_fractions(job, eff, model).matmul
@@ -771,6 +925,8 @@ def dp_comm(st: Any, model: ModelSpec, job: Job, layout: Layout, links: _Links, 
     if job.method == "full":
         gather = st.params_trainable * float(dtype_bytes(compute_dtype(job)))
         upd = gather
+        if layout.shards_params:  # FSDP2 float8 all-gather: converted weights travel in FP8
+            gather -= _fp8_gather_saving(model, job)
     else:
         gather = st.frozen_weights + st.trainable_weights
         upd = st.trainable_weights
@@ -908,6 +1064,8 @@ class _Static(NamedTuple):
     dequant_s: float
     host_s: float
     links: _Links
+    quant_per_token_s: float
+    quant_fixed_s: float
     tp_per_token_s: float
     tp_latency_s: float
     pp_per_token_s: float
@@ -960,6 +1118,8 @@ def _static(model: ModelSpec, job: Job, layout: Layout, gpu: Any, offer: Any | N
         attn_per_token_s=attention_time(model, job, layout, 1.0, rates, eff),
         ew_per_token_s=_elementwise_bytes_per_token(model, job, layout, eff) / rates.hbm_bytes_per_s,
         dequant_s=dequant_time(model, job, layout, rates, eff),
+        quant_per_token_s=quantize_time(model, job, layout, 1.0, rates) - quantize_time(model, job, layout, 0.0, rates),
+        quant_fixed_s=quantize_time(model, job, layout, 0.0, rates),
         host_s=host_time(model, job, layout, eff),
         links=links,
         tp_per_token_s=tp2 - tp1, tp_latency_s=tp0, pp_per_token_s=pp2 - pp1, pp_latency_s=pp0,
@@ -985,7 +1145,8 @@ def estimate_runtime(model: ModelSpec, job: Job, layout: Layout, gpu: Any, *, of
     tok = float(job.micro_batch * job.seq_len)
 
     # -- GPU work of one micro-batch on one GPU
-    t_mm = _matmul_seconds(sx.lins, tok, rates)
+    t_mm, t_mm_low = _matmul_seconds(sx.lins, tok, rates)
+    t_q = tok * sx.quant_per_token_s + sx.quant_fixed_s
     t_attn = tok * sx.attn_per_token_s
     t_ew = tok * sx.ew_per_token_s + _weight_traffic_bytes(model, job, layout, eff, sx.params_gpu, 1.0 / m,
                                                            sx.rc) / rates.hbm_bytes_per_s
@@ -993,7 +1154,7 @@ def estimate_runtime(model: ModelSpec, job: Job, layout: Layout, gpu: Any, *, of
     t_tp = tok * sx.tp_per_token_s + sx.tp_latency_s if tp > 1 else 0.0
     t_ppc = tok * sx.pp_per_token_s + sx.pp_latency_s if pp > 1 else 0.0
     t_ep = ep_comm(model, job, layout, tok, links, sx.rc) if layout.ep > 1 else 0.0
-    gpu_mb = t_mm + t_attn + t_ew + t_dq
+    gpu_mb = t_mm + t_attn + t_ew + t_dq + t_q
     host_mb = sx.host_s
 
     # -- data-parallel communication and how much of it compute hides
@@ -1045,6 +1206,8 @@ def estimate_runtime(model: ModelSpec, job: Job, layout: Layout, gpu: Any, *, of
             "attention_s": m * t_attn,
             "elementwise_s": m * t_ew,
             "dequant_s": m * t_dq,
+            "low_precision_matmul_s": m * t_mm_low,
+            "quantize_s": m * t_q,
             "host_per_micro_batch_s": host_mb,
             "gpu_per_micro_batch_s": gpu_mb,
             "pp_bubble_s": bubble,
@@ -1058,6 +1221,7 @@ def estimate_runtime(model: ModelSpec, job: Job, layout: Layout, gpu: Any, *, of
             "step_overhead_s": fixed,
             "hardware_flops_per_token": f.hardware,
             "peak_tflops": rates.peak_flops / 1e12,
+            "low_precision_tflops": rates.lp_flops / 1e12,
             "clock_factor": rates.clock,
         },
         step_time_s_low=step * lo,
@@ -1111,7 +1275,8 @@ _QPARAMS_CACHE: dict[tuple, int] = {}
 
 
 def _states(model: ModelSpec, job: Job):
-    key = (model, job.method, job.precision, job.optimizer, job.lora, job.quant, job.gradient_checkpointing)
+    key = (model, job.method, job.precision, job.optimizer, job.lora, job.quant, job.gradient_checkpointing,
+           job.low_precision)
     hit = _STATES_CACHE.get(key)
     if hit is None:
         if len(_STATES_CACHE) > 1024:

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..errors import CatalogError
 
-__all__ = ["Reference", "Outcome", "load_reference", "predict", "evaluate", "error_stats",
+__all__ = ["Reference", "Outcome", "GpuVariant", "load_reference", "predict", "evaluate", "error_stats",
            "ratio_checks", "log_ratio", "quantile"]
 
 SPLITS = ("calibration", "holdout", "constant")
@@ -110,7 +110,7 @@ def load_reference(data: Any | None = None, where: str = "runtime_reference.json
     return out
 
 
-class _GpuVariant:
+class GpuVariant:
     """A catalog GPU with some attributes replaced (a measured variant: lower bandwidth, power cap)."""
 
     def __init__(self, base: Any, overrides: dict):
@@ -165,7 +165,7 @@ def predict(ref: Reference, eff: Any | None = None):
 
     gpu = load_gpus()[ref.gpu]
     if ref.gpu_overrides:
-        gpu = _GpuVariant(gpu, ref.gpu_overrides)
+        gpu = GpuVariant(gpu, ref.gpu_overrides)
     offer = SimpleNamespace(inter_node_gbps=ref.inter_node_gbps) if ref.inter_node_gbps else None
     return estimate_runtime(_model(ref), _job(ref.job), Layout(**ref.layout), gpu, offer=offer, eff=eff)
 

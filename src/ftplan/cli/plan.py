@@ -12,7 +12,7 @@ import sys
 from .. import api
 from ..errors import render_refs
 from ..options import DATA_OPTIONS, FIT_OPTIONS, JOB_OPTIONS, LAYOUT_OPTIONS, OFFER_OPTIONS, SEARCH_OPTIONS
-from ..report import precision_speedups, rendered, search_assumptions, table
+from ..report import precision_speedups, rendered, same_layout_speedup, search_assumptions, table
 from .options import RENDERER, Command, add_options, emit_json, values
 
 __all__ = ["COMMANDS", "add_job_options", "add_layout_options", "add_search_options", "progress"]
@@ -224,13 +224,16 @@ def run_compare(a: argparse.Namespace) -> int:
     if lowp:
         prows = [(p.gpu.name, p.job.precision_label, p.layout.world_size, p.strategy_label,
                   f"{p.runtime.tokens_per_s / p.layout.world_size:,.0f}",
-                  f"{sp:.2f}x" if sp is not None else "-", f"{p.hours:,.2f}", f"{p.usd:,.2f}")
+                  f"{sp:.2f}x" if sp is not None else "-",
+                  f"{sl:.2f}x" if (sl := same_layout_speedup(cmp.model, p)) is not None else "-",
+                  f"{p.hours:,.2f}", f"{p.usd:,.2f}")
                  for p, _, sp in precision_speedups(cmp.plans)]
         prows.sort(key=lambda r: (r[0], r[1] != cmp.job.precision, r[1]))
         lines += ["", f"what each precision contributes (best plan per GPU and precision; speedup = tok/s per GPU "
-                      f"over the same GPU's {cmp.job.precision} plan):",
-                  table(("gpu", "precision", "gpus", "strategy", "tok/s/GPU", "speedup", "hours", "job $"),
-                        prows, "llrlrrrr")]
+                      f"over the same GPU's best {cmp.job.precision} plan; same layout = over {cmp.job.precision} "
+                      f"on this plan's layout and micro-batch):",
+                  table(("gpu", "precision", "gpus", "strategy", "tok/s/GPU", "speedup", "same layout", "hours",
+                         "job $"), prows, "llrlrrrrr")]
     lines += _footer_lines(cmp.plans, cmp.job)
     print("\n".join(lines))
     return 0 if rows else 3

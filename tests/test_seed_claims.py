@@ -57,12 +57,15 @@ def test_one_192gb_b200_does_not_hold_70b_full_states(llama70):
 def test_70b_full_needs_more_than_one_8gpu_node_without_offload(llama70, strategy):
     """001/003: '70B full fine-tuning needs a multi-node cluster' -> yes for data-parallel sharding:
     no single 8-GPU node of <=192 GB GPUs fits it without offload (micro-batch 1, checkpointing,
-    seq 2048, the planner's 5% safety margin). ZeRO-3 on 8 GPUs is close: ~184 GB per GPU."""
+    seq 2048, the planner's 5% safety margin). ZeRO-3 on 8 GPUs is close: ~188 GB per GPU.
+    FSDP2 keeps no bf16 copy of its fp32 shards (16 B/param of states, ~165 GB per GPU): an 8 x B200
+    (192 GB) node holds it, no node of <= 141 GB GPUs (H200) does."""
     job = Job(method="full", seq_len=2048, gradient_checkpointing=True)
     mem = estimate_memory(llama70, job, Layout(8, 1, strategy))
-    assert not mem.fits(192 * GB, margin=0.05)
+    cap = 141 * GB if strategy == "fsdp" else 192 * GB
+    assert not mem.fits(cap, margin=0.05)
     for g in load_gpus().values():
-        if g.memory_bytes <= 192 * GB:
+        if g.memory_bytes <= cap:
             assert not mem.fits(g.memory_bytes, margin=0.05), g.name
     if strategy in ("zero3", "fsdp"):
         # the articles' "two 8x H100 servers" are not enough either with bf16-mixed AdamW

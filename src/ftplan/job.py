@@ -19,6 +19,7 @@ __all__ = [
     "PRECISIONS",
     "OPTIMIZERS",
     "STRATEGIES",
+    "ENGINES",
     "ATTN_IMPLS",
     "LoraSpec",
     "QuantSpec",
@@ -99,15 +100,37 @@ class Job:
         return replace(self, **changes)
 
 
+#: sharding engine per strategy: DDP (torch), ZeRO-1/2/3 (DeepSpeed), fsdp (PyTorch FSDP, version
+#: ``Layout.fsdp_version``: 2 = ``fully_shard``, what ``accelerate config`` writes by default)
+ENGINES = {"single": "torch", "ddp": "ddp", "zero1": "deepspeed", "zero2": "deepspeed", "zero3": "deepspeed",
+           "fsdp": "fsdp"}
+FSDP_VERSIONS = (1, 2)
+
+
 @dataclass(frozen=True)
 class Layout:
     gpus_per_node: int = 1
     nodes: int = 1
     strategy: str = "single"
+    #: ZeRO: DeepSpeed ``offload_optimizer`` (optimizer states, fp32 master and gradient partitions on
+    #: the host, AdamW runs on the CPU); fsdp: only together with ``offload_params``
     offload_optimizer: bool = False
+    #: ZeRO-3: DeepSpeed ``offload_param``; fsdp: ``CPUOffloadPolicy`` / ``CPUOffload(offload_params=True)``,
+    #: which keeps parameters, gradients and the optimizer step on the host
     offload_params: bool = False
     tp: int = 1
     pp: int = 1
+    #: strategy fsdp: 2 = FSDP2 (``fully_shard``), 1 = FSDP1 (``FullyShardedDataParallel``)
+    fsdp_version: int = 2
+    #: strategy fsdp: free the gathered layer after its forward (FSDP2 ``reshard_after_forward=True``,
+    #: FSDP1 FULL_SHARD) or keep it until its backward (``False``, FSDP1 SHARD_GRAD_OP)
+    reshard_after_forward: bool = True
+    #: strategy fsdp over several nodes: shard within a node, replicate across nodes (HSDP,
+    #: FSDP1 HYBRID_SHARD); the shard group is the node's data-parallel GPUs
+    hsdp: bool = False
+    #: strategy ddp: ``gradient_as_bucket_view`` (gradients live in DDP's buckets instead of
+    #: next to them); HF Trainer / accelerate default False
+    ddp_bucket_view: bool = False
 
     @property
     def world_size(self) -> int:
@@ -117,6 +140,20 @@ class Layout:
     def dp(self) -> int:
         """Data-parallel degree (the group that ZeRO/FSDP shards over)."""
         return max(1, self.world_size // (self.tp * self.pp))
+
+    @property
+    def engine(self) -> str:
+        """``torch`` (one GPU), ``ddp``, ``deepspeed``, ``fsdp1`` or ``fsdp2``."""
+        e = ENGINES.get(self.strategy, self.strategy)
+        return f"fsdp{self.fsdp_version}" if e == "fsdp" else e
+
+    @property
+    def shard_degree(self) -> int:
+        """GPUs one copy of the sharded states is spread over: the data-parallel group, or the
+        node's data-parallel GPUs under HSDP."""
+        if self.hsdp and self.strategy == "fsdp":
+            return max(1, self.gpus_per_node // (self.tp * self.pp))
+        return self.dp
 
     @property
     def shards_params(self) -> bool:
@@ -143,6 +180,15 @@ class Layout:
             parts.append("offload-optimizer")
         if self.offload_params:
             parts.append("offload-params")
+        if self.strategy == "fsdp":
+            if self.fsdp_version != 2:
+                parts.append(f"fsdp{self.fsdp_version}")
+            if not self.reshard_after_forward:
+                parts.append("no-reshard")
+            if self.hsdp:
+                parts.append("hsdp")
+        if self.strategy == "ddp" and self.ddp_bucket_view:
+            parts.append("bucket-view")
         return ", ".join(parts)
 
 
@@ -257,6 +303,18 @@ def validate_job(model: ModelSpec, job: Job, layout: Layout | None = None) -> No
     if layout.offload_optimizer:
         _check(layout.strategy in ("zero1", "zero2", "zero3", "fsdp"), p,
                "optimizer offload needs a ZeRO stage or fsdp")
+        _check(layout.strategy != "fsdp" or layout.offload_params, p,
+               "FSDP cannot offload only the optimizer (its CPU offload moves parameters, gradients and the "
+               "optimizer step together): add --offload-params, or use a ZeRO strategy")
+    _check(layout.fsdp_version in FSDP_VERSIONS, p, f"FSDP version must be 1 or 2 (got {layout.fsdp_version!r})")
+    if layout.hsdp:
+        _check(layout.strategy == "fsdp", p, "HSDP (shard within a node, replicate across nodes) needs strategy fsdp")
+        _check(layout.nodes > 1, p, "HSDP replicates across nodes: it needs more than one node")
+    if layout.ddp_bucket_view:
+        _check(layout.strategy == "ddp", p, "gradient_as_bucket_view is a DDP option (strategy ddp)")
+    if not layout.reshard_after_forward:
+        _check(layout.strategy == "fsdp", p,
+               "reshard-after-forward off is an FSDP option (strategy fsdp; ZeRO-3 always re-gathers)")
     if job.method == "qlora" and layout.strategy in ("zero3", "fsdp"):
         pass  # supported by accelerate/FSDP-QLoRA with bnb_4bit_quant_storage; modelled as sharded
     if p:

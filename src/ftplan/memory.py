@@ -42,6 +42,7 @@ COMPONENTS = (
     "master_weights",
     "gradients",
     "optimizer_states",
+    "comm_buffers",
     "activations",
     "logits_and_loss",
     "transient",
@@ -691,67 +692,49 @@ def estimate_memory(
     *,
     gpu_vendor: str | None = "nvidia",
     consts: MemoryConstants | None = None,
+    backend: str = "cuda",
 ) -> MemoryBreakdown:
-    """Per-GPU memory of ``job`` on ``model`` under ``layout``."""
+    """Per-GPU memory of ``job`` on ``model`` under ``layout``.
+
+    ``backend="cpu"`` gives the CPU form of the kernel-dependent terms (what the CPU tests measure);
+    predictions use ``"cuda"``."""
+    from .sharding import layout_memory
+
     layout = layout or Layout()
     validate_job(model, job, layout)
     consts = consts or memory_constants()
     st = model_states(model, job, consts)
-    dp, tp, pp = layout.dp, layout.tp, layout.pp
+    tp, pp = layout.tp, layout.pp
     mp = tp * pp  # model-parallel split of every weight
     notes: list[str] = []
 
-    frozen = st.frozen_weights / mp
-    trainable = st.trainable_weights / mp
-    master = st.master_weights / mp
+    lm = layout_memory(model, job, layout, st, consts, backend)
+    frozen, trainable, master = lm.frozen_weights, lm.trainable_weights, lm.master_weights
+    grads, opt, buffers, host = lm.gradients, lm.optimizer_states, lm.comm_buffers, lm.host
     if _autocast_recompute(job, layout) and job.method == "full":
         # HF Trainer's autocast under checkpointing: the layers' weight copies are dropped after
         # the forward and remade one layer at a time in backward (see the recompute transient);
         # only the lm_head (or tied embedding) copy stays
         outside = model.params.lm_head + (model.params.embedding if model.tie_word_embeddings else 0)
         master = min(st.master_weights, dtype_bytes(PRECISIONS[job.precision]["compute"]) * outside) / mp
-    grads = st.gradients / mp
-    opt = st.optimizer_states / mp
-    host = 0
+    notes.extend(lm.notes)
 
-    if layout.shards_optimizer:
-        opt /= dp
-    if layout.shards_grads:
-        grads /= dp
-    if layout.shards_params:
-        frozen /= dp
-        trainable /= dp
-        master /= dp
-    elif layout.shards_optimizer and st.master_weights:
-        master /= dp  # ZeRO-1/2 keep the fp32 master partitioned with the optimizer
-    if layout.offload_optimizer:
-        host += opt + (master if st.master_weights else 0)
-        opt = 0
-        if st.master_weights:
-            master = 0
-    if layout.offload_params:
-        host += frozen + trainable
-        frozen = trainable = 0
-
-    saved, logits_saved, transient = _activations(model, job, layout)
-    # transient extras of the layout
-    if layout.shards_params and dp > 1:
-        # ZeRO-3/FSDP gather one layer (plus one prefetched) in the compute dtype
-        layer_bytes = _largest_layer_bytes(model, job) / mp
-        transient += 2 * layer_bytes
-        if job.method == "full":
-            transient += layer_bytes  # its unsharded gradient before reduce-scatter
-    if layout.strategy == "ddp":
-        # DDP's reducer keeps a flat bucket copy of every gradient (gradient_as_bucket_view=False)
-        transient += int(grads)
-        notes.append("ddp: gradient buckets add a full gradient copy (gradient_as_bucket_view=False)")
+    # FSDP's mixed precision and DeepSpeed's bf16 mode run the model on compute-dtype weights:
+    # activations are those of pure compute-dtype training
+    act_job = job
+    if lm.pure_compute_dtype and job.precision.endswith("-mixed"):
+        act_job = job.with_(precision=job.precision[: -len("-mixed")])
+    saved, logits_saved, transient = _activations(model, act_job, layout, backend)
+    transient += lm.transient + lm.autograd_held
     if job.optimizer == "paged_adamw_8bit":
         notes.append("paged optimizer: states can be evicted to host under pressure")
 
-    resident = frozen + trainable + master + grads + opt
+    resident = frozen + trainable + master + grads + opt + buffers
     fwd_bwd = resident + saved + logits_saved + transient
     # optimizer step: fused AdamW has no whole-model temporaries; activations are freed
-    step = resident + (_largest_layer_bytes(model, job) / mp if job.method == "full" else 0)
+    shard = layout.shard_degree if layout.shards_params else 1
+    step = resident + lm.step_transient + (_largest_layer_bytes(model, job) / mp / shard
+                                           if job.method == "full" else 0)
     peak_phase = "forward_backward" if fwd_bwd >= step else "optimizer_step"
     peak_alloc = int(max(fwd_bwd, step)) + consts.cublas_workspace_bytes
     reserve = max(int(peak_alloc * consts.allocator_reserve_fraction), consts.allocator_reserve_min_bytes)
@@ -764,6 +747,7 @@ def estimate_memory(
         "master_weights": int(master),
         "gradients": int(grads),
         "optimizer_states": int(opt),
+        "comm_buffers": int(buffers),
         "activations": int(saved),
         "logits_and_loss": int(logits_saved),
         "transient": int(transient) + consts.cublas_workspace_bytes,

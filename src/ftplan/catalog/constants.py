@@ -23,6 +23,9 @@ _REQUIRED = (
     "zero_bucket_bytes",
     "bnb_8bit_block_size",
     "bnb_8bit_min_size",
+    "deepspeed_auto_reduce_bucket_h2",
+    "deepspeed_auto_prefetch_bucket_h2",
+    "deepspeed_auto_persistence_h",
 )
 
 
@@ -37,6 +40,10 @@ class MemoryConstants:
     zero_bucket_bytes: int
     bnb_8bit_block_size: int
     bnb_8bit_min_size: int
+    #: DeepSpeed ZeRO buckets as HF Trainer fills ``auto`` (what ftplan's ds_config.json asks for)
+    deepspeed_auto_reduce_bucket_h2: float = 1.0
+    deepspeed_auto_prefetch_bucket_h2: float = 0.9
+    deepspeed_auto_persistence_h: float = 10.0
 
     def context_bytes(self, vendor: str | None) -> int:
         return self.cuda_context_bytes_amd if (vendor or "").lower() == "amd" else self.cuda_context_bytes

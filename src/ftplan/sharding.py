@@ -1,0 +1,568 @@
+"""Per-rank memory of data-parallel engines: DDP, DeepSpeed ZeRO-1/2/3, FSDP1 and FSDP2.
+
+``layout_memory(model, job, layout, states) -> LayoutMemory``: what one rank holds of the model
+states (sharded or replicated, on the device or offloaded to the host), the engine's persistent
+buffers, and the engine's transient peak during forward/backward (gathered parameters, unsharded
+gradients, reduce-scatter and bucket buffers), for the engine the layout names
+(``Layout.engine``). Pure functions, bytes; no torch.
+
+What each engine keeps (read in the installed torch 2.13 / deepspeed 0.19 / accelerate 1.15 code,
+held against real multi-process gloo runs by ``tests/test_distributed_memory.py``):
+
+* **FSDP2** (``fully_shard``, accelerate's ``fsdp2_prepare_model`` with ``mixed_precision=bf16``):
+  trainable parameters upcast to fp32 and sharded on dim 0 (each tensor padded to a multiple of the
+  shard degree); they are the master copy. ``MixedPrecisionPolicy(param_dtype=bf16,
+  reduce_dtype=bf16)``: a unit (decoder layer, input embedding, [final norm, lm_head]) is gathered in
+  bf16, its gradients are bf16 and reduce-scattered in bf16, then cast to fp32 into the sharded
+  gradient (a view of one flat fp32 shard per unit). Transients follow the unit schedule of
+  :func:`fsdp2_transient_bytes`.
+* **FSDP1** (``FullyShardedDataParallel``, ``use_orig_params=False``): one flat fp32 parameter per
+  wrapped unit, sharded; same mixed precision; one fp32 ``step`` per flat parameter.
+* **DeepSpeed ZeRO-1/2** (``bf16.enabled``): the module is cast to bf16 and kept whole (a flat bf16
+  buffer), fp32 master and AdamW states are partitioned, gradients are reduced into a bf16
+  partition (fp32 during the step); an ``ipg`` bucket of ``reduce_bucket_size`` elements (two with
+  ``overlap_comm``).
+* **DeepSpeed ZeRO-3**: bf16 partitions (parameters under ``stage3_param_persistence_threshold``
+  elements are also kept whole), fp32 master and states partitioned, a persistent bf16 gradient
+  partition buffer and ipg bucket; modules are gathered as they run.
+* **DDP**: replicated states; the reducer keeps one bucket buffer per group of gradients, as large
+  as all gradients together (with ``gradient_as_bucket_view`` the gradients are views of it).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+from .catalog.constants import MemoryConstants
+from .job import PRECISIONS, Job, Layout, lora_targets, lora_wraps_experts
+from .model import LayerGroup, ModelSpec
+from .units import dtype_bytes
+
+__all__ = ["LayoutMemory", "layout_memory", "fsdp_units", "fsdp2_transient_bytes", "Tensor", "Unit"]
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """One parameter tensor as the engine stores it."""
+
+    dim0: int
+    numel: int  # stored elements (bitsandbytes 4-bit: packed elements of the storage dtype)
+    nbytes: Fraction  # stored bytes per element
+    trainable: bool
+
+    def padded(self, n: int) -> int:
+        """Elements after padding dim 0 to a multiple of ``n`` (FSDP2 ``Shard(0)``)."""
+        if n <= 1 or self.dim0 <= 0:
+            return self.numel
+        rest = self.numel // self.dim0
+        return -(-self.dim0 // n) * n * rest
+
+
+@dataclass(frozen=True)
+class Unit:
+    """An FSDP unit (a ``fully_shard`` call / an FSDP1 wrapped module): ``count`` identical ones."""
+
+    name: str
+    tensors: tuple[Tensor, ...]
+    count: int = 1
+    reshard_after_forward: bool = True
+    #: elements of the trainable tensor whose gradient arrives last in the unit's backward (the
+    #: autograd engine still holds it while the unit's post-backward reduce-scatters: freed after)
+    late: int = 0
+    #: tied embedding unit, gathered by the embedding at the start of forward and reduced at the
+    #: end of backward: its final-norm gradient (``early`` elements) is made at the start of
+    #: backward, and the lm_head's gradient contribution (``held`` elements, in autograd's input
+    #: buffer of the shared weight) waits there for the embedding's
+    early: int = 0
+    held: int = 0
+
+    def numel(self, trainable: bool | None = None) -> int:
+        return sum(t.numel for t in self.tensors if trainable is None or t.trainable == trainable)
+
+
+@dataclass(frozen=True)
+class LayoutMemory:
+    """Per-rank bytes (Fractions: exact) of the model states and the engine's buffers."""
+
+    frozen_weights: Fraction
+    trainable_weights: Fraction
+    master_weights: Fraction
+    gradients: Fraction
+    optimizer_states: Fraction
+    comm_buffers: Fraction  # persistent engine buffers (DDP buckets, ZeRO-3 ipg/gradient buffers)
+    transient: Fraction  # engine transient peak during forward/backward (not resident)
+    step_transient: Fraction  # engine temporaries of the optimizer step (ZeRO fp32 gradients)
+    host: Fraction  # offloaded to CPU RAM
+    #: activations run in the compute dtype (FSDP mixed precision / DeepSpeed bf16 cast the weights)
+    pure_compute_dtype: bool = False
+    notes: tuple[str, ...] = field(default=())
+    #: gradient bytes autograd holds outside the engine during backward (FSDP2, tied embeddings:
+    #: the lm_head's contribution waits for the embedding's); part of the peak, not of ``transient``
+    autograd_held: Fraction = Fraction(0)
+
+
+# ---------------------------------------------------------------------------------------------
+# the parameter tensors, unit by unit
+# ---------------------------------------------------------------------------------------------
+def _stored_bytes(job: Job, engine: str) -> tuple[Fraction, Fraction]:
+    """(trainable, frozen) bytes per element as the engine stores them."""
+    prec = PRECISIONS[job.precision]
+    mixed = job.precision.endswith("-mixed")
+    if engine == "deepspeed" and mixed:
+        # DeepSpeed's bf16/fp16 mode casts the whole module to the compute dtype (fp32 masters
+        # live in the optimizer)
+        c = dtype_bytes(prec["compute"])
+        return c, c
+    if job.method == "full":
+        return dtype_bytes(prec["trainable"]), dtype_bytes(prec["trainable"])
+    # PEFT keeps adapters in fp32; QLoRA's non-quantized weights are fp32 after
+    # prepare_model_for_kbit_training (what ftplan's exported train.py calls)
+    frozen = Fraction(4) if job.method == "qlora" else dtype_bytes(prec["frozen"])
+    return Fraction(4), frozen
+
+
+def _layer_tensors(model: ModelSpec, g: LayerGroup, job: Job, tb: Fraction, fb: Fraction) -> list[Tensor]:
+    from .memory import _group_linears
+
+    h = model.hidden_size
+    full = job.method == "full"
+    out: list[Tensor] = []
+    targets = lora_targets(model, job.lora) if job.uses_lora else frozenset()
+    skip = set(job.quant.skip_modules)
+    r = job.lora.r
+    wb = tb if full else fb
+    for lin in _group_linears(model, g):
+        n = lin.in_features * lin.out_features
+        if job.method == "qlora" and lin.module not in skip:
+            # Params4bit with a float quant storage (bnb_4bit_quant_storage): n/2 bytes packed into
+            # n / (2 * storage bytes) elements, shape (elements, 1)
+            sb = _quant_storage_bytes(job)
+            k = n // int(2 * sb)
+            out.append(Tensor(k, k, sb, False))
+        else:
+            out.append(Tensor(lin.out_features, n, wb, full))
+        if lin.bias:
+            out.append(Tensor(lin.out_features, lin.out_features, wb, full))
+        if lin.module in targets:
+            out.append(Tensor(r, r * lin.in_features, tb, True))
+            out.append(Tensor(lin.out_features, lin.out_features * r, tb, True))
+    a = g.attention
+    out += [Tensor(h, h, wb, full)] * g.norms_per_layer
+    if a.qk_norm:
+        out += [Tensor(a.head_dim, a.head_dim, wb, full)] * 2
+    if a.is_mla:
+        out.append(Tensor(a.kv_lora_rank, a.kv_lora_rank, wb, full))
+        if a.q_lora_rank:
+            out.append(Tensor(a.q_lora_rank, a.q_lora_rank, wb, full))
+    if g.moe is not None:
+        m = g.moe
+        e, i = m.num_experts, m.expert_intermediate_size
+        out.append(Tensor(e, e * h, wb, full))  # router
+        out.append(Tensor(e, e * 2 * i * h, wb, full))  # fused gate_up_proj (E, 2I, h)
+        out.append(Tensor(e, e * h * i, wb, full))  # fused down_proj (E, h, I)
+        if job.uses_lora and lora_wraps_experts(model, job.lora):
+            # PEFT ParamWrapper: lora_A [r_eff * E, in], lora_B [out, r_eff * E] (gate_up at 2r)
+            out += [Tensor(e * 2 * r, e * 2 * r * h, tb, True), Tensor(2 * i, 2 * i * e * 2 * r, tb, True),
+                    Tensor(e * r, e * r * i, tb, True), Tensor(h, h * e * r, tb, True),
+                    Tensor(r, r * h, tb, True), Tensor(e, e * r, tb, True)]
+    return out
+
+
+def _quant_storage_bytes(job: Job) -> Fraction:
+    """``bnb_4bit_quant_storage`` of sharded QLoRA: the compute dtype (what ftplan exports)."""
+    return dtype_bytes(job.quant.compute_dtype)
+
+
+def fsdp_units(model: ModelSpec, job: Job, engine: str = "fsdp2", reshard_after_forward: bool = True) -> list[Unit]:
+    """The units accelerate wraps, in forward order: the input embedding (untied), every decoder
+    layer, then [final norm, lm_head (and the tied embedding)] with ``reshard_after_forward=False``
+    (FSDP2); FSDP1's transformer auto-wrap makes the decoder layers units and leaves the rest to
+    the root unit."""
+    tb, fb = _stored_bytes(job, engine)
+    full = job.method == "full"
+    h, v = model.hidden_size, model.vocab_size
+    wb = tb if full else fb
+    emb = Tensor(v, v * h, wb, full)
+    norm = Tensor(h, h, wb, full)
+    lm_head = Tensor(v, v * h, wb, full)
+    # the input norm's weight gradient is a layer's last (LoRA: the first adapter's lora_A)
+    layers = []
+    for i, g in enumerate(model.groups):
+        ts = tuple(_layer_tensors(model, g, job, tb, fb))
+        late = h if full else next((t.numel for t in ts if t.trainable), 0)
+        layers.append(Unit(f"layer{i}", ts, g.count, reshard_after_forward, late=late))
+    if engine == "fsdp1":
+        root = (emb, norm) if model.tie_word_embeddings else (emb, norm, lm_head)
+        return layers + [Unit("root", root, 1, False)]
+    out = []
+    if model.tie_word_embeddings:
+        # gathered by the embedding lookup, kept (reshard_after_forward=False), reduced last
+        out.append(Unit("tail", (norm, emb), 1, False, late=v * h if full else 0,
+                        early=h if full else 0, held=v * h if full else 0))
+        return out + layers
+    out.append(Unit("embed", (emb,), 1, reshard_after_forward, late=v * h if full else 0))
+    out += layers
+    out.append(Unit("tail", (norm, lm_head), 1, False, late=v * h if full else 0))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# FSDP2 transient schedule
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class _Sim:
+    cur: Fraction = Fraction(0)
+    peak: Fraction = Fraction(0)
+
+    def add(self, x) -> None:
+        self.cur += x
+        if self.cur > self.peak:
+            self.peak = self.cur
+
+
+def fsdp2_transient_bytes(units: list[Unit], n: int, *, param_b: Fraction, reduce_b: Fraction,
+                          hsdp: bool = False, offload: bool = False, backend: str = "cuda",
+                          root_output_b: Fraction = Fraction(0)) -> Fraction:
+    """Peak of FSDP2's own transient buffers in one forward + backward on one rank.
+
+    The schedule of torch 2.13's ``FSDPParamGroup`` (``_fsdp_param_group.py``,
+    ``_fsdp_collectives.py``), unit by unit:
+
+    * unshard: a flat all-gather input (this rank's shard cast to ``param_dtype``), the padded
+      all-gather output, then the copy-out into the unsharded parameters. In forward the previous
+      unit's all-gather output is freed only after this unit's copy-out (implicit prefetch); in
+      backward it is freed right after the copy-out. Under CPU offload (CUDA) the fp32 shard is
+      first copied to the device.
+    * reshard after forward (if the unit does), or keep the unsharded parameters until backward.
+    * backward: the unit's unsharded gradients (``param_dtype``); at pre-backward the next unit
+      is prefetched (all-gather input + output); post-backward reshards, frees the previous unit's
+      reduce-scatter input (``reduce_scatter_max_input_buffers = 1``), allocates the padded
+      reduce-scatter input (``reduce_dtype``), frees the unsharded gradients, allocates the
+      reduce-scatter output (a shard) and its cast to the parameter dtype (a temporary, then the
+      kept sharded gradient, counted as resident gradients). HSDP all-reduces the output and keeps
+      it until the next unit's reduction.
+
+    ``root_output_b``: the root's output cast (``output_dtype``: the loss in bf16, 2 bytes).
+    """
+    s = _Sim()
+    seq: list[Unit] = []
+    for u in units:
+        seq += [u] * u.count
+    if not seq:
+        return Fraction(0)
+
+    def sizes(u: Unit):
+        unsh = sum(t.numel for t in u.tensors) * param_b
+        pad = sum(t.padded(n) for t in u.tensors) * param_b
+        shard_in = pad / n
+        h2d = sum(t.padded(n) * t.nbytes for t in u.tensors) / n if (offload and backend == "cuda") else 0
+        g = sum(t.numel for t in u.tensors if t.trainable) * param_b
+        gpad = sum(t.padded(n) for t in u.tensors if t.trainable)
+        rs_in = gpad * reduce_b
+        rs_out = gpad * reduce_b / n
+        orig_b = max((t.nbytes for t in u.tensors if t.trainable), default=reduce_b)
+        cast = gpad * orig_b / n if orig_b != reduce_b else 0
+        return unsh, pad, shard_in, h2d, g, rs_in, rs_out, cast
+
+    def gather(u: Unit) -> Fraction:
+        unsh, pad, shard_in, h2d, *_ = sizes(u)
+        s.add(h2d)
+        s.add(shard_in)
+        s.add(-h2d)
+        s.add(pad)
+        s.add(-shard_in)
+        return pad
+
+    held_ag = Fraction(0)
+    unsharded: dict[int, bool] = {}
+    # forward
+    for i, u in enumerate(seq):
+        unsh = sizes(u)[0]
+        pad = gather(u)
+        s.add(unsh)  # copy-out
+        s.add(-held_ag)  # the previous all-gather output
+        held_ag = pad
+        unsharded[i] = True
+        if u.reshard_after_forward:
+            s.add(-unsh)
+            unsharded[i] = False
+    s.add(root_output_b)
+    s.add(-held_ag)
+    # backward: reverse order (a tied embedding unit, first in forward, is reduced last)
+    early = sum(u.early for u in seq) * param_b
+    s.add(early)
+    order = list(range(len(seq) - 1, -1, -1))
+    prefetched: dict[int, Fraction] = {}
+    held_rs = Fraction(0)
+    for pos, i in enumerate(order):
+        u = seq[i]
+        unsh, pad, shard_in, h2d, g, rs_in, rs_out, cast = sizes(u)
+        if not unsharded[i]:
+            ag = prefetched.pop(i) if i in prefetched else gather(u)
+            s.add(unsh)
+            s.add(-ag)
+            unsharded[i] = True
+        if pos + 1 < len(order):
+            j = order[pos + 1]
+            if not unsharded[j] and j not in prefetched:
+                prefetched[j] = gather(seq[j])
+        late = u.late * param_b
+        s.add(g - u.early * param_b)  # autograd's unsharded gradients
+        s.add(-unsh)  # post-backward reshard
+        unsharded[i] = False
+        if g:
+            s.add(-held_rs)
+            s.add(rs_in)
+            s.add(-(g - late))
+            s.add(rs_out)
+            s.add(cast)
+            s.add(-cast)  # the kept fp32 shard is a resident gradient
+            if hsdp:  # all-reduced across replicas in place, held until the next reduction
+                held_rs = rs_in + rs_out
+            else:
+                s.add(-rs_out)
+                held_rs = rs_in
+            s.add(-late)
+    s.add(-held_rs)
+    s.add(-root_output_b)
+    return s.peak
+
+
+# ---------------------------------------------------------------------------------------------
+# per engine
+# ---------------------------------------------------------------------------------------------
+def _padded_shard(units: list[Unit], n: int, trainable: bool | None) -> tuple[Fraction, int]:
+    """(bytes of this rank's padded shards of the selected tensors, number of such tensors)."""
+    total = Fraction(0)
+    count = 0
+    for u in units:
+        for t in u.tensors:
+            if trainable is None or t.trainable == trainable:
+                total += u.count * t.padded(n) * t.nbytes / n
+                count += u.count
+    return total, count
+
+
+def layout_memory(model: ModelSpec, job: Job, layout: Layout, st, consts: MemoryConstants,
+                  backend: str = "cuda") -> LayoutMemory:
+    """What one rank holds under ``layout`` (``st``: the whole-model ``ModelStates``)."""
+    from .memory import largest_layer_params
+
+    eng = layout.engine
+    mp = layout.tp * layout.pp
+    prec = PRECISIONS[job.precision]
+    mixed = job.precision.endswith("-mixed")
+    c = dtype_bytes(prec["compute"])
+    notes: list[str] = []
+    n_train = st.params_trainable
+    zero = Fraction(0)
+    if eng in ("torch", "ddp"):
+        frozen, trainable, master = Fraction(st.frozen_weights), Fraction(st.trainable_weights), Fraction(st.master_weights)
+        grads, opt = Fraction(st.gradients), Fraction(st.optimizer_states)
+        buf = transient = zero
+        if eng == "ddp":
+            if layout.ddp_bucket_view:
+                # the gradients are views of the buckets; each backward's autograd gradient is
+                # copied in and dropped one tensor at a time
+                transient = _largest_trainable_tensor(model, job) * dtype_bytes(PRECISIONS[job.precision]["grad"]
+                                                                                 if job.method == "full" else "fp32")
+                notes.append("ddp: gradient_as_bucket_view: gradients live in the reducer's buckets")
+            else:
+                buf = grads
+                notes.append("ddp: the reducer's buckets hold a second copy of every gradient "
+                             "(gradient_as_bucket_view=False, HF Trainer's default)")
+        return LayoutMemory(frozen / mp, trainable / mp, master / mp, grads / mp, opt / mp, buf / mp,
+                            transient / mp, zero, zero, False, tuple(notes))
+
+    n = layout.shard_degree
+    if eng in ("fsdp1", "fsdp2"):
+        units = fsdp_units(model, job, eng, layout.reshard_after_forward)
+        trainable, n_tt = _padded_shard(units, n, True)
+        frozen, _ = _padded_shard(units, n, False)
+        if job.method == "qlora":
+            frozen += _quant_constants(model, job)  # quant states stay whole on every rank
+        gb = Fraction(4) if job.method != "full" else dtype_bytes(prec["grad"])
+        tb = Fraction(4) if job.method != "full" else dtype_bytes(prec["trainable"])
+        grads = trainable * gb / tb
+        per_tensor_opt = _opt_bytes_per_elem(job, st)
+        if eng == "fsdp2":
+            opt = trainable / tb * per_tensor_opt + _opt_per_tensor(job) * n_tt
+        else:  # one flat parameter per unit with trainable parameters
+            flats = sum(u.count for u in units if u.numel(True))
+            opt = _flat_shard(units, n, True) / tb * per_tensor_opt + _opt_per_tensor(job) * flats
+            trainable = _flat_shard(units, n, True)
+            frozen = _flat_shard(units, n, False) + (_quant_constants(model, job) if job.method == "qlora" else 0)
+            grads = trainable * gb / tb
+        pb = c if mixed else tb
+        rb = c if mixed else gb
+        if eng == "fsdp2":
+            transient = fsdp2_transient_bytes(units, n, param_b=pb, reduce_b=rb, hsdp=layout.hsdp,
+                                              offload=layout.offload_params, backend=backend,
+                                              root_output_b=c if mixed else 0)
+        else:
+            transient = _fsdp1_transient(units, n, pb, rb, layout)
+        host = zero
+        if layout.offload_params:
+            host = frozen + trainable + grads + opt
+            frozen = trainable = grads = opt = zero
+            notes.append(f"{eng}: CPU offload keeps the parameter shards, their gradients and the optimizer "
+                         "(step on the CPU) in host RAM")
+        held = sum(u.held * u.count for u in units) * pb if eng == "fsdp2" else zero
+        return LayoutMemory(frozen / mp, trainable / mp, zero, grads / mp, opt / mp, zero, transient / mp,
+                            zero, host / mp, mixed, tuple(notes), held / mp)
+
+    # DeepSpeed ZeRO
+    stage = int(layout.strategy[-1])
+    wb = c if mixed else (dtype_bytes(prec["trainable"]) if job.method == "full" else Fraction(4))
+    per_elem_opt = _opt_bytes_per_elem(job, st)
+    master_b = Fraction(4) if mixed else Fraction(0)
+    train_w = n_train * wb
+    frozen_w = Fraction(st.frozen_weights) if job.method != "full" else zero
+    if job.method == "lora" and mixed:
+        frozen_w = Fraction(st.params_total) * c  # the module is cast to bf16 (it already is)
+    part = Fraction(_aligned(n_train, n), n)  # elements of this rank's flat partition
+    master = part * master_b
+    opt = part * per_elem_opt + _opt_per_tensor(job)
+    bucket = _ds_reduce_bucket(model, consts) * c
+    grads_part = part * c
+    step_tmp = part * 4 if mixed else zero  # fp32 gradient partition built for the step
+    host = zero
+    buf = zero
+    if stage in (1, 2):
+        trainable = train_w
+        frozen = frozen_w
+        grads = grads_part
+        transient = _largest_trainable_tensor(model, job) * c + 2 * bucket
+    else:
+        persist_elems = _ds_persistent_elems(model, job, consts)
+        trainable = part * wb + persist_elems * wb
+        frozen = frozen_w / n if frozen_w else zero
+        grads = zero
+        buf = grads_part + bucket  # persistent gradient partition buffer and ipg bucket
+        # modules are gathered as they run; the next ones are prefetched
+        layer = largest_layer_params(model) * c
+        transient = layer + _ds_prefetch_elems(model, consts) * c + _largest_trainable_tensor(model, job) * c
+    if layout.offload_optimizer:
+        host += master + opt + step_tmp
+        master = opt = zero
+        step_tmp = zero
+        if stage == 3:
+            buf -= grads_part
+        else:
+            grads = zero
+        host += grads_part * 2  # fp32 gradient partition on the host
+        notes.append("deepspeed: optimizer offload keeps fp32 master weights, AdamW states and fp32 gradient "
+                     "partitions in host RAM (the step runs on the CPU)")
+    if layout.offload_params and stage == 3:
+        host += trainable + frozen
+        trainable = frozen = zero
+    return LayoutMemory(frozen / mp, trainable / mp, master / mp, grads / mp, opt / mp, buf / mp, transient / mp,
+                        step_tmp / mp, host / mp, mixed, tuple(notes))
+
+
+def _aligned(numel: int, n: int) -> int:
+    """DeepSpeed pads the flat group to a multiple of ``nccl_start_alignment_factor`` (2) x ranks."""
+    a = 2 * n
+    return -(-numel // a) * a
+
+
+def _opt_bytes_per_elem(job: Job, st) -> Fraction:
+    """Optimizer-state bytes per trainable element, without the per-tensor ``step`` scalars."""
+    per_tensor = _opt_per_tensor(job) * st.n_trainable_tensors
+    return Fraction(st.optimizer_states - per_tensor, max(1, st.params_trainable))
+
+
+def _opt_per_tensor(job: Job) -> int:
+    """AdamW keeps one fp32 ``step`` per parameter tensor (Adafactor an RMS scalar)."""
+    return 4 if job.optimizer in ("adamw", "adafactor") else 0
+
+
+def _flat_shard(units: list[Unit], n: int, trainable: bool) -> Fraction:
+    """FSDP1: each unit's flat parameter (the selected tensors, concatenated) padded to a multiple
+    of ``n`` and split; bytes of one shard."""
+    total = Fraction(0)
+    for u in units:
+        sel = [t for t in u.tensors if t.trainable == trainable]
+        if not sel:
+            continue
+        numel = sum(t.numel for t in sel)
+        total += u.count * Fraction(-(-numel // n)) * sel[0].nbytes
+    return total
+
+
+def _fsdp1_transient(units: list[Unit], n: int, pb: Fraction, rb: Fraction, layout: Layout) -> Fraction:
+    """FSDP1 (FULL_SHARD, ``limit_all_gathers``, BACKWARD_PRE): the current unit's padded flat
+    parameter in ``param_dtype`` and its low-precision shard copy, the prefetched next unit, the
+    unsharded flat gradient and the padded reduce-scatter input; SHARD_GRAD_OP keeps gathered
+    units until backward."""
+    flat = []
+    for u in units:
+        numel = sum(t.numel for t in u.tensors)
+        g = sum(t.numel for t in u.tensors if t.trainable)
+        flat += [(-(-numel // n) * n, -(-g // n) * n if g else 0)] * u.count
+    if not flat:
+        return Fraction(0)
+    big = max(f for f, _ in flat)
+    gbig = max(g for _, g in flat)
+    fwd = 2 * big * pb + Fraction(big, n) * pb
+    if not layout.reshard_after_forward:
+        fwd = sum(f for f, _ in flat) * pb + Fraction(big, n) * pb
+    bwd = 2 * big * pb + gbig * pb + gbig * rb + Fraction(gbig, n) * 4
+    if not layout.reshard_after_forward:
+        bwd += sum(f for f, _ in flat) * pb - 2 * big * pb
+    return max(fwd, bwd)
+
+
+def _quant_constants(model: ModelSpec, job: Job) -> Fraction:
+    """bitsandbytes 4-bit quantization state (absmax, nested absmax, code): kept whole per rank."""
+    from .memory import _qlora_frozen_bytes
+
+    quant_bytes, _ = _qlora_frozen_bytes(model, job)
+    skip = set(job.quant.skip_modules)
+    packed = sum(Fraction(lin.count * lin.in_features * lin.out_features, 2) for lin in model.linears()
+                 if lin.is_module and lin.module not in skip)
+    return quant_bytes - packed
+
+
+def _largest_trainable_tensor(model: ModelSpec, job: Job) -> int:
+    """Elements of the largest trainable tensor (its gradient is the largest single one)."""
+    if job.uses_lora:
+        from .memory import _lora_matrices
+
+        return max((rows * cols for rows, cols, _ in _lora_matrices(model, job)), default=0)
+    h = model.hidden_size
+    best = model.vocab_size * h
+    for lin in model.linears():
+        e = 1
+        if not lin.is_module:
+            for g in model.groups:
+                if g.moe is not None:
+                    e = g.moe.num_experts
+        best = max(best, lin.in_features * lin.out_features * e)
+    return best
+
+
+def _ds_reduce_bucket(model: ModelSpec, consts: MemoryConstants) -> int:
+    """``reduce_bucket_size`` elements: HF Trainer's ``auto`` (hidden_size^2), what ftplan exports."""
+    return int(consts.deepspeed_auto_reduce_bucket_h2 * model.hidden_size ** 2)
+
+
+def _ds_prefetch_elems(model: ModelSpec, consts: MemoryConstants) -> int:
+    return int(consts.deepspeed_auto_prefetch_bucket_h2 * model.hidden_size ** 2)
+
+
+def _ds_persistent_elems(model: ModelSpec, job: Job, consts: MemoryConstants) -> int:
+    """Elements of the trainable parameters at or under ``stage3_param_persistence_threshold``
+    (``auto``: 10 x hidden_size), which ZeRO-3 keeps whole on every rank."""
+    if job.uses_lora:
+        return 0
+    limit = consts.deepspeed_auto_persistence_h * model.hidden_size
+    total = 0
+    units = fsdp_units(model, job, "fsdp2")
+    for u in units:
+        for t in u.tensors:
+            if t.numel <= limit:
+                total += t.numel * u.count
+    return total

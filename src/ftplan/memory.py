@@ -244,18 +244,17 @@ def _qlora_frozen_bytes(model: ModelSpec, job: Job) -> tuple[Fraction, Fraction]
     q = job.quant
     skip = set(q.skip_modules)
     quantized = 0
-    quant_tensors = 0
+    consts = 0
     for lin in model.linears():
         if lin.is_module and lin.module not in skip:
-            quantized += lin.count * lin.in_features * lin.out_features
-            quant_tensors += lin.count
-    blocks = Fraction(quantized, q.blocksize)
-    if q.double_quant:
-        # uint8 absmax per block + fp32 absmax per 256 absmax-blocks + 256-entry fp32 code and
-        # fp32 offset per tensor (bitsandbytes QuantState.state2)
-        consts = blocks * 1 + Fraction(quantized, q.blocksize * 256) * 4 + quant_tensors * (256 * 4 + 4)
-    else:
-        consts = blocks * 4
+            n = lin.in_features * lin.out_features
+            quantized += lin.count * n
+            blocks = -(-n // q.blocksize)
+            # per tensor (bitsandbytes QuantState): the 16-entry fp32 nf4/fp4 code, and either an
+            # fp32 absmax per block, or (double quant) a uint8 absmax per block + state2: an fp32
+            # absmax per 256 absmax-blocks, a 256-entry fp32 code and an fp32 offset
+            per = 16 * 4 + (blocks + 4 * -(-blocks // 256) + 256 * 4 + 4 if q.double_quant else 4 * blocks)
+            consts += lin.count * per
     quant_bytes = Fraction(quantized, 2) + consts
     # biases of quantized layers stay in the compute dtype
     unquantized = model.params.total - quantized

@@ -350,6 +350,8 @@ def _build_qlora(cfg: dict, case: Case):
     qc = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
                             bnb_4bit_compute_dtype=torch.bfloat16, bnb_4bit_quant_storage=storage)
     with _tf.TemporaryDirectory() as d:
+        # every rank writes its own copy (under torch.distributed transformers saves on rank 0 only)
+        base.should_save_on_this_rank = lambda *a, **k: True
         base.save_pretrained(d)
         model = AutoModelForCausalLM.from_pretrained(d, quantization_config=qc, dtype=torch.bfloat16,
                                                      attn_implementation="sdpa", device_map="cpu")
@@ -751,6 +753,7 @@ def _worker(rank: int, world: int, port: int, cases: list[Case], outdir: str, ne
             except Exception as e:  # one case failing must not hide the others
                 results.append({"ok": False, "case": case.label, "error": f"{type(e).__name__}: {e}",
                                 "traceback": traceback.format_exc(limit=8)})
+                print(f"rank {rank}: {case.label}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
             dist.barrier()
     finally:
         with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:

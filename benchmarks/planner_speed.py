@@ -25,15 +25,7 @@ CONFIG = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_
           "num_key_value_heads": 8, "vocab_size": 128256, "tie_word_embeddings": False,
           "max_position_embeddings": 131072}
 
-# until cli.py wires the planner commands, run them through this shim
-_SHIM = ("import sys, ftplan.cli as c, ftplan.cli_planner as p\n"
-         "orig = c._add_planner_commands\n"
-         "def add(sub):\n"
-         "    orig(sub)\n"
-         "    if 'recommend' not in sub.choices:\n"
-         "        p.add_planner_commands(sub)\n"
-         "c._add_planner_commands = add\n"
-         "sys.exit(c.main(sys.argv[1:]))\n")
+_CLI = "import sys, ftplan.cli as c\nsys.exit(c.main(sys.argv[1:]))\n"
 
 
 def _model_ref() -> str:
@@ -53,7 +45,7 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     ref = _model_ref()
-    cmd = [sys.executable, "-c", _SHIM, "recommend", ref, *ARGS]
+    cmd = [sys.executable, "-c", _CLI, "recommend", ref, *ARGS]
     walls = []
     for _ in range(a.runs):
         t = time.perf_counter()

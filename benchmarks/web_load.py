@@ -35,7 +35,7 @@ GPUS = ["h100-sxm", "a100-80gb-sxm", "l40s", "rtx-4090", "b200", "h200"]
 SEQ = [1024, 2048, 4096, 8192]
 
 SERVER = ("import sys, uvicorn\n"
-          "from ftplan.cli_web import KEEP_ALIVE_S\n"
+          "from ftplan.cli.web import KEEP_ALIVE_S\n"
           "uvicorn.run('ftplan.web.app:create_app', factory=True, host='127.0.0.1', port=int(sys.argv[1]),\n"
           "            workers=int(sys.argv[2]), log_level='warning', ws='none', access_log=False,\n"
           "            timeout_keep_alive=KEEP_ALIVE_S)\n")

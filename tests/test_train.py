@@ -125,7 +125,7 @@ def test_render_rejects_invalid_job():
 
 
 def test_planning_modules_do_not_import_torch():
-    code = ("import sys, ftplan.cli, ftplan.cli_train, ftplan.train, ftplan.export.script; "
+    code = ("import sys, ftplan.cli, ftplan.cli.train, ftplan.train, ftplan.export.script; "
             "ftplan.cli.build_parser(); assert 'torch' not in sys.modules, 'torch imported'")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr
@@ -137,7 +137,7 @@ def test_planning_modules_do_not_import_torch():
 @pytest.fixture()
 def fake_model(tmp_path) -> Path:
     """A model folder that passes the file checks (config, tokenizer, weights file)."""
-    from ftplan.measure.run import tiny_config  # stdlib only
+    from ftplan.measure.configs import tiny_config  # stdlib only
 
     d = tmp_path / "fake-model"
     d.mkdir()
@@ -391,7 +391,7 @@ def test_minimal_accelerate_config_parses():
 
 def test_from_json_with_overrides(tmp_path):
     from ftplan.cli import build_parser
-    from ftplan.cli_train import _job_and_layout
+    from ftplan.cli.train import job_and_layout
 
     p = tmp_path / "est.json"
     p.write_text(json.dumps({"schema": "ftplan.estimate/1",
@@ -400,7 +400,7 @@ def test_from_json_with_overrides(tmp_path):
                              "layout": {"gpus_per_node": 1, "nodes": 1, "strategy": "single"}}))
     a = build_parser().parse_args(["train", "m", "--dataset", "d", "--out", "o", "--from-json", str(p),
                                    "--micro-batch", "4", "--lora-r", "8", "--gpus", "2"])
-    job, layout = _job_and_layout(a)
+    job, layout = job_and_layout(a)
     assert (job.method, job.seq_len, job.gradient_checkpointing, job.micro_batch) == ("qlora", 512, True, 4)
     assert (job.lora.r, job.lora.alpha) == (8, 32)
     assert (layout.world_size, layout.strategy) == (2, "ddp")

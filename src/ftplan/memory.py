@@ -22,6 +22,7 @@ from fractions import Fraction
 from .catalog.constants import MemoryConstants, memory_constants
 from .job import PRECISIONS, Job, Layout, lora_targets, lora_wraps_experts, validate_job
 from .model import FAMILIES, LayerGroup, LinearSpec, MlpSpec, ModelSpec, MoeSpec
+from .sharding import layout_memory, quant_state_bytes
 from .units import dtype_bytes
 
 __all__ = [
@@ -241,20 +242,10 @@ def _adafactor_elems(model: ModelSpec, job: Job) -> int:
 
 def _qlora_frozen_bytes(model: ModelSpec, job: Job) -> tuple[Fraction, Fraction]:
     """(quantized bytes incl. constants, bytes of the parameters bitsandbytes leaves alone)."""
-    q = job.quant
-    skip = set(q.skip_modules)
-    quantized = 0
-    consts = 0
-    for lin in model.linears():
-        if lin.is_module and lin.module not in skip:
-            n = lin.in_features * lin.out_features
-            quantized += lin.count * n
-            blocks = -(-n // q.blocksize)
-            # per tensor (bitsandbytes QuantState): the 16-entry fp32 nf4/fp4 code, and either an
-            # fp32 absmax per block, or (double quant) a uint8 absmax per block + state2: an fp32
-            # absmax per 256 absmax-blocks, a 256-entry fp32 code and an fp32 offset
-            per = 16 * 4 + (blocks + 4 * -(-blocks // 256) + 256 * 4 + 4 if q.double_quant else 4 * blocks)
-            consts += lin.count * per
+    skip = set(job.quant.skip_modules)
+    quantized = sum(lin.count * lin.in_features * lin.out_features for lin in model.linears()
+                    if lin.is_module and lin.module not in skip)
+    consts = quant_state_bytes(model, job)
     quant_bytes = Fraction(quantized, 2) + consts
     # biases of quantized layers stay in the compute dtype
     unquantized = model.params.total - quantized
@@ -566,7 +557,7 @@ def _lora_saved(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t: int, 
 
 
 def _group_linears(model: ModelSpec, g: LayerGroup) -> list[LinearSpec]:
-    from .model import _attention_linears, _mlp_linears
+    from .model import attention_linears as _attention_linears, mlp_linears as _mlp_linears
 
     out = _attention_linears(g.attention, model.hidden_size, 1)
     if g.mlp is not None:
@@ -697,8 +688,6 @@ def estimate_memory(
 
     ``backend="cpu"`` gives the CPU form of the kernel-dependent terms (what the CPU tests measure);
     predictions use ``"cuda"``."""
-    from .sharding import layout_memory
-
     layout = layout or Layout()
     validate_job(model, job, layout)
     consts = consts or memory_constants()

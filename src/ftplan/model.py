@@ -289,9 +289,9 @@ class ModelSpec:
         h = self.hidden_size
         out: list[LinearSpec] = []
         for g in self.groups:
-            out.extend(_attention_linears(g.attention, h, g.count))
+            out.extend(attention_linears(g.attention, h, g.count))
             if g.mlp is not None:
-                out.extend(_mlp_linears(g.mlp, h, g.count, "mlp"))
+                out.extend(mlp_linears(g.mlp, h, g.count, "mlp"))
             if g.moe is not None:
                 m = g.moe
                 frac = m.top_k / m.num_experts
@@ -301,7 +301,7 @@ class ModelSpec:
                 out.append(LinearSpec("down_proj", m.expert_intermediate_size, h, n, False,
                                       "experts", is_module=False, token_fraction=frac))
                 if m.shared is not None:
-                    out.extend(_mlp_linears(m.shared, h, g.count, "mlp"))
+                    out.extend(mlp_linears(m.shared, h, g.count, "mlp"))
         if not self.tie_word_embeddings:
             out.append(LinearSpec("lm_head", h, self.vocab_size, 1, False, "lm_head"))
         return tuple(out)
@@ -342,7 +342,7 @@ class ModelSpec:
         return f"{self.name}: {self.family}, {p.total / 1e9:.2f}B params{moe}, {self.num_layers} layers, hidden {self.hidden_size}"
 
 
-def _attention_linears(a: AttentionSpec, h: int, n: int) -> list[LinearSpec]:
+def attention_linears(a: AttentionSpec, h: int, n: int) -> list[LinearSpec]:
     if a.is_mla:
         out = []
         qk = a.num_heads * a.head_dim
@@ -372,7 +372,7 @@ def _attention_linears(a: AttentionSpec, h: int, n: int) -> list[LinearSpec]:
     return out
 
 
-def _mlp_linears(m: MlpSpec, h: int, n: int, category: str) -> list[LinearSpec]:
+def mlp_linears(m: MlpSpec, h: int, n: int, category: str) -> list[LinearSpec]:
     i = m.intermediate_size
     if m.fused_gate_up:
         up = [LinearSpec("gate_up_proj", h, 2 * i, n, m.bias, category)]
@@ -380,6 +380,9 @@ def _mlp_linears(m: MlpSpec, h: int, n: int, category: str) -> list[LinearSpec]:
         up = [LinearSpec("gate_proj", h, i, n, m.bias, category),
               LinearSpec("up_proj", h, i, n, m.bias, category)]
     return up + [LinearSpec("down_proj", i, h, n, m.bias, category)]
+
+
+_attention_linears, _mlp_linears = attention_linears, mlp_linears  # their names before they were public
 
 
 # --------------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from .model import ModelSpec
 from .runtime import RuntimeEstimate, compute_dtype, estimate_runtime
 from .units import GB
 
-__all__ = ["Plan", "Infeasible", "PlanSet", "SearchStats", "FitResult", "recommend", "fit",
+__all__ = ["Plan", "Infeasible", "PlanSet", "SearchStats", "FitResult", "recommend", "fit", "platform_job",
            "DEFAULT_MAX_GPUS", "OBJECTIVES"]
 
 OBJECTIVES = ("cost", "time")
@@ -175,7 +175,7 @@ class _Memo:
         return mem
 
 
-def _platform_job(job: Job, gpu: Any) -> tuple[Job | None, list[str], str | None]:
+def platform_job(job: Job, gpu: Any) -> tuple[Job | None, list[str], str | None]:
     """(job adapted to the GPU, notes, reason it cannot run there)."""
     notes: list[str] = []
     if job.method == "qlora" and not getattr(gpu, "supports_bitsandbytes", True):
@@ -191,6 +191,9 @@ def _platform_job(job: Job, gpu: Any) -> tuple[Job | None, list[str], str | None
         job = job.with_(attn_impl="sdpa")
         notes.append(f"flash attention not available on {gpu.name}: sdpa assumed")
     return job, notes, None
+
+
+_platform_job = platform_job  # the name before it was public
 
 
 def _has_network(offer: Any) -> bool:
@@ -318,18 +321,20 @@ def recommend(
     """
     t0 = time.perf_counter()
     if objective not in OBJECTIVES:
-        raise ConfigError(f"unknown objective {objective!r}", "use cost or time")
+        raise ConfigError(f"unknown objective {objective!r}", "use cost or time", field="objective")
     if not job.dataset_tokens:
-        raise ConfigError("the planner needs the dataset size", "pass --tokens, e.g. --tokens 50M")
+        raise ConfigError("the planner needs the dataset size", "pass `tokens`, e.g. `tokens=50M`", field="tokens")
     if not 0.0 <= safety_margin < 1.0:
-        raise ConfigError(f"safety margin must be in [0, 1) (got {safety_margin})", "e.g. --margin 0.05")
+        raise ConfigError(f"safety margin must be in [0, 1) (got {safety_margin})", "e.g. `margin=0.05`",
+                          field="margin")
     if max_gpus is not None and max_gpus < 1:
-        raise ConfigError(f"max GPUs must be >= 1 (got {max_gpus})", "e.g. --max-gpus 16")
+        raise ConfigError(f"max GPUs must be >= 1 (got {max_gpus})", "e.g. `max_gpus=16`", field="max_gpus")
     if global_batch is not None and global_batch < 1:
-        raise ConfigError(f"global batch must be >= 1 (got {global_batch})", "e.g. --global-batch 64")
+        raise ConfigError(f"global batch must be >= 1 (got {global_batch})", "e.g. `global_batch=64`",
+                          field="global_batch")
     for v, what in ((deadline_hours, "deadline"), (budget_usd, "budget")):
         if v is not None and not v > 0:
-            raise ConfigError(f"{what} must be > 0 (got {v})", f"pass a positive --{what}")
+            raise ConfigError(f"{what} must be > 0 (got {v})", f"pass a positive `{what}`", field=what)
     validate_job(model, job)
     notes: list[str] = []
     if max_gpus is None:
@@ -355,8 +360,7 @@ def recommend(
 
     raw: list[Plan] = []
     infeasible: list[Infeasible] = []
-    n_layouts = 0
-    n_candidates = 0
+    counts = _Counts()
     gpu_names = sorted(by_gpu)
     for gi, slug in enumerate(gpu_names):
         if progress is not None:
@@ -365,49 +369,18 @@ def recommend(
         if gpu is None:
             infeasible.append(Infeasible(slug, f"GPU {slug!r} is not in the GPU catalog"))
             continue
-        gjob, gnotes, why = _platform_job(job, gpu)
+        gjob, gnotes, why = platform_job(job, gpu)
         if gjob is None:
             hint = "try --method lora on this GPU" if job.method == "qlora" else None
             infeasible.append(Infeasible(slug, why or "cannot run", hint=hint))
             continue
         cap = gpu.memory_bytes * (1.0 - safety_margin)
-        per_node_cap = int(getattr(gpu, "max_gpus_per_node", 0) or 0)
         shapes: dict[tuple[int, bool], list[_Fits]] = {}
         gpu_plans = 0
         for offer in by_gpu[slug]:
-            g_max = int(offer.gpus_per_instance)
-            if per_node_cap:
-                g_max = min(g_max, max(1, per_node_cap))
-            net = _has_network(offer)
-            shape = (g_max, net)
-            if shape not in shapes:
-                gpn_list = sorted({*_pow2_upto(g_max), g_max})
-                node_list = [1] + ([n for n in _pow2_upto(max_gpus // g_max) if n > 1] if net else [])
-                fits: list[_Fits] = []
-                for stage in ("plain", "parallel", "offload"):
-                    lays = _layouts_stage(model, gpn_list, node_list, g_max, max_gpus, stage)
-                    n_layouts += len(lays)
-                    for lay in lays:
-                        fits.extend(_fitting_variants(memo, gpu.vendor, lay, gjob, cap, global_batch,
-                                                      total_tokens))
-                    if fits:
-                        break  # tensor/pipeline parallelism and offload only when needed
-                shapes[shape] = fits
-            best: dict[Layout, Plan] = {}
-            for f in shapes[shape]:
-                n_candidates += 1
-                bw = offer.inter_node_gbps if f.layout.nodes > 1 else None
-                rkey = (slug, bw, f.layout, f.job)
-                rt = runtime_cache.get(rkey)
-                if rt is None:
-                    rt = estimate_runtime(model, f.job, f.layout, gpu, offer=offer)
-                    runtime_cache[rkey] = rt
-                cur = best.get(f.layout)
-                if cur is not None and cur.runtime.total_hours <= rt.total_hours:
-                    continue
-                cost = estimate_cost(rt, offer, f.layout, gpu)
-                best[f.layout] = Plan(offer, gpu, f.layout, f.job, f.memory, rt, cost,
-                                      notes=tuple(gnotes) + f.memory.notes)
+            fits = _enumerate(memo, model, gjob, gpu, offer, cap, max_gpus, global_batch, total_tokens, shapes,
+                              counts)
+            best = _best_per_layout(model, gpu, offer, fits, gnotes, runtime_cache, counts)
             raw.extend(best.values())
             gpu_plans += len(best)
         if gpu_plans == 0:
@@ -416,12 +389,84 @@ def recommend(
     if progress is not None:
         progress(len(gpu_names), len(gpu_names))
 
-    # constraints
+    kept, dropped = _constrain(raw, deadline_hours, budget_usd)
+    infeasible.extend(dropped)
+
+    plans = _rank(kept, objective)
+    stats = SearchStats(offers=len(offers), gpu_types=len(by_gpu), layouts=counts.layouts,
+                        memory_evals=memo.evals, runtime_evals=len(runtime_cache),
+                        candidates=counts.candidates, seconds=time.perf_counter() - t0, max_gpus=max_gpus)
+    return PlanSet(objective, plans, tuple(infeasible), stats, tuple(notes))
+
+
+@dataclass
+class _Counts:
+    """What a search looked at (for SearchStats)."""
+
+    layouts: int = 0
+    candidates: int = 0
+
+
+def _enumerate(memo: _Memo, model: ModelSpec, job: Job, gpu: Any, offer: Any, cap: float, max_gpus: int,
+               global_batch: int | None, total_tokens: int, shapes: dict[tuple[int, bool], list[_Fits]],
+               counts: _Counts) -> list[_Fits]:
+    """Every (layout, micro-batch, checkpointing) that fits ``cap`` on instances of ``offer``.
+
+    Layouts come in stages: plain data parallelism first, tensor/pipeline parallelism and offload
+    only when no plain layout fits. Offers of one GPU type with the same instance shape (GPUs per
+    instance, inter-node network) share the result (``shapes``).
+    """
+    g_max = int(offer.gpus_per_instance)
+    per_node_cap = int(getattr(gpu, "max_gpus_per_node", 0) or 0)
+    if per_node_cap:
+        g_max = min(g_max, max(1, per_node_cap))
+    net = _has_network(offer)
+    shape = (g_max, net)
+    if shape not in shapes:
+        gpn_list = sorted({*_pow2_upto(g_max), g_max})
+        node_list = [1] + ([n for n in _pow2_upto(max_gpus // g_max) if n > 1] if net else [])
+        fits: list[_Fits] = []
+        for stage in ("plain", "parallel", "offload"):
+            lays = _layouts_stage(model, gpn_list, node_list, g_max, max_gpus, stage)
+            counts.layouts += len(lays)
+            for lay in lays:
+                fits.extend(_fitting_variants(memo, gpu.vendor, lay, job, cap, global_batch, total_tokens))
+            if fits:
+                break  # tensor/pipeline parallelism and offload only when needed
+        shapes[shape] = fits
+    return shapes[shape]
+
+
+def _best_per_layout(model: ModelSpec, gpu: Any, offer: Any, fits: list[_Fits], gnotes: list[str],
+                     runtime_cache: dict[tuple, RuntimeEstimate], counts: _Counts) -> dict[Layout, Plan]:
+    """The fastest fitting variant per layout on ``offer``, priced."""
+    best: dict[Layout, Plan] = {}
+    for f in fits:
+        counts.candidates += 1
+        bw = offer.inter_node_gbps if f.layout.nodes > 1 else None
+        rkey = (offer.gpu, bw, f.layout, f.job)
+        rt = runtime_cache.get(rkey)
+        if rt is None:
+            rt = estimate_runtime(model, f.job, f.layout, gpu, offer=offer)
+            runtime_cache[rkey] = rt
+        cur = best.get(f.layout)
+        if cur is not None and cur.runtime.total_hours <= rt.total_hours:
+            continue
+        cost = estimate_cost(rt, offer, f.layout, gpu)
+        best[f.layout] = Plan(offer, gpu, f.layout, f.job, f.memory, rt, cost,
+                              notes=tuple(gnotes) + f.memory.notes)
+    return best
+
+
+def _constrain(raw: list[Plan], deadline_hours: float | None,
+               budget_usd: float | None) -> tuple[list[Plan], list[Infeasible]]:
+    """(the plans within the deadline and the budget, why-not of the GPU types that lost all)."""
     kept = raw
     if deadline_hours is not None:
         kept = [p for p in kept if p.hours <= deadline_hours]
     if budget_usd is not None:
         kept = [p for p in kept if p.usd <= budget_usd]
+    infeasible = []
     dropped = {p.gpu.name for p in raw} - {p.gpu.name for p in kept}
     for slug in sorted(dropped):
         mine = [p for p in raw if p.gpu.name == slug]
@@ -437,12 +482,7 @@ def recommend(
                          f"for ${fastest.usd:,.0f}; cheapest ${cheapest.usd:,.0f} in {cheapest.hours:,.1f} h)")
         infeasible.append(Infeasible(slug, "; ".join(parts),
                                      hint="relax --deadline/--budget or raise --max-gpus"))
-
-    plans = _rank(kept, objective)
-    stats = SearchStats(offers=len(offers), gpu_types=len(by_gpu), layouts=n_layouts,
-                        memory_evals=memo.evals, runtime_evals=len(runtime_cache),
-                        candidates=n_candidates, seconds=time.perf_counter() - t0, max_gpus=max_gpus)
-    return PlanSet(objective, plans, tuple(infeasible), stats, tuple(notes))
+    return kept, infeasible
 
 
 def _sort_key(p: Plan, objective: str) -> tuple:
@@ -529,12 +569,13 @@ def fit(model: ModelSpec, job: Job, gpu: Any, *, safety_margin: float = 0.05,
         max_gpus: int = 1024) -> FitResult:
     """What fits on ``gpu``: longest sequence, largest micro-batch, fewest GPUs per strategy."""
     if not 0.0 <= safety_margin < 1.0:
-        raise ConfigError(f"safety margin must be in [0, 1) (got {safety_margin})", "e.g. --margin 0.05")
+        raise ConfigError(f"safety margin must be in [0, 1) (got {safety_margin})", "e.g. `margin=0.05`",
+                          field="margin")
     validate_job(model, job)
     notes: list[str] = []
-    gjob, gnotes, why = _platform_job(job, gpu)
+    gjob, gnotes, why = platform_job(job, gpu)
     if gjob is None:
-        raise ConfigError(why or f"{job.method} cannot run on {gpu.name}", "pick another GPU or method")
+        raise ConfigError(why or f"{job.method} cannot run on {gpu.name}", "pick another GPU or method", field="gpu")
     notes.extend(gnotes)
     memo = _Memo(model)
     cap = gpu.memory_bytes * (1.0 - safety_margin)

@@ -37,10 +37,38 @@ from fractions import Fraction
 
 from .catalog.constants import MemoryConstants
 from .job import PRECISIONS, Job, Layout, lora_targets, lora_wraps_experts
-from .model import LayerGroup, ModelSpec
+from .model import LayerGroup, LinearSpec, ModelSpec, attention_linears, mlp_linears
 from .units import dtype_bytes
 
-__all__ = ["LayoutMemory", "layout_memory", "fsdp_units", "fsdp2_transient_bytes", "Tensor", "Unit"]
+__all__ = ["LayoutMemory", "layout_memory", "fsdp_units", "fsdp2_transient_bytes", "Tensor", "Unit",
+           "layer_linears", "quant_state_bytes"]
+
+
+def layer_linears(model: ModelSpec, g: LayerGroup) -> list[LinearSpec]:
+    """The ``nn.Linear`` weights of one decoder layer of group ``g`` (attention, dense MLP, shared
+    experts; routed experts are fused 3-D parameters, not linears)."""
+    out = attention_linears(g.attention, model.hidden_size, 1)
+    if g.mlp is not None:
+        out += mlp_linears(g.mlp, model.hidden_size, 1, "mlp")
+    if g.moe is not None and g.moe.shared is not None:
+        out += mlp_linears(g.moe.shared, model.hidden_size, 1, "mlp")
+    return out
+
+
+def quant_state_bytes(model: ModelSpec, job: Job) -> int:
+    """bitsandbytes 4-bit quantization state of every quantized linear (``QuantState``): per tensor
+    the 16-entry fp32 nf4/fp4 code and either an fp32 absmax per block, or (double quant) a uint8
+    absmax per block + ``state2``: an fp32 absmax per 256 absmax-blocks, a 256-entry fp32 code and
+    an fp32 offset. Held byte-exact against bitsandbytes 0.50 on CPU."""
+    q = job.quant
+    skip = set(q.skip_modules)
+    total = 0
+    for lin in model.linears():
+        if lin.is_module and lin.module not in skip:
+            blocks = -(-(lin.in_features * lin.out_features) // q.blocksize)
+            per = 16 * 4 + (blocks + 4 * -(-blocks // 256) + 256 * 4 + 4 if q.double_quant else 4 * blocks)
+            total += lin.count * per
+    return total
 
 
 @dataclass(frozen=True)
@@ -124,8 +152,6 @@ def _stored_bytes(job: Job, engine: str) -> tuple[Fraction, Fraction]:
 
 
 def _layer_tensors(model: ModelSpec, g: LayerGroup, job: Job, tb: Fraction, fb: Fraction) -> list[Tensor]:
-    from .memory import _group_linears
-
     h = model.hidden_size
     full = job.method == "full"
     out: list[Tensor] = []
@@ -133,7 +159,7 @@ def _layer_tensors(model: ModelSpec, g: LayerGroup, job: Job, tb: Fraction, fb: 
     skip = set(job.quant.skip_modules)
     r = job.lora.r
     wb = tb if full else fb
-    for lin in _group_linears(model, g):
+    for lin in layer_linears(model, g):
         n = lin.in_features * lin.out_features
         if job.method == "qlora" and lin.module not in skip:
             # Params4bit with a float quant storage (bnb_4bit_quant_storage): n/2 bytes packed into
@@ -348,8 +374,6 @@ def _padded_shard(units: list[Unit], n: int, trainable: bool | None) -> tuple[Fr
 def layout_memory(model: ModelSpec, job: Job, layout: Layout, st, consts: MemoryConstants,
                   backend: str = "cuda") -> LayoutMemory:
     """What one rank holds under ``layout`` (``st``: the whole-model ``ModelStates``)."""
-    from .memory import largest_layer_params
-
     eng = layout.engine
     mp = layout.tp * layout.pp
     prec = PRECISIONS[job.precision]
@@ -382,7 +406,7 @@ def layout_memory(model: ModelSpec, job: Job, layout: Layout, st, consts: Memory
         trainable, n_tt = _padded_shard(units, n, True)
         frozen, _ = _padded_shard(units, n, False)
         if job.method == "qlora":
-            frozen += _quant_constants(model, job)  # quant states stay whole on every rank
+            frozen += quant_state_bytes(model, job)  # quant states stay whole on every rank
         gb = Fraction(4) if job.method != "full" else dtype_bytes(prec["grad"])
         tb = Fraction(4) if job.method != "full" else dtype_bytes(prec["trainable"])
         grads = trainable * gb / tb
@@ -393,7 +417,7 @@ def layout_memory(model: ModelSpec, job: Job, layout: Layout, st, consts: Memory
             flats = sum(u.count for u in units if u.numel(True))
             opt = _flat_shard(units, n, True) / tb * per_tensor_opt + _opt_per_tensor(job) * flats
             trainable = _flat_shard(units, n, True)
-            frozen = _flat_shard(units, n, False) + (_quant_constants(model, job) if job.method == "qlora" else 0)
+            frozen = _flat_shard(units, n, False) + (quant_state_bytes(model, job) if job.method == "qlora" else 0)
             grads = trainable * gb / tb
         pb = c if mixed else tb
         rb = c if mixed else gb
@@ -442,7 +466,7 @@ def layout_memory(model: ModelSpec, job: Job, layout: Layout, st, consts: Memory
         grads = zero
         buf = grads_part + bucket  # persistent gradient partition buffer and ipg bucket
         # modules are gathered as they run; the next ones are prefetched
-        layer = largest_layer_params(model) * c
+        layer = _largest_unit_elems(model, job) * c
         transient = layer + _ds_prefetch_elems(model, consts) * c + _largest_trainable_tensor(model, job) * c
     if layout.offload_optimizer:
         host += master + opt + step_tmp
@@ -515,33 +539,14 @@ def _fsdp1_transient(units: list[Unit], n: int, pb: Fraction, rb: Fraction, layo
     return max(fwd, bwd)
 
 
-def _quant_constants(model: ModelSpec, job: Job) -> Fraction:
-    """bitsandbytes 4-bit quantization state (absmax, nested absmax, code): kept whole per rank."""
-    from .memory import _qlora_frozen_bytes
-
-    quant_bytes, _ = _qlora_frozen_bytes(model, job)
-    skip = set(job.quant.skip_modules)
-    packed = sum(Fraction(lin.count * lin.in_features * lin.out_features, 2) for lin in model.linears()
-                 if lin.is_module and lin.module not in skip)
-    return quant_bytes - packed
-
-
 def _largest_trainable_tensor(model: ModelSpec, job: Job) -> int:
     """Elements of the largest trainable tensor (its gradient is the largest single one)."""
-    if job.uses_lora:
-        from .memory import _lora_matrices
+    return max((t.numel for u in fsdp_units(model, job) for t in u.tensors if t.trainable), default=0)
 
-        return max((rows * cols for rows, cols, _ in _lora_matrices(model, job)), default=0)
-    h = model.hidden_size
-    best = model.vocab_size * h
-    for lin in model.linears():
-        e = 1
-        if not lin.is_module:
-            for g in model.groups:
-                if g.moe is not None:
-                    e = g.moe.num_experts
-        best = max(best, lin.in_features * lin.out_features * e)
-    return best
+
+def _largest_unit_elems(model: ModelSpec, job: Job) -> int:
+    """Elements of the largest decoder layer (ZeRO-3 gathers a layer's modules as they run)."""
+    return max((u.numel() for u in fsdp_units(model, job) if u.name.startswith("layer")), default=0)
 
 
 def _ds_reduce_bucket(model: ModelSpec, consts: MemoryConstants) -> int:

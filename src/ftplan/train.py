@@ -240,7 +240,7 @@ def load_plan_json(path: str | os.PathLike, index: int = 1):
     ``recommend``: the index-th of ``plans``; ``compare``: the index-th of ``per_gpu``; any other
     object with ``job`` and ``layout`` (``estimate``, a bundle's plan.json) is used as is.
     """
-    from .measure.records import job_from_dict, layout_from_dict
+    from .options import job_from_dict, layout_from_dict
 
     p = Path(os.path.expanduser(str(path)))
     try:
@@ -275,8 +275,8 @@ def load_plan_json(path: str | os.PathLike, index: int = 1):
             base[k] = doc["job"][k]
     try:
         return job_from_dict(base), layout_from_dict(layout_d)
-    except TypeError as e:
-        raise ConfigError(f"{p}: malformed job or layout ({e})") from None
+    except ConfigError as e:
+        raise ConfigError(f"{p}: malformed job or layout ({e.one_line()})") from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -515,7 +515,7 @@ def compare_text(report: dict[str, Any], predicted: dict[str, Any] | None,
 
 
 def _predict(spec, job, layout, gpu_name):
-    from .measure.run import predict
+    from .measure.predict import predict
 
     try:
         return predict(spec, job, layout, gpu_name)
@@ -527,7 +527,7 @@ def build_record(*, model_ref: str, spec, config: dict, job, layout, report: dic
                  predicted: dict | None, outcome: str, error: str | None, seed: int,
                  machine: Machine, notes: list[str]) -> dict[str, Any]:
     """A ``ftplan.measurement/1`` record of this run (see :mod:`ftplan.measure.records`)."""
-    from . import __version__
+    from .version import __version__
     from .measure.records import SCHEMA, job_to_dict, layout_to_dict, record_key
 
     r = report or {}

@@ -496,13 +496,16 @@ def _parse_gpus(text: str, display: str) -> dict[str, GpuSpec]:
     return gpus
 
 
-def _read_text(path: str | Path) -> str:
+def read_text(path: str | Path) -> str:
     try:
         return Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
         raise CatalogError(f"{path}: file not found") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise CatalogError(f"{path}: cannot read ({exc})") from None
+
+
+_read_text = read_text  # its name before it was public
 
 
 @functools.lru_cache(maxsize=1)
@@ -518,7 +521,7 @@ def load_gpus(path: str | Path | None = None) -> dict[str, GpuSpec]:
     """
     if path is None:
         return dict(_bundled())
-    return _parse_gpus(_read_text(path), str(path))
+    return _parse_gpus(read_text(path), str(path))
 
 
 def _index(gpus: Mapping[str, GpuSpec]) -> dict[str, str]:

@@ -98,7 +98,7 @@ def get_model(name: str) -> CatalogModel:
     """A catalog entry by short name, hub id or alias (case-insensitive)."""
     key = _index().get(name.lower())
     if key is None:
-        hint = did_you_mean(name, list(load_model_catalog())) or "run 'ftplan models' to list the catalog"
+        hint = did_you_mean(name, list(load_model_catalog())) or "run `ftplan models` to list the catalog"
         raise NotFoundError(f"unknown model {name!r}", hint)
     return load_model_catalog()[key]
 
@@ -140,7 +140,7 @@ def _fetch_hub_config(repo_id: str) -> dict[str, Any]:
 def resolve_model(ref: str) -> ModelSpec:
     """A ``ModelSpec`` from a catalog name/alias, a local config path, or a hub id."""
     if not ref or not ref.strip():
-        raise ConfigError("empty model name", "run 'ftplan models' to list the catalog")
+        raise ConfigError("empty model name", "run `ftplan models` to list the catalog")
     key = _index().get(ref.lower())
     if key is not None:
         return load_model_catalog()[key].spec()
@@ -151,5 +151,5 @@ def resolve_model(ref: str) -> ModelSpec:
     if ref.count("/") == 1 and " " not in ref:
         cfg = _fetch_hub_config(ref)
         return model_from_config(cfg, name=ref, hf_id=ref, source=f"https://huggingface.co/{ref}")
-    hint = did_you_mean(ref, list(load_model_catalog())) or "run 'ftplan models' to list the catalog"
+    hint = did_you_mean(ref, list(load_model_catalog())) or "run `ftplan models` to list the catalog"
     raise NotFoundError(f"unknown model {ref!r}", hint)

@@ -51,7 +51,7 @@ from pathlib import Path
 from ..errors import CatalogError, ConfigError, NotFoundError
 from .gpus import (
     GpuSpec,
-    _read_text,
+    read_text as _read_text,
     field_error,
     load_gpus,
     parse_float,

@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, FtplanError
-from ..job import Job, Layout, LoraSpec, QuantSpec
+from ..job import Job, Layout
+from ..options import job_from_dict, layout_from_dict
 
 __all__ = ["PLAN_SCHEMA", "ACCEPTED_SCHEMAS", "plan_document", "plan_from_json", "load_plan_json",
-           "job_from_dict", "layout_from_dict", "exportable", "render_bundle", "write_bundle",
+           "exportable", "render_bundle", "write_bundle",
            "ZERO3_BACKENDS"]
 
 PLAN_SCHEMA = "ftplan.plan/1"
@@ -35,7 +36,7 @@ _PLAN_KEYS = ("offer", "layout", "job")
 # ---------------------------------------------------------------------------------------------
 def plan_document(model, plan, *, ref: str | None = None) -> dict[str, Any]:
     """The ``ftplan.plan/1`` dict of a planner ``Plan`` (the same fields as ``recommend --json``)."""
-    from ..cli_planner import plan_dict
+    from ..report import plan_dict
 
     m = {"name": model.name, "hf_id": model.hf_id, "params_total": model.params.total}
     if ref and ref not in (model.name, model.hf_id):
@@ -109,38 +110,15 @@ def load_plan_json(path: str | os.PathLike, index: int = 1) -> tuple[dict[str, A
     return plan_from_json(doc, index, where=str(p))
 
 
-def job_from_dict(d: Mapping[str, Any]) -> Job:
-    """A ``Job`` from the ``job`` object of a plan (as ``report._job_dict`` writes it)."""
-    try:
-        lora = d.get("lora") or {}
-        quant = d.get("quant") or {}
-        return Job(
-            method=str(d["method"]), precision=str(d["precision"]), optimizer=str(d["optimizer"]),
-            micro_batch=int(d["micro_batch"]), seq_len=int(d["seq_len"]), grad_accum=int(d["grad_accum"]),
-            gradient_checkpointing=bool(d["gradient_checkpointing"]), attn_impl=str(d.get("attn_impl", "sdpa")),
-            lora=LoraSpec(r=int(lora.get("r", 16)), alpha=int(lora.get("alpha", 32)),
-                          dropout=float(lora.get("dropout", 0.05)),
-                          target_modules=tuple(lora.get("target_modules") or ("all-linear",))),
-            quant=QuantSpec(quant_type=str(quant.get("quant_type", "nf4")),
-                            double_quant=bool(quant.get("double_quant", True)),
-                            compute_dtype=str(quant.get("compute_dtype", "bf16")),
-                            skip_modules=tuple(quant.get("skip_modules") or ("lm_head",))),
-            dataset_tokens=d.get("dataset_tokens"), epochs=float(d.get("epochs", 1.0)),
-        )
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise ConfigError(f"plan JSON: bad 'job' ({type(e).__name__}: {e})",
-                          "pass a file saved from 'ftplan recommend --json'") from None
-
-
-def layout_from_dict(d: Mapping[str, Any]) -> Layout:
-    try:
-        return Layout(gpus_per_node=int(d["gpus_per_node"]), nodes=int(d["nodes"]), strategy=str(d["strategy"]),
-                      offload_optimizer=bool(d.get("offload_optimizer", False)),
-                      offload_params=bool(d.get("offload_params", False)),
-                      tp=int(d.get("tp", 1)), pp=int(d.get("pp", 1)))
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise ConfigError(f"plan JSON: bad 'layout' ({type(e).__name__}: {e})",
-                          "pass a file saved from 'ftplan recommend --json'") from None
+def _job_and_layout(plan_doc: Mapping[str, Any]) -> tuple[Job, Layout]:
+    parts = []
+    for key, read in (("job", job_from_dict), ("layout", layout_from_dict)):
+        try:
+            parts.append(read(plan_doc[key]))
+        except ConfigError as e:
+            raise ConfigError(f"plan JSON: bad {key!r} ({e.one_line()})",
+                              "pass a file saved from `ftplan recommend --json`") from None
+    return parts[0], parts[1]
 
 
 def _resolve(model: Mapping[str, Any]):
@@ -177,14 +155,14 @@ def exportable(plan: Mapping[str, Any]) -> str | None:
 
 def _check_hardware(plan: Mapping[str, Any], job: Job) -> None:
     from ..catalog.gpus import get_gpu
-    from ..planner import _platform_job
+    from ..planner import platform_job
 
     slug = str((plan.get("offer") or {}).get("gpu", ""))
     try:
         gpu = get_gpu(slug)
     except FtplanError:
         return  # a GPU ftplan does not know: nothing to check against
-    adapted, _, why = _platform_job(job, gpu)
+    adapted, _, why = platform_job(job, gpu)
     if adapted is None:
         raise ConfigError(f"the plan cannot run on {slug}: {why}",
                           "pick another plan (--plan N) or another method")
@@ -222,8 +200,7 @@ def render_bundle(plan_doc: dict, *, alternatives: Sequence[dict] = (), model_re
     if why:
         raise ConfigError(f"this plan cannot be exported: {why}",
                           "pick a plan without tp/pp with --plan N ('ftplan recommend' lists them)")
-    job = job_from_dict(plan_doc["job"])
-    layout = layout_from_dict(plan_doc["layout"])
+    job, layout = _job_and_layout(plan_doc)
     model = _resolve(plan_doc["model"])
     validate_job(model, job, layout)
     _check_hardware(plan_doc, job)
@@ -256,14 +233,9 @@ def render_bundle(plan_doc: dict, *, alternatives: Sequence[dict] = (), model_re
     files["accelerate_config.yaml"] = render_accelerate_config(layout, job, kind=kind, title=title)
     if kind == "deepspeed":
         files["ds_config.json"] = render_deepspeed_config(layout, job)
-    try:
-        from .script import render_train_script
-    except ImportError as e:  # the script renderer is a separate module; say so instead of failing
-        if "script" not in str(e):
-            raise
-        notes.append("train.py was not generated: this ftplan has no script renderer (ftplan.export.script)")
-    else:
-        files["train.py"] = render_train_script(model, job, layout, model_ref=model_ref)
+    from .script import render_train_script
+
+    files["train.py"] = render_train_script(model, job, layout, model_ref=model_ref)
     sky, sky_notes, cands = render_sky_yaml(plan_doc, alternatives, job=job, layout=layout, kind=kind,
                                             model_ref=model_ref, dataset=dataset, title=title,
                                             params_total=plan_doc["model"].get("params_total"))

@@ -23,7 +23,7 @@ How the job maps onto the stack (what ftplan's memory model assumes, see README 
 
 from __future__ import annotations
 
-from .. import __version__
+from ..version import __version__
 from ..job import PRECISIONS, Job, Layout
 from ..model import ModelSpec
 

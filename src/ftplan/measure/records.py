@@ -35,13 +35,13 @@ fresh line; the torn fragment stays and :func:`load_records` reports it as ``fil
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from .. import options
 from ..errors import MeasurementError
 
 __all__ = [
@@ -66,38 +66,20 @@ REQUIRED = ("schema", "key", "outcome", "model", "job", "layout", "run", "measur
 # job / layout <-> plain dicts
 # ---------------------------------------------------------------------------------------------
 def job_to_dict(job) -> dict[str, Any]:
-    d = dataclasses.asdict(job)
-    d["lora"]["target_modules"] = list(d["lora"]["target_modules"])
-    d["quant"]["skip_modules"] = list(d["quant"]["skip_modules"])
-    return d
+    """Every field of the Job (lora / quant as nested objects): :func:`ftplan.options.job_to_dict`."""
+    return options.job_to_dict(job, full=True)
 
 
 def job_from_dict(d: dict[str, Any]):
-    from ..job import Job, LoraSpec, QuantSpec
-
-    d = dict(d)
-    known = {f.name for f in dataclasses.fields(Job)}
-    lora = dict(d.pop("lora", None) or {})
-    quant = dict(d.pop("quant", None) or {})
-    if "target_modules" in lora:
-        lora["target_modules"] = tuple(lora["target_modules"])
-    if "skip_modules" in quant:
-        quant["skip_modules"] = tuple(quant["skip_modules"])
-    lora = {k: v for k, v in lora.items() if k in {f.name for f in dataclasses.fields(LoraSpec)}}
-    quant = {k: v for k, v in quant.items() if k in {f.name for f in dataclasses.fields(QuantSpec)}}
-    return Job(**{k: v for k, v in d.items() if k in known}, lora=LoraSpec(**lora), quant=QuantSpec(**quant))
+    return options.job_from_dict(d)
 
 
 def layout_to_dict(layout) -> dict[str, Any]:
-    return dataclasses.asdict(layout)
+    return options.layout_to_dict(layout, full=True)
 
 
 def layout_from_dict(d: dict[str, Any] | None):
-    from ..job import Layout
-
-    d = d or {}
-    known = {f.name for f in dataclasses.fields(Layout)}
-    return Layout(**{k: v for k, v in d.items() if k in known})
+    return options.layout_from_dict(d)
 
 
 def record_key(model_ref: str, job, layout, device: str, tiny: bool) -> str:

@@ -110,7 +110,7 @@ def _group(rec: dict[str, Any]) -> str:
 def evaluate_record(rec: dict[str, Any], predict_fn=None) -> dict[str, Any]:
     """One row of the validation: predicted (recomputed), measured, signed errors in %."""
     from ..model import model_from_config
-    from .run import predict
+    from .predict import predict
 
     predict_fn = predict_fn or predict
     m = rec["model"]

@@ -13,14 +13,45 @@
     gradients: "#db2777", optimizer_states: "#dc2626", activations: "#16a34a", logits_and_loss: "#ca8a04",
     transient: "#ea580c", allocator_reserve: "#a3a3a3",
   };
-  // form state <-> URL: every key is a string; only values that differ from these go in the URL
-  const DEFAULTS = {
-    model: "", config: "", config_name: "", method: "full", precision: "bf16-mixed", optimizer: "adamw",
-    attn: "sdpa", seq_len: "2048", micro_batch: "auto", global_batch: "", tokens: "20M", epochs: "1",
-    lora_r: "16", lora_alpha: "32", lora_dropout: "", lora_targets: "all-linear", quant_type: "nf4",
-    compute_dtype: "bf16", double_quant: "1", objective: "cost", deadline: "", budget: "", max_gpus: "",
-    margin: "0.05", pricing: "on-demand", providers: "", gpus_filter: "",
+  // form state <-> URL: every key is a string; only values that differ from DEFAULTS go in the URL.
+  // DEFAULTS come from the options schema (GET /api/options), never copied here; PAGE holds the
+  // form's own fields and choices that are not option defaults.
+  const PAGE = {
+    model: "", config: "", config_name: "",
+    micro_batch: "auto", // the search picks the micro-batch per plan
   };
+  const FORM_OPTIONS = ["method", "precision", "optimizer", "attn", "seq_len", "micro_batch", "global_batch",
+    "tokens", "epochs", "lora_r", "lora_alpha", "lora_dropout", "lora_targets", "quant_type", "compute_dtype",
+    "no_double_quant", "objective", "deadline", "budget", "max_gpus", "margin", "pricing", "providers",
+    "gpus_filter"];
+  let DEFAULTS = { ...PAGE };
+  let MB_FIXED = ""; // the micro-batch option's default, shown when "let ftplan choose" is off
+  function asText(v) {
+    if (v === null || v === undefined) return "";
+    return Array.isArray(v) ? v.join(",") : String(v);
+  }
+  function applySchema(schema) {
+    const byName = {};
+    for (const group of Object.values(schema.groups)) for (const o of group) if (!(o.name in byName)) byName[o.name] = o;
+    const d = {};
+    for (const name of FORM_OPTIONS) {
+      const o = byName[name];
+      if (!o) continue;
+      // an option the search needs without a default (tokens) starts at its example
+      d[name] = asText(o.default !== null && o.default !== undefined ? o.default : (o.type === "tokens" ? o.example : null));
+    }
+    MB_FIXED = d.micro_batch || "";
+    d.double_quant = d.no_double_quant === "true" ? "0" : "1"; // the page shows the positive checkbox
+    delete d.no_double_quant;
+    DEFAULTS = { ...d, ...PAGE };
+    // select boxes list the schema's choices (labels from the page where it has one)
+    for (const o of Object.values(byName)) {
+      const sel = $(o.name);
+      if (!o.choices || !sel || sel.tagName !== "SELECT") continue;
+      const labels = Object.fromEntries([...sel.options].map((x) => [x.value, x.textContent]));
+      sel.replaceChildren(...o.choices.map((c) => el("option", { value: c }, labels[c] || c)));
+    }
+  }
   const TEXT_FIELDS = ["model", "config", "config_name", "method", "precision", "optimizer", "attn", "seq_len",
     "global_batch", "tokens", "epochs", "lora_r", "lora_alpha", "lora_dropout", "lora_targets", "quant_type",
     "compute_dtype", "objective", "deadline", "budget", "max_gpus", "margin"];
@@ -84,7 +115,7 @@
     const s = {};
     for (const k of TEXT_FIELDS) s[k] = ($(k).value || "").trim();
     if ($("src-catalog").checked) { s.config = ""; s.config_name = ""; } else { s.model = ""; }
-    s.micro_batch = $("mb_auto").checked ? "auto" : ($("micro_batch").value || "1");
+    s.micro_batch = $("mb_auto").checked ? "auto" : ($("micro_batch").value || MB_FIXED);
     s.double_quant = $("double_quant").checked ? "1" : "0";
     const checked = (box) => [...document.querySelectorAll(`#${box} input:checked`)].map((i) => i.value);
     s.pricing = checked("pricing").join(",");
@@ -98,7 +129,7 @@
     const pasted = !!s.config;
     $("src-config").checked = pasted; $("src-catalog").checked = !pasted;
     $("mb_auto").checked = s.micro_batch === "auto";
-    $("micro_batch").value = s.micro_batch === "auto" ? "1" : s.micro_batch;
+    $("micro_batch").value = s.micro_batch === "auto" ? MB_FIXED : s.micro_batch;
     $("double_quant").checked = s.double_quant !== "0";
     const setChecks = (box, csv) => {
       const want = new Set(csv.split(",").filter(Boolean));
@@ -547,8 +578,9 @@
 
   // ------------------------------------------------------------------ catalogs and start-up
   async function loadCatalogs() {
-    const [models, gpus, offers] = await Promise.all([getJSON("/api/models"), getJSON("/api/gpus"),
-      getJSON("/api/offers?pricing=any")]);
+    const [schema, models, gpus, offers] = await Promise.all([getJSON("/api/options"), getJSON("/api/models"),
+      getJSON("/api/gpus"), getJSON("/api/offers?pricing=any")]);
+    applySchema(schema);
     S.models = models.models;
     $("model-list").replaceChildren(...S.models.map((m) => el("option", { value: m.name,
       label: `${m.hf_id} · ${m.family} · ${(m.params_total / 1e9).toFixed(1)}B` })));
@@ -589,8 +621,7 @@
     } catch (e) {
       showError(e);
     }
-    syncForm();
-    if (!fromUrl()) $("model").focus();
+    if (!fromUrl()) { writeForm(DEFAULTS); $("model").focus(); }
     document.body.dataset.ready = "1";
   }
   if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start); else start();

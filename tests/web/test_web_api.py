@@ -201,7 +201,7 @@ def test_export_zip_with_a_render_bundle(client, monkeypatch):
 
     seen = {}
 
-    def fake(plan_doc, *, alternatives=(), model_ref=None, dataset=None):
+    def fake(plan_doc, *, alternatives=(), model_ref=None, dataset=None, **kwargs):
         seen.update(plan=plan_doc, alternatives=alternatives, model_ref=model_ref, dataset=dataset)
         return {"README.md": "# run it\n", "configs/accelerate.yaml": "num_processes: 1\n"}
 
@@ -230,20 +230,7 @@ def test_export_zip_with_a_render_bundle(client, monkeypatch):
         client.post("/api/export", json=SMALL)
 
 
-def test_export_501_without_render_bundle(client, monkeypatch):
-    import ftplan.export as export_mod
-
-    monkeypatch.delattr(export_mod, "render_bundle", raising=False)
-    r = client.post("/api/export", json=SMALL)
-    assert r.status_code == 501
-    assert "render_bundle" in r.json()["message"]
-
-
 def test_export_with_the_real_render_bundle(client):
-    try:
-        from ftplan.export import render_bundle  # noqa: F401
-    except ImportError:
-        pytest.skip("ftplan.export.render_bundle is not there yet")
     r = client.post("/api/export", json={**SMALL, "dataset": "tatsu-lab/alpaca"})
     assert r.status_code == 200, r.text
     z = zipfile.ZipFile(io.BytesIO(r.content))
@@ -307,3 +294,26 @@ def test_moe_lora_dropout_defaults_like_the_cli(client):
     assert r.status_code == 200 and r.json()["job"]["lora"]["dropout"] == 0.0
     r = client.post("/api/estimate", json={"model": "mixtral-8x7b", "method": "lora", "lora_dropout": 0.1})
     assert r.status_code == 422 and "lora_dropout" in r.text
+
+
+def test_options_endpoint_gives_the_page_its_defaults(client):
+    """The page holds no copied defaults: it reads GET /api/options; every option its form uses is
+    there, with the schema's defaults and choices."""
+    import re
+    from pathlib import Path
+
+    import ftplan.web
+    from ftplan.api import options_schema
+
+    r = client.get("/api/options")
+    assert r.status_code == 200 and r.json() == options_schema()
+    names = {o["name"]: o for group in r.json()["groups"].values() for o in group}
+    js = Path(ftplan.web.__file__).with_name("static").joinpath("app.js").read_text()
+    form = re.search(r"const FORM_OPTIONS = \[(.*?)\];", js, re.S).group(1)
+    used = re.findall(r'"([a-z_]+)"', form)
+    assert used and set(used) <= set(names)
+    assert names["seq_len"]["default"] == 2048 and names["method"]["choices"] == ["full", "lora", "qlora"]
+    assert names["tokens"]["example"] and names["lora_dropout"]["default"] is None  # auto
+    # no option default is written into the page itself
+    html = Path(ftplan.web.__file__).with_name("static").joinpath("index.html").read_text()
+    assert 'value="2048"' not in html and 'value="all-linear"' not in html

@@ -1,7 +1,6 @@
 """``ftplan measure`` and ``ftplan validate``: the measurement side of the command line.
 
-Wired into :mod:`ftplan.cli` by ``_add_measure_commands(sub)`` calling
-:func:`add_measure_commands`. torch is imported only when ``measure`` runs.
+torch is imported only when ``measure`` runs (in :mod:`ftplan.measure.run`).
 """
 
 from __future__ import annotations
@@ -11,12 +10,19 @@ import json
 import sys
 from pathlib import Path
 
-from .errors import ConfigError
+from .. import api
+from ..errors import ConfigError, FtplanError
+from ..options import JOB_OPTIONS, LAYOUT_OPTIONS, build_job
+from .options import Command, emit_json, values
+from .plan import add_job_options, add_layout_options
 
-__all__ = ["add_measure_commands", "cmd_measure", "cmd_validate", "row_to_argv"]
+__all__ = ["COMMANDS", "row_to_argv", "row_values"]
 
-_BOOL_FLAGS = {"gc": "--gc", "gradient_checkpointing": "--gc", "no_double_quant": "--no-double-quant"}
+#: matrix keys that are not job options, and the other names a matrix may use for job options
 _ROW_ONLY = {"model", "steps", "warmup", "seed", "tiny", "device", "name", "note", "notes"}
+_ROW_ALIASES = {"gc": "gradient_checkpointing", "batch": "micro_batch", "batch_size": "micro_batch",
+                "attn_impl": "attn", "dataset_tokens": "tokens"}
+_JOB_NAMES = {o.name: o for o in JOB_OPTIONS}
 
 
 def _truthy(v) -> bool:
@@ -25,78 +31,69 @@ def _truthy(v) -> bool:
     return str(v).strip().lower() in ("1", "true", "yes", "y", "on")
 
 
-def row_to_argv(row: dict) -> list[str]:
-    """Matrix row -> job-option argv (``micro_batch: 4`` -> ``--micro-batch 4``)."""
-    argv: list[str] = []
+def row_values(row: dict) -> dict:
+    """Matrix row -> job option values (``gc: true`` -> ``gradient_checkpointing: True``)."""
+    out = {}
     for k, v in row.items():
         key = str(k).strip().replace("-", "_")
         if key in _ROW_ONLY or v is None:
             continue
-        if key in _BOOL_FLAGS:
-            if _truthy(v):
-                argv.append(_BOOL_FLAGS[key])
-            continue
+        key = _ROW_ALIASES.get(key, key)
         if key == "double_quant":
-            if not _truthy(v):
-                argv.append("--no-double-quant")
+            key, v = "no_double_quant", not _truthy(v)
+        elif key in _JOB_NAMES and _JOB_NAMES[key].type == "bool":
+            v = _truthy(v)
+        out[key] = v
+    return out
+
+
+def row_to_argv(row: dict) -> list[str]:
+    """Matrix row -> job-option argv (``micro_batch: 4`` -> ``--micro-batch 4``)."""
+    argv: list[str] = []
+    for key, v in row_values(row).items():
+        opt = _JOB_NAMES.get(key)
+        flag = opt.flags[-1] if opt is not None and opt.type == "bool" and opt.flags else \
+            (opt.flag if opt is not None else "--" + key.replace("_", "-"))
+        if opt is not None and opt.type == "bool":
+            if v:
+                argv.append(flag)
             continue
-        if key in ("batch", "batch_size"):
-            key = "micro_batch"
-        if key == "attn_impl":
-            key = "attn"
         if isinstance(v, (list, tuple)):
             v = ",".join(map(str, v))
-        argv += ["--" + key.replace("_", "-"), str(v)]
+        argv += [flag, str(v)]
     return argv
 
 
-def _job_parser():
-    from .cli import _Parser, add_job_options
-
-    p = _Parser(prog="ftplan measure --matrix (row)", add_help=False)
-    add_job_options(p)
-    return p
-
-
 def _row_job(row: dict, where: str):
-    from .cli import job_from_args
-    from .errors import FtplanError
-
     try:
-        a = _job_parser().parse_args(row_to_argv(row))
+        return build_job(row_values(row))
     except FtplanError as e:
         raise ConfigError(f"{where}: {e.message}", "matrix keys are job options: method, micro_batch, seq_len, "
                           "gc, optimizer, precision, lora_r, ...") from None
-    return job_from_args(a)
 
 
-def cmd_measure(a: argparse.Namespace) -> int:
-    from .cli import job_from_args, layout_from_args
-    from .measure.run import ModelCache, measure
-
+def run_measure(a: argparse.Namespace) -> int:
     if a.matrix:
         return _run_matrix(a)
     if not a.model:
-        raise ConfigError("measure needs a MODEL or --matrix FILE", "see 'ftplan measure --help'")
-    job = job_from_args(a)
-    layout = layout_from_args(a)
-    rec = measure(a.model, job, layout, steps=a.steps, warmup=a.warmup, device=a.device,
-                  tiny=True if a.tiny else None, seed=a.seed, out=a.out, cache=ModelCache(),
-                  echo=None if a.json else print)
+        raise ConfigError("measure needs a MODEL or `matrix=FILE`", "see `ftplan measure --help`")
+    rec = api.measure(a.model, steps=a.steps, warmup=a.warmup, device=a.device, tiny=True if a.tiny else None,
+                      seed=a.seed, out=a.out, echo=None if a.json else print,
+                      **values(a, JOB_OPTIONS, LAYOUT_OPTIONS))
     if a.json:
-        json.dump(rec, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        emit_json(rec)
     if a.out:
         print(f"appended to {a.out}", file=sys.stderr)
     return 0 if rec["outcome"] in ("ok", "oom") else 1
 
 
 def _run_matrix(a: argparse.Namespace) -> int:
-    from .measure.records import existing_keys, record_key
-    from .measure.run import ModelCache, build_key, load_matrix, measure, progress
+    from ..job import Layout
+    from ..measure.records import existing_keys, record_key
+    from ..measure.run import ModelCache, build_key, import_torch, load_matrix, measure, progress
 
     if not a.out:
-        raise ConfigError("--matrix needs --out FILE.jsonl", "the output file is what makes the matrix resumable")
+        raise ConfigError("`matrix` needs `out=FILE.jsonl`", "the output file is what makes the matrix resumable")
     rows = load_matrix(a.matrix)
     jobs = []
     for i, row in enumerate(rows, 1):
@@ -105,19 +102,13 @@ def _run_matrix(a: argparse.Namespace) -> int:
         tiny = True if (a.tiny or _truthy(row.get("tiny", False))) else None
         jobs.append((i, str(row["model"]), job, steps, tiny))
     # group rows by build key (stable) so each model is built once
-    try:
-        import torch
-
-        dev = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    except ImportError:
-        dev = a.device or "cpu"
+    torch = import_torch()
+    dev = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dev = "cuda" if dev.startswith("cuda") else dev
     order: dict[tuple, list] = {}
     for item in jobs:
         order.setdefault(build_key(item[1], item[2], dev, bool(item[4])), []).append(item)
     ordered = [it for group in order.values() for it in group]
-    from .job import Layout
-
     layout = Layout()
     done = existing_keys(a.out)
     cache = ModelCache()
@@ -149,11 +140,10 @@ def _run_matrix(a: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_validate(a: argparse.Namespace) -> int:
-    from .measure.validate import default_record_paths, render_text, update_ratchet, validate_paths
+def run_validate(a: argparse.Namespace) -> int:
+    from ..measure.validate import render_text, update_ratchet
 
-    paths = a.records or default_record_paths()
-    report = validate_paths(paths)
+    report = api.validate(a.records)
     if a.update_ratchet:
         changed = update_ratchet(report, Path(a.ratchet) if a.ratchet else None)
         report["ratchet_updated"] = changed
@@ -171,12 +161,7 @@ def cmd_validate(a: argparse.Namespace) -> int:
     return 0
 
 
-def add_measure_commands(sub) -> None:
-    """Add ``measure`` and ``validate`` to the ``ftplan`` sub-command parser ``sub``."""
-    from .cli import add_job_options, add_layout_options
-
-    s = sub.add_parser("measure", help="train a model for a few steps and record memory and speed "
-                       "(needs the 'measure' extra)")
+def _measure_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("model", nargs="?", help="catalog name, hub id, or path to config.json")
     add_job_options(s)
     add_layout_options(s)
@@ -191,9 +176,9 @@ def add_measure_commands(sub) -> None:
     m.add_argument("--out", default=None, help="append the record to this .jsonl file")
     m.add_argument("--matrix", default=None, help="YAML/CSV file of jobs; resumable with --out")
     m.add_argument("--json", action="store_true", help="print the record as JSON")
-    s.set_defaults(func=cmd_measure)
 
-    v = sub.add_parser("validate", help="predicted vs measured over measurement records")
+
+def _validate_args(v: argparse.ArgumentParser) -> None:
     v.add_argument("records", nargs="*", help=".jsonl files (default: benchmarks/measurements/*.jsonl)")
     v.add_argument("--json", action="store_true")
     v.add_argument("--update-ratchet", action="store_true",
@@ -202,16 +187,10 @@ def add_measure_commands(sub) -> None:
     v.add_argument("--check", action="store_true", help="exit 1 when a target or the ratchet is missed")
     v.add_argument("--skip-bad", action="store_true",
                    help="skip malformed record lines with a warning (default: report them, exit 2)")
-    v.set_defaults(func=cmd_validate)
 
 
-def main(argv=None) -> int:
-    """``python -m ftplan.cli_measure ...``: the ftplan CLI with measure/validate wired in."""
-    from . import cli
-
-    cli._add_measure_commands = add_measure_commands
-    return cli.main(argv)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+COMMANDS = {
+    "measure": Command("train a model for a few steps and record memory and speed (needs the 'measure' extra)",
+                       _measure_args, run_measure),
+    "validate": Command("predicted vs measured over measurement records", _validate_args, run_validate),
+}

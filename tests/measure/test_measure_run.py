@@ -11,7 +11,8 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 import ftplan.cli as cli  # noqa: E402
-from ftplan.cli_measure import add_measure_commands, row_to_argv  # noqa: E402
+from ftplan.cli.measure import row_to_argv  # noqa: E402
+from ftplan.measure import hf  # noqa: E402
 from ftplan.measure import run as R  # noqa: E402
 from ftplan.measure.records import SCHEMA, load_records  # noqa: E402
 
@@ -29,11 +30,6 @@ def config_path(tmp_path):
     p = tmp_path / "qwen.json"
     p.write_text(json.dumps(QWEN))
     return str(p)
-
-
-@pytest.fixture(autouse=True)
-def _wire(monkeypatch):
-    monkeypatch.setattr(cli, "_add_measure_commands", add_measure_commands)
 
 
 def main(*argv) -> int:
@@ -106,8 +102,8 @@ def test_matrix_resumes_and_builds_once(config_path, tmp_path, monkeypatch, caps
     )
     out = tmp_path / "r.jsonl"
     builds = []
-    real_build = R._build
-    monkeypatch.setattr(R, "_build", lambda *a, **k: builds.append(a[2].method) or real_build(*a, **k))
+    real_build = hf.build_for_job
+    monkeypatch.setattr(hf, "build_for_job", lambda *a, **k: builds.append(a[1].method) or real_build(*a, **k))
     real_measure = R.measure
     calls = []
 

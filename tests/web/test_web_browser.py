@@ -24,7 +24,7 @@ if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
 
 from ftplan.web import create_app  # noqa: E402
 
-SCREENSHOT_COPY = Path(__file__).resolve().parents[1] / "benchmarks" / "notes" / "web_screenshot.png"
+SCREENSHOT_COPY = Path(__file__).resolve().parents[2] / "benchmarks" / "notes" / "web_screenshot.png"
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import pytest
 from ftplan.measure import validate as V
 from ftplan.measure.records import SCHEMA, load_records
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GIB = 1024**3
 
 TINY_LLAMA = {"model_type": "llama", "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128,

@@ -1,6 +1,5 @@
 """CLI command for the local web app: serve.
 
-Wired into ``ftplan.cli`` by ``_add_web_commands(sub)`` calling ``add_web_commands(sub)``.
 FastAPI and uvicorn (the ``web`` extra) are imported only when ``ftplan serve`` runs.
 """
 
@@ -10,9 +9,10 @@ import argparse
 import ipaddress
 import sys
 
-from .errors import ConfigError
+from ..errors import ConfigError
+from .options import Command
 
-__all__ = ["add_web_commands", "cmd_serve", "KEEP_ALIVE_S"]
+__all__ = ["COMMANDS", "run_serve", "KEEP_ALIVE_S"]
 
 #: idle keep-alive connections live this long (uvicorn's default, 5 s, races with clients such as
 #: httpx that reuse an idle connection for a POST just as the server closes it: a failed request)
@@ -29,16 +29,13 @@ def _port(text: str) -> int:
     return v
 
 
-def add_web_commands(sub) -> None:
-    """Add ``serve`` to an argparse sub-parser set."""
-    s = sub.add_parser("serve", help="the local web app: job form, plan charts and a JSON API (/api/, /docs)")
+def _serve_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1: this machine only; the API has no authentication)")
     s.add_argument("--port", type=_port, default=8000, help="port (default 8000; 0 = any free port)")
     s.add_argument("--workers", type=int, default=1,
                    help="worker processes (default 1; each keeps its own result cache)")
     s.add_argument("--log-level", default="info", help="uvicorn log level (default info)")
-    s.set_defaults(func=cmd_serve)
 
 
 def _is_loopback(host: str) -> bool:
@@ -50,7 +47,7 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def cmd_serve(a: argparse.Namespace) -> int:
+def run_serve(a: argparse.Namespace) -> int:
     try:
         import fastapi  # noqa: F401
         import uvicorn
@@ -58,7 +55,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
         raise ConfigError(f"ftplan serve needs fastapi and uvicorn ({e.name or e} is not installed)",
                           "pip install 'ftplan[web]'") from None
     if a.workers < 1:
-        raise ConfigError(f"--workers must be >= 1 (got {a.workers})", "e.g. --workers 2")
+        raise ConfigError(f"`workers` must be >= 1 (got {a.workers})", "e.g. `workers=2`")
     if not _is_loopback(a.host):
         print(f"ftplan serve: warning: binding to {a.host}: the API has no authentication; anyone who can "
               "reach this address can use it", file=sys.stderr)
@@ -69,3 +66,9 @@ def cmd_serve(a: argparse.Namespace) -> int:
     uvicorn.run("ftplan.web.app:create_app", factory=True, host=a.host, port=a.port, workers=a.workers,
                 log_level=a.log_level.lower(), ws="none", timeout_keep_alive=KEEP_ALIVE_S)
     return 0
+
+
+COMMANDS = {
+    "serve": Command("the local web app: job form, plan charts and a JSON API (/api/, /docs)", _serve_args,
+                     run_serve),
+}

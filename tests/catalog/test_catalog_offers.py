@@ -32,7 +32,7 @@ GPUS = load_gpus()
 ALL = load_offers(latest_only=False)
 LATEST = load_offers()
 BUNDLED = Path(offers_mod.__file__).parent / "data" / "offers.csv"
-SKYPILOT = Path(__file__).parent / "data" / "skypilot"
+SKYPILOT = Path(__file__).resolve().parents[1] / "data" / "skypilot"
 
 
 def _id(o: Offer) -> str:

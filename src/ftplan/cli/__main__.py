@@ -1,0 +1,7 @@
+"""``python -m ftplan.cli ...`` = ``ftplan ...``."""
+
+import sys
+
+from . import main
+
+sys.exit(main())

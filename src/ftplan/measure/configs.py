@@ -1,0 +1,260 @@
+"""Configs of the models ftplan measures: tiny faithful configs and the text model of a config.
+
+Stdlib only (no torch): :data:`TINY_CONFIGS` (one tiny ``config.json`` per family, for the exact
+CPU reference counts), :func:`tiny_config` (shrink any config to a tiny one of the same family, for
+``ftplan measure --tiny``) and :func:`text_config` (the causal LM inside a multimodal config).
+"""
+
+from __future__ import annotations
+
+import copy
+
+from ..errors import ConfigError
+
+__all__ = ["TINY_CONFIGS", "tiny_config", "text_config"]
+
+# --------------------------------------------------------------------------------------------------
+# Tiny configs
+# --------------------------------------------------------------------------------------------------
+
+#: One tiny but structurally faithful ``config.json``-style dict per family, keyed by HF model_type.
+#: Sizes: hidden 64, 2-3 layers, vocab 512, intermediate 120 (MoE expert intermediate 24; chosen so that no
+#: two of h, I, Im, V are small multiples of each other, which keeps fitted formulas unambiguous). Sliding
+#: windows are 16 tokens, i.e. smaller
+#: than the sequence lengths the tests use (32), so the window really masks something where it applies.
+#: Features exercised:
+#:
+#: * llama: GQA (4 heads / 2 kv heads), untied embeddings.
+#: * mistral: GQA, ``sliding_window=16`` on every layer, untied.
+#: * mixtral: 4 experts top-2 (fused 3-D experts), GQA, untied, no sliding window (like Mixtral-8x7B).
+#: * qwen2: q/k/v biases (hard-coded in the architecture), tied embeddings, GQA.
+#: * qwen3: ``head_dim=32 != 64/4``, q_norm/k_norm, GQA, untied.
+#: * qwen3_moe: ``head_dim=32``, q/k norms, 4 experts top-2 with ``moe_intermediate_size=24``,
+#:   ``decoder_sparse_step=1`` and ``mlp_only_layers=[0]`` (layer 0 dense, layers 1-2 MoE).
+#: * gemma2: ``head_dim=32``, ``query_pre_attn_scalar=32``, layers alternate sliding(16)/full,
+#:   attention soft-capping 50 and final-logit soft-capping 30, pre/post feed-forward norms, tied.
+#: * gemma3_text: ``head_dim=32``, q/k norms, layer_types sliding/full/sliding (window 16), tied.
+#: * phi3: fused ``qkv_proj`` and ``gate_up_proj``, GQA, ``sliding_window=16``, untied.
+#: * deepseek_v3: MLA (q_lora_rank 32, kv_lora_rank 16, qk_nope 16, qk_rope 8, v_head_dim 16),
+#:   8 routed experts top-2 (n_group 2, topk_group 1), 1 shared expert, ``first_k_dense_replace=1``.
+TINY_CONFIGS: dict[str, dict] = {
+    "llama": {
+        "model_type": "llama",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 120,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 256,
+        "tie_word_embeddings": False,
+    },
+    "mistral": {
+        "model_type": "mistral",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 120,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 256,
+        "sliding_window": 16,
+        "tie_word_embeddings": False,
+    },
+    "mixtral": {
+        "model_type": "mixtral",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 120,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "max_position_embeddings": 256,
+        "sliding_window": None,
+        "tie_word_embeddings": False,
+    },
+    "qwen2": {
+        "model_type": "qwen2",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 120,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 256,
+        "use_sliding_window": False,
+        "tie_word_embeddings": True,
+    },
+    "qwen3": {
+        "model_type": "qwen3",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 120,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "max_position_embeddings": 256,
+        "use_sliding_window": False,
+        "tie_word_embeddings": False,
+    },
+    "qwen3_moe": {
+        "model_type": "qwen3_moe",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 120,
+        "moe_intermediate_size": 24,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "norm_topk_prob": True,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [0],
+        "max_position_embeddings": 256,
+        "use_sliding_window": False,
+        "tie_word_embeddings": False,
+    },
+    "gemma2": {
+        "model_type": "gemma2",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 120,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "query_pre_attn_scalar": 32,
+        "sliding_window": 16,
+        "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+        "attn_logit_softcapping": 50.0,
+        "final_logit_softcapping": 30.0,
+        "max_position_embeddings": 256,
+        "tie_word_embeddings": True,
+    },
+    "gemma3_text": {
+        "model_type": "gemma3_text",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 120,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "query_pre_attn_scalar": 32,
+        "sliding_window": 16,
+        "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+        "max_position_embeddings": 256,
+        "tie_word_embeddings": True,
+    },
+    "phi3": {
+        "model_type": "phi3",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 120,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 256,
+        "original_max_position_embeddings": 256,
+        "sliding_window": 16,
+        "pad_token_id": 0,
+        "eos_token_id": 1,
+        "tie_word_embeddings": False,
+    },
+    "deepseek_v3": {
+        "model_type": "deepseek_v3",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 120,
+        "moe_intermediate_size": 24,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "q_lora_rank": 32,
+        "kv_lora_rank": 16,
+        "qk_nope_head_dim": 16,
+        "qk_rope_head_dim": 8,
+        "v_head_dim": 16,
+        "n_routed_experts": 8,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 2,
+        "n_group": 2,
+        "topk_group": 1,
+        "first_k_dense_replace": 1,
+        "max_position_embeddings": 256,
+        "tie_word_embeddings": False,
+    },
+}
+
+
+def text_config(config: dict) -> tuple[str, dict]:
+    """(model_type, kwargs for ``AutoConfig.for_model``) of a config.json dict (not modified);
+    descends into ``text_config`` for multimodal wrappers (gemma3 -> gemma3_text)."""
+    cfg = copy.deepcopy(dict(config))
+    model_type = cfg.pop("model_type", None)
+    if isinstance(cfg.get("text_config"), dict):
+        text = copy.deepcopy(cfg["text_config"])
+        ttype = text.pop("model_type", None) or {"gemma3": "gemma3_text"}.get(model_type, f"{model_type}_text")
+        # a few top-level fields matter for the text model too
+        for k in ("tie_word_embeddings", "vocab_size"):
+            if k in cfg and k not in text:
+                text[k] = cfg[k]
+        return ttype, text
+    if not model_type:
+        raise ConfigError("config has no 'model_type'", "pass a Hugging Face config.json")
+    return model_type, cfg
+
+
+_TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             head_dim=16, vocab_size=512)
+
+
+def tiny_config(config: dict) -> dict:
+    """A tiny config of the same family (hidden 64, 2 layers, 4 heads, vocab 512, ...).
+
+    Structural switches of the original (biases, tied embeddings, qk-norm, sliding windows,
+    MoE/MLA, soft-capping) are kept; only sizes shrink, so the same code paths run.
+    """
+    model_type, cfg = text_config(config)
+    out = dict(cfg)
+    out.update(_TINY)
+    heads = cfg.get("num_attention_heads") or 1
+    kv = cfg.get("num_key_value_heads") or heads
+    out["num_key_value_heads"] = 4 if kv >= heads else (1 if kv == 1 else 2)
+    if isinstance(out.get("max_position_embeddings"), int):
+        out["max_position_embeddings"] = max(4096, min(out["max_position_embeddings"], 131072))
+    for k, v in (("num_local_experts", 4), ("num_experts", 4), ("n_routed_experts", 4)):
+        if cfg.get(k):
+            out[k] = v
+    if cfg.get("num_experts_per_tok"):
+        out["num_experts_per_tok"] = 2
+    if cfg.get("moe_intermediate_size"):
+        out["moe_intermediate_size"] = 32
+    if cfg.get("n_shared_experts"):
+        out["n_shared_experts"] = 1
+    if cfg.get("n_group"):
+        out["n_group"], out["topk_group"] = 1, 1
+    if cfg.get("first_k_dense_replace"):
+        out["first_k_dense_replace"] = 1
+    if cfg.get("kv_lora_rank"):
+        out.update(kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16)
+        out["head_dim"] = 8
+        if cfg.get("q_lora_rank"):
+            out["q_lora_rank"] = 32
+    if isinstance(cfg.get("layer_types"), list):
+        out["layer_types"] = cfg["layer_types"][:2] if len(cfg["layer_types"]) >= 2 else cfg["layer_types"]
+    if isinstance(cfg.get("mlp_only_layers"), list):
+        out["mlp_only_layers"] = [i for i in cfg["mlp_only_layers"] if i < 2]
+    if cfg.get("max_window_layers") is not None:
+        out["max_window_layers"] = min(int(cfg["max_window_layers"]), 2)
+    if cfg.get("query_pre_attn_scalar"):
+        out["query_pre_attn_scalar"] = 16
+    for k in ("torch_dtype", "dtype", "bos_token_id", "eos_token_id", "pad_token_id"):
+        out.pop(k, None)  # token ids of the real vocabulary do not fit the tiny one
+    out["model_type"] = model_type
+    return out

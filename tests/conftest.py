@@ -1,0 +1,37 @@
+"""Shared test setup.
+
+* ``tests/`` is on ``sys.path`` for every test module, also those in sub-folders, so helper
+  modules kept here (``_check_catalog_params.py``, ...) import the same from anywhere.
+* The ``slow`` marker (registered in pyproject.toml) goes on the long benchmark-style and
+  end-to-end tests listed in :data:`SLOW`. They run by default, as CI runs everything;
+  ``pytest -m "not slow"`` leaves them out for a quick loop.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+#: node-id fragments of the slow tests (each takes 15-45 s on the 2-core CI machine)
+SLOW = (
+    "test_accuracy_bench.py::",  # runs benchmarks/accuracy.py end to end, with and without peers
+    "test_train.py::test_train_full_chat_end_to_end",  # real TRL training runs on CPU
+    "test_train.py::test_train_lora_end_to_end",
+    "test_measure_run.py::test_matrix_resumes_and_builds_once",  # a resumable measurement campaign
+    "test_planner.py::test_adding_an_offer_never_makes_best_worse",  # searches over random offer sets
+    "test_planner.py::test_constraints_and_pareto",
+    "test_planner.py::test_cost_is_price_times_gpus_times_time",
+    "test_plot.py::test_recommend_png_and_svg",  # a full search, then matplotlib
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if any(s in item.nodeid for s in SLOW):
+            item.add_marker(pytest.mark.slow)

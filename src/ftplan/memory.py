@@ -22,7 +22,7 @@ from fractions import Fraction
 from .catalog.constants import MemoryConstants, memory_constants
 from .job import PRECISIONS, Job, Layout, lora_targets, lora_wraps_experts, validate_job
 from .model import FAMILIES, LayerGroup, LinearSpec, MlpSpec, ModelSpec, MoeSpec
-from .sharding import layout_memory, quant_state_bytes
+from .sharding import activation_job, layout_memory, quant_state_bytes
 from .units import dtype_bytes
 
 __all__ = [
@@ -709,10 +709,7 @@ def estimate_memory(
 
     # FSDP's mixed precision and DeepSpeed's bf16 mode run the model on compute-dtype weights:
     # activations are those of pure compute-dtype training
-    act_job = job
-    if lm.pure_compute_dtype and job.precision.endswith("-mixed"):
-        act_job = job.with_(precision=job.precision[: -len("-mixed")])
-    saved, logits_saved, transient = _activations(model, act_job, layout, backend)
+    saved, logits_saved, transient = _activations(model, activation_job(job, lm), layout, backend)
     transient += lm.transient + lm.autograd_held
     if job.optimizer == "paged_adamw_8bit":
         notes.append("paged optimizer: states can be evicted to host under pressure")

@@ -40,7 +40,7 @@ from .job import PRECISIONS, Job, Layout, lora_targets, lora_wraps_experts
 from .model import LayerGroup, LinearSpec, ModelSpec, attention_linears, mlp_linears
 from .units import dtype_bytes
 
-__all__ = ["LayoutMemory", "layout_memory", "fsdp_units", "fsdp2_transient_bytes", "Tensor", "Unit",
+__all__ = ["LayoutMemory", "layout_memory", "activation_job", "fsdp_units", "fsdp2_transient_bytes", "Tensor", "Unit",
            "layer_linears", "quant_state_bytes"]
 
 
@@ -123,12 +123,30 @@ class LayoutMemory:
     transient: Fraction  # engine transient peak during forward/backward (not resident)
     step_transient: Fraction  # engine temporaries of the optimizer step (ZeRO fp32 gradients)
     host: Fraction  # offloaded to CPU RAM
-    #: activations run in the compute dtype (FSDP mixed precision / DeepSpeed bf16 cast the weights)
+    #: activations run in the compute dtype (FSDP mixed precision / DeepSpeed bf16 cast the weights;
+    #: sharded QLoRA computes on compute-dtype non-quantized weights)
     pure_compute_dtype: bool = False
     notes: tuple[str, ...] = field(default=())
     #: gradient bytes autograd holds outside the engine during backward (FSDP2, tied embeddings:
     #: the lm_head's contribution waits for the embedding's); part of the peak, not of ``transient``
     autograd_held: Fraction = Fraction(0)
+
+
+def activation_job(job: Job, lm: "LayoutMemory") -> Job:
+    """The job whose single-GPU activations the engine's forward matches: FSDP's mixed precision
+    (``param_dtype``) and DeepSpeed's bf16 mode run the model on compute-dtype weights, like pure
+    compute-dtype training (no autocast copies, a compute-dtype residual stream); sharded QLoRA
+    computes on compute-dtype non-quantized weights (TRL skips ``prepare_model_for_kbit_training``
+    for a float quant storage, and FSDP gathers in ``param_dtype`` anyway), like LoRA on a
+    compute-dtype base."""
+    if not lm.pure_compute_dtype:
+        return job
+    compute = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}
+    if job.method == "qlora":
+        return job.with_(method="lora", precision=compute[job.quant.compute_dtype])
+    if job.precision.endswith("-mixed"):
+        return job.with_(precision=job.precision[: -len("-mixed")])
+    return job
 
 
 # ---------------------------------------------------------------------------------------------
@@ -265,10 +283,11 @@ def fsdp2_transient_bytes(units: list[Unit], n: int, *, param_b: Fraction, reduc
     * backward: the unit's unsharded gradients (``param_dtype``); at pre-backward the next unit
       is prefetched (all-gather input + output); post-backward reshards, frees the previous unit's
       reduce-scatter input (``reduce_scatter_max_input_buffers = 1``), allocates the padded
-      reduce-scatter input (``reduce_dtype``), frees the unsharded gradients, allocates the
-      reduce-scatter output (a shard) and its cast to the parameter dtype (a temporary, then the
-      kept sharded gradient, counted as resident gradients). HSDP all-reduces the output and keeps
-      it until the next unit's reduction.
+      reduce-scatter input (``reduce_dtype``), frees the unsharded gradients (the last one the
+      autograd engine still holds is freed after the reduction), allocates the reduce-scatter
+      output (a shard; gloo works on a copy of the input, NCCL does not) and casts it to the
+      parameter dtype: the kept sharded gradient (resident, not transient). HSDP all-reduces the
+      output and keeps it until the next unit's reduction.
 
     ``root_output_b``: the root's output cast (``output_dtype``: the loss in bf16, 2 bytes).
     """
@@ -289,8 +308,11 @@ def fsdp2_transient_bytes(units: list[Unit], n: int, *, param_b: Fraction, reduc
         rs_in = gpad * reduce_b
         rs_out = gpad * reduce_b / n
         orig_b = max((t.nbytes for t in u.tensors if t.trainable), default=reduce_b)
-        cast = gpad * orig_b / n if orig_b != reduce_b else 0
-        return unsh, pad, shard_in, h2d, g, rs_in, rs_out, cast
+        if orig_b == reduce_b:
+            rs_out = 0  # the reduce-scatter output is the kept sharded gradient (resident)
+        # gloo's reduce_scatter works on a copy of the input (NCCL reduce-scatters in place)
+        comm_copy = rs_in if backend == "cpu" else 0
+        return unsh, pad, shard_in, h2d, g, rs_in, rs_out, comm_copy
 
     def gather(u: Unit) -> Fraction:
         unsh, pad, shard_in, h2d, *_ = sizes(u)
@@ -343,8 +365,8 @@ def fsdp2_transient_bytes(units: list[Unit], n: int, *, param_b: Fraction, reduc
             s.add(rs_in)
             s.add(-(g - late))
             s.add(rs_out)
-            s.add(cast)
-            s.add(-cast)  # the kept fp32 shard is a resident gradient
+            s.add(cast)  # (the backend's copy of the input)
+            s.add(-cast)  # then the cast to the parameter dtype: the kept, resident sharded gradient
             if hsdp:  # all-reduced across replicas in place, held until the next reduction
                 held_rs = rs_in + rs_out
             else:
@@ -426,7 +448,7 @@ def layout_memory(model: ModelSpec, job: Job, layout: Layout, st, consts: Memory
                                               offload=layout.offload_params, backend=backend,
                                               root_output_b=c if mixed else 0)
         else:
-            transient = _fsdp1_transient(units, n, pb, rb, layout)
+            transient = _fsdp1_transient(units, n, pb, rb, layout, backend)
         host = zero
         if layout.offload_params:
             host = frozen + trainable + grads + opt
@@ -435,7 +457,7 @@ def layout_memory(model: ModelSpec, job: Job, layout: Layout, st, consts: Memory
                          "(step on the CPU) in host RAM")
         held = sum(u.held * u.count for u in units) * pb if eng == "fsdp2" else zero
         return LayoutMemory(frozen / mp, trainable / mp, zero, grads / mp, opt / mp, zero, transient / mp,
-                            zero, host / mp, mixed, tuple(notes), held / mp)
+                            zero, host / mp, mixed or job.method == "qlora", tuple(notes), held / mp)
 
     # DeepSpeed ZeRO
     stage = int(layout.strategy[-1])
@@ -448,8 +470,11 @@ def layout_memory(model: ModelSpec, job: Job, layout: Layout, st, consts: Memory
         frozen_w = Fraction(st.params_total) * c  # the module is cast to bf16 (it already is)
     part = Fraction(_aligned(n_train, n), n)  # elements of this rank's flat partition
     master = part * master_b
-    opt = part * per_elem_opt + _opt_per_tensor(job)
-    bucket = _ds_reduce_bucket(model, consts) * c
+    # DeepSpeed's optimizer steps one flat fp32 partition per group (FusedAdam keeps its step count
+    # as a Python int): no per-tensor step scalars
+    opt = part * per_elem_opt
+    bucket = _ds_reduce_bucket(model, consts)
+    largest = _largest_trainable_tensor(model, job) * c
     grads_part = part * c
     step_tmp = part * 4 if mixed else zero  # fp32 gradient partition built for the step
     host = zero
@@ -458,32 +483,39 @@ def layout_memory(model: ModelSpec, job: Job, layout: Layout, st, consts: Memory
         trainable = train_w
         frozen = frozen_w
         grads = grads_part
-        transient = _largest_trainable_tensor(model, job) * c + 2 * bucket
+        # the largest gradient and its copy into the reduction (ZeRO-1 accumulates in fp32) and
+        # the two ipg buckets (overlap_comm); an upper bound by at most the largest gradient
+        red_b = Fraction(4) if stage == 1 else c
+        transient = largest + _largest_trainable_tensor(model, job) * red_b + 2 * bucket * red_b
     else:
         persist_elems = _ds_persistent_elems(model, job, consts)
         trainable = part * wb + persist_elems * wb
         frozen = frozen_w / n if frozen_w else zero
         grads = zero
-        buf = grads_part + bucket  # persistent gradient partition buffer and ipg bucket
-        # modules are gathered as they run; the next ones are prefetched
-        layer = _largest_unit_elems(model, job) * c
-        transient = layer + _ds_prefetch_elems(model, consts) * c + _largest_trainable_tensor(model, job) * c
+        buf = grads_part + bucket * c  # persistent gradient partition buffer and ipg bucket
+        # modules are gathered as they run and stay gathered while DeepSpeed's trace says they are
+        # reused within stage3_max_reuse_distance, up to stage3_max_live_parameters elements (both
+        # 1e9 in ftplan's ds_config.json); backward adds the largest gradient and its
+        # reduce-scatter copy (an upper bound by at most the largest gradient)
+        gatherable = _ds_gatherable_elems(model, job, consts)
+        transient = min(gatherable, consts.deepspeed_max_live_parameters) * c + 2 * largest
     if layout.offload_optimizer:
-        host += master + opt + step_tmp
+        # fp32 master, AdamW states and fp32 gradient partitions (DeepSpeed keeps an accumulation
+        # copy of them too: ZeRO-3 in the compute dtype, ZeRO-1/2 in fp32) live in host RAM
+        host += master + opt + part * 4 + (grads_part if stage == 3 else part * 4)
         master = opt = zero
         step_tmp = zero
         if stage == 3:
             buf -= grads_part
         else:
             grads = zero
-        host += grads_part * 2  # fp32 gradient partition on the host
         notes.append("deepspeed: optimizer offload keeps fp32 master weights, AdamW states and fp32 gradient "
                      "partitions in host RAM (the step runs on the CPU)")
     if layout.offload_params and stage == 3:
         host += trainable + frozen
         trainable = frozen = zero
     return LayoutMemory(frozen / mp, trainable / mp, master / mp, grads / mp, opt / mp, buf / mp, transient / mp,
-                        step_tmp / mp, host / mp, mixed, tuple(notes))
+                        step_tmp / mp, host / mp, mixed or (job.method == "qlora" and stage == 3), tuple(notes))
 
 
 def _aligned(numel: int, n: int) -> int:
@@ -516,27 +548,67 @@ def _flat_shard(units: list[Unit], n: int, trainable: bool) -> Fraction:
     return total
 
 
-def _fsdp1_transient(units: list[Unit], n: int, pb: Fraction, rb: Fraction, layout: Layout) -> Fraction:
-    """FSDP1 (FULL_SHARD, ``limit_all_gathers``, BACKWARD_PRE): the current unit's padded flat
-    parameter in ``param_dtype`` and its low-precision shard copy, the prefetched next unit, the
-    unsharded flat gradient and the padded reduce-scatter input; SHARD_GRAD_OP keeps gathered
-    units until backward."""
-    flat = []
+def _fsdp1_transient(units: list[Unit], n: int, pb: Fraction, rb: Fraction, layout: Layout,
+                     backend: str = "cuda") -> Fraction:
+    """FSDP1 (``FullyShardedDataParallel``, ``use_orig_params=False``, BACKWARD_PRE,
+    ``limit_all_gathers``): per unit one flat parameter padded to a multiple of the shard degree.
+    Unshard: the low-precision copy of this rank's shard (``_mp_shard``), the padded flat parameter
+    in ``param_dtype`` (``_full_param_padded``), then the shard copy is freed; the root unit (the
+    embedding, final norm and lm_head) stays gathered from its forward to the end of backward;
+    FULL_SHARD frees a layer after its forward (SHARD_GRAD_OP keeps it). Backward of a layer: the
+    previous layer is prefetched, the flat gradient (``param_dtype``) is made, the layer is
+    resharded, the reduce-scatter output (a shard, ``reduce_dtype``; gloo works on a copy of the
+    input) is cast to the fp32 sharded gradient (resident), then the flat gradient is freed."""
+    s = _Sim()
+    seq: list[Unit] = []
     for u in units:
-        numel = sum(t.numel for t in u.tensors)
-        g = sum(t.numel for t in u.tensors if t.trainable)
-        flat += [(-(-numel // n) * n, -(-g // n) * n if g else 0)] * u.count
-    if not flat:
+        seq += [u] * u.count
+    if not seq:
         return Fraction(0)
-    big = max(f for f, _ in flat)
-    gbig = max(g for _, g in flat)
-    fwd = 2 * big * pb + Fraction(big, n) * pb
-    if not layout.reshard_after_forward:
-        fwd = sum(f for f, _ in flat) * pb + Fraction(big, n) * pb
-    bwd = 2 * big * pb + gbig * pb + gbig * rb + Fraction(gbig, n) * 4
-    if not layout.reshard_after_forward:
-        bwd += sum(f for f, _ in flat) * pb - 2 * big * pb
-    return max(fwd, bwd)
+    root = seq[-1]
+    layers = seq[:-1]
+
+    def flat(u: Unit, trainable: bool | None = None) -> int:
+        numel = sum(t.numel for t in u.tensors if trainable is None or t.trainable == trainable)
+        return -(-numel // n) * n if numel else 0
+
+    def gather(u: Unit) -> Fraction:
+        full = flat(u) * pb
+        s.add(full / n)
+        s.add(full)
+        s.add(-full / n)
+        return full
+
+    root_full = gather(root)
+    full = {}
+    for i, u in enumerate(layers):
+        full[i] = gather(u)
+        if layout.reshard_after_forward:
+            s.add(-full[i])
+            full[i] = Fraction(0)
+
+    def reduce(u: Unit, keep: Fraction) -> None:
+        g = flat(u, True)
+        if not g:
+            return
+        s.add(g * pb)  # the flat gradient
+        s.add(-keep)  # reshard after backward
+        s.add(Fraction(g, n) * rb)  # reduce-scatter output
+        copy = g * rb if backend == "cpu" else 0
+        s.add(copy)
+        s.add(-copy)
+        s.add(-Fraction(g, n) * rb)  # cast to the fp32 sharded gradient (resident)
+        s.add(-g * pb)
+
+    for i in range(len(layers) - 1, -1, -1):
+        if not full[i]:
+            full[i] = gather(layers[i])
+        if i - 1 >= 0 and not full[i - 1]:
+            full[i - 1] = gather(layers[i - 1])
+        reduce(layers[i], full[i])
+        full[i] = Fraction(0)
+    reduce(root, root_full)
+    return s.peak
 
 
 def _largest_trainable_tensor(model: ModelSpec, job: Job) -> int:
@@ -544,18 +616,15 @@ def _largest_trainable_tensor(model: ModelSpec, job: Job) -> int:
     return max((t.numel for u in fsdp_units(model, job) for t in u.tensors if t.trainable), default=0)
 
 
-def _largest_unit_elems(model: ModelSpec, job: Job) -> int:
-    """Elements of the largest decoder layer (ZeRO-3 gathers a layer's modules as they run)."""
-    return max((u.numel() for u in fsdp_units(model, job) if u.name.startswith("layer")), default=0)
-
-
 def _ds_reduce_bucket(model: ModelSpec, consts: MemoryConstants) -> int:
     """``reduce_bucket_size`` elements: HF Trainer's ``auto`` (hidden_size^2), what ftplan exports."""
     return int(consts.deepspeed_auto_reduce_bucket_h2 * model.hidden_size ** 2)
 
 
-def _ds_prefetch_elems(model: ModelSpec, consts: MemoryConstants) -> int:
-    return int(consts.deepspeed_auto_prefetch_bucket_h2 * model.hidden_size ** 2)
+def _ds_gatherable_elems(model: ModelSpec, job: Job, consts: MemoryConstants) -> int:
+    """Elements ZeRO-3 gathers (every parameter above the persistence threshold)."""
+    limit = consts.deepspeed_auto_persistence_h * model.hidden_size if not job.uses_lora else 0
+    return sum(t.numel * u.count for u in fsdp_units(model, job, "fsdp2") for t in u.tensors if t.numel > limit)
 
 
 def _ds_persistent_elems(model: ModelSpec, job: Job, consts: MemoryConstants) -> int:

@@ -26,6 +26,7 @@ _REQUIRED = (
     "deepspeed_auto_reduce_bucket_h2",
     "deepspeed_auto_prefetch_bucket_h2",
     "deepspeed_auto_persistence_h",
+    "deepspeed_max_live_parameters",
 )
 
 
@@ -44,6 +45,7 @@ class MemoryConstants:
     deepspeed_auto_reduce_bucket_h2: float = 1.0
     deepspeed_auto_prefetch_bucket_h2: float = 0.9
     deepspeed_auto_persistence_h: float = 10.0
+    deepspeed_max_live_parameters: int = 1_000_000_000
 
     def context_bytes(self, vendor: str | None) -> int:
         return self.cuda_context_bytes_amd if (vendor or "").lower() == "amd" else self.cuda_context_bytes

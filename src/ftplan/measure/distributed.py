@@ -157,6 +157,8 @@ _OWNER_PATHS = (
     ("/torch/distributed/fsdp/", "fsdp1"),
     ("/torch/nn/parallel/distributed", "ddp"),
     ("/torch/distributed/optim/", "optim"),
+    # ZeRO-3 replaces F.linear with its own autograd function: the outputs are the model's
+    ("/deepspeed/runtime/zero/linear.py", "model"),
     ("/deepspeed/runtime/zero/", "deepspeed"),
     # DeepSpeed's engine forward/backward wrap the model's own (autograd's backward allocations
     # have no Python frame of their own): the innermost frame decides
@@ -196,7 +198,7 @@ def _make_tracker_class():
                 for part, owner in _OWNER_PATHS:
                     if part in fn:
                         if self.where is not None:
-                            self.where[self._seq + 1] = f"{fn.rsplit('/', 1)[-1]}:{f.f_lineno}:{f.f_code.co_name}"
+                            self.where[self._seq] = f"{fn.rsplit('/', 1)[-1]}:{f.f_lineno}:{f.f_code.co_name}"
                         return owner
                 f = f.f_back
             return "other"
@@ -452,7 +454,10 @@ def _wrap_fsdp1(case: Case, model):
     from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 
     if case.offload_params:
-        torch.Tensor.pin_memory = lambda self, *a, **k: self  # CPU stand-in: no pinned memory
+        # CPU stand-ins: no pinned memory, and the "device" stream has nothing to wait for
+        torch.Tensor.pin_memory = lambda self, *a, **k: self
+        if not hasattr(torch.cpu.Stream, "synchronize"):
+            torch.cpu.Stream.synchronize = lambda self: None
     layer_cls = {type(layer) for layer in _decoder_layers(model)}
     m = FSDP(model, auto_wrap_policy=functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=layer_cls),
              sharding_strategy=ShardingStrategy.FULL_SHARD if case.reshard_after_forward

@@ -106,7 +106,10 @@ def _check(case: Case, world: int, m: RankMeasure) -> list[str]:
         if case.offload_params:
             # on CPU the host and the "device" are one memory: the offloaded shards are measured
             # where the engine keeps them, and all of them are host bytes
-            eq("host", m.host - cast / 2, p["host"], cast / 2)
+            # (on some ranks gloo's work object still references the last unit's reduce-scatter
+            # input when backward ends: at most one unit's unsharded bf16 gradients)
+            slack = BOUNDS["offload_last_reduce"](case)
+            eq("host", m.host - (cast + slack) / 2, p["host"], (cast + slack) / 2)
             assert p["frozen"] == p["trainable"] == p["grads"] == p["optimizer"] == 0
             if eng == "fsdp1":
                 # FSDP1's offload keeps one more fp32 gradient shard (its CPU gradient buffer next
@@ -149,7 +152,8 @@ def _check(case: Case, world: int, m: RankMeasure) -> list[str]:
                 # partition buffer and ipg bucket for the whole run
                 eq("params + persistent", m.params + m.engine_persistent + m.grads,
                    params + p["buffers"] + p["grads"], BOUNDS["ds_persistent"](case))
-            # the formula is an upper bound by at most the largest gradient (see sharding.py)
+            # the formula is an upper bound, by at most twice the largest gradient (see sharding.py
+            # and BOUNDS): 0 <= predicted - measured <= lg (+ DeepSpeed's scalars either way)
             eq("transient (upper bound)", m.engine_transient_peak, p["transient"] - lg / 2, lg / 2 + BOUNDS["ds_scalars"])
     return bad
 
@@ -164,6 +168,8 @@ BOUNDS = {
     "fsdp_scalars": 16,
     # FSDP1 MixedPrecision(buffer_dtype=bf16): a bf16 copy of the rotary inv_freq buffers (0-64 B)
     "fsdp1_buffer_cast": 64,
+    # CPU offload on the CPU stand-in: the last unit's reduce-scatter input may outlive backward
+    "offload_last_reduce": lambda case: _largest_unit_bf16(case),
     # DDP broadcasts the model's buffers every forward (the rotary inv_freq): a copy of them
     "ddp_buffer_broadcast": 128,
     # DeepSpeed: the loss scaler's scalars and flags (4-byte tensors) in backward
@@ -173,7 +179,8 @@ BOUNDS = {
     # ZeRO-3 gathers its persistent (small) parameters twice in the first steps, plus scalars
     "ds_persistent": lambda case: 1024,
     # DeepSpeed's backward transient depends on where the largest gradient falls among the
-    # buckets and gathered modules: the formula counts it twice, the run holds it once or twice
+    # buckets and gathered modules and on which rank owns its partition: the formula counts it
+    # (and its reduction copy) in full, a rank holds part of it, or none
     "ds_largest_grad": lambda case: _ds_largest_grad(case),
     # optimizer offload: DeepSpeed's host-side accumulation buffers beyond the fp32 partitions
     # (ZeRO-1/2: up to two fp32 buckets), plus scalars
@@ -181,12 +188,21 @@ BOUNDS = {
 }
 
 
+def _largest_unit_bf16(case: Case) -> int:
+    from ftplan.sharding import fsdp_units
+
+    spec = model_from_config(TR.TINY_CONFIGS[case.family])
+    return 2 * max(u.numel() for u in fsdp_units(spec, case.job(), case.engine))
+
+
 def _ds_largest_grad(case: Case) -> int:
     from ftplan.sharding import fsdp_units
 
     spec = model_from_config(TR.TINY_CONFIGS[case.family])
     units = fsdp_units(spec, case.job())
-    return 2 * max(t.numel for u in units for t in u.tensors if t.trainable)
+    # bf16 gradient + its reduction copy (fp32 in ZeRO-1)
+    per = 2 + (4 if case.zero_stage == 1 else 2)
+    return per * max(t.numel for u in units for t in u.tensors if t.trainable)
 
 
 def _failures(cases, world, results) -> list[str]:

@@ -31,7 +31,6 @@ held against real multi-process gloo runs by ``tests/test_distributed_memory.py`
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from fractions import Fraction
 

@@ -53,7 +53,7 @@ from typing import Any
 __all__ = ["Case", "RankMeasure", "run_cases", "StorageTracker", "ENGINES"]
 
 #: engines a case can be run with
-ENGINES = ("ddp", "fsdp2", "fsdp1", "deepspeed", "torch_zero1")
+ENGINES = ("ddp", "fsdp2", "fsdp1", "deepspeed")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -384,13 +384,6 @@ def _wrap(case: Case, model, world: int, rank: int):
 
         m = DDP(model, gradient_as_bucket_view=case.ddp_bucket_view, bucket_cap_mb=case.ddp_bucket_cap_mb)
         return m, torch.optim.AdamW(trainable(m), lr=1e-4, fused=True), torch.bfloat16, extra
-    if case.engine == "torch_zero1":
-        from torch.distributed.optim import ZeroRedundancyOptimizer
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
-        m = DDP(model, gradient_as_bucket_view=case.ddp_bucket_view)
-        opt = ZeroRedundancyOptimizer(trainable(m), optimizer_class=torch.optim.AdamW, lr=1e-4, fused=True)
-        return m, opt, torch.bfloat16, extra
     if case.engine == "fsdp2":
         return _wrap_fsdp2(case, model, world) + (extra,)
     if case.engine == "fsdp1":
@@ -551,9 +544,6 @@ def _param_tensors(model, opt, case: Case) -> tuple[list, list, list, list]:
         for name in ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat"):
             master += list(getattr(zopt, name, []) or [])
         inner = zopt.optimizer
-    if hasattr(inner, "optim") and not hasattr(inner, "state_dict_hooks"):
-        inner = inner.optim  # ZeroRedundancyOptimizer keeps its local optimizer as .optim
-    inner = getattr(inner, "optim", inner)
     for st in inner.state.values():
         for v in st.values():
             if isinstance(v, torch.Tensor):

@@ -28,6 +28,7 @@ SLOW = (
     "test_planner.py::test_constraints_and_pareto",
     "test_planner.py::test_cost_is_price_times_gpus_times_time",
     "test_plot.py::test_recommend_png_and_svg",  # a full search, then matplotlib
+    "test_distributed_memory.py::",  # multi-process gloo runs (one 2-rank and one 4-rank spawn)
 )
 
 

@@ -1,6 +1,20 @@
-"""Fit memory-model constants from GPU measurement records, with a held-out check.
+"""Fit model constants: memory constants from GPU measurement records, or the runtime model's
+free constants from published throughput measurements.
 
     python scripts/calibrate.py [RECORDS.jsonl ...] [--holdout-every K] [--out FILE]
+    python scripts/calibrate.py runtime [--write] [RECORDS.jsonl ...]
+
+``runtime``: fits the few free constants of the step-time model (``FITTED_KEYS`` in
+``ftplan/catalog/efficiency.py``: per-family GEMM fraction for hopper/ampere/ada, the flash-attention
+and elementwise multipliers, per-op dispatch time, per-step overhead, overlap efficiency) on the
+calibration records of ``catalog/data/runtime_reference.json`` (plus ``ok`` CUDA ``ftplan measure``
+records with a measured tokens/s, when there are any), by coordinate descent on the mean squared
+log error with over-prediction (predicted faster than measured) weighted twice. The hold-out
+records are never used by the fit: their residuals give the uncertainty band (10th/90th
+percentile of log(measured / predicted step time)). With ``--write`` the fitted values (with their
+prior and the records used), the band and the fit summary are written into ``efficiency.json``.
+
+Memory mode (default):
 
 Fits, from the ``ok`` GPU records (CPU and tiny records are ignored):
 
@@ -77,6 +91,8 @@ def _errors(records: list[dict], consts) -> list[float]:
 
 
 def main(argv: list[str]) -> int:
+    if argv and argv[0] == "runtime":
+        return runtime_main(argv[1:])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("records", nargs="*")
     ap.add_argument("--holdout-every", type=int, default=5)
@@ -117,6 +133,181 @@ def main(argv: list[str]) -> int:
     }
     Path(a.out).write_text(json.dumps(doc, indent=2) + "\n")
     print(f"wrote {a.out}")
+    return 0
+
+
+
+# ---------------------------------------------------------------------------------------------
+# runtime calibration
+# ---------------------------------------------------------------------------------------------
+#: bounds of each fitted constant (the search stays inside them)
+RUNTIME_BOUNDS = {
+    "gemm.training_scale": (0.4, 1.3),
+    "attention.flash_scale": (0.3, 2.0),
+    "elementwise.scale": (0.2, 3.0),
+    "host.dispatch_s_per_op": (1e-6, 5e-5),
+    "host.step_fixed_s": (0.0, 0.2),
+    "comm.overlap_efficiency": (0.5, 1.0),
+}
+OVER_WEIGHT = 2.0  # over-prediction (the direction in which a user under-budgets) costs double
+
+
+def _get(data: dict, key: str) -> float:
+    cur = data
+    for part in key.split("."):
+        cur = cur[part]
+    return cur["value"] if isinstance(cur, dict) else cur
+
+
+def _set(data: dict, key: str, value: float) -> None:
+    cur = data
+    parts = key.split(".")
+    for part in parts[:-1]:
+        cur = cur[part]
+    if isinstance(cur[parts[-1]], dict):
+        cur[parts[-1]]["value"] = value
+    else:
+        cur[parts[-1]] = value
+
+
+def _measurement_refs(paths: list[Path]):
+    """``ok`` CUDA ``ftplan measure`` records with a measured tokens/s, as calibration references."""
+    from ftplan.catalog.gpus import load_gpus, resolve_gpu_name
+    from ftplan.catalog.runtime_reference import Reference
+
+    if not paths:
+        return []
+    records, problems = load_records(paths, strict_files=False)
+    for p in problems:
+        print(f"warning: {p}", file=sys.stderr)
+    gpus = load_gpus()
+    out = []
+    for i, r in enumerate(records):
+        run = r.get("run") or {}
+        m = r.get("measured") or {}
+        if r.get("outcome") != "ok" or run.get("device") != "cuda" or run.get("tiny") or not m.get("tokens_per_s"):
+            continue
+        try:
+            gpu = resolve_gpu_name((r.get("env") or {}).get("gpu_name") or "", gpus)
+        except Exception:  # noqa: BLE001 - an unknown GPU name: the record cannot be predicted
+            print(f"warning: record {i}: GPU {(r.get('env') or {}).get('gpu_name')!r} not in the catalog", file=sys.stderr)
+            continue
+        lay = r.get("layout") or {}
+        world = lay.get("gpus_per_node", 1) * lay.get("nodes", 1)
+        job = {k: v for k, v in r["job"].items()}
+        out.append(Reference(
+            id=f"measure-{i}-{r.get('key', '')}", source="ftplan-measure", split="calibration",
+            model={"name": r["model"].get("name"), "config": r["model"]["config"]}, job=job, layout=lay,
+            gpu=gpu, gpu_overrides={}, inter_node_gbps=None, measured_tps_per_gpu=m["tokens_per_s"] / world,
+            reported=f"ftplan measure: median step {m.get('median_step_s')} s", exclude=None, raw=r))
+    return out
+
+
+def _loss(outcomes) -> float:
+    tot = 0.0
+    for o in outcomes:
+        lr = o.log_ratio
+        tot += lr * lr * (OVER_WEIGHT if lr > 0 else 1.0)
+    return tot / max(1, len(outcomes))
+
+
+def runtime_main(argv: list[str]) -> int:
+    import math
+
+    from ftplan.catalog.efficiency import FITTED_KEYS, load_efficiency_data, parse_efficiency
+    from ftplan.catalog.runtime_reference import quantile, error_stats, evaluate, load_reference
+
+    ap = argparse.ArgumentParser(prog="calibrate.py runtime", description="fit the runtime model's free constants")
+    ap.add_argument("records", nargs="*", help="ftplan measure JSONL files (default: benchmarks/measurements/*.jsonl)")
+    ap.add_argument("--write", action="store_true", help="write the fit into src/ftplan/catalog/data/efficiency.json")
+    ap.add_argument("--sweeps", type=int, default=6, help="coordinate-descent sweeps (6: what efficiency.json holds)")
+    a = ap.parse_args(argv)
+
+    data = load_efficiency_data()
+    refs = load_reference()
+    paths = [Path(p) for p in a.records] or sorted((ROOT / "benchmarks" / "measurements").glob("*.jsonl"))
+    extra = _measurement_refs(paths)
+    calib = [r for r in refs if r.split == "calibration" and not r.exclude] + extra
+    held = [r for r in refs if r.split == "holdout" and not r.exclude]
+    print(f"{len(calib)} calibration records ({len(extra)} from ftplan measure), {len(held)} held out")
+
+    work = json.loads(json.dumps(data))
+    for k in FITTED_KEYS:  # start from the priors, not from a previous fit
+        cur = work
+        for part in k.split("."):
+            cur = cur[part]
+        if "prior" in cur:
+            cur["value"] = cur["prior"]
+
+    def loss_at(key: str, value: float) -> float:
+        _set(work, key, value)
+        return _loss(evaluate(calib, parse_efficiency(work)))
+
+    best = _loss(evaluate(calib, parse_efficiency(work)))
+    print(f"loss at priors {best:.5f}")
+    for sweep in range(a.sweeps):
+        for key in FITTED_KEYS:
+            lo, hi = RUNTIME_BOUNDS[key]
+            x0 = _get(work, key)
+            # golden-section search on log(value) (linear for ranges that include 0)
+            logscale = lo > 0
+            f = (math.log if logscale else (lambda v: v))
+            finv = (math.exp if logscale else (lambda v: v))
+            a_, b_ = f(lo), f(hi)
+            g = (math.sqrt(5) - 1) / 2
+            c, d = b_ - g * (b_ - a_), a_ + g * (b_ - a_)
+            fc, fd = loss_at(key, finv(c)), loss_at(key, finv(d))
+            for _ in range(28):
+                if fc < fd:
+                    b_, d, fd = d, c, fc
+                    c = b_ - g * (b_ - a_)
+                    fc = loss_at(key, finv(c))
+                else:
+                    a_, c, fc = c, d, fd
+                    d = a_ + g * (b_ - a_)
+                    fd = loss_at(key, finv(d))
+            x = finv((a_ + b_) / 2)
+            lx = loss_at(key, x)
+            if lx > best:  # never worse than where the sweep started
+                _set(work, key, x0)
+            else:
+                best = lx
+        print(f"sweep {sweep + 1}: loss {best:.5f}  " + ", ".join(f"{k.split('.')[-1]}={_get(work, k):.4g}" for k in FITTED_KEYS))
+
+    eff = parse_efficiency(work)
+    oc, oh = evaluate(calib, eff), evaluate(held, eff)
+    lrs = [o.log_ratio for o in oh]
+    q = (0.1, 0.9)
+    band = (quantile(lrs, q[0]), quantile(lrs, q[1])) if lrs else (-0.25, 0.35)
+    summary = {"calibration": error_stats(oc), "holdout": error_stats(oh)}
+    print(json.dumps({k: {kk: round(vv, 4) for kk, vv in v.items()} for k, v in summary.items()}, indent=1))
+    print(f"band (held-out log(measured/predicted step) q10/q90): {band[0]:+.3f} / {band[1]:+.3f}")
+    if not a.write:
+        print("dry run: pass --write to store the fit in efficiency.json")
+        return 0
+    stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    used = [r.id for r in calib]
+    for k in FITTED_KEYS:
+        cur = data
+        for part in k.split("."):
+            cur = cur[part]
+        cur["value"] = round(_get(work, k), 6 if "dispatch" in k else 4)
+        cur["status"] = "calibrated"
+        cur["fitted"] = {"by": "scripts/calibrate.py runtime", "at": stamp, "records": len(used),
+                         "reference": "catalog/data/runtime_reference.json (split: calibration)"}
+    data["uncertainty"] = {
+        "log_low": round(band[0], 4), "log_high": round(band[1], 4), "quantiles": list(q), "n": len(lrs),
+        "source": "10th/90th percentile of log(measured / predicted step time) over the held-out records of runtime_reference.json after the fit (scripts/calibrate.py runtime)",
+        "status": "calibrated",
+    }
+    data["calibration"] = {
+        "by": "scripts/calibrate.py runtime", "at": stamp, "objective": f"mean squared log error, over-prediction x{OVER_WEIGHT}",
+        "calibration_records": used, "holdout_records": [r.id for r in held],
+        "summary": {k: {kk: round(vv, 4) for kk, vv in v.items()} for k, v in summary.items()},
+    }
+    path = ROOT / "src" / "ftplan" / "catalog" / "data" / "efficiency.json"
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    print(f"wrote {path}")
     return 0
 
 

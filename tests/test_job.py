@@ -62,8 +62,10 @@ def test_lora_and_quant_options_only_when_used(llama):
 
 def test_future_methods_say_so(llama):
     got = _problems(llama, Job(method="nvfp4"))
-    assert got == {"method": ["method 'nvfp4' is not modelled yet (use method=full, lora or qlora (fp8/nvfp4 "
-                              "training are planned))"]}
+    # FP8/NVFP4 are precisions (ftplan.lowprec): the message points there
+    assert got == {"method": ["method 'nvfp4' is not modelled: FP8/NVFP4 are precisions, not methods (use "
+                              "method=full or lora with precision=nvfp4 (e.g. fp8-tensorwise, fp8-te-delayed, "
+                              "nvfp4-te, nvfp4-weight-only))"]}
 
 
 def test_hints_name_fields_and_render_as_flags(llama, mixtral):

@@ -54,7 +54,7 @@ def _run(family, method, ckpt, batch, seq, optimizer="adamw", attn=None, precisi
     casts = sum(x.nbytes for x in r.records if x.param_copy)  # autocast copies of trainable weights
     job = Job(method=method, precision=precision, micro_batch=batch, seq_len=seq,
               gradient_checkpointing=ckpt, attn_impl=attn, optimizer=optimizer,
-              lora=LoraSpec(r=8, alpha=16, dropout=dropout))
+              lora=LoraSpec(r=8, alpha=16, dropout=dropout), loss="hf")  # model(labels=...)
     return model_from_config(cfg), job, r, casts
 
 
@@ -146,5 +146,5 @@ def test_saved_activations_exact_qlora(family, ckpt):
             TR._model_dtype = orig
     casts = sum(x.nbytes for x in r.records if x.producer == "TBackward0")  # LoRA A/B bf16 copies
     job = Job(method="qlora", micro_batch=2, seq_len=24, gradient_checkpointing=ckpt, attn_impl=attn,
-              lora=LoraSpec(r=8, alpha=16, dropout=0.1))
+              lora=LoraSpec(r=8, alpha=16, dropout=0.1), loss="hf")
     assert saved_activation_bytes(model_from_config(cfg), job, backend="cpu") == r.saved_activation_bytes - casts

@@ -17,6 +17,7 @@ from ftplan.cli.options import add_options, values
 from ftplan.errors import ConfigError
 from ftplan.job import Job, Layout, LoraSpec, QuantSpec
 from ftplan.options import (
+    DATA_OPTIONS,
     FIT_OPTIONS,
     JOB_OPTIONS,
     LAYOUT_OPTIONS,
@@ -50,7 +51,7 @@ def _flags(parser: argparse.ArgumentParser, group: str) -> dict[str, set[str]]:
 
 
 def _schema_flags(table) -> dict[str, set[str]]:
-    return {o.name: {o.flag, *o.flags} for o in table if o.cli}
+    return {o.name: set(o.all_flags) for o in table if o.cli}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -88,11 +89,11 @@ def test_option_names_are_unique_and_well_formed():
 # CLI flags == schema
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("command, groups", [
-    ("estimate", {"job": JOB_OPTIONS, "layout": LAYOUT_OPTIONS}),
-    ("recommend", {"job": JOB_OPTIONS, "offers": OFFER_OPTIONS, "search": SEARCH_OPTIONS}),
-    ("compare", {"job": JOB_OPTIONS, "offers": OFFER_OPTIONS, "search": SEARCH_OPTIONS}),
+    ("estimate", {"job": JOB_OPTIONS, "layout": LAYOUT_OPTIONS, "data": DATA_OPTIONS}),
+    ("recommend", {"job": JOB_OPTIONS, "offers": OFFER_OPTIONS, "search": SEARCH_OPTIONS, "data": DATA_OPTIONS}),
+    ("compare", {"job": JOB_OPTIONS, "offers": OFFER_OPTIONS, "search": SEARCH_OPTIONS, "data": DATA_OPTIONS}),
     ("export", {"job": JOB_OPTIONS, "offers": OFFER_OPTIONS, "search": SEARCH_OPTIONS}),
-    ("fit", {"job": JOB_OPTIONS, "fit": FIT_OPTIONS}),
+    ("fit", {"job": JOB_OPTIONS, "fit": FIT_OPTIONS, "data": DATA_OPTIONS}),
     ("measure", {"job": JOB_OPTIONS, "layout": LAYOUT_OPTIONS}),
     ("train", {"job": JOB_OPTIONS, "layout": LAYOUT_OPTIONS}),
     ("offers", {"offers": OFFER_OPTIONS}),
@@ -108,8 +109,13 @@ def test_existing_flags_and_aliases_are_kept():
     assert {"--method", "--precision", "--optimizer", "--micro-batch", "--batch-size", "--seq-len", "--grad-accum",
             "--gradient-checkpointing", "--gc", "--attn", "--lora-r", "--lora-alpha", "--lora-dropout",
             "--lora-targets", "--quant-type", "--no-double-quant", "--compute-dtype", "--tokens", "--epochs",
-            "--gpus", "--nodes", "--strategy", "--offload-optimizer", "--offload-params", "--tp", "--pp",
-            "--fsdp-version", "--no-reshard", "--hsdp", "--ddp-bucket-view"} == flags
+            "--gpus", "--nodes", "--strategy", "--offload-optimizer", "--offload-params", "--tp", "--pp", "--ep",
+            "--fsdp-version", "--no-reshard", "--hsdp", "--ddp-bucket-view",
+            # checkpointing is on by default (TRL SFTConfig): the --no- forms turn it off
+            "--no-gradient-checkpointing", "--no-gc", "--checkpointing", "--checkpoint-every",
+            "--activation-offloading", "--loss", "--padding-free", "--packing",
+            # runtime-only job options (issue 15)
+            "--optimizer-impl", "--compile", "--torch-compile"} == flags
 
 
 def test_cli_values_build_the_job():
@@ -137,7 +143,7 @@ def test_web_request_fields_equal_the_schema():
     assert set(schemas.SearchRequest.model_fields) == (ref | web(JOB_OPTIONS) | web(SEARCH_OPTIONS)
                                                         | web(OFFER_OPTIONS))
     assert set(schemas.ExportRequest.model_fields) == (set(schemas.SearchRequest.model_fields)
-                                                        | {"plan_index", "alternatives", "dataset"})
+                                                        | {"plan_index", "alternatives", "dataset", "export_target"})
     assert set(schemas.FitRequest.model_fields) == ref | web(JOB_OPTIONS) | web(FIT_OPTIONS)
     # files are never web fields: the web app reads no server path
     assert not web(OFFER_OPTIONS) & {"offers", "skypilot_catalog", "no_bundled_offers"}
@@ -207,7 +213,7 @@ def test_schema_doc_is_json():
     assert doc["schema"] == "ftplan.options/1"
     assert [o["name"] for o in doc["groups"]["job"]] == [o.name for o in JOB_OPTIONS]
     seq = next(o for o in doc["groups"]["job"] if o["name"] == "seq_len")
-    assert seq["default"] == 2048 and seq["flag"] == "--seq-len" and seq["minimum"] == 1
+    assert seq["default"] == 1024 and seq["flag"] == "--seq-len" and seq["minimum"] == 1  # TRL max_length
 
 
 # ---------------------------------------------------------------------------------------------

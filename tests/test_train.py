@@ -67,7 +67,7 @@ CASES = {
               "FP16": False, "OPTIM": "adamw_torch_fused", "MICRO_BATCH": 4, "GRAD_ACCUM": 8,
               "MAX_LENGTH": 1024, "GRADIENT_CHECKPOINTING": True, "ATTN_IMPLEMENTATION": "flash_attention_2"}),
     "lora": (Job(method="lora", precision="bf16", optimizer="adafactor", micro_batch=2, seq_len=512,
-                 lora=LoraSpec(r=8, alpha=16, dropout=0.1, target_modules=("q_proj", "v_proj"))),
+                 gradient_checkpointing=False, lora=LoraSpec(r=8, alpha=16, dropout=0.1, target_modules=("q_proj", "v_proj"))),
              {"METHOD": "lora", "MODEL_DTYPE": "bfloat16", "TRAINABLE_DTYPE": "bfloat16", "BF16": False,
               "FP16": False, "OPTIM": "adafactor", "MICRO_BATCH": 2, "MAX_LENGTH": 512,
               "GRADIENT_CHECKPOINTING": False, "ATTN_IMPLEMENTATION": "sdpa", "LORA_R": 8, "LORA_ALPHA": 16,

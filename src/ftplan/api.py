@@ -26,6 +26,7 @@ from .errors import ConfigError, FtplanError, InfeasibleError, Problem
 from .job import Job, Layout, validate_job
 from .model import ModelSpec
 from .options import (
+    DATA_OPTIONS,
     FIT_OPTIONS,
     JOB_OPTIONS,
     LAYOUT_OPTIONS,
@@ -40,6 +41,7 @@ from .options import (
 
 __all__ = [
     "ModelRef",
+    "SearchCache",
     "resolve_model",
     "model_from_config",
     "build_job",
@@ -50,6 +52,8 @@ __all__ = [
     "recommend",
     "Comparison",
     "compare",
+    "ClaimsReport",
+    "claims",
     "FitReport",
     "fit",
     "Bundle",
@@ -161,6 +165,18 @@ class Estimate:
     layout: Layout
     memory: Any  # ftplan.memory.MemoryBreakdown
     gpu: Any = None  # ftplan.catalog.gpus.GpuSpec
+    #: the defaults the answer rests on (:class:`ftplan.advice.Assumption`)
+    assumptions: tuple = ()
+    #: with a GPU the job does not fit: the single changes that make it fit (:class:`ftplan.advice.Suggestion`)
+    advice: tuple = ()
+    dataset: Any = None  # ftplan.dataset.DatasetProfile (with ``dataset=``)
+    batches: Any = None  # ftplan.dataset.Batches: the memory is at its largest batch
+    #: with a GPU: step time, tokens/s, MFU and the calibrated band (ftplan.runtime.RuntimeEstimate)
+    runtime: Any = None
+    #: with a GPU and ``tokens``: the cheapest matching offer's plan (ftplan.planner.Plan), or why
+    #: not (ftplan.planner.Infeasible)
+    priced: Any = None
+    runtime_notes: tuple[str, ...] = ()
 
     @property
     def fits(self) -> bool | None:
@@ -172,25 +188,43 @@ class Estimate:
 
     def to_dict(self) -> dict[str, Any]:
         """The ``ftplan.estimate/1`` document."""
-        from .report import estimate_json
+        from .report import dataset_dict, estimate_json
 
-        return estimate_json(self.model, self.job, self.layout, self.memory, self.gpu)
+        doc = estimate_json(self.model, self.job, self.layout, self.memory, self.gpu, self.assumptions,
+                            self.advice, self.runtime, self.priced, self.runtime_notes)
+        if self.dataset is not None:
+            doc["dataset"] = dataset_dict(self.dataset, self.batches)
+        return doc
 
-    def text(self) -> str:
-        from .report import estimate_text
+    def text(self, renderer: Any = None) -> str:
+        """The text answer; ``renderer`` (:class:`ftplan.errors.Renderer`) writes option references
+        (the CLI's writes flags)."""
+        from .report import dataset_text, estimate_text
 
-        return estimate_text(self.model, self.job, self.layout, self.memory, self.gpu)
+        out = estimate_text(self.model, self.job, self.layout, self.memory, self.gpu, self.assumptions,
+                            self.advice, renderer, self.runtime, self.priced, self.runtime_notes)
+        if self.dataset is not None:
+            out += "\n" + dataset_text(self.dataset, self.batches)
+        return out
 
 
 def estimate(model: ModelRef, job: Job | None = None, layout: Layout | None = None, *, gpu: str | None = None,
-             **options: Any) -> Estimate:
-    """Per-GPU memory breakdown of a job (``ftplan estimate``). ``options``: job and layout options."""
+             offer_list: Sequence[Any] | None = None, **options: Any) -> Estimate:
+    """Per-GPU memory breakdown of a job (``ftplan estimate``). ``options``: job and layout
+    options, and data options (``dataset``, ``tokenizer``, ``batching``: the memory is then taken
+    at the largest batch the loader forms from the data, with ``seq_len`` as its max length).
+
+    With ``gpu``: also the runtime of this exact layout (step time, tokens/s, MFU, with the
+    calibrated band); with ``gpu`` and ``tokens``: hours and cost on the cheapest matching
+    on-demand offer (``offer_list``: these offers instead of the bundled catalog).
+    """
     from .memory import estimate_memory
 
-    jv, lv = split_values(options, JOB_OPTIONS, LAYOUT_OPTIONS)
+    jv, lv, dv = split_values(options, JOB_OPTIONS, LAYOUT_OPTIONS, DATA_OPTIONS)
     spec = resolve_model(model)
     probs = _Problems()
     j, lay = _job_layout(spec, job, layout, jv, lv, probs)
+    prof, batching = _dataset(dv, spec, probs)
     g = None
     if gpu:
         from .catalog.gpus import get_gpu
@@ -198,9 +232,78 @@ def estimate(model: ModelRef, job: Job | None = None, layout: Layout | None = No
         g = probs.run(lambda: get_gpu(gpu), "gpu")
     if j is not None and lay is not None:
         probs.run(lambda: validate_job(spec, j, lay))
+    if g is not None and j is not None and j.low_precision:
+        from .lowprec import check_gpu
+
+        probs.run(lambda: check_gpu(j, g), "precision")  # FP8/NVFP4 need the format's tensor cores
     probs.raise_any()
-    mem = estimate_memory(spec, j, lay, gpu_vendor=g.vendor if g is not None else "nvidia")
-    return Estimate(spec, j, lay, mem, g)
+    batches = None
+    mjob = j
+    if prof is not None:
+        from .dataset import simulate_batches
+
+        batches = simulate_batches(prof, batching, j.seq_len, j.micro_batch, grad_accum=j.grad_accum)
+        mjob = batches.memory_job(j)
+        if batches.padding_free:
+            mjob = mjob.with_(attn_impl="flash")
+    mem = estimate_memory(spec, mjob, lay, gpu_vendor=g.vendor if g is not None else "nvidia")
+    from .advice import fit_advice, job_assumptions
+
+    # a ready Job counts as set where it differs from the defaults; options count where given
+    given = {k for k, v in jv.items() if v is not None}
+    assumed = job_assumptions(j, lay, explicit=given if job is None else None)
+    if job is not None:
+        assumed = tuple(a for a in assumed if a.field not in given)
+    advice = fit_advice(spec, mjob, lay, g) if g is not None and not mem.fits(g.memory_bytes) else ()
+    if g is None:
+        return Estimate(spec, mjob, lay, mem, g, assumed, advice, prof, batches)
+    rt, priced, notes = _layout_runtime(spec, j, lay, g, offer_list)
+    return Estimate(spec, mjob, lay, mem, g, assumed, advice, prof, batches, runtime=rt, priced=priced,
+                    runtime_notes=notes)
+
+
+def _layout_runtime(spec: ModelSpec, job: Job, layout: Layout, gpu: Any, offer_list: Sequence[Any] | None):
+    """(runtime, priced plan or why not, notes) of one layout of one GPU."""
+    from .catalog.offers import filter_offers, load_offers
+    from .planner import Infeasible, platform_job, price_layout
+    from .runtime import estimate_runtime
+
+    notes: list[str] = []
+    gjob, pnotes, why = platform_job(job, gpu)
+    if gjob is None:
+        return None, None, (f"no runtime: {why}",)
+    notes += pnotes
+    offers = list(offer_list) if offer_list is not None else load_offers()
+    offers = filter_offers(offers, gpus=[gpu.name], pricing=None if offer_list is not None else ("on-demand",))
+    priced = price_layout(spec, gjob, layout, gpu, offers) if gjob.dataset_tokens else None
+    if priced is not None and not isinstance(priced, Infeasible):
+        return priced.runtime, priced, tuple(notes)
+    net = None
+    if layout.nodes > 1:  # the network comes from an offer: the cheapest one with one, if any
+        with_net = sorted((o for o in offers if o.inter_node_gbps and int(o.gpus_per_instance) >= layout.gpus_per_node),
+                          key=lambda o: o.usd_per_instance_hour)
+        if not with_net:
+            notes.append(f"no runtime: {layout.nodes} nodes need an offer of {gpu.name} with an inter-node network")
+            return None, priced, tuple(notes)
+        net = with_net[0]
+        notes.append(f"inter-node network of {net.provider} {net.sku}: {net.inter_node_gbps:g} Gb/s per instance")
+    return estimate_runtime(spec, gjob, layout, gpu, offer=net), priced, tuple(notes)
+
+
+def _dataset(dv: Mapping[str, Any], spec: ModelSpec, probs: _Problems) -> tuple[Any, str]:
+    """(the dataset's profile or None, the batching) from the data options."""
+    vals = probs.run(lambda: check_values(dv, DATA_OPTIONS)) or {}
+    batching = vals.get("batching") or "longest"
+    path = vals.get("dataset")
+    if not path:
+        if vals.get("tokenizer"):
+            probs.add("tokenizer", "a tokenizer needs a dataset to count", "pass `dataset=FILE`")
+        return None, batching
+    from .dataset import profile_dataset
+
+    prof = probs.run(lambda: profile_dataset(path, tokenizer=vals.get("tokenizer"), model_name=spec.name,
+                                             family=spec.family), "dataset")
+    return prof, batching
 
 
 # ---------------------------------------------------------------------------------------------
@@ -214,6 +317,9 @@ class Recommendation:
     job: Job
     plans: Any  # ftplan.planner.PlanSet
     top: int = 10
+    #: the export target the ranking is for (its files run every ranked layout); None: every layout
+    target: str | None = "accelerate"
+    dataset: Any = None  # ftplan.dataset.DatasetProfile (with ``dataset=``)
 
     @property
     def best(self):
@@ -221,9 +327,12 @@ class Recommendation:
 
     def to_dict(self) -> dict[str, Any]:
         """The ``ftplan.recommend/1`` document (``top`` plans, the Pareto frontier, why-not)."""
-        from .report import recommend_doc
+        from .report import dataset_dict, recommend_doc
 
-        return recommend_doc(self.model, self.job, self.plans, self.top)
+        doc = recommend_doc(self.model, self.job, self.plans, self.top)
+        if self.dataset is not None:
+            doc["dataset"] = dataset_dict(self.dataset)
+        return doc
 
 
 @dataclass(frozen=True)
@@ -233,6 +342,7 @@ class Comparison:
     model: ModelSpec
     job: Job
     plans: Any  # ftplan.planner.PlanSet
+    dataset: Any = None  # ftplan.dataset.DatasetProfile (with ``dataset=``)
 
     @property
     def per_gpu(self) -> tuple:
@@ -242,9 +352,12 @@ class Comparison:
 
     def to_dict(self) -> dict[str, Any]:
         """The ``ftplan.compare/1`` document."""
-        from .report import compare_doc
+        from .report import compare_doc, dataset_dict
 
-        return compare_doc(self.model, self.job, self.plans)
+        doc = compare_doc(self.model, self.job, self.plans)
+        if self.dataset is not None:
+            doc["dataset"] = dataset_dict(self.dataset)
+        return doc
 
 
 def _offer_filters(values: Mapping[str, Any], probs: _Problems) -> None:
@@ -281,17 +394,23 @@ def _offer_values(ov: Mapping[str, Any], probs: _Problems, default_pricing: Any 
     return vals
 
 
-def _search(model: ModelRef, job: Job | None, options: Mapping[str, Any], offer_list, progress):
+def _search(model: ModelRef, job: Job | None, options: Mapping[str, Any], offer_list, progress,
+            search_cache: Any = None):
     from .planner import recommend as _recommend
 
-    jv, sv, ov = split_values(options, JOB_OPTIONS, SEARCH_OPTIONS, OFFER_OPTIONS)
+    jv, sv, ov, dv = split_values(options, JOB_OPTIONS, SEARCH_OPTIONS, OFFER_OPTIONS, DATA_OPTIONS)
     spec = resolve_model(model)
     probs = _Problems()
     j = probs.run(lambda: build_job(jv, spec, base=job))
     search = {o.name: o.default for o in SEARCH_OPTIONS} | (probs.run(lambda: check_values(sv, SEARCH_OPTIONS)) or {})
     offer_vals = _offer_values(ov, probs)
+    prof, batching = _dataset(dv, spec, probs)
+    precisions = search.get("precisions")
+    if j is not None and j.precision == "auto":  # `precision=auto`: search the precisions per GPU
+        j = j.with_(precision="bf16-mixed", low_precision=None)
+        precisions = tuple(precisions or ()) + ("auto",)
     if j is not None:
-        if not j.dataset_tokens:
+        if not j.dataset_tokens and prof is None:
             probs.add("tokens", "the planner needs the dataset size", "pass `tokens`, e.g. `tokens=50M`")
         probs.run(lambda: validate_job(spec, j))
     probs.raise_any()
@@ -301,30 +420,49 @@ def _search(model: ModelRef, job: Job | None, options: Mapping[str, Any], offer_
 
         offers = filter_offers(offers, providers=offer_vals.get("providers"), gpus=offer_vals.get("gpus_filter"),
                                pricing=offer_vals.get("pricing"))
+    if prof is not None and not j.dataset_tokens:
+        from .dataset import simulate_batches
+
+        # the data's tokens after truncation at seq_len (what the planner trains on)
+        j = j.with_(dataset_tokens=simulate_batches(prof, batching, j.seq_len, j.micro_batch).real_tokens)
+    target = None if search["target"] == "any" else search["target"]
+    # a micro-batch, strategy or GPU count given by the user is kept instead of searched
     ps = _recommend(spec, j, offers, objective=search["objective"], deadline_hours=search["deadline"],
                     budget_usd=search["budget"], max_gpus=search["max_gpus"], safety_margin=search["margin"],
-                    global_batch=search["global_batch"], progress=progress)
+                    global_batch=search["global_batch"], progress=progress, target=target,
+                    preemption_rate=search["preemption_rate"], checkpoint_interval_s=search["checkpoint_interval"],
+                    dataset=prof, batching=batching, cache=search_cache,
+                    micro_batch=j.micro_batch if jv.get("micro_batch") is not None else None,
+                    strategy=search.get("fixed_strategy"), num_gpus=search.get("fixed_gpus"),
+                    precisions=tuple(precisions) if precisions else None)
+    search["dataset"] = prof
     return spec, j, ps, search
 
 
 def recommend(model: ModelRef, job: Job | None = None, *, offer_list: Sequence[Any] | None = None,
-              progress: Callable[[int, int], None] | None = None, **options: Any) -> Recommendation:
+              progress: Callable[[int, int], None] | None = None, search_cache: Any = None,
+              **options: Any) -> Recommendation:
     """Rank plans (offer, layout, micro-batch, checkpointing) by cost or time (``ftplan recommend``).
 
-    ``options``: job options (``tokens`` is required), search options (``objective``, ``deadline``,
-    ``budget``, ``max_gpus``, ``global_batch``, ``margin``, ``top``) and offer options
+    ``options``: job options (``tokens`` is required; a given ``micro_batch`` is kept, not searched),
+    search options (``objective``, ``deadline``, ``budget``, ``max_gpus``, ``global_batch``,
+    ``margin``, ``top``; ``fixed_strategy`` and ``fixed_gpus`` keep those choices) and offer options
     (``providers``, ``gpus_filter``, ``pricing``, ``offers`` files, ...). ``offer_list``: search
-    these :class:`~ftplan.catalog.offers.Offer` s instead of the catalog.
+    these :class:`~ftplan.catalog.offers.Offer` s instead of the catalog. ``search_cache``: a
+    :class:`~ftplan.planner.SearchCache` shared with other searches of this process (same plans,
+    less work; the web app keeps one).
     """
-    spec, j, ps, search = _search(model, job, options, offer_list, progress)
-    return Recommendation(spec, j, ps, search["top"])
+    spec, j, ps, search = _search(model, job, options, offer_list, progress, search_cache)
+    return Recommendation(spec, j, ps, search["top"], None if search["target"] == "any" else search["target"],
+                          search["dataset"])
 
 
 def compare(model: ModelRef, job: Job | None = None, *, offer_list: Sequence[Any] | None = None,
-            progress: Callable[[int, int], None] | None = None, **options: Any) -> Comparison:
+            progress: Callable[[int, int], None] | None = None, search_cache: Any = None,
+            **options: Any) -> Comparison:
     """The best plan per accelerator type (``ftplan compare``); options as :func:`recommend`."""
-    spec, j, ps, _ = _search(model, job, options, offer_list, progress)
-    return Comparison(spec, j, ps)
+    spec, j, ps, search = _search(model, job, options, offer_list, progress, search_cache)
+    return Comparison(spec, j, ps, search["dataset"])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -353,10 +491,11 @@ def fit(model: ModelRef, job: Job | None = None, *, gpu: str | Sequence[str], ma
     from .catalog.gpus import get_gpu
     from .planner import fit as _fit
 
-    (jv,) = split_values(options, JOB_OPTIONS)
+    jv, dv = split_values(options, JOB_OPTIONS, DATA_OPTIONS)
     spec = resolve_model(model)
     probs = _Problems()
     j = probs.run(lambda: build_job(jv, spec, base=job))
+    prof, _ = _dataset(dv, spec, probs)
     fv = probs.run(lambda: check_values({"gpu": gpu, "margin": margin, "max_gpus": max_gpus}, FIT_OPTIONS)) or {}
     names = fv.get("gpu") or ()
     if not names and "gpu" in fv:
@@ -365,7 +504,8 @@ def fit(model: ModelRef, job: Job | None = None, *, gpu: str | Sequence[str], ma
     if j is not None:
         probs.run(lambda: validate_job(spec, j))
     probs.raise_any()
-    results = tuple(_fit(spec, j, g, safety_margin=fv["margin"], max_gpus=fv["max_gpus"]) for g in gpus)
+    results = tuple(_fit(spec, j, g, safety_margin=fv["margin"], max_gpus=fv["max_gpus"], dataset=prof)
+                    for g in gpus)
     return FitReport(spec, j, results, fv["margin"], fv["max_gpus"])
 
 
@@ -379,6 +519,10 @@ class Bundle:
     plan: dict[str, Any]
     files: dict[str, str]
     index: int = 1
+    #: the export target (accelerate | deepspeed | axolotl | llamafactory) and how to launch the files:
+    #: {target, engine, setup, command, sky} (``ftplan.export.Rendered.launch``)
+    target: str = "accelerate"
+    launch: dict[str, Any] | None = None
 
     def write(self, out: str | os.PathLike, *, force: bool = False) -> Path:
         """Write the files into the new directory ``out`` atomically (all or nothing)."""
@@ -389,10 +533,11 @@ class Bundle:
     def to_dict(self, out: str | os.PathLike | None = None) -> dict[str, Any]:
         """The ``ftplan.export/1`` document."""
         return {"schema": "ftplan.export/1", "out": None if out is None else str(out),
-                "files": sorted(self.files), "plan": self.plan}
+                "files": sorted(self.files), "plan": self.plan, "target": self.target, "launch": self.launch}
 
 
-def _plans_of_search(rec: Recommendation, index: int, ref: str | None) -> tuple[dict, list[dict]]:
+def _plans_of_search(rec: Recommendation, index: int, ref: str | None,
+                     target: str = "accelerate") -> tuple[dict, list[dict]]:
     from .export.bundle import exportable, plan_document
 
     ps = rec.plans
@@ -406,9 +551,9 @@ def _plans_of_search(rec: Recommendation, index: int, ref: str | None) -> tuple[
                           field="plan")
     docs = [plan_document(rec.model, p, ref=ref) for p in ps.plans]
     chosen = docs[index - 1]
-    why = exportable(chosen)
+    why = exportable(chosen, target)
     if why:
-        ok = next((i for i, d in enumerate(docs, 1) if exportable(d) is None), None)
+        ok = next((i for i, d in enumerate(docs, 1) if exportable(d, target) is None), None)
         hint = (f"plan {ok} is the best one that can be exported: add `plan={ok}`" if ok
                 else "no plan of this search can be exported; try other `gpus_filter` / `max_gpus`")
         raise ConfigError(f"plan {index} cannot be exported: {why}", hint, field="plan")
@@ -421,31 +566,40 @@ def _plans_of_search(rec: Recommendation, index: int, ref: str | None) -> tuple[
 
 def export_bundle(source: Recommendation | Mapping[str, Any] | str | os.PathLike, plan: int = 1, *,
                   ref: str | None = None, model_ref: str | None = None, dataset: str | None = None,
-                  zero3_backend: str = "deepspeed", max_alternatives: int | None = None) -> Bundle:
+                  zero3_backend: str | None = None, max_alternatives: int | None = None,
+                  target: str | None = None) -> Bundle:
     """The launch files of the ``plan``-th plan (1 = best) of ``source``: a :func:`recommend` result,
     a saved ``recommend``/``compare``/``plan`` document (dict), or the path of one (``ftplan export``).
 
-    ``ref``: how the user named the model (kept in plan.json when it is a path). ``model_ref``: what
-    train.py loads (default: the hub id). ``dataset``: for sky.yaml and the README. The other plans
-    of the source become the README's alternatives and SkyPilot fallbacks (at most
-    ``max_alternatives``). Nothing is written: see :meth:`Bundle.write`.
+    ``target``: accelerate | deepspeed | axolotl | llamafactory (default: the target the search
+    ranked for, else accelerate). ``ref``: how the user named the model (kept in plan.json when it is
+    a path). ``model_ref``: what the files load (default: the hub id). ``dataset``: for the files and
+    the README. ``zero3_backend`` (deepspeed | fsdp): how a zero3 plan runs under the accelerate and
+    deepspeed targets (default: the target's rule, FSDP2 for accelerate). The other plans of the
+    source become the README's alternatives and SkyPilot fallbacks (at most ``max_alternatives``).
+    Nothing is written: see :meth:`Bundle.write`.
     """
-    from . import export as _export
+    from .export import render
     from .export.bundle import ZERO3_BACKENDS, load_plan_json, plan_from_json
+    from .export.targets import DEFAULT_TARGET, TARGETS
 
-    if zero3_backend not in ZERO3_BACKENDS:
+    if zero3_backend is not None and zero3_backend not in ZERO3_BACKENDS:
         raise ConfigError(f"unknown `zero3_backend` {zero3_backend!r}", "use deepspeed or fsdp", field="zero3_backend")
+    if target is None:
+        target = getattr(source, "target", None) or DEFAULT_TARGET
+    if target not in TARGETS:
+        raise ConfigError(f"unknown export `target` {target!r}", f"use one of {', '.join(TARGETS)}", field="target")
     if isinstance(source, Recommendation):
-        pdoc, others = _plans_of_search(source, plan, ref)
+        pdoc, others = _plans_of_search(source, plan, ref, target)
     elif isinstance(source, Mapping):
         pdoc, others = plan_from_json(source, plan)
     else:
         pdoc, others = load_plan_json(source, plan)
     if max_alternatives is not None:
         others = others[:max_alternatives]
-    files = _export.render_bundle(pdoc, alternatives=tuple(others), model_ref=model_ref, dataset=dataset,
-                                  zero3_backend=zero3_backend)
-    return Bundle(pdoc, dict(files), plan)
+    r = render(pdoc, alternatives=tuple(others), model_ref=model_ref, dataset=dataset, zero3_backend=zero3_backend,
+               target=target)
+    return Bundle(pdoc, dict(r.files), plan, target, r.launch(dataset))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -525,6 +679,25 @@ def offers(*, sort: str = "price", max_age_days: int = 120, today: _dt.date | No
     return OfferList(tuple(rows), today or _dt.date.today(), max_age_days)
 
 
+@dataclass(frozen=True)
+class ClaimsReport:
+    """The seed articles' FP8 / FP4 claims with ftplan's answers (``ftplan claims``)."""
+
+    claims: tuple
+
+    def to_dict(self) -> dict[str, Any]:
+        from .claims import CLAIMS_SCHEMA
+
+        return {"schema": CLAIMS_SCHEMA, "claims": [c.to_dict() for c in self.claims]}
+
+
+def claims() -> ClaimsReport:
+    """FP8 / FP4 claims of the seed articles answered with ftplan's numbers (``ftplan claims``)."""
+    from .claims import seed_claims
+
+    return ClaimsReport(tuple(seed_claims()))
+
+
 def options_schema() -> dict[str, Any]:
     """The options schema as JSON (``ftplan.options/1``; the web page's defaults)."""
     return schema_doc()
@@ -546,6 +719,9 @@ def measure(model: str, job: Job | None = None, layout: Layout | None = None, *,
     probs = _Problems()
     j = probs.run(lambda: build_job(jv, base=job))
     lay = probs.run(lambda: build_layout(lv, base=layout))
+    if j is not None and j.low_precision:
+        probs.add("precision", f"`ftplan measure` runs the base precisions only, not {j.low_precision}",
+                  "measure with `precision=bf16-mixed` (FP8/FP4 runs are not measured yet)")
     probs.raise_any()
     return _measure(model, j, lay, steps=steps, warmup=warmup, device=device, tiny=tiny, seed=seed,
                     out=None if out is None else str(out), cache=cache if cache is not None else ModelCache(),
@@ -571,7 +747,19 @@ def train(model_dir: str | os.PathLike, dataset: str, out: str | os.PathLike, jo
     probs = _Problems()
     j = probs.run(lambda: build_job(jv, base=job))
     lay = probs.run(lambda: build_layout(lv, base=layout))
+    if j is not None and j.low_precision:
+        probs.add("precision", f"`ftplan train` runs the base precisions only, not {j.low_precision}",
+                  "export the plan (`ftplan export`) and run it with accelerate launch, which sets up FP8")
     probs.raise_any()
     return _train(str(model_dir), dataset, str(out), j, lay, max_steps=max_steps, save_steps=save_steps,
                   logging_steps=logging_steps, seed=seed, record=record, echo=echo)
 
+
+
+def __getattr__(name: str) -> Any:
+    # SearchCache lives with the planner, which ``import ftplan`` does not load
+    if name == "SearchCache":
+        from .planner import SearchCache
+
+        return SearchCache
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

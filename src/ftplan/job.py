@@ -14,12 +14,17 @@ help; ``validate_job`` checks the declared choices and bounds. Adding an option 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Literal
+import functools
+import math
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass, fields, replace
+from typing import Any, Literal
 
 from .errors import ConfigError, Problem
+from .inputs import show_value
 from .model import ModelSpec
-from .optionspec import group, groups, internal, json_field, lower, option, walk
+from .optionspec import Option, group, groups, internal, json_field, lower, option, options_of
 
 __all__ = [
     "METHODS",
@@ -30,6 +35,9 @@ __all__ = [
     "ATTN_IMPLS",
     "QUANT_TYPES",
     "COMPUTE_DTYPES",
+    "OPTIMIZER_IMPLS",
+    "CHECKPOINTING",
+    "LOSSES",
     "LoraSpec",
     "QuantSpec",
     "Job",
@@ -37,11 +45,13 @@ __all__ = [
     "validate_job",
     "lora_targets",
     "lora_wraps_experts",
+    "check_job_fields",
+    "JOB_LIMITS",
 ]
 
 Method = Literal["full", "lora", "qlora", "fp8", "nvfp4"]
 METHODS = ("full", "lora", "qlora")
-FUTURE_METHODS = ("fp8", "nvfp4")  # designed for, not yet modelled
+FUTURE_METHODS = ("fp8", "nvfp4")  # not methods: FP8/NVFP4 recipes are precisions
 
 #: precision -> (working weight dtype, master/trainable dtype, gradient dtype, compute dtype)
 #: "bf16-mixed" is what HF Trainer does with ``bf16=True``: trainable weights stay fp32 and are the
@@ -54,11 +64,69 @@ PRECISIONS = {
     "fp32": {"compute": "fp32", "trainable": "fp32", "grad": "fp32", "frozen": "fp32"},
 }
 
+#: FP8 / NVFP4 recipes users pass as ``precision`` (names, then aliases); their formats, GPUs,
+#: libraries and sources are in ``catalog/data/precisions.json`` (``tests/test_lowprec.py`` holds
+#: these names equal to the data file)
+LOW_PRECISION_RECIPES = ("fp8-tensorwise", "fp8-rowwise", "fp8-rowwise-gw-hp", "fp8-te-delayed", "fp8-te-current",
+                         "mxfp8-te", "nvfp4-te", "mxfp8-torchao", "nvfp4-torchao", "fp8-weight-only",
+                         "nvfp4-weight-only")
+LOW_PRECISIONS = LOW_PRECISION_RECIPES + ("fp8", "fp8-torchao", "float8", "fp8-torchao-rowwise",
+                                          "fp8-rowwise-with-gw-hp", "fp8-te", "te-fp8", "mxfp8", "nvfp4", "fp4",
+                                          "lora-fp8-base", "lora-nvfp4-base")
+
 OPTIMIZERS = ("adamw", "adamw_8bit", "paged_adamw_8bit", "adafactor", "sgd")
 STRATEGIES = ("single", "ddp", "zero1", "zero2", "zero3", "fsdp")
 ATTN_IMPLS = ("sdpa", "flash", "eager")
 QUANT_TYPES = ("nf4", "fp4")
+#: how the optimizer step is implemented: one fused kernel (HF Trainer ``adamw_torch_fused``, torch
+#: ``fused=True``), torch's default multi-tensor ``foreach`` path, or the per-tensor for-loop
+OPTIMIZER_IMPLS = ("fused", "foreach", "forloop")
 COMPUTE_DTYPES = ("bf16", "fp16", "fp32")
+#: activation checkpointing variants (``Job.checkpointing``; used when ``gradient_checkpointing``):
+#: ``full`` = HF/torch non-reentrant checkpointing of every decoder layer (transformers 5 default),
+#: ``full-reentrant`` = ``use_reentrant=True`` (what TRL forces for PEFT + DeepSpeed ZeRO-3),
+#: ``selective`` = torch selective activation checkpointing with torchtitan's per-op policy (save
+#: the attention kernel's outputs and every other matmul output), ``selective-attention`` = TRL's
+#: ``gradient_checkpointing_kwargs={"selective": True}`` (save the attention kernel's outputs only),
+#: ``every-k`` = checkpoint every ``checkpoint_every``-th decoder layer (transformers'
+#: ``every_n_layers``: layers 0, k, 2k, ...), ``none`` = off
+CHECKPOINTING = ("none", "full", "full-reentrant", "selective", "selective-attention", "every-k")
+#: the loss path: ``trl`` = TRL >= 1.x SFTTrainer's fused LM head (``loss_type="nll"``, alias
+#: ``chunked_nll``: chunked log-probabilities, the logits are never materialised), ``hf`` =
+#: transformers' ``ForCausalLMLoss`` through ``model(labels=...)`` (full logits, upcast to fp32),
+#: ``liger`` = Liger-Kernel's fused linear cross-entropy (HF Trainer ``use_liger_kernel``; CUDA)
+LOSSES = ("trl", "hf", "liger")
+#: TRL's names for its loss: both are the fused head
+_LOSS_ALIASES = {"nll": "trl", "chunked_nll": "trl", "chunked-nll": "trl"}
+
+
+def _loss_name(text: str) -> str:
+    name = lower(text)
+    return _LOSS_ALIASES.get(name, name)
+
+
+#: Sanity bounds on job and layout numbers (the declared ``maximum`` of each option): validation
+#: limits, not physical data. Each is far above any real fine-tuning job (sequences of 10M tokens,
+#: 100k GPUs, the largest pretraining corpora ~4e13 tokens) and low enough that arithmetic on them
+#: stays exact and finite, so a NaN, an infinity or a 400-digit number never reaches the memory,
+#: runtime or cost formulas.
+JOB_LIMITS: dict[str, float] = {
+    "micro_batch": 1 << 16,
+    "seq_len": 1 << 24,
+    "grad_accum": 1 << 20,
+    "dataset_tokens": 10**15,
+    "epochs": 10_000,
+    "lora_r": 1 << 16,
+    "lora_alpha": 1e6,
+    "gpus_per_node": 1024,
+    "nodes": 1 << 17,
+    "tp": 1 << 10,
+    "pp": 1 << 12,
+    "world_size": 1 << 20,
+    "target_modules": 256,
+    "checkpoint_every": 4096,
+    "ep": 1 << 16,
+}
 
 
 def _optimizer_name(text: str) -> str:
@@ -77,11 +145,36 @@ def _auto_strategy(model: ModelSpec | None, layout: "Layout") -> str:
     return "ddp" if layout.strategy == "single" else layout.strategy
 
 
+def _cached_hash(self) -> int:
+    """Frozen option dataclasses key the planner's caches thousands of times per search: their
+    (immutable) hash is computed once."""
+    d = self.__dict__
+    h = d.get("_hash")
+    if h is None:
+        h = d["_hash"] = hash(tuple(getattr(self, f.name) for f in fields(self)))
+    return h
+
+
+def _state_without_hash(self) -> dict[str, Any]:
+    state = dict(self.__dict__)
+    state.pop("_hash", None)  # hashes of strings differ between processes
+    return state
+
+
+def _hash_once(cls):
+    """Class decorator (after @dataclass): cache the hash, never pickle it."""
+    cls.__hash__ = _cached_hash
+    cls.__getstate__ = _state_without_hash
+    return cls
+
+
+@_hash_once
 @dataclass(frozen=True)
 class LoraSpec:
-    r: int = option(16, name="lora_r", label="LoRA rank", minimum=1, web_max=65536, help="LoRA rank r")
-    alpha: int = option(32, name="lora_alpha", label="LoRA alpha", exclusive_minimum=0, web_max=1 << 20,
-                        help="LoRA alpha (scaling alpha/r)")
+    r: int = option(16, name="lora_r", label="LoRA rank", minimum=1, maximum=JOB_LIMITS["lora_r"], web_max=65536,
+                    help="LoRA rank r")
+    alpha: int = option(32, name="lora_alpha", label="LoRA alpha", exclusive_minimum=0,
+                        maximum=JOB_LIMITS["lora_alpha"], web_max=1 << 20, help="LoRA alpha (scaling alpha/r)")
     dropout: float = option(0.05, name="lora_dropout", label="LoRA dropout", minimum=0.0, exclusive_maximum=1.0,
                             auto=_auto_lora_dropout,
                             help="LoRA dropout (default 0.05; 0 where PEFT requires it: all-linear on MoE models)")
@@ -91,6 +184,7 @@ class LoraSpec:
         help="comma-separated PEFT target_modules, or all-linear (default)")
 
 
+@_hash_once
 @dataclass(frozen=True)
 class QuantSpec:
     """bitsandbytes 4-bit quantization of the frozen base (QLoRA)."""
@@ -105,29 +199,73 @@ class QuantSpec:
     skip_modules: tuple[str, ...] = json_field(("lm_head",))
 
 
+@_hash_once
 @dataclass(frozen=True)
 class Job:
     method: str = option("full", choices=METHODS, help="full | lora | qlora")
-    precision: str = option("bf16-mixed", choices=tuple(PRECISIONS),
-                            help="bf16-mixed (fp32 master weights) | fp16-mixed | bf16 | fp16 | fp32")
+    precision: str = option("bf16-mixed", choices=tuple(PRECISIONS) + LOW_PRECISIONS + ("auto",),
+                            help="bf16-mixed (fp32 master weights) | fp16-mixed | bf16 | fp16 | fp32, or an "
+                                 "FP8/NVFP4 recipe on bf16-mixed: fp8 (= fp8-tensorwise, torchao) | fp8-rowwise | "
+                                 "fp8-te-delayed | mxfp8-te | nvfp4 (nvfp4-te for full, nvfp4-weight-only for "
+                                 "LoRA) | fp8-weight-only ... (see benchmarks/notes/low_precision_support.md); "
+                                 "recommend/compare: auto = search bf16-mixed, FP8 and FP4 per GPU")
     optimizer: str = option("adamw", choices=OPTIMIZERS, normalize=_optimizer_name,
                             help="adamw | adamw_8bit | paged_adamw_8bit | adafactor | sgd")
-    micro_batch: int = option(1, flags=("--batch-size",), label="micro-batch", minimum=1, web_max=65536,
+    micro_batch: int = option(1, flags=("--batch-size",), label="micro-batch", minimum=1,
+                              maximum=JOB_LIMITS["micro_batch"], web_max=65536,
                               help="sequences per GPU per step")
-    seq_len: int = option(2048, label="sequence length", minimum=1, web_max=1 << 21, help="tokens per sequence")
-    grad_accum: int = option(1, label="gradient accumulation", minimum=1, web_max=1 << 20,
+    seq_len: int = option(1024, label="sequence length", minimum=1, maximum=JOB_LIMITS["seq_len"], web_max=1 << 21,
+                          help="tokens per sequence (TRL SFTConfig max_length default: 1024)")
+    grad_accum: int = option(1, label="gradient accumulation", minimum=1, maximum=JOB_LIMITS["grad_accum"],
+                             web_max=1 << 20,
                              help="micro-batches per optimizer step")
-    gradient_checkpointing: bool = option(False, flags=("--gc",),
-                                          help="recompute activations in the backward pass")
+    gradient_checkpointing: bool = option(True, flags=("--gc",),
+                                          help="recompute activations in the backward pass (on by default, "
+                                               "as TRL SFTConfig and PEFT's QLoRA preparation have it; "
+                                               "--no-gradient-checkpointing turns it off)")
     attn_impl: str = option("sdpa", name="attn", choices=ATTN_IMPLS, label="attention implementation",
                             help="sdpa | flash | eager")
     lora: LoraSpec = group(LoraSpec, when="uses_lora")
     quant: QuantSpec = group(QuantSpec, when="uses_quant")
     #: training data, for runtime and cost (tokens per epoch x epochs)
     dataset_tokens: int | None = option(None, type="tokens", name="tokens", label="dataset tokens",
-                                        exclusive_minimum=0, web_max=10**15, example="50M", json="data",
+                                        exclusive_minimum=0, maximum=JOB_LIMITS["dataset_tokens"], web_max=10**15,
+                                        example="50M", json="data",
                                         help="dataset tokens per epoch, e.g. 50M")
-    epochs: float = option(1.0, exclusive_minimum=0.0, web_max=1000.0, json="data", help="passes over the dataset")
+    epochs: float = option(1.0, exclusive_minimum=0.0, maximum=JOB_LIMITS["epochs"], web_max=1000.0, json="data",
+                           help="passes over the dataset")
+    checkpointing: str = option("full", choices=CHECKPOINTING, label="checkpointing variant", metavar="MODE",
+                                help="with checkpointing on: full (non-reentrant, default) | full-reentrant | "
+                                     "selective (torchtitan op SAC) | selective-attention (TRL selective) | "
+                                     "every-k | none")
+    checkpoint_every: int = option(2, minimum=1, maximum=JOB_LIMITS["checkpoint_every"], web_max=4096, label="checkpoint every k layers", metavar="K",
+                                   help="every-k checkpointing: layers 0, k, 2k, ... (transformers every_n_layers)")
+    activation_offloading: bool = option(False, help="saved activations to pinned CPU memory "
+                                                     "(TRL activation_offloading=True)")
+    loss: str = option("trl", choices=LOSSES, normalize=_loss_name, label="loss path",
+                       help="trl (SFTTrainer's fused LM head, loss_type=nll, default) | hf (transformers' "
+                            "ForCausalLMLoss, fp32 logits) | liger (fused linear cross-entropy)")
+    padding_free: bool = option(False, help="one row of micro-batch x seq-len tokens with position_ids "
+                                            "(TRL padding_free=True; flash attention varlen)")
+    packing: bool = option(False, help="pack sequences into full rows (TRL packing=True, bfd: padding-free)")
+    #: runtime only: how the optimizer step runs, and torch.compile of the model
+    optimizer_impl: str = option("fused", choices=OPTIMIZER_IMPLS, label="optimizer implementation",
+                                 help="fused (HF Trainer adamw_torch_fused, the default) | foreach "
+                                      "(torch.optim default without fused=True) | forloop")
+    torch_compile: bool = option(False, flags=("--compile",), help="the model runs under torch.compile (runtime)")
+    #: FP8 / NVFP4 recipe (``catalog/data/precisions.json``) on top of ``precision`` (its base,
+    #: bf16-mixed): set by passing the recipe as ``precision`` (``Job(precision="fp8")`` becomes
+    #: precision="bf16-mixed", low_precision="fp8-tensorwise"; see ``__post_init__``); None = none
+    low_precision: str | None = json_field(None, choices=LOW_PRECISION_RECIPES)
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS and self.precision in LOW_PRECISIONS:
+            from .lowprec import resolve_precision
+
+            recipe = resolve_precision(self.precision, self.method)
+            if recipe is not None:
+                object.__setattr__(self, "precision", recipe.base_precision)
+                object.__setattr__(self, "low_precision", recipe.name)
 
     @property
     def tokens_per_micro_batch(self) -> int:
@@ -138,9 +276,26 @@ class Job:
         return self.method in ("lora", "qlora")
 
     @property
+    def precision_label(self) -> str:
+        """What the user picked: the low-precision recipe, else the precision."""
+        return self.low_precision or self.precision
+
+    @property
     def uses_quant(self) -> bool:
         """The frozen base is quantized to 4 bits (QLoRA)."""
         return self.method == "qlora"
+
+    @property
+    def ac_mode(self) -> str:
+        """The activation checkpointing in effect: ``none`` or one of the variants."""
+        if not self.gradient_checkpointing:
+            return "none"
+        return self.checkpointing
+
+    @property
+    def is_padding_free(self) -> bool:
+        """TRL flattens the micro-batch into one row (``padding_free``, or ``packing`` with bfd)."""
+        return self.padding_free or self.packing
 
     def with_(self, **changes) -> "Job":
         return replace(self, **changes)
@@ -153,11 +308,12 @@ ENGINES = {"single": "torch", "ddp": "ddp", "zero1": "deepspeed", "zero2": "deep
 FSDP_VERSIONS = (1, 2)
 
 
+@_hash_once
 @dataclass(frozen=True)
 class Layout:
-    gpus_per_node: int = option(1, name="gpus", label="GPUs per node", minimum=1, web_max=1024,
-                                help="GPUs per node")
-    nodes: int = option(1, minimum=1, web_max=1024, help="nodes")
+    gpus_per_node: int = option(1, name="gpus", label="GPUs per node", minimum=1,
+                                maximum=JOB_LIMITS["gpus_per_node"], web_max=1024, help="GPUs per node")
+    nodes: int = option(1, minimum=1, maximum=JOB_LIMITS["nodes"], web_max=1024, help="nodes")
     strategy: str = option("single", choices=STRATEGIES, auto=_auto_strategy,
                            help="single | ddp | zero1 | zero2 | zero3 | fsdp (default: single, or ddp with >1 GPU)")
     #: ZeRO: DeepSpeed ``offload_optimizer`` (optimizer states, fp32 master and gradient partitions on
@@ -167,8 +323,14 @@ class Layout:
     #: which keeps parameters, gradients and the optimizer step on the host
     offload_params: bool = option(False, help="parameters on the CPU (zero3; fsdp: with their gradients "
                                               "and the optimizer step)")
-    tp: int = option(1, label="tensor-parallel degree", minimum=1, web_max=1024, help="tensor-parallel degree")
-    pp: int = option(1, label="pipeline-parallel degree", minimum=1, web_max=1024, help="pipeline-parallel degree")
+    tp: int = option(1, label="tensor-parallel degree", minimum=1, maximum=JOB_LIMITS["tp"], web_max=1024,
+                     help="tensor-parallel degree")
+    pp: int = option(1, label="pipeline-parallel degree", minimum=1, maximum=JOB_LIMITS["pp"], web_max=1024,
+                     help="pipeline-parallel degree")
+    #: expert parallelism (MoE): routed experts split over ``ep`` ranks of the data-parallel
+    #: group, tokens exchanged with all-to-all (see ftplan.expert_parallel)
+    ep: int = option(1, label="expert-parallel degree", minimum=1, maximum=JOB_LIMITS["ep"], web_max=1024,
+                     help="expert-parallel degree (MoE): routed experts split over EP ranks")
     #: strategy fsdp: 2 = FSDP2 (``fully_shard``), 1 = FSDP1 (``FullyShardedDataParallel``)
     fsdp_version: int = option(2, choices=FSDP_VERSIONS, label="FSDP version",
                                help="strategy fsdp: 2 = FSDP2 fully_shard (accelerate config's default) | 1 = FSDP1")
@@ -230,6 +392,8 @@ class Layout:
             parts.append(f"tp={self.tp}")
         if self.pp > 1:
             parts.append(f"pp={self.pp}")
+        if self.ep > 1:
+            parts.append(f"ep={self.ep}")
         if self.offload_optimizer:
             parts.append("offload-optimizer")
         if self.offload_params:
@@ -278,30 +442,128 @@ def _check(cond: bool, problems: list[Problem], msg: str, field: str | None = No
         problems.append(Problem(field, msg, hint))
 
 
+@functools.lru_cache(maxsize=64)
+def _compiled(cls) -> tuple[tuple[Option, Callable[[Any], Any], str | None, tuple[type, ...]], ...]:
+    """(option, value getter, its group or None, accepted Python types) of ``cls``, built once:
+    ``validate_job`` runs for every memory estimate of a search."""
+    out = []
+    for opt in options_of(cls):
+        head = opt.attr.split(".")[0] if "." in opt.attr else None
+        out.append((opt, operator.attrgetter(opt.attr), head, _KINDS.get(opt.type, (object,))))
+    return tuple(out)
+
+
 def _option_problems(obj, cls, skip: tuple[str, ...] = ()) -> list[Problem]:
     """Problems of ``obj``'s declared choices and bounds (nested groups only when they apply)."""
     active = {name for name, (_, when) in groups(cls).items() if when is None or getattr(obj, when)}
     out: list[Problem] = []
-    for opt in walk(cls):
-        head = opt.attr.split(".")[0]
-        if opt.name in skip or ("." in opt.attr and head not in active):
+    for opt, get, head, _ in _compiled(cls):
+        if (head is not None and head not in active) or opt.name in skip:
             continue
-        value = obj
-        for part in opt.attr.split("."):
-            value = getattr(value, part)
+        value = get(obj)
+        if value is None:
+            continue
+        if opt.choices is None and opt.type not in ("int", "float", "tokens"):
+            continue
         out += opt.check(value)
     return out
 
 
-def validate_job(model: ModelSpec, job: Job, layout: Layout | None = None) -> None:
-    """Raise one ``ConfigError`` listing every problem with ``job``/``layout`` for ``model``."""
+#: Python types a value of each option type may have (bool is not an int here; None = unset)
+_KINDS: dict[str, tuple[type, ...]] = {"int": (int,), "tokens": (int,), "float": (int, float), "bool": (bool,),
+                                       "str": (str,), "names": (tuple,), "paths": (tuple,)}
+
+
+def _type_problems(obj, cls) -> list[Problem]:
+    """Values of the wrong Python type (a job built by a program, or from a hand-edited file, can
+    hold anything): found before any comparison, so that ``"8" >= 1`` never raises."""
+    out: list[Problem] = []
+    for opt, get, _, kinds in _compiled(cls):
+        try:
+            value = get(obj)
+        except AttributeError:
+            out.append(Problem(opt.name, f"{opt.words}: not set"))
+            continue
+        if value is None:
+            continue
+        t = opt.type
+        ok = isinstance(value, kinds) and (t == "bool" or not isinstance(value, bool))
+        if ok and t in ("names", "paths"):
+            ok = len(value) <= JOB_LIMITS["target_modules"] and all(
+                isinstance(x, str) and 0 < len(x) <= 256 and x.isprintable() for x in value)
+        if ok and type(value) is float and not math.isfinite(value):
+            out.append(Problem(opt.name, f"{opt.words} must be a finite number (got {value})"))
+        elif not ok:
+            what = {"int": "an integer", "tokens": "an integer", "float": "a number", "bool": "true or false",
+                    "names": "a list of names (each 1-256 printable characters)"}.get(t, "text")
+            out.append(Problem(opt.name, f"{opt.words} must be {what} (got {show_value(value)})"))
+    return out
+
+
+def _check_ep(model: ModelSpec, layout: Layout, p: list[Problem]) -> None:
+    """Expert parallelism as transformers' DistributedConfig / torchtitan lay it out: the EP group
+    lies within the data-parallel x tensor-parallel ranks (``ep`` a multiple of ``tp`` dividing
+    ``dp x tp``), every rank holds ``num_experts / ep`` whole experts."""
+    ep = layout.ep
+    if ep < 1:
+        return  # the option's own bound reports it
+    if not model.is_moe:
+        p.append(Problem("ep", f"expert parallelism needs a mixture-of-experts model ({model.name} has no experts)",
+                         "use `ep=1`"))
+        return
+    experts = sorted({g.moe.num_experts for g in model.groups if g.moe is not None})
+    for e in experts:
+        _check(e % ep == 0, p, f"expert-parallel degree {ep} must divide the {e} experts of {model.name}", "ep")
+    dp_tp = layout.dp * layout.tp
+    _check(ep % layout.tp == 0 and dp_tp % ep == 0, p,
+           f"expert-parallel degree {ep} must be a multiple of tp={layout.tp} and divide dp x tp = {dp_tp} "
+           "(the EP group lies within the data-parallel ranks)", "ep")
+    _check(layout.pp == 1, p, "expert parallelism with pipeline parallelism is not modelled", "ep", "use `pp=1`")
+    _check(not (layout.offload_optimizer or layout.offload_params), p,
+           "expert parallelism with CPU offload is not modelled", "ep", "drop the offload")
+    _check(layout.strategy != "single", p, "expert parallelism needs a data-parallel strategy (fsdp, zero1/2/3, ddp)",
+           "strategy")
+
+
+def check_job_fields(job: Job, layout: Layout | None = None) -> None:
+    """The model-independent part of :func:`validate_job`: types, finiteness, choices and bounds.
+    For jobs read from files before the model is known (``ftplan train --from-json``)."""
     layout = layout or Layout()
+    p = _type_problems(job, Job) + _type_problems(layout, Layout)
+    if not p:
+        p = _field_problems(job, layout)
+    if p:
+        raise ConfigError(problems=p)
+
+
+def _field_problems(job: Job, layout: Layout) -> list[Problem]:
     p: list[Problem] = []
     if job.method in FUTURE_METHODS:
-        p.append(Problem("method", f"method {job.method!r} is not modelled yet",
-                         "use `method=full`, lora or qlora (fp8/nvfp4 training are planned)"))
+        p.append(Problem("method", f"method {job.method!r} is not modelled: FP8/NVFP4 are precisions, not methods",
+                         f"use `method=full` or lora with `precision={job.method}` (e.g. fp8-tensorwise, "
+                         "fp8-te-delayed, nvfp4-te, nvfp4-weight-only)"))
     p += _option_problems(job, Job, skip=("method",) if job.method in FUTURE_METHODS else ())
     p += _option_problems(layout, Layout)
+    if not p and layout.world_size > JOB_LIMITS["world_size"]:
+        p.append(Problem("nodes", f"{layout.world_size:,} GPUs is implausibly many "
+                                  f"(at most {JOB_LIMITS['world_size']:,.0f})"))
+    return p
+
+
+def validate_job(model: ModelSpec, job: Job, layout: Layout | None = None) -> None:
+    """Raise one ``ConfigError`` listing every problem with ``job``/``layout`` for ``model``.
+
+    Types and finiteness first (a wrong type stops there: nothing can be compared), then the
+    declared choices and bounds of every option (:data:`JOB_LIMITS` among them), then the checks
+    across fields and against the model.
+    """
+    layout = layout or Layout()
+    p = _type_problems(job, Job) + _type_problems(layout, Layout)
+    if p:
+        raise ConfigError(problems=p)
+    p = _field_problems(job, layout)
+    if any(pr.field in ("gpus", "nodes", "tp", "pp") for pr in p):
+        raise ConfigError(problems=p)  # the checks below divide by these
     if job.uses_lora:
         lo = job.lora
         _check(not (lora_wraps_experts(model, lo) and lo.dropout > 0), p,
@@ -318,6 +580,19 @@ def validate_job(model: ModelSpec, job: Job, layout: Layout | None = None) -> No
                 f"(it has {', '.join(sorted(names))}, or use all-linear)"))
         elif not lora_targets(model, lo):
             p.append(Problem("lora_targets", "LoRA targets no module"))
+    if job.precision == "auto":
+        p.append(Problem("precision", "`precision=auto` searches precisions: it is for `ftplan recommend` and "
+                                      "`ftplan compare`", "pass one precision, e.g. `precision=bf16-mixed` or fp8"))
+    if job.low_precision is not None and job.method not in FUTURE_METHODS:
+        from .lowprec import job_problems
+
+        p += job_problems(model, job)
+    _check(job.checkpoint_every <= model.num_layers, p,
+           f"checkpoint every {job.checkpoint_every} layers: {model.name} has {model.num_layers}",
+           "checkpoint_every", f"use `checkpoint_every` between 1 and {model.num_layers}")
+    if job.uses_lora and job.loss == "trl" and "lm_head" in job.lora.target_modules:
+        p.append(Problem("lora_targets", "TRL's fused LM head reads lm_head.weight directly: SFTTrainer refuses a "
+                         "LoRA adapter on lm_head", "drop lm_head from `lora_targets`, or use `loss=hf`"))
     if job.precision in ("bf16", "fp16") and job.method == "full" and job.optimizer == "adamw":
         pass  # legal (pure half-precision training), the memory model handles it
     # layout
@@ -343,6 +618,8 @@ def validate_job(model: ModelSpec, job: Job, layout: Layout | None = None) -> No
         elif layout.strategy == "single" and layout.dp > 1:
             p.append(Problem("strategy",
                              f"{layout.world_size} GPUs need a data-parallel strategy (ddp, zero1/2/3, fsdp)"))
+    if layout.ep != 1:
+        _check_ep(model, layout, p)
     if layout.offload_params:
         _check(layout.strategy in ("zero3", "fsdp"), p, "parameter offload needs zero3 or fsdp", "offload_params")
     if layout.offload_optimizer:

@@ -21,7 +21,7 @@ from fractions import Fraction
 
 from .catalog.constants import MemoryConstants, memory_constants
 from .job import PRECISIONS, Job, Layout, lora_targets, lora_wraps_experts, validate_job
-from .model import FAMILIES, LayerGroup, LinearSpec, MlpSpec, ModelSpec, MoeSpec
+from .model import FAMILIES, LayerGroup, LinearSpec, MlpSpec, ModelSpec, MoeSpec, layer_group_order
 from .sharding import activation_job, layout_memory, quant_state_bytes
 from .units import dtype_bytes
 
@@ -31,6 +31,11 @@ __all__ = [
     "estimate_memory",
     "model_states",
     "saved_activation_bytes",
+    "activation_parts",
+    "ActivationParts",
+    "checkpointed_layer_counts",
+    "layer_linears",
+    "moe_block_saved_bytes",
     "trainable_params",
     "COMPONENTS",
 ]
@@ -278,8 +283,45 @@ def _first_layer_frozen_a(model: ModelSpec, job: Job) -> int:
 def _autocast_recompute(job: Job, layout: Layout) -> bool:
     """Autocast copies follow checkpointing (single GPU / DDP under HF Trainer); ZeRO and FSDP
     keep their own compute-dtype working copy of the weights instead."""
-    return (job.gradient_checkpointing and job.precision.endswith("-mixed")
+    return (job.ac_mode != "none" and job.precision.endswith("-mixed")
             and not (layout.shards_params or layout.shards_optimizer))
+
+
+def _uncheckpointed_layer_elems(model: ModelSpec, job: Job, per_layer) -> int:
+    """Sum of ``per_layer(group)`` over the decoder layers that are not checkpointed."""
+    counts = _checkpointed_counts(model, job)
+    return sum((g.count - n) * per_layer(g) for g, n in zip(model.groups, counts))
+
+
+def _layer_matmul_weight_elems(model: ModelSpec, g: LayerGroup) -> int:
+    """Matmul weights of one decoder layer autocast copies (projections, router; grouped_mm experts
+    on CUDA)."""
+    n = sum(lin.in_features * lin.out_features for lin in _group_linears(model, g))
+    if g.moe is not None:
+        m = g.moe
+        n += m.num_experts * model.hidden_size + m.num_experts * 3 * model.hidden_size * m.expert_intermediate_size
+    return n
+
+
+def _layer_adapter_elems(model: ModelSpec, job: Job, g: LayerGroup) -> int:
+    """LoRA adapter elements of one decoder layer."""
+    targets = lora_targets(model, job.lora)
+    r = job.lora.r
+    n = sum(r * (lin.in_features + lin.out_features) for lin in _group_linears(model, g)
+            if lin.is_module and lin.module in targets)
+    if g.moe is not None and lora_wraps_experts(model, job.lora):
+        h, e, im = model.hidden_size, g.moe.num_experts, g.moe.expert_intermediate_size
+        n += e * 2 * r * h + 2 * im * e * 2 * r + e * r * im + h * e * r + r * h + e * r
+    return n
+
+
+def _head_copy_elems(model: ModelSpec, job: Job) -> int:
+    """Elements of the lm_head (or tied embedding) weight autocast copies and keeps for backward:
+    only transformers' own loss path runs lm_head as an autocast matmul; TRL's fused head and
+    Liger cast tile by tile inside their autograd functions and keep nothing."""
+    if job.loss != "hf":
+        return 0
+    return model.params.lm_head + (model.params.embedding if model.tie_word_embeddings else 0)
 
 
 def _recompute_weight_copy_bytes(model: ModelSpec, job: Job, layout: Layout) -> int:
@@ -307,7 +349,9 @@ def model_states(model: ModelSpec, job: Job, consts: MemoryConstants | None = No
         mixed = prec["compute"] != train_dtype
         # autocast keeps a compute-dtype copy of every weight it casts; ZeRO/FSDP keep a bf16
         # working copy next to the fp32 master: same bytes, different owner (see estimate_memory)
-        master = dtype_bytes(prec["compute"]) * _autocast_weight_elems(model) if mixed else Fraction(0)
+        elems = _autocast_weight_elems(model) - (0 if job.loss == "hf" else _head_copy_elems(
+            model, job.with_(loss="hf")))
+        master = dtype_bytes(prec["compute"]) * elems if mixed else Fraction(0)
         grad_b = dtype_bytes(prec["grad"])
         param_b = dtype_bytes(train_dtype)
     else:
@@ -316,7 +360,10 @@ def model_states(model: ModelSpec, job: Job, consts: MemoryConstants | None = No
         # autocast's compute-dtype copies of the fp32 adapters, kept for backward (under
         # checkpointing one layer's worth at a time, counted with the recompute transient);
         # lora_A of the first layer's q/k/v reads a grad-free input, so its copy is not kept
-        copies = 0 if job.gradient_checkpointing else n_train - _first_layer_frozen_a(model, job)
+        if job.ac_mode == "none":
+            copies = n_train - _first_layer_frozen_a(model, job)
+        else:  # only the layers that are not checkpointed (every-k) keep theirs
+            copies = _uncheckpointed_layer_elems(model, job, lambda g: _layer_adapter_elems(model, job, g))
         master = dtype_bytes(prec["compute"]) * copies if prec["compute"] != "fp32" and \
             job.precision.endswith("-mixed") else Fraction(0)
         grad_b = Fraction(4)
@@ -329,6 +376,8 @@ def model_states(model: ModelSpec, job: Job, consts: MemoryConstants | None = No
             frozen_w = quant_bytes + 4 * unq
     grads = grad_b * n_train
     opt = _optimizer_bytes(job, n_train, n_tensors, param_b, model, consts)
+    if job.low_precision:
+        frozen_w, master = _lowprec_states(model, job, frozen_w, master)
     return ModelStates(
         frozen_weights=math.ceil(frozen_w),
         trainable_weights=math.ceil(trainable_w),
@@ -410,9 +459,9 @@ def _linear_inputs(t: int, width: int, n_consumers: int, in_bytes: int, dt: _Dty
 
 
 def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, tp: int,
-                       backend: str) -> int:
+                       backend: str, ep: int = 1, ep_rows: int | None = None) -> int:
     """Bytes autograd saves for one decoder layer of group ``g`` for one micro-batch."""
-    b, s = job.micro_batch, job.seq_len
+    b, s = _batch_shape(job)
     t = b * s
     h = model.hidden_size
     a = g.attention
@@ -424,7 +473,9 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
         total += 2 * _norm_saved(t, h, c, dt.full, gemma=gemma) + _norm_saved(t, h, dt.resid, dt.full, gemma=gemma)
     else:
         total += _norm_saved(t, h, dt.resid, dt.full, gemma=gemma)  # post-attention norm
-    masked = g.window is not None and s > g.window and job.attn_impl != "flash"
+    # a materialised mask: a sliding window shorter than the row, or padding-free's block-diagonal
+    # mask (flash attention handles both without one)
+    masked = job.attn_impl != "flash" and ((g.window is not None and s > g.window) or job.is_padding_free)
     if a.is_mla:
         total += _mla_saved(a, t, b, s, h, dt, heads, backend)
     else:
@@ -456,7 +507,8 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
     if g.mlp is not None:
         total += _mlp_saved(g.mlp, t, h, dt, tp, g.norms_per_layer == 4)
     if g.moe is not None:
-        total += _moe_saved(g.moe, t, h, dt, tp, job.uses_lora and lora_wraps_experts(model, job.lora))
+        total += _moe_saved(g.moe, t, h, dt, tp, job.uses_lora and lora_wraps_experts(model, job.lora),
+                            ep=ep, ep_rows=ep_rows)
     total += _lora_saved(g, model, job, dt, t, tp, backend)
     return total
 
@@ -481,10 +533,12 @@ def _mlp_saved(m: MlpSpec, t: int, h: int, dt: _Dtypes, tp: int, gemma: bool) ->
     return out
 
 
-def _moe_saved(m: MoeSpec, t: int, h: int, dt: _Dtypes, tp: int, wrapped: bool = False) -> int:
+def _moe_saved(m: MoeSpec, t: int, h: int, dt: _Dtypes, tp: int, wrapped: bool = False, *, ep: int = 1,
+               ep_rows: int | None = None) -> int:
     """One MoE layer. ``wrapped``: PEFT ParamWrapper LoRA on the experts and the router, which
     materialise ``W + BA`` (compute dtype) for every expert and the router in each forward; a
-    frozen router does not save its input."""
+    frozen router does not save its input. ``ep`` > 1: the experts run expert-parallel on the
+    ``ep_rows`` (token, expert) rows this rank receives (see :mod:`ftplan.expert_parallel`)."""
     routed = t * m.top_k
     e = dt.expert
     c = dt.compute
@@ -498,21 +552,29 @@ def _moe_saved(m: MoeSpec, t: int, h: int, dt: _Dtypes, tp: int, wrapped: bool =
         router_in = t * h * r
         out = t * m.num_experts * r + routed * 8 + t * r + routed * r
         per_row = routed * r  # scaled by routed_scaling_factor: a new tensor
+        w_bytes = r
     else:  # softmax in fp32
         router_in = t * h * c
         out = t * m.num_experts * 4 + routed * 8 + t * 4 + routed * 4
         if m.router == "qwen3_moe":  # cast back to the logits' dtype (a no-op in fp32)
             per_row = routed * c if c != 4 else 0
+            w_bytes = c
         else:
             per_row = routed * 4
+            w_bytes = 4
     if dt.full or wrapped:
         out += router_in
     if wrapped:  # the merged router and expert weights
         out += m.num_experts * h * c + m.num_experts * 3 * h * i * c
-    # experts (grouped_mm): three index vectors, gathered inputs, gate_up output, act output,
-    # product, per-row weights, down output; offsets per expert
-    out += 3 * routed * 8 + m.num_experts * 4 + per_row
-    out += routed * e * (h + 2 * i + i + i + h)
+    if ep > 1:
+        from .expert_parallel import ep_experts_saved
+
+        out += ep_experts_saved(m, t, routed if ep_rows is None else ep_rows, h, dt, ep, w_bytes)
+    else:
+        # experts (grouped_mm): three index vectors, gathered inputs, gate_up output, act output,
+        # product, per-row weights, down output; offsets per expert
+        out += 3 * routed * 8 + m.num_experts * 4 + per_row
+        out += routed * e * (h + 2 * i + i + i + h)
     if m.shared is not None:
         out += _mlp_saved(m.shared, t, h, dt, tp, False)
     return out // max(1, tp) if tp > 1 else out
@@ -567,24 +629,37 @@ def _group_linears(model: ModelSpec, g: LayerGroup) -> list[LinearSpec]:
     return out
 
 
-def _logits_bytes(model: ModelSpec, job: Job, dt: _Dtypes, tp: int) -> tuple[int, int]:
-    """(saved, transient) bytes of the final norm, lm_head and loss in transformers 5.
+def _logits_bytes(model: ModelSpec, job: Job, dt: _Dtypes, tp: int, backend: str = "cuda",
+                  consts: MemoryConstants | None = None) -> tuple[int, int]:
+    """(saved, transient) bytes of the final norm, the LM head and the loss, per ``job.loss``.
 
-    ``ForCausalLMLoss`` upcasts the logits to fp32 and cross-entropy's log-softmax saves its fp32
-    output; the shifted labels (int64) are saved too. Transient: the compute-dtype logits, their
-    fp32 copy, and in backward the fp32 gradient of the log-softmax and its cast.
+    ``hf`` (transformers' ``ForCausalLMLoss`` behind ``model(labels=...)``): the logits are
+    upcast to fp32 and cross-entropy's log-softmax saves its fp32 output; the shifted labels
+    (int64) are saved too. Transient: the compute-dtype logits, their fp32 copy, and in backward
+    the fp32 gradient of the log-softmax and its cast.
+
+    ``trl`` (TRL SFTTrainer's fused LM head, ``loss_type="nll"``): :func:`_trl_head_bytes`.
+    ``liger`` (Liger-Kernel fused linear cross-entropy, HF Trainer ``use_liger_kernel=True``):
+    :func:`_liger_head_bytes` (modelled from the algorithm, not checked on CPU: it needs Triton).
     """
-    t = job.micro_batch * job.seq_len
+    b, s = _batch_shape(job)
+    t = b * s
     h = model.hidden_size
     v = model.vocab_size // tp
     c = dt.compute
     saved = _norm_saved(t, h, dt.resid, dt.full, gemma=FAMILIES[model.family].norm_style == "gemma")
+    if job.loss == "trl":
+        head_saved, transient = _trl_head_bytes(model, job, dt, tp, backend, consts or memory_constants())
+        return saved + head_saved, transient
+    if job.loss == "liger":
+        head_saved, transient = _liger_head_bytes(model, job, dt, tp)
+        return saved + head_saved, transient
     saved += _linear_inputs(t, h, 1, dt.norm_out, dt)
     if job.uses_lora and "lm_head" in job.lora.target_modules:
         saved += t * h * (c + 1) + t * job.lora.r * c
-    # fp32 log-softmax, the shifted int64 targets (with b = 1 the slice of the padded labels is
+    # fp32 log-softmax, the shifted int64 targets (with one row the slice of the padded labels is
     # already contiguous, so the whole (1, s + 1) storage stays), the fp32 total weight
-    saved += t * v * 4 + 8 * (t if job.micro_batch > 1 else job.seq_len + 1) + 4
+    saved += t * v * 4 + 8 * (t if b > 1 else s + 1) + 4
     if job.method == "qlora" and dt.autocast and c != 4:
         # prepare_model_for_kbit_training keeps lm_head in fp32: autocast's compute-dtype copy of
         # the (frozen) weight is saved for the input gradient
@@ -592,6 +667,76 @@ def _logits_bytes(model: ModelSpec, job: Job, dt: _Dtypes, tp: int) -> tuple[int
     if model.final_logit_softcap:
         saved += t * v * c  # tanh output
     transient = t * v * (c + 4 + 4)
+    return saved, transient
+
+
+def _lm_head_weight_bytes(job: Job, dt: _Dtypes) -> int:
+    """Bytes per element of the lm_head weight as the trainer holds it."""
+    if job.method == "full":
+        return dt.train_w
+    if job.method == "qlora":
+        return 4  # prepare_model_for_kbit_training upcasts it
+    return dt.resid  # the frozen base dtype
+
+
+def _trl_head_bytes(model: ModelSpec, job: Job, dt: _Dtypes, tp: int, backend: str,
+                    consts: MemoryConstants) -> tuple[int, int]:
+    """TRL >= 1.x SFTTrainer: ``add_fused_lm_head`` scores the next-token log-probabilities in
+    tiles of ``trl_logprob_token_chunk`` tokens x ``trl_logprob_vocab_chunk`` vocabulary entries
+    (``ChunkedLogProbFunction``) without ever materialising the logits; the backward recomputes
+    each tile. Saved: the hidden states it projects, the int64 targets, the fp32 log-normaliser
+    and entropy per token, the label mask of the masked_fill/masked_scatter that puts the
+    per-token values back, and the int64 token count the loss is divided by. On CUDA (Triton)
+    only positions with a label are projected (``hidden_states[mask]``: a compact copy); on CPU
+    every position is, from a view of the last hidden state (a copy when b > 1).
+    Transient: one compute-dtype tile, the compute-dtype casts of a hidden chunk and a weight
+    chunk, and in backward the fp32 gradient of the hidden states (and its cast)."""
+    b, s = _batch_shape(job)
+    h = model.hidden_size
+    c = dt.compute
+    hb = dt.norm_out if job.method != "lora" else dt.resid  # the final norm's output dtype
+    n = b * (s - 1)  # scored positions (every shifted label is valid in a dense batch)
+    if job.is_padding_free:
+        n = job.micro_batch * (job.seq_len - 1)  # the first label of each sequence is -100
+    rows = b * (s - 1)
+    if backend == "cuda":
+        hidden = n * h * hb  # compact copy of the positions with a label
+        targets = n * 8
+    else:
+        hidden = (s * h if b == 1 else rows * h) * hb
+        targets = rows * 8
+    per_token = 2 * n * 4 if backend == "cuda" else 2 * rows * 4  # log_z, entropy (fp32)
+    mask = rows  # bool (b, s-1): ~mask (CPU masked_fill) or mask (CUDA index/masked_scatter)
+    saved = hidden + targets + per_token + mask + 8
+    # transient
+    m = n if backend == "cuda" else rows
+    tile_rows = min(m, consts.trl_logprob_token_chunk)
+    w = _lm_head_weight_bytes(job, dt)
+    vocab = model.vocab_size // tp
+    tile = tile_rows * consts.trl_logprob_vocab_chunk * c
+    casts = (tile_rows * h * c if hb != c else 0) + (min(vocab, consts.trl_logprob_vocab_chunk) * h * c
+                                                     if w != c else 0)
+    fwd = tile + casts + 7 * m * 4
+    bwd = tile + casts + m * h * 4 + (m * h * hb if hb != 4 else 0) + m * 4
+    return saved, max(fwd, bwd)
+
+
+def _liger_head_bytes(model: ModelSpec, job: Job, dt: _Dtypes, tp: int) -> tuple[int, int]:
+    """Liger-Kernel ``LigerFusedLinearCrossEntropyFunction`` (ops/fused_linear_cross_entropy.py):
+    the forward walks the tokens in chunks of ``next_pow2(ceil(BT / ceil(V / H)))`` (so a chunk's
+    logits are about BT x H elements), computes each chunk's loss and its logits gradient in
+    place, and accumulates the input gradient (BT x H, the input's dtype) and, for a trainable
+    lm_head, the weight gradient right away; those gradients are what it saves for backward.
+    Transient: one chunk of logits (compute dtype) and the fp32 per-token loss."""
+    b, s = _batch_shape(job)
+    bt = b * s
+    h = model.hidden_size
+    v = model.vocab_size // tp
+    hb = dt.norm_out if job.method != "lora" else dt.resid
+    inc = -(-v // h)
+    chunk = min(1 << max(0, (-(-bt // inc) - 1).bit_length()), bt)
+    saved = bt * h * hb + 8 * bt  # grad_input; the shifted int64 targets
+    transient = chunk * v * dt.compute + chunk * h * hb + bt * 4
     return saved, transient
 
 
@@ -619,8 +764,13 @@ def _model_level_saved(model: ModelSpec, job: Job, dt: _Dtypes) -> int:
     """Tensors saved once per model: token ids, the shared RoPE tables and, under (non-reentrant)
     checkpointing, what the layers' recompute closures capture: position ids and any
     materialised attention mask (eager: ``(b, 1, s, s)`` in the residual dtype per distinct layer
-    type; sdpa: a ``(1, 1, s, s)`` bool per sliding window shorter than the sequence)."""
-    b, s = job.micro_batch, job.seq_len
+    type; sdpa: a ``(1, 1, s, s)`` bool per sliding window shorter than the sequence).
+
+    Padding-free (one row of T tokens): the RoPE tables cover T positions; the closures hold the
+    collator's ``position_ids`` (int64), ``seq_idx`` (int32) and ``cu_seq_lens`` (int32, one per
+    sequence + 1); sdpa and eager attend through a block-diagonal ``(1, 1, T, T)`` mask (flash
+    attention runs varlen without one)."""
+    b, s = _batch_shape(job)
     t = b * s
     a = model.attention
     out = t * 8 if dt.full else 0  # embedding backward keeps the token ids
@@ -629,14 +779,337 @@ def _model_level_saved(model: ModelSpec, job: Job, dt: _Dtypes) -> int:
         out += n_rope * 2 * s * a.head_dim * dt.resid  # RoPE cos, sin: (1, s, d), shared
     else:
         out += 2 * s * a.qk_rope_head_dim * dt.resid
-    if job.gradient_checkpointing:
+    if job.ac_mode != "none":
         out += s * 8  # position_ids
-        kinds = {g.window if g.window is not None and s > g.window else None for g in model.groups}
+        if job.is_padding_free:
+            out += s * 4 + (job.micro_batch + 1) * 4  # seq_idx, cu_seq_lens (q and k: one tensor)
+        packed = job.is_padding_free and job.attn_impl != "flash"
+        # the masks of the attention kinds the checkpointed layers use
+        kinds = {g.window if g.window is not None and s > g.window else None
+                 for g, n in zip(model.groups, _checkpointed_counts(model, job)) if n}
         if job.attn_impl == "eager":
             out += len(kinds) * b * s * s * dt.resid
         elif job.attn_impl == "sdpa":
-            out += sum(s * s for w in kinds if w is not None)
+            out += sum(s * s for w in kinds if w is not None or packed)
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# activation checkpointing variants
+# ---------------------------------------------------------------------------------------------
+def checkpointed_layer_counts(model: ModelSpec, job: Job) -> list[int]:
+    """Checkpointed decoder layers per group of ``model.groups`` under ``job.ac_mode``."""
+    return _checkpointed_counts(model, job)
+
+
+def layer_linears(model: ModelSpec, g: LayerGroup) -> list[LinearSpec]:
+    """The ``nn.Linear`` kinds of one decoder layer of group ``g`` (attention, MLP, shared experts)."""
+    return _group_linears(model, g)
+
+
+def _checkpointed_counts(model: ModelSpec, job: Job) -> list[int]:
+    """Checkpointed decoder layers per group. ``every-k`` follows transformers' ``every_n_layers``
+    (HF Trainer ``activation_checkpointing_kwargs={"every_n_layers": k}``): layers 0, k, 2k, ..."""
+    mode = job.ac_mode
+    if mode == "none":
+        return [0] * len(model.groups)
+    if mode != "every-k":
+        return [g.count for g in model.groups]
+    counts = [0] * len(model.groups)
+    for i, gi in enumerate(layer_group_order(model)):
+        if i % job.checkpoint_every == 0:
+            counts[gi] += 1
+    return counts
+
+
+def _attention_kernel_outputs(g: LayerGroup, job: Job, dt: _Dtypes, tp: int, backend: str) -> int:
+    """Bytes of the outputs of the fused attention kernel of one layer (output and logsumexp), what
+    a selective-checkpointing policy that saves the attention op keeps; 0 where attention is not
+    one op (eager; MLA on CPU, where different q/v head dims send sdpa to the math kernel)."""
+    a = g.attention
+    if job.attn_impl == "eager" or (a.is_mla and backend == "cpu"):
+        return 0
+    b, s = _batch_shape(job)
+    heads = a.num_heads // tp
+    return b * s * heads * a.v_head_dim * dt.compute + b * heads * s * 4
+
+
+def _layer_matmul_outputs(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, tp: int) -> list[int]:
+    """Bytes of the output of every ``aten.mm`` a decoder layer runs, in execution order: bias-free
+    projections (a bias makes it ``addmm``), each LoRA ``lora_A``/``lora_B`` right after its base
+    layer, the MoE router (routed experts run ``grouped_mm``), shared experts after the routed."""
+    t = job.micro_batch * job.seq_len
+    c = dt.compute
+    r = job.lora.r
+    targets = lora_targets(model, job.lora) if job.uses_lora else frozenset()
+    out: list[int] = []
+
+    def proj(lin: LinearSpec, width: int) -> None:
+        if not lin.bias:
+            out.append(t * width * c)
+        if lin.module in targets:
+            out.extend((t * r * c, t * width * c))
+
+    lins = {lin.module: lin for lin in _group_linears(model, g)}
+    a = g.attention
+    col = {"q_proj", "k_proj", "v_proj", "qkv_proj", "q_b_proj", "kv_b_proj", "gate_proj", "up_proj",
+           "gate_up_proj"}
+    order = ["q_a_proj", "q_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj"] if a.is_mla else \
+        ["qkv_proj", "q_proj", "k_proj", "v_proj"]
+    for name in order + ["o_proj"]:
+        if name in lins:
+            lin = lins[name]
+            proj(lin, lin.out_features // tp if name in col else lin.out_features)
+    mlp = g.mlp if g.mlp is not None else None
+    if g.moe is not None:
+        if job.uses_lora and lora_wraps_experts(model, job.lora):
+            out.append(g.moe.num_experts * model.hidden_size * c)  # ParamWrapper's B @ A for the router
+        out.append(t * g.moe.num_experts * c)  # router logits
+        mlp = g.moe.shared
+    if mlp is not None:
+        from .model import mlp_linears
+
+        for lin in mlp_linears(mlp, model.hidden_size, 1, "mlp"):
+            if lin.module in ("gate_up_proj", "gate_proj", "up_proj", "down_proj"):
+                proj(lin, lin.out_features // tp if lin.module in col else lin.out_features)
+    return out
+
+
+def _sac_cache_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, tp: int, backend: str) -> int:
+    """Per checkpointed layer, what selective activation checkpointing caches for backward.
+
+    ``selective-attention`` (TRL ``gradient_checkpointing_kwargs={"selective": True}``): the
+    attention kernel's outputs. ``selective`` (torchtitan's op policy): those plus every other
+    ``mm`` output (the 1st, 3rd, ... of the layer)."""
+    mode = job.ac_mode
+    if mode not in ("selective", "selective-attention"):
+        return 0
+    out = _attention_kernel_outputs(g, job, dt, tp, backend)
+    if mode == "selective":
+        out += sum(x for i, x in enumerate(_layer_matmul_outputs(g, model, job, dt, tp)) if i % 2 == 0)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# activation offloading (TRL activation_offloading=True)
+# ---------------------------------------------------------------------------------------------
+def _offload_split(model: ModelSpec, job: Job, dt: _Dtypes, tp: int, backend: str,
+                   consts: MemoryConstants) -> tuple[int, int, int, int]:
+    """(host bytes, pinned host bytes, bytes kept on the device before the loss, kept of the
+    final norm and loss) under TRL's ``OffloadActivations`` (trl/models/activation_offloading.py).
+
+    Its pack hook receives every tensor autograd saves outside the output head (TRL enters a
+    no-op hook around ``lm_head``) and copies it to pinned host memory, except: parameters,
+    tensors under ``trl_offload_min_bytes`` and repeats of a storage whose first copy is still
+    tracked (those stay on the device as they are: the storage is held by the hook's table). The
+    last ``trl_offload_stash_tensors`` saves keep their device original until the backward starts
+    (the copy stream's stash). Tensors that never pass a saved-tensor hook stay where they are:
+    checkpoint recompute closures (RoPE tables, masks, position ids) and the SAC cache.
+
+    The saves are replayed in forward order (:func:`_offload_events`) through the same rules.
+    Exact where every decoder layer is checkpointed; without checkpointing (and for the layers
+    every-k leaves alone) a layer's saved tensors are taken as one block that goes to the host, a
+    lower bound on what stays (repeats inside a layer stay on the device)."""
+    events, before_loss = _offload_events(model, job, dt, tp, backend)
+    window = consts.trl_offload_stash_tensors
+    stash: dict[int, tuple[str, int]] = {}
+    key_of: dict[int, str] = {}
+    tracked: dict[str, int] = {}
+    held: dict[str, int] = {}  # repeats kept on the device
+    host = pinned = 0
+    small: dict[str, int] = {}
+    for i, (host_b, dev_b, key) in enumerate(events, 1):
+        if key is None:  # a parameter: takes an id, stays
+            continue
+        if host_b == 0:  # repeats inside a block (not checkpointed layers): stay
+            held[key] = dev_b
+            continue
+        if key in tracked:
+            tracked[key] = i
+            key_of[i] = key
+            held[key] = dev_b
+            continue
+        if host_b < consts.trl_offload_min_bytes:
+            small[key] = dev_b
+            continue
+        for j in list(stash):
+            if j > i - window:
+                break
+            del stash[j]
+            k = key_of.pop(j, None)
+            if k is not None and tracked.get(k) == j:
+                del tracked[k]
+        host += host_b
+        pinned += 1 << max(0, (host_b - 1).bit_length())  # CachingHostAllocator: PowerOf2Ceil(size)
+        stash[i] = (key, dev_b)
+        tracked[key] = i
+        key_of[i] = key
+    device = {**small, **held, **{k: d for k, d in stash.values()}}
+    loss_keys = {k for _, _, k in events[before_loss:] if k is not None}
+    kept_loss = sum(v for k, v in device.items() if k in loss_keys)
+    kept_layers = sum(v for k, v in device.items() if k not in loss_keys)
+    # what never passes a saved-tensor hook: closures (and, without checkpointing, the RoPE
+    # tables the first layer saves and every later layer repeats), and the output head's saves
+    b, s = _batch_shape(job)
+    t = b * s
+    kept_layers += _model_level_saved(model, job, dt) - (t * 8 if dt.full else 0)
+    kept_loss += _head_noop_saved(model, job, dt, tp)
+    return host, pinned, kept_layers, kept_loss
+
+
+def _head_noop_saved(model: ModelSpec, job: Job, dt: _Dtypes, tp: int) -> int:
+    """What the output head saves inside TRL's no-op hook (kept on the device): with
+    transformers' loss path, lm_head's input (a compute-dtype copy when the norm output is not in
+    it) and QLoRA's autocast copy of the fp32 lm_head weight."""
+    if job.loss != "hf":
+        return 0
+    b, s = _batch_shape(job)
+    t = b * s
+    h = model.hidden_size
+    out = _linear_inputs(t, h, 1, dt.norm_out, dt)
+    if job.method == "qlora" and dt.autocast and dt.compute != 4:
+        out += model.vocab_size // tp * h * dt.compute
+    return out
+
+
+def _offload_events(model: ModelSpec, job: Job, dt: _Dtypes, tp: int,
+                    backend: str) -> tuple[list[tuple[int, int, str | None]], int]:
+    """Every tensor the forward saves through a saved-tensor hook, in order: (bytes of the host
+    copy, bytes kept if it stays on the device, storage key; None for a parameter), and the index
+    where the final norm starts."""
+    b, s = _batch_shape(job)
+    t = b * s
+    h = model.hidden_size
+    ev: list[tuple[int, int, str | None]] = []
+    if dt.full:
+        ev.append((t * 8, t * 8, "ids"))  # the embedding keeps the token ids
+    per_group = {id(g): _layer_saved_bytes(g, model, job, dt, tp, backend) for g in model.groups}
+    ck = job.ac_mode != "none"
+    every = job.checkpoint_every if job.ac_mode == "every-k" else 1
+    rope_done = False
+    for i, gi in enumerate(layer_group_order(model)):
+        g = model.groups[gi]
+        if ck and i % every == 0:
+            x = t * h * dt.resid  # the checkpoint input
+            ev.append((x, x, f"layer{i}"))
+        else:
+            first_frozen = i == 0 and not ck and not dt.full
+            x = per_group[id(g)] - (_first_layer_discount(model, job, dt, backend) if first_frozen else 0)
+            # a layer that is not checkpointed saves many tensors; taken as one block that goes to
+            # the host, plus what it saves twice in a row, which stays (see _layer_repeats)
+            ev.append((x, 0, f"layer{i}"))
+            rep = _layer_repeats(g, model, job, dt, tp, first_frozen, backend)
+            if rep:
+                ev.append((0, rep, f"layer{i}_repeats"))
+            # autocast's compute-dtype weight copies this layer saves go to the host too (on the
+            # device the autocast cache holds them until the forward ends: counted as weights)
+            copies = _layer_copy_bytes(g, model, job, dt, backend, first_frozen)
+            if copies:
+                ev.append((copies, 0, f"layer{i}_copies"))
+            if not rope_done:  # the first layer not checkpointed saves the shared RoPE tables
+                rope_done = True
+                rope = _rope_bytes(model, job, dt)
+                ev.append((rope, 0, "rope"))
+    start = len(ev)
+    # the final norm: x.float() (or x itself), rsqrt; the product saves both again; llama style
+    # then saves the normalised tensor cast back (trainable weight) and the weight
+    gemma = FAMILIES[model.family].norm_style == "gemma"
+    ev += [(t * h * 4, t * h * 4, "norm_x"), (t * 4, t * 4, "norm_r"), (t * 4, t * 4, "norm_r"),
+           (t * h * 4, t * h * 4, "norm_x")]
+    if gemma:
+        ev.append((h * 4, h * 4, "norm_1pw"))
+        if dt.full:
+            ev.append((t * h * 4, t * h * 4, "norm_y"))
+    else:
+        if dt.full:
+            ev.append((t * h * dt.resid, t * h * dt.resid, "norm_y"))
+        ev.append((0, 0, None))
+    ev += _loss_events(model, job, dt, tp, backend)
+    return ev, start
+
+
+def _rope_bytes(model: ModelSpec, job: Job, dt: _Dtypes) -> int:
+    """The RoPE cos and sin tables, shared by every layer: ``(1, s, d)`` each."""
+    _, s = _batch_shape(job)
+    a = model.attention
+    if a.is_mla:
+        return 2 * s * a.qk_rope_head_dim * dt.resid
+    return (2 if model.family == "gemma3_text" else 1) * 2 * s * a.head_dim * dt.resid
+
+
+def _layer_copy_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, backend: str,
+                      first_frozen: bool) -> int:
+    """Autocast's compute-dtype copies of one layer's trainable weights that autograd saves."""
+    prec = PRECISIONS[job.precision]
+    if not job.precision.endswith("-mixed") or prec["compute"] == "fp32":
+        return 0
+    c = dt.compute
+    if job.method == "full":
+        n = _layer_matmul_weight_elems(model, g)
+        if backend == "cpu" and g.moe is not None:  # grouped_mm experts run in fp32 on CPU
+            n -= g.moe.num_experts * 3 * model.hidden_size * g.moe.expert_intermediate_size
+        return n * c
+    n = _layer_adapter_elems(model, job, g) - (_first_layer_frozen_a(model, job) if first_frozen else 0)
+    return n * c
+
+
+def _layer_repeats(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, tp: int, first_frozen: bool,
+                   backend: str) -> int:
+    """Storages a decoder layer that is not checkpointed saves twice within TRL's window, which
+    stay on the device: each norm's fp32 input and its rsqrt (saved by pow/rsqrt and again by the
+    product), and in full fine-tuning the attention kernel's output (saved by the kernel and as
+    o_proj's input)."""
+    b, s = _batch_shape(job)
+    t = b * s
+    h = model.hidden_size
+    norms = g.norms_per_layer - (1 if first_frozen else 0)
+    out = norms * (t * h * 4 + t * 4)
+    a = g.attention
+    if a.qk_norm:  # per-head q/k norms: the same pattern per head row
+        heads, kv = a.num_heads // tp, max(1, a.num_kv_heads // tp)
+        out += t * heads * a.head_dim * 4 + t * heads * 4 + t * kv * a.head_dim * 4 + t * kv * 4
+    # (on CPU a fused qkv makes o_proj's input a separate copy: no repeat)
+    if dt.full and job.attn_impl != "eager" and not a.is_mla and not (a.fused_qkv and backend == "cpu"):
+        out += t * (a.num_heads // tp) * a.v_head_dim * dt.compute
+    return out
+
+
+def _loss_events(model: ModelSpec, job: Job, dt: _Dtypes, tp: int,
+                 backend: str) -> list[tuple[int, int, str | None]]:
+    b, s = _batch_shape(job)
+    t = b * s
+    h = model.hidden_size
+    v = model.vocab_size // tp
+    c = dt.compute
+    if job.loss == "hf":
+        ev: list[tuple[int, int, str | None]] = []
+        if model.final_logit_softcap:
+            ev.append((t * v * c, t * v * c, "softcap"))
+        tgt = t * 8
+        ev += [(t * v * 4, t * v * 4, "logsoftmax"), (t * v * 4, t * v * 4, "logsoftmax"),
+               (tgt, tgt, "targets"), (4, 4, "total_weight")]
+        return ev
+    if job.loss == "liger":
+        return [(t * h * dt.norm_out, t * h * dt.norm_out, "grad_input"), (t * 8, t * 8, "targets")]
+    hb = dt.norm_out
+    rows = b * (s - 1)
+    n = job.micro_batch * (job.seq_len - 1) if job.is_padding_free else rows
+    if backend == "cuda":  # only the positions with a label: index saves the mask, then a copy
+        return [(rows, rows, "mask"), (n * h * hb, n * h * hb, "hidden"), (0, 0, None),
+                (n * 8, n * 8, "targets"), (n * 4, n * 4, "log_z"), (n * 4, n * 4, "entropy"),
+                (rows, rows, "mask"), (rows, rows, "mask"), (8, 8, "n_model"), (8, 8, "n_trainer")]
+    # CPU: every position, from a view of the last hidden state (a copy when b > 1)
+    hidden_dev = (s * h if b == 1 else rows * h) * hb
+    return [(rows * h * hb, hidden_dev, "hidden"), (0, 0, None), (rows * 8, rows * 8, "targets"),
+            (rows * 4, rows * 4, "log_z"), (rows * 4, rows * 4, "entropy"), (rows, rows, "not_mask1"),
+            (rows, rows, "not_mask2"), (8, 8, "n_model"), (8, 8, "n_trainer")]
+
+
+def _batch_shape(job: Job) -> tuple[int, int]:
+    """(rows, tokens per row) the model sees: padding-free flattens the micro-batch into one row."""
+    if job.is_padding_free:
+        return 1, job.micro_batch * job.seq_len
+    return job.micro_batch, job.seq_len
 
 
 def saved_activation_bytes(model: ModelSpec, job: Job, layout: Layout | None = None,
@@ -649,27 +1122,113 @@ def saved_activation_bytes(model: ModelSpec, job: Job, layout: Layout | None = N
 
 
 def _activations(model: ModelSpec, job: Job, layout: Layout, backend: str = "cuda") -> tuple[int, int, int]:
-    """(saved activations, logits+loss saved, backward transient) per GPU."""
+    """(saved activations, logits+loss saved, backward transient) per GPU, on the device."""
+    a = activation_parts(model, job, layout, backend=backend)
+    return a.device_saved_bytes, a.loss_saved_bytes, a.transient_bytes
+
+
+@dataclass(frozen=True)
+class ActivationParts:
+    """What one micro-batch keeps for backward on one GPU, split the ways the variants need.
+
+    ``layers_saved_bytes``: what autograd keeps of the decoder layers (checkpoint inputs of the
+    checkpointed ones, everything of the others); ``sac_cache_bytes``: outputs that selective
+    checkpointing caches (kept on the device by the SAC dispatch mode, never offloaded);
+    ``model_level_bytes``: token ids, RoPE tables and the recompute closures; ``loss_saved_bytes``:
+    final norm, lm_head and loss. With activation offloading, ``offloaded_bytes`` of them live in
+    pinned host memory (``host_pinned_bytes`` after the host allocator's rounding) and
+    ``device_saved_bytes`` is what stays on the GPU (activations component, loss part excluded).
+    """
+
+    layers_saved_bytes: int
+    sac_cache_bytes: int
+    model_level_bytes: int
+    loss_saved_bytes: int
+    transient_bytes: int
+    recompute_bytes: int
+    loss_transient_bytes: int
+    checkpointed_layers: int
+    offloaded_bytes: int = 0
+    host_pinned_bytes: int = 0
+    device_saved_bytes: int = 0
+
+
+def activation_parts(model: ModelSpec, job: Job, layout: Layout | None = None, *,
+                     backend: str = "cuda", consts: MemoryConstants | None = None) -> ActivationParts:
+    """The activation side of the breakdown for one micro-batch on one GPU (see ActivationParts)."""
+    layout = layout or Layout()
+    consts = consts or memory_constants()
     dt = _act_dtypes(job, backend)
     tp, pp = layout.tp, layout.pp
     t = job.micro_batch * job.seq_len
-    per_layer = [(g, _layer_saved_bytes(g, model, job, dt, tp, backend)) for g in model.groups]
-    if job.gradient_checkpointing:
-        # HF non-reentrant checkpointing keeps each layer's hidden-state input; one layer is
-        # recomputed at a time in backward
-        saved = sum(g.count * t * model.hidden_size * dt.resid for g, _ in per_layer)
-        recompute = max(x for _, x in per_layer) + _recompute_weight_copy_bytes(model, job, layout)
-    else:
+    mode = job.ac_mode
+    ep = getattr(layout, "ep", 1)
+    per_layer = [(g, _layer_saved_bytes(g, model, job, dt, tp, backend, ep, _ep_rows(g, job, ep))
+                  + _lowprec_layer_saved(g, model, job, dt, tp, backend)) for g in model.groups]
+    ck_counts = _checkpointed_counts(model, job)
+    saved = sac = 0
+    recompute = 0
+    if mode == "none":
         saved = sum(g.count * x for g, x in per_layer)
-        recompute = 0
         if not dt.full:
-            saved -= _first_layer_discount(model, job, dt, backend)
+            saved -= _first_layer_discount(model, job, dt, backend) + _lowprec_first_layer(model, job, dt, backend)
+    else:
+        # HF non-reentrant (or reentrant) checkpointing keeps each checkpointed layer's
+        # hidden-state input; selective checkpointing also caches the policy's op outputs; one
+        # layer is recomputed at a time in backward (the cached outputs are reused, not remade)
+        for (g, x), n_ck in zip(per_layer, ck_counts):
+            cache = _sac_cache_bytes(g, model, job, dt, tp, backend)
+            saved += n_ck * t * model.hidden_size * dt.resid + (g.count - n_ck) * x
+            sac += n_ck * cache
+            if n_ck:
+                recompute = max(recompute, x - cache)
+        recompute += _recompute_weight_copy_bytes(model, job, layout) + _lowprec_recompute_copies(model, job, layout)
     # pipeline 1F1B: a stage holds layers/pp, for up to pp micro-batches in flight
-    saved = saved * min(pp, max(1, job.grad_accum)) // pp if pp > 1 else saved
-    saved += _model_level_saved(model, job, dt)
-    logits_saved, logits_transient = _logits_bytes(model, job, dt, tp)
-    transient = max(recompute, logits_transient)
-    return saved, logits_saved, transient
+    if pp > 1:
+        inflight = min(pp, max(1, job.grad_accum))
+        saved = saved * inflight // pp
+        sac = sac * inflight // pp
+    level = _model_level_saved(model, job, dt)
+    # tensor parallelism as transformers runs it (the model's TP plan, lm_head "colwise_gather_output"):
+    # the lm_head weight is split but its logits are gathered, so every rank holds all of them
+    # (checked on CPU: tests/test_tp_memory.py)
+    logits_saved, logits_transient = _logits_bytes(model, job, dt, 1, backend, consts)
+    offloaded = pinned = 0
+    device = saved + sac + level
+    loss_device = logits_saved
+    if job.activation_offloading:
+        offloaded, pinned, kept_layers, kept_loss = _offload_split(model, job, dt, tp, backend, consts)
+        device = sac + kept_layers
+        loss_device = kept_loss
+        # in backward each checkpointed layer's input comes back before its recompute
+        if mode != "none":
+            recompute += t * model.hidden_size * dt.resid
+    return ActivationParts(
+        layers_saved_bytes=saved, sac_cache_bytes=sac, model_level_bytes=level,
+        loss_saved_bytes=loss_device,
+        transient_bytes=max(recompute, logits_transient), recompute_bytes=recompute,
+        loss_transient_bytes=logits_transient, checkpointed_layers=sum(ck_counts),
+        offloaded_bytes=offloaded, host_pinned_bytes=pinned, device_saved_bytes=device)
+
+
+def moe_block_saved_bytes(model: ModelSpec, job: Job, *, ep: int = 1, ep_rows: int | None = None,
+                          backend: str = "cuda") -> int:
+    """Bytes one MoE block (router, experts, shared experts) of ``model``'s first MoE layer group
+    saves for backward for one micro-batch; with ``ep`` > 1 on a rank that receives ``ep_rows``
+    (token, expert) rows (default: the busiest rank's, see ftplan.expert_parallel)."""
+    g = next(g for g in model.groups if g.moe is not None)
+    wrapped = job.uses_lora and lora_wraps_experts(model, job.lora)
+    rows = ep_rows if ep_rows is not None else _ep_rows(g, job, ep)
+    return _moe_saved(g.moe, job.micro_batch * job.seq_len, model.hidden_size, _act_dtypes(job, backend), 1,
+                      wrapped, ep=ep, ep_rows=rows)
+
+
+def _ep_rows(g: LayerGroup, job: Job, ep: int) -> int | None:
+    if ep <= 1 or g.moe is None:
+        return None
+    from .expert_parallel import ep_rows_per_rank
+
+    return ep_rows_per_rank(job.micro_batch * job.seq_len, g.moe)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -702,23 +1261,48 @@ def estimate_memory(
     if _autocast_recompute(job, layout) and job.method == "full":
         # HF Trainer's autocast under checkpointing: the layers' weight copies are dropped after
         # the forward and remade one layer at a time in backward (see the recompute transient);
-        # only the lm_head (or tied embedding) copy stays
-        outside = model.params.lm_head + (model.params.embedding if model.tie_word_embeddings else 0)
+        # only the lm_head (or tied embedding) copy stays, and those of layers not checkpointed
+        outside = _head_copy_elems(model, job) + _uncheckpointed_layer_elems(
+            model, job, lambda g: _layer_matmul_weight_elems(model, g))
         master = min(st.master_weights, dtype_bytes(PRECISIONS[job.precision]["compute"]) * outside) / mp
     notes.extend(lm.notes)
 
+    if getattr(layout, "ep", 1) > 1:
+        from .expert_parallel import ep_rank_states
+
+        frozen, trainable, master, grads, opt = ep_rank_states(
+            model, job, layout, st, frozen, trainable, master, grads, opt,
+            master_outside_only=_autocast_recompute(job, layout) and job.method == "full")
+        if layout.engine == "ddp" and buffers:
+            buffers = grads  # DDP's buckets hold a copy of the (EP-split) gradients
+
     # FSDP's mixed precision and DeepSpeed's bf16 mode run the model on compute-dtype weights:
     # activations are those of pure compute-dtype training
-    saved, logits_saved, transient = _activations(model, activation_job(job, lm), layout, backend)
+    act = activation_parts(model, activation_job(job, lm), layout, backend=backend, consts=consts)
+    saved, logits_saved, transient = act.device_saved_bytes, act.loss_saved_bytes, act.transient_bytes
+    if act.host_pinned_bytes:
+        # TRL activation offloading: pinned host copies (power-of-two blocks, cached across steps)
+        host += act.host_pinned_bytes
+        notes.append(f"activation offloading: {act.offloaded_bytes / 2**30:,.2f} GiB of saved tensors in "
+                     f"pinned host memory ({act.host_pinned_bytes / 2**30:,.2f} GiB of pinned blocks)")
+    # the engine's transients (gathered units, unsharded gradients, reduce buffers: sharding.py)
     transient += lm.transient + lm.autograd_held
     if job.optimizer == "paged_adamw_8bit":
         notes.append("paged optimizer: states can be evicted to host under pressure")
+    if getattr(layout, "ep", 1) > 1:
+        from .expert_parallel import ep_dispatch_transient_bytes
 
+        transient += ep_dispatch_transient_bytes(model, job, layout)
+        notes.append(f"expert parallel ep={layout.ep}: {_experts_of(model) // layout.ep} experts per rank and MoE "
+                     "layer; all-to-all buffers and the busiest rank's tokens included")
+
+    if job.low_precision:
+        master, transient = _lowprec_layout_terms(model, job, layout, master, transient, notes)
     resident = frozen + trainable + master + grads + opt + buffers
     fwd_bwd = resident + saved + logits_saved + transient
     # optimizer step: fused AdamW has no whole-model temporaries; activations are freed
     shard = layout.shard_degree if layout.shards_params else 1
-    step = resident + lm.step_transient + (_largest_layer_bytes(model, job) / mp / shard
+    step = resident + lm.step_transient + (_largest_layer_bytes(model, job, getattr(layout, "ep", 1)) / mp / shard
                                            if job.method == "full" else 0)
     peak_phase = "forward_backward" if fwd_bwd >= step else "optimizer_step"
     peak_alloc = int(max(fwd_bwd, step)) + consts.cublas_workspace_bytes
@@ -753,18 +1337,109 @@ def estimate_memory(
     )
 
 
-def largest_layer_params(model: ModelSpec) -> int:
-    """Weights of the largest decoder layer (what ZeRO-3/FSDP gather at once)."""
+def largest_layer_params(model: ModelSpec, ep: int = 1) -> int:
+    """Weights of the largest decoder layer (what ZeRO-3/FSDP gather at once); with expert
+    parallelism a rank gathers only its ``num_experts / ep`` experts."""
     best = 0
     for g in model.groups:
         n = sum(lin.params for lin in _group_linears(model, g))
         if g.moe is not None:
             m = g.moe
-            n += m.num_experts * 3 * model.hidden_size * m.expert_intermediate_size
+            n += m.num_experts // max(1, ep) * 3 * model.hidden_size * m.expert_intermediate_size
         best = max(best, n)
     return best
 
 
-def _largest_layer_bytes(model: ModelSpec, job: Job) -> int:
+def _largest_layer_bytes(model: ModelSpec, job: Job, ep: int = 1) -> int:
     c = int(dtype_bytes(PRECISIONS[job.precision]["compute"]))
-    return largest_layer_params(model) * c
+    return largest_layer_params(model, ep) * c
+
+
+# ---------------------------------------------------------------------------------------------
+# low-precision recipes (FP8 / MXFP8 / NVFP4): the terms live in lowprec.py; these hooks apply
+# them on top of the base precision's breakdown (Job.low_precision is None: all return 0/as is)
+# ---------------------------------------------------------------------------------------------
+def _lowprec_states(model: ModelSpec, job: Job, frozen_w: Fraction, master: Fraction) -> tuple[Fraction, Fraction]:
+    """Quantized frozen base (weight-only recipes); compute-dtype weight copies kept for backward
+    (torchao float8: none for converted weights; TE: FP8 workspaces; fp8-weight-only: dequantized
+    copies) plus TE's amax histories, counted with the weight copies."""
+    from . import lowprec
+
+    r = lowprec.get_recipe(job.low_precision)
+    if r is not None and r.kind == "weight_only":
+        frozen_w = lowprec.quantized_weight_bytes(model, job, dtype_bytes(PRECISIONS[job.precision]["frozen"]))
+    targets = lora_targets(model, job.lora) if job.uses_lora else frozenset()
+    master = master + lowprec.weight_copy_delta_bytes(model, job, targets=targets) \
+        + lowprec.amax_history_bytes(model, job)
+    return frozen_w, max(Fraction(0), master)
+
+
+def _lowprec_layer_saved(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, tp: int, backend: str) -> int:
+    if not job.low_precision:
+        return 0
+    from . import lowprec
+
+    t = job.micro_batch * job.seq_len
+    stream = dt.norm_out if dt.full else dt.resid
+    return (lowprec.lora_extra_saved_bytes(g, model, job, t=t, compute=dt.compute, stream=stream, tp=tp,
+                                           backend=backend)
+            + lowprec.te_activation_delta_bytes(g, model, job, t=t, compute=dt.compute, stream=stream, tp=tp))
+
+
+def _lowprec_first_layer(model: ModelSpec, job: Job, dt: _Dtypes, backend: str) -> int:
+    if not job.low_precision:
+        return 0
+    from . import lowprec
+
+    return lowprec.lora_first_layer_extra_bytes(model, job, t=job.micro_batch * job.seq_len,
+                                                compute=dt.compute, stream=dt.resid, backend=backend)
+
+
+def _lowprec_recompute_copies(model: ModelSpec, job: Job, layout: Layout) -> int:
+    """Under checkpointing, the weight copies of the one recomputed layer: torchao float8 makes
+    none for its converted weights; fp8-weight-only dequantizes the layer's base weights."""
+    if not job.low_precision:
+        return 0
+    from . import lowprec
+
+    r = lowprec.get_recipe(job.low_precision)
+    if r is None:
+        return 0
+    c = int(dtype_bytes(PRECISIONS[job.precision]["compute"]))
+    best = 0
+    for g in model.groups:
+        lins = _group_linears(model, g)
+        if r.is_torchao_float8 and job.method == "full" and _autocast_recompute(job, layout):
+            m = r.min_dim_multiple
+            conv = sum(lin.in_features * lin.out_features for lin in lins
+                       if lin.in_features % m == 0 and lin.out_features % m == 0)
+            best = min(best, -c * conv)
+        elif r.name == "fp8-weight-only":
+            best = max(best, c * sum(lin.in_features * lin.out_features for lin in lins))
+    if r.is_torchao_float8 and job.uses_lora and _autocast_recompute(job, layout):
+        # converted (rank % 16 == 0) adapters make no compute-dtype copies when recomputed
+        adapters = lowprec.converted_adapter_elems(model, job, lora_targets(model, job.lora))
+        best = min(best, -(c * adapters // model.num_layers))
+    return best
+
+
+def _lowprec_layout_terms(model: ModelSpec, job: Job, layout: Layout, master: float, transient: float,
+                          notes: list[str]) -> tuple[float, float]:
+    from . import lowprec
+
+    r = lowprec.get_recipe(job.low_precision)
+    if r is None:
+        return master, transient
+    transient = max(transient, lowprec.fp8_transient_bytes(model, job))
+    notes.append(f"{r.name}: {r.display} ({r.library}{', prototype' if r.status == 'prototype' else ''})")
+    if r.is_te:
+        notes.append(f"{r.name}: Transformer Engine terms are read from its source, not checked on CPU")
+    if r.fsdp_float8_all_gather and layout.shards_params and layout.dp > 1:
+        # ZeRO-3/FSDP gather one layer plus one prefetched: with FSDP2 float8 all-gather the
+        # converted weights arrive (and stay unsharded) in FP8
+        c = int(dtype_bytes(PRECISIONS[job.precision]["compute"]))
+        bf16_layer = largest_layer_params(model) * c
+        fp8_layer = lowprec.gathered_layer_bytes(model, job, largest_layer_params(model), c)
+        transient -= 2 * (bf16_layer - fp8_layer) / (layout.tp * layout.pp)
+        notes.append(f"{r.name}: FSDP2 float8 all-gather: converted weights are gathered in FP8")
+    return master, transient

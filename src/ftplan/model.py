@@ -11,8 +11,10 @@ bundled model, see ``tests/test_model_params.py``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from functools import cached_property
 from typing import Any
 
 from .errors import ConfigError
@@ -27,6 +29,7 @@ __all__ = [
     "ParamCounts",
     "ModelSpec",
     "model_from_config",
+    "layer_group_order",
 ]
 
 CATEGORIES = ("embedding", "attention", "mlp", "experts", "router", "norms", "lm_head")
@@ -284,8 +287,24 @@ class ModelSpec:
     def attention(self) -> AttentionSpec:
         return self.groups[0].attention
 
+    def __hash__(self) -> int:
+        # a ModelSpec keys many caches (planner memos, runtime state caches): hash its fields once
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = self.__dict__["_hash"] = hash(tuple(getattr(self, f.name) for f in fields(self) if f.compare))
+        return h
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.pop("_hash", None)  # string hashes differ between processes
+        return state
+
     def linears(self) -> tuple[LinearSpec, ...]:
         """Every weight matrix of the decoder layers and the lm_head (embedding excluded)."""
+        return self._linears
+
+    @cached_property
+    def _linears(self) -> tuple[LinearSpec, ...]:
         h = self.hidden_size
         out: list[LinearSpec] = []
         for g in self.groups:
@@ -306,8 +325,9 @@ class ModelSpec:
             out.append(LinearSpec("lm_head", h, self.vocab_size, 1, False, "lm_head"))
         return tuple(out)
 
-    @property
+    @cached_property
     def params(self) -> ParamCounts:
+        """Parameter counts by category (computed once per spec: it is immutable)."""
         h = self.hidden_size
         cats = dict.fromkeys(CATEGORIES, 0)
         active = 0
@@ -334,6 +354,10 @@ class ModelSpec:
 
     def module_names(self) -> frozenset[str]:
         """Leaf module names PEFT can target (as in ``target_modules``)."""
+        return self._module_names
+
+    @cached_property
+    def _module_names(self) -> frozenset[str]:
         return frozenset(lin.module for lin in self.linears() if lin.is_module)
 
     def summary(self) -> str:
@@ -388,14 +412,100 @@ _attention_linears, _mlp_linears = attention_linears, mlp_linears  # their names
 # --------------------------------------------------------------------------------------------
 # From config.json
 # --------------------------------------------------------------------------------------------
-def _int(cfg: Mapping[str, Any], key: str, *, minimum: int = 1) -> int:
-    v = cfg.get(key)
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        raise ConfigError(
-            f"config.json field {key!r} must be an integer >= {minimum}, got {v!r}",
-            "check the model's config.json",
-        )
-    return v
+#: Sanity bounds on config.json sizes. They are validation limits, not physical constants: each is
+#: at least 8x the largest value in any published causal-LM config (e.g. hidden 16384 and 126 layers
+#: for Llama 3.1 405B, vocab 262144 for Gemma 3, 384 experts for Kimi K2, 10M context for
+#: Llama 4 Scout), and low enough that a typo or a hostile file cannot make ftplan build numbers or
+#: structures that take minutes or gigabytes (``num_hidden_layers: 1e9``).
+CONFIG_LIMITS: dict[str, int] = {
+    "hidden_size": 1 << 17,
+    "intermediate_size": 1 << 20,
+    "moe_intermediate_size": 1 << 20,
+    "num_hidden_layers": 4096,
+    "num_attention_heads": 4096,
+    "num_key_value_heads": 4096,
+    "head_dim": 8192,
+    "vocab_size": 1 << 24,
+    "num_local_experts": 1 << 16,
+    "num_experts": 1 << 16,
+    "n_routed_experts": 1 << 16,
+    "num_experts_per_tok": 1 << 16,
+    "n_shared_experts": 1024,
+    "q_lora_rank": 1 << 17,
+    "kv_lora_rank": 1 << 17,
+    "qk_nope_head_dim": 8192,
+    "qk_rope_head_dim": 8192,
+    "v_head_dim": 8192,
+    "max_position_embeddings": 1 << 30,
+    "sliding_window": 1 << 31,
+    "sliding_window_pattern": 4096,
+    "max_window_layers": 4096,
+    "decoder_sparse_step": 4096,
+    "first_k_dense_replace": 4096,
+}
+#: largest logit soft-capping value accepted (published: 30 and 50)
+_MAX_SOFTCAP = 1e6
+_LAYER_TYPES = ("sliding_attention", "full_attention")
+
+
+class _Check:
+    """Collects every problem of a config; typed getters return a safe value even when wrong."""
+
+    def __init__(self, cfg: Mapping[str, Any]) -> None:
+        self.cfg = cfg
+        self.problems: list[str] = []
+
+    def bad(self, msg: str) -> None:
+        self.problems.append(msg)
+
+    def int(self, key: str, *, minimum: int = 1, optional: bool = False, zero_is_none: bool = False) -> int | None:
+        v = self.cfg.get(key)
+        if v is None and optional:
+            return None
+        if zero_is_none and v == 0 and not isinstance(v, bool):
+            return None
+        hi = CONFIG_LIMITS.get(key)
+        if isinstance(v, bool) or not isinstance(v, int):
+            if isinstance(v, float) and v.is_integer() and math.isfinite(v):
+                self.bad(f"{key} must be an integer, got the float {v!r}")
+            else:
+                self.bad(f"{key} must be an integer >= {minimum}, got {_show(v)}")
+            return None
+        if v < minimum:
+            self.bad(f"{key} must be >= {minimum}, got {v}")
+            return None
+        if hi is not None and v > hi:
+            self.bad(f"{key} = {_show(v)} is implausibly large (at most {hi:,})")
+            return None
+        return v
+
+    def bool(self, key: str) -> bool:
+        v = self.cfg.get(key)
+        if v is None:
+            return False
+        if not isinstance(v, bool):
+            self.bad(f"{key} must be true or false, got {_show(v)}")
+            return False
+        return v
+
+    def number(self, key: str, *, maximum: float) -> float | None:
+        v = self.cfg.get(key)
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 < v <= maximum:
+            self.bad(f"{key} must be a number in (0, {maximum:g}] or null, got {_show(v)}")
+            return None
+        return float(v)
+
+
+def _show(v: Any) -> str:
+    if isinstance(v, str):
+        return repr(v if len(v) <= 40 else v[:40] + "...")
+    if isinstance(v, (list, dict)):
+        return f"a {'list' if isinstance(v, list) else 'JSON object'}"
+    if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 10**15:
+        return f"{float(v):.3g}" if abs(v) < 10**300 else f"an integer of about {int(v.bit_length() * 0.30103)} digits"
+    return repr(v)
 
 
 def text_config(raw: Mapping[str, Any]) -> dict[str, Any]:
@@ -403,17 +513,22 @@ def text_config(raw: Mapping[str, Any]) -> dict[str, Any]:
     if not isinstance(raw, Mapping):
         raise ConfigError("config.json must be a JSON object", "pass a Hugging Face config.json")
     cfg = dict(raw)
+    outer_mt = cfg.get("model_type")
+    if not isinstance(outer_mt, (str, type(None))):
+        raise ConfigError(f"config.json: model_type must be a string, got {_show(outer_mt)}",
+                          "pass a Hugging Face config.json of a causal LM")
     if "text_config" in cfg and isinstance(cfg["text_config"], Mapping):
         inner = dict(cfg["text_config"])
-        mt = inner.get("model_type") or {"gemma3": "gemma3_text"}.get(cfg.get("model_type", ""), "")
+        mt = inner.get("model_type") or {"gemma3": "gemma3_text"}.get(outer_mt or "", "")
         inner["model_type"] = mt
         return inner
-    mt = cfg.get("model_type")
+    mt = outer_mt
     if mt == "gemma3":  # a gemma3 config without text_config: the text defaults apply
         cfg["model_type"] = "gemma3_text"
     if not mt:
-        for arch in cfg.get("architectures") or []:
-            if arch in _ARCH_TO_TYPE:
+        archs = cfg.get("architectures")
+        for arch in archs if isinstance(archs, list) else []:
+            if isinstance(arch, str) and arch in _ARCH_TO_TYPE:
                 cfg["model_type"] = _ARCH_TO_TYPE[arch]
                 break
     return cfg
@@ -426,15 +541,28 @@ def model_from_config(
     hf_id: str | None = None,
     source: str | None = None,
 ) -> ModelSpec:
-    """Build a ``ModelSpec`` from a Hugging Face ``config.json`` dict (never runs remote code)."""
+    """Build a ``ModelSpec`` from a Hugging Face ``config.json`` dict (never runs remote code).
+
+    Every field ftplan reads is checked (type, range, consistency); all problems are reported
+    together in one ``ConfigError``. Work is proportional to the number of distinct layer types,
+    not to ``num_hidden_layers``.
+    """
+    from .inputs import MAX_NESTING, nesting_depth
+
+    if isinstance(raw, Mapping) and nesting_depth(raw, MAX_NESTING) > MAX_NESTING:
+        raise ConfigError(f"config.json is nested deeper than {MAX_NESTING} levels",
+                          "pass a Hugging Face config.json")
     cfg0 = text_config(raw)
     mt = cfg0.get("model_type")
     if not mt:
         raise ConfigError("config.json has no 'model_type'", "pass a Hugging Face config.json of a causal LM")
+    if not isinstance(mt, str):
+        raise ConfigError(f"config.json: model_type must be a string, got {_show(mt)}",
+                          "pass a Hugging Face config.json of a causal LM")
     fam = FAMILIES.get(mt)
     if fam is None:
         raise ConfigError(
-            f"unsupported architecture model_type={mt!r}",
+            f"unsupported architecture model_type={_show(mt)}",
             f"supported: {', '.join(sorted(FAMILIES))}",
         )
     cfg = {**fam.defaults, **{k: v for k, v in cfg0.items() if v is not None or k not in fam.defaults}}
@@ -443,68 +571,53 @@ def model_from_config(
         if cfg0.get(k) is None:
             cfg[k] = fam.defaults.get(k)
 
-    h = _int(cfg, "hidden_size")
-    n_layers = _int(cfg, "num_hidden_layers")
-    vocab = _int(cfg, "vocab_size")
-    heads = _int(cfg, "num_attention_heads")
-    kv_heads = cfg.get("num_key_value_heads") or heads
-    if not isinstance(kv_heads, int) or kv_heads < 1 or heads % kv_heads:
-        raise ConfigError(
-            f"num_key_value_heads={kv_heads!r} must divide num_attention_heads={heads}",
-            "check the model's config.json",
-        )
-    head_dim = cfg.get("head_dim") or h // heads
-    inter = _int(cfg, "intermediate_size")
-    tie = bool(cfg.get("tie_word_embeddings", False))
+    c = _Check(cfg)
+    h = c.int("hidden_size")
+    n_layers = c.int("num_hidden_layers")
+    vocab = c.int("vocab_size")
+    heads = c.int("num_attention_heads")
+    kv_heads = c.int("num_key_value_heads", optional=True)
+    head_dim = c.int("head_dim", optional=True, zero_is_none=True)  # transformers: `head_dim or h // heads`
+    inter = c.int("intermediate_size")
+    tie = c.bool("tie_word_embeddings")
+    qkv_bias = fam.always_qkv_bias or bool(fam.qkv_bias_key and c.bool(fam.qkv_bias_key))
+    o_bias = bool(fam.o_bias_key and c.bool(fam.o_bias_key))
+    mlp_bias = bool(fam.mlp_bias_key and c.bool(fam.mlp_bias_key))
+    softcap = c.number("attn_logit_softcapping", maximum=_MAX_SOFTCAP)
+    final_softcap = c.number("final_logit_softcapping", maximum=_MAX_SOFTCAP)
+    mpe = c.int("max_position_embeddings", optional=True)
+    if heads is not None and kv_heads is not None and heads % kv_heads:
+        c.bad(f"num_key_value_heads={kv_heads} must divide num_attention_heads={heads}")
+    if head_dim is None and h is not None and heads is not None and heads > h:
+        c.bad(f"num_attention_heads={heads} exceeds hidden_size={h} (head_dim would be 0); give head_dim")
+    mla = _mla_fields(c) if fam.mla else None
+    plan = _layer_plan(fam, c, n_layers or 1)
+    moe = _moe_spec(fam, c, plan.any_moe)
+    if c.problems:
+        n = len(c.problems)
+        raise ConfigError(f"config.json ({mt}): {n} problem{'s' if n > 1 else ''}: " + "; ".join(c.problems),
+                          "fix the model's config.json")
+    assert h is not None and n_layers is not None and vocab is not None and heads is not None and inter is not None
 
-    qkv_bias = fam.always_qkv_bias or bool(fam.qkv_bias_key and cfg.get(fam.qkv_bias_key))
-    o_bias = bool(fam.o_bias_key and cfg.get(fam.o_bias_key))
-    mlp_bias = bool(fam.mlp_bias_key and cfg.get(fam.mlp_bias_key))
-    softcap = cfg.get("attn_logit_softcapping")
-
-    if fam.mla:
-        nope = _int(cfg, "qk_nope_head_dim")
-        rope = _int(cfg, "qk_rope_head_dim")
+    if mla is not None:
+        nope, rope, v_dim, kv_rank, q_rank = mla
+        bias = c.bool("attention_bias")
         attn = AttentionSpec(
-            num_heads=heads, num_kv_heads=heads, head_dim=nope + rope,
-            v_head_dim=_int(cfg, "v_head_dim"), qkv_bias=bool(cfg.get("attention_bias")),
-            o_bias=bool(cfg.get("attention_bias")), q_lora_rank=cfg.get("q_lora_rank") or None,
-            kv_lora_rank=_int(cfg, "kv_lora_rank"), qk_rope_head_dim=rope,
+            num_heads=heads, num_kv_heads=heads, head_dim=nope + rope, v_head_dim=v_dim,
+            qkv_bias=bias, o_bias=bias, q_lora_rank=q_rank, kv_lora_rank=kv_rank, qk_rope_head_dim=rope,
         )
     else:
+        hd = head_dim or h // heads
         attn = AttentionSpec(
-            num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, v_head_dim=head_dim,
+            num_heads=heads, num_kv_heads=kv_heads or heads, head_dim=hd, v_head_dim=hd,
             qkv_bias=qkv_bias, o_bias=o_bias, qk_norm=fam.qk_norm, fused_qkv=fam.fused_qkv,
             softcap=softcap,
         )
-
-    windows = _layer_windows(fam, cfg, n_layers)
     mlp = MlpSpec(inter, bias=mlp_bias, fused_gate_up=fam.fused_gate_up)
-    moe_layers = _moe_layers(fam, cfg, n_layers)
-    moe = _moe_spec(fam, cfg) if any(moe_layers) else None
-
-    # group consecutive identical layers (structure only: window and dense/moe)
-    groups: list[LayerGroup] = []
-    for i in range(n_layers):
-        g = LayerGroup(1, attn, None if moe_layers[i] else mlp, moe if moe_layers[i] else None,
-                       fam.norms_per_layer, windows[i])
-        if groups and _same(groups[-1], g):
-            last = groups[-1]
-            groups[-1] = LayerGroup(last.count + 1, last.attention, last.mlp, last.moe,
-                                    last.norms_per_layer, last.window)
-        else:
-            groups.append(g)
-    # merge non-adjacent identical groups (alternating sliding/full) for compactness
-    merged: list[LayerGroup] = []
-    for g in groups:
-        for j, m in enumerate(merged):
-            if _same(m, g):
-                merged[j] = LayerGroup(m.count + g.count, m.attention, m.mlp, m.moe, m.norms_per_layer, m.window)
-                break
-        else:
-            merged.append(g)
-
-    mpe = cfg.get("max_position_embeddings")
+    groups = tuple(
+        LayerGroup(count, attn, None if is_moe else mlp, moe if is_moe else None, fam.norms_per_layer, window)
+        for count, window, is_moe in _layer_kinds(plan, n_layers)
+    )
     return ModelSpec(
         name=name or hf_id or mt,
         family=mt,
@@ -512,64 +625,187 @@ def model_from_config(
         num_layers=n_layers,
         vocab_size=vocab,
         tie_word_embeddings=tie,
-        groups=tuple(merged),
-        max_position_embeddings=mpe if isinstance(mpe, int) else None,
-        final_logit_softcap=cfg.get("final_logit_softcapping"),
+        groups=groups,
+        max_position_embeddings=mpe,
+        final_logit_softcap=final_softcap,
         hf_id=hf_id,
         source=source,
         config=dict(raw),
     )
 
 
-def _same(a: LayerGroup, b: LayerGroup) -> bool:
-    return (a.attention, a.mlp, a.moe, a.norms_per_layer, a.window) == (
-        b.attention, b.mlp, b.moe, b.norms_per_layer, b.window)
+def _mla_fields(c: _Check) -> tuple[int, int, int, int, int | None] | None:
+    nope = c.int("qk_nope_head_dim")
+    rope = c.int("qk_rope_head_dim")
+    v_dim = c.int("v_head_dim")
+    kv_rank = c.int("kv_lora_rank")
+    q_rank = c.int("q_lora_rank", optional=True, zero_is_none=True)
+    if None in (nope, rope, v_dim, kv_rank):
+        return None
+    return nope, rope, v_dim, kv_rank, q_rank  # type: ignore[return-value]
 
 
-def _layer_windows(fam: Family, cfg: Mapping[str, Any], n: int) -> list[int | None]:
-    window = cfg.get("sliding_window")
-    if not window:
-        return [None] * n
+@dataclass(frozen=True)
+class _LayerPlan:
+    """Which layers use a sliding window and which are MoE, as rules rather than per-layer lists.
+
+    ``window_at(i)`` / ``moe_at(i)`` give one layer's kind. Between consecutive ``cuts`` the kind
+    only depends on whether ``(i + 1) % period == 0`` (gemma's every-p-th full-attention layer,
+    qwen3_moe's ``decoder_sparse_step``), so the layers can be counted per kind arithmetically.
+    """
+
+    window_at: Any
+    moe_at: Any
+    period: int
+    cuts: tuple[int, ...]
+    any_moe: bool
+
+
+def _layer_plan(fam: Family, c: _Check, n: int) -> _LayerPlan:
+    cfg = c.cfg
+    cuts: set[int] = {0, n}
+    period = 1
+    # ---- sliding windows
+    window = c.int("sliding_window", optional=True, zero_is_none=True)
     types = cfg.get("layer_types")
-    if isinstance(types, list) and len(types) == n:
-        return [window if t == "sliding_attention" else None for t in types]
+    if types is not None and not (isinstance(types, list) and all(t in _LAYER_TYPES for t in types)):
+        c.bad(f"layer_types must be a list of {' / '.join(_LAYER_TYPES)}")
+        types = None
+    elif types is not None and window and len(types) != n:
+        if len(types) > CONFIG_LIMITS["num_hidden_layers"]:
+            c.bad(f"layer_types has {len(types):,} entries, more than num_hidden_layers={n}")
+        types = None  # as before: a list of the wrong length is ignored
     mt = fam.model_type
-    if mt == "gemma2":
-        return [window if (i + 1) % 2 else None for i in range(n)]
-    if mt == "gemma3_text":
-        pattern = cfg.get("sliding_window_pattern") or 6
-        return [window if (i + 1) % pattern else None for i in range(n)]
-    if mt in ("qwen2", "qwen3", "qwen3_moe"):
-        if not cfg.get("use_sliding_window"):
-            return [None] * n
-        start = cfg.get("max_window_layers") or 0
-        return [window if i >= start else None for i in range(n)]
-    return [window] * n  # mistral, phi3: every layer
-
-
-def _moe_layers(fam: Family, cfg: Mapping[str, Any], n: int) -> list[bool]:
+    qwen = mt in ("qwen2", "qwen3", "qwen3_moe")
+    use_sw = c.bool("use_sliding_window") if qwen and window else False
+    start = (c.int("max_window_layers", minimum=0, optional=True) or 0) if use_sw else 0
+    pattern = (c.int("sliding_window_pattern", optional=True) or 6) if mt == "gemma3_text" and window else 6
+    if not window:
+        window_at = lambda i: None  # noqa: E731
+    elif types is not None:
+        window_at = lambda i: window if types[i] == "sliding_attention" else None  # noqa: E731
+        cuts.update(range(n))
+    elif mt == "gemma2":
+        window_at = lambda i: window if (i + 1) % 2 else None  # noqa: E731
+        period = 2
+    elif mt == "gemma3_text":
+        window_at = lambda i: window if (i + 1) % pattern else None  # noqa: E731
+        period = pattern
+    elif qwen:
+        if use_sw:
+            window_at = lambda i: window if i >= start else None  # noqa: E731
+            cuts.add(min(start, n))
+        else:
+            window_at = lambda i: None  # noqa: E731
+    else:  # mistral, mixtral, phi3, llama, deepseek_v3: every layer
+        window_at = lambda i: window  # noqa: E731
+    # ---- MoE layers
+    any_moe = False
     if fam.moe == "mixtral":
-        return [True] * n
-    if fam.moe == "qwen3_moe":
-        step = cfg.get("decoder_sparse_step") or 1
-        only_mlp = set(cfg.get("mlp_only_layers") or [])
-        experts = cfg.get("num_experts") or 0
-        return [(i not in only_mlp) and experts > 0 and (i + 1) % step == 0 for i in range(n)]
-    if fam.moe == "deepseek_v3":
-        k = cfg.get("first_k_dense_replace") or 0
-        return [i >= k for i in range(n)]
-    return [False] * n
+        moe_at = lambda i: True  # noqa: E731
+        any_moe = True
+    elif fam.moe == "qwen3_moe":
+        step = c.int("decoder_sparse_step", optional=True) or 1
+        experts = c.int("num_experts", minimum=0, optional=True) or 0
+        only = cfg.get("mlp_only_layers") or []
+        if not isinstance(only, list) or any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in only):
+            c.bad("mlp_only_layers must be a list of layer indices (integers >= 0)")
+            only = []
+        only_set = frozenset(x for x in only if x < n)
+        if period > 1 and step > 1:  # never both in the family table; keep the counting exact anyway
+            cuts.update(range(n))
+        period = max(period, step)
+        cuts.update(only_set)
+        cuts.update(x + 1 for x in only_set)
+        moe_at = lambda i: experts > 0 and i not in only_set and (i + 1) % step == 0  # noqa: E731
+        any_moe = experts > 0 and step <= n and len(only_set) < n
+    elif fam.moe == "deepseek_v3":
+        k = c.int("first_k_dense_replace", minimum=0, optional=True) or 0
+        moe_at = lambda i: i >= k  # noqa: E731
+        cuts.add(min(k, n))
+        any_moe = k < n
+    else:
+        moe_at = lambda i: False  # noqa: E731
+    return _LayerPlan(window_at, moe_at, period, tuple(sorted(x for x in cuts if 0 <= x <= n)), any_moe)
 
 
-def _moe_spec(fam: Family, cfg: Mapping[str, Any]) -> MoeSpec:
-    h_inter = cfg.get("moe_intermediate_size")
+def _layer_kinds(plan: _LayerPlan, n: int) -> list[tuple[int, int | None, bool]]:
+    """(count, window, is_moe) per distinct layer kind, in order of first appearance."""
+    counts: dict[tuple[int | None, bool], int] = {}
+    first: dict[tuple[int | None, bool], int] = {}
+    p = plan.period
+
+    def add(i: int, count: int) -> None:
+        key = (plan.window_at(i), bool(plan.moe_at(i)))
+        counts[key] = counts.get(key, 0) + count
+        first[key] = min(first.get(key, i), i)
+
+    cuts = plan.cuts
+    for a, b in zip(cuts, cuts[1:]):
+        if b <= a:
+            continue
+        hits = b // p - a // p  # layers i in [a, b) with (i + 1) % p == 0
+        if hits:
+            add((a // p + 1) * p - 1, hits)
+        if b - a - hits:
+            add(a if (a + 1) % p else a + 1, b - a - hits)
+    order = sorted(counts, key=first.__getitem__)
+    return [(counts[k], k[0], k[1]) for k in order]
+
+
+def _moe_spec(fam: Family, c: _Check, any_moe: bool) -> MoeSpec | None:
+    if fam.moe is None:
+        return None
     if fam.moe == "mixtral":
-        return MoeSpec(_int(cfg, "num_local_experts"), _int(cfg, "num_experts_per_tok"),
-                       _int(cfg, "intermediate_size"))
-    if fam.moe == "qwen3_moe":
-        return MoeSpec(_int(cfg, "num_experts"), _int(cfg, "num_experts_per_tok"),
-                       _int(cfg, "moe_intermediate_size"), router="qwen3_moe")
-    shared_n = cfg.get("n_shared_experts") or 0
-    shared = MlpSpec(h_inter * shared_n) if shared_n else None
-    return MoeSpec(_int(cfg, "n_routed_experts"), _int(cfg, "num_experts_per_tok"),
-                   _int(cfg, "moe_intermediate_size"), shared, router="deepseek_v3")
+        experts, top_k, inter = (c.int("num_local_experts"), c.int("num_experts_per_tok"),
+                                 c.int("intermediate_size"))
+        router, shared = "mixtral", None
+    elif fam.moe == "qwen3_moe":
+        if not any_moe:
+            return None
+        experts, top_k, inter = (c.int("num_experts"), c.int("num_experts_per_tok"),
+                                 c.int("moe_intermediate_size"))
+        router, shared = "qwen3_moe", None
+    else:
+        experts, top_k, inter = (c.int("n_routed_experts"), c.int("num_experts_per_tok"),
+                                 c.int("moe_intermediate_size"))
+        shared_n = c.int("n_shared_experts", minimum=0, optional=True) or 0
+        router = "deepseek_v3"
+        shared = MlpSpec(inter * shared_n) if shared_n and inter else None
+    if experts is not None and top_k is not None and top_k > experts:
+        c.bad(f"num_experts_per_tok={top_k} exceeds the {experts} experts")
+    if experts is None or top_k is None or inter is None or not any_moe:
+        return None
+    return MoeSpec(experts, top_k, inter, shared, router=router)
+
+
+def layer_group_order(model: ModelSpec) -> list[int]:
+    """Index into ``model.groups`` of every decoder layer, in order (groups merge non-adjacent
+    identical layers, e.g. gemma's alternating sliding/full attention): rebuilt from the config's
+    windows and MoE layers (the rules :func:`model_from_config` counts by); layers in group order
+    when the config does not say."""
+    n = model.num_layers
+    fam = FAMILIES.get(model.family)
+    order: list[int] | None = None
+    if model.config and fam is not None:
+        try:
+            cfg0 = text_config(model.config)
+        except ConfigError:
+            cfg0 = None
+        if cfg0 is not None:
+            cfg = {**fam.defaults, **{k: v for k, v in cfg0.items() if v is not None or k not in fam.defaults}}
+            check = _Check(cfg)
+            plan = _layer_plan(fam, check, n)
+            if not check.problems:
+                order = []
+                for i in range(n):
+                    window, moe = plan.window_at(i), bool(plan.moe_at(i))
+                    gi = next((j for j, g in enumerate(model.groups)
+                               if g.window == window and (g.moe is not None) == moe), None)
+                    if gi is None:
+                        order = None
+                        break
+                    order.append(gi)
+    if order is None or [order.count(j) for j in range(len(model.groups))] != [g.count for g in model.groups]:
+        order = [j for j, g in enumerate(model.groups) for _ in range(g.count)]
+    return order

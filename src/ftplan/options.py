@@ -20,12 +20,13 @@ schema. How to add an option: ``docs/extending.md``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
 from .errors import ConfigError, Problem
-from .job import Job, Layout
+from .job import STRATEGIES, Job, Layout
 from .optionspec import Option, coerce_values, groups, sorted_names, walk
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "SEARCH_OPTIONS",
     "OFFER_OPTIONS",
     "FIT_OPTIONS",
+    "DATA_OPTIONS",
     "OPTIONS",
     "options_by_name",
     "to_dict",
@@ -65,6 +67,9 @@ JOB_OPTIONS: tuple[Option, ...] = tuple(o for o in walk(Job, group_name="job") i
 LAYOUT_OPTIONS: tuple[Option, ...] = tuple(o for o in walk(Layout, group_name="layout") if o.is_option)
 
 #: search options of recommend / compare / export (arguments of ftplan.planner.recommend)
+#: the export targets (``ftplan.export.targets.TARGETS``; a test holds them equal, options stays below export)
+EXPORT_TARGETS = ("accelerate", "deepspeed", "axolotl", "llamafactory")
+
 SEARCH_OPTIONS: tuple[Option, ...] = (
     Option("objective", "str", "cost", "cost (default) | time", choices=OBJECTIVES, group="search"),
     Option("deadline", "float", None, "finish within this many hours (training + start-up)", group="search",
@@ -79,6 +84,23 @@ SEARCH_OPTIONS: tuple[Option, ...] = (
            label="safety margin", minimum=0.0, exclusive_maximum=1.0, example=0.05),
     Option("top", "int", 10, "plans to print (default 10)", group="search", metavar="N", label="`top`",
            minimum=0, web_max=100_000, example=10),
+    Option("fixed_strategy", "str", None, "keep this strategy instead of searching it: single | ddp | zero1 | "
+           "zero2 | zero3 | fsdp", choices=STRATEGIES, group="search", flags=("--strategy",), label="strategy"),
+    Option("fixed_gpus", "int", None, "keep this total GPU count instead of searching up to `max_gpus`",
+           group="search", flags=("--gpus",), metavar="N", label="GPU count", minimum=1, web_max=1024, example=8),
+    Option("precisions", "names", None, "also search these precisions per GPU (comma-separated, or auto = "
+           "the job's precision + one FP8 and one FP4 recipe; `precision=auto` is the same)", group="search",
+           metavar="LIST", example="auto"),
+    Option("target", "str", "accelerate",
+           "export target whose files must run the ranked layouts: accelerate (default) | deepspeed | axolotl | "
+           "llamafactory | any (rank every layout, e.g. pipeline parallelism, which no exporter runs)",
+           choices=EXPORT_TARGETS + ("any",), group="search", label="export target"),
+    Option("preemption_rate", "float", None, "spot reclaims per instance-hour (default: the catalog's per "
+           "provider / instance / GPU)", group="search", metavar="PER_HOUR", label="preemption rate",
+           minimum=0.0, exclusive_maximum=1.0, example=0.01),
+    Option("checkpoint_interval", "float", None, "seconds of training between checkpoints on spot offers "
+           "(default: the Young/Daly optimum)", group="search", metavar="SECONDS", label="checkpoint interval",
+           exclusive_minimum=0.0, web_max=1e7, example=1800),
 )
 
 #: which offers are searched (files only from the command line: the web never reads a path)
@@ -97,6 +119,17 @@ OFFER_OPTIONS: tuple[Option, ...] = (
            normalize=_pricing),
 )
 
+#: the user's training data (files only from the command line: the web never reads a path)
+DATA_OPTIONS: tuple[Option, ...] = (
+    Option("dataset", "str", None, "training data (JSONL, Parquet or a datasets folder): memory at the largest "
+           "batch it forms, time and cost from its tokens", group="data", metavar="FILE", web=False),
+    Option("tokenizer", "str", None, "the model's tokenizer.json: exact token counts (default: a chars/token "
+           "estimate per tokenizer family)", group="data", metavar="FILE", web=False),
+    Option("batching", "str", "longest", "how the loader batches --dataset: padded | longest (default, HF "
+           "collator) | bucketed (group_by_length) | packed (TRL bfd) | padding-free",
+           choices=("padded", "longest", "bucketed", "packed", "padding-free"), group="data", web=False),
+)
+
 #: fit: the GPU types and the limits of its answers
 FIT_OPTIONS: tuple[Option, ...] = (
     Option("gpu", "names", None, "GPU name (repeatable)", group="fit", repeat=True),
@@ -106,7 +139,7 @@ FIT_OPTIONS: tuple[Option, ...] = (
            label="max GPUs", minimum=1, web_max=4096, example=16),
 )
 
-OPTIONS: tuple[Option, ...] = JOB_OPTIONS + LAYOUT_OPTIONS + SEARCH_OPTIONS + OFFER_OPTIONS
+OPTIONS: tuple[Option, ...] = JOB_OPTIONS + LAYOUT_OPTIONS + SEARCH_OPTIONS + OFFER_OPTIONS + DATA_OPTIONS
 
 
 def options_by_name(*tables: tuple[Option, ...]) -> dict[str, Option]:
@@ -121,25 +154,29 @@ def options_by_name(*tables: tuple[Option, ...]) -> dict[str, Option]:
 # ---------------------------------------------------------------------------------------------
 # JSON
 # ---------------------------------------------------------------------------------------------
-def _jsonable(v: Any) -> Any:
-    return list(v) if isinstance(v, tuple) else v
+@functools.lru_cache(maxsize=None)
+def _layout_of(cls: type) -> tuple[tuple[str, str | None, str | None], ...]:
+    """(field, group's ``when`` or None, json mode or None for a group) per field of ``cls``."""
+    active = groups(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        if f.name in active:
+            out.append((f.name, active[f.name][1] or "", None))
+        else:
+            out.append((f.name, None, f.metadata["ftplan"].json))
+    return tuple(out)
 
 
 def to_dict(obj: Any, *, full: bool = False, data: bool = False) -> dict[str, Any]:
     """The JSON object of an options dataclass (Job, Layout, ... or one that extends them)."""
-    cls = type(obj)
-    active = groups(cls)
     out: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        value = getattr(obj, f.name)
-        if f.name in active:
-            sub_cls, when = active[f.name]
-            if full or when is None or getattr(obj, when):
-                out[f.name] = to_dict(value, full=full, data=data)
-            continue
-        opt = f.metadata["ftplan"]
-        if full or opt.json == "always" or (opt.json == "data" and data):
-            out[f.name] = _jsonable(value)
+    for name, when, mode in _layout_of(type(obj)):
+        value = getattr(obj, name)
+        if mode is None:  # a nested group
+            if full or not when or getattr(obj, when):
+                out[name] = to_dict(value, full=full, data=data)
+        elif full or mode == "always" or (mode == "data" and data):
+            out[name] = list(value) if isinstance(value, tuple) else value
     return out
 
 

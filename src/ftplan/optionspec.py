@@ -14,11 +14,14 @@ Stdlib only; nothing here knows about argparse, pydantic or the web.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .errors import Problem, did_you_mean
+from .inputs import show_value
 
 __all__ = [
     "Option",
@@ -27,6 +30,8 @@ __all__ = [
     "internal",
     "group",
     "walk",
+    "options_of",
+    "groups",
     "TYPES",
     "parse_tokens",
     "parse_int",
@@ -88,6 +93,18 @@ class Option:
         return "--" + self.name.replace("_", "-")
 
     @property
+    def negatable(self) -> bool:
+        """A bool option that is on by default: the CLI also has ``--no-<flag>`` for each flag."""
+        return self.type == "bool" and self.default is True and not self.invert
+
+    @property
+    def all_flags(self) -> tuple[str, ...]:
+        """Every CLI flag of the option: the primary one, the aliases and, for a bool option that is
+        on by default, their ``--no-`` forms (``--no-gradient-checkpointing``, ``--no-gc``)."""
+        out = (self.flag, *self.flags)
+        return out + tuple("--no-" + f[2:] for f in out) if self.negatable else out
+
+    @property
     def words(self) -> str:
         return self.label or self.name.replace("_", " ")
 
@@ -109,35 +126,38 @@ class Option:
                 return bool(value)
             if isinstance(value, str) and value.strip().lower() in _BOOL_WORDS:
                 return _BOOL_WORDS[value.strip().lower()]
-            raise ValueError(f"expected true or false, got {value!r}")
+            raise ValueError(f"expected true or false, got {show_value(value)}")
         if t == "int":
             if isinstance(value, bool):
-                raise ValueError(f"expected an integer, got {value!r}")
+                raise ValueError(f"expected an integer, got {show_value(value)}")
             if isinstance(value, int):
                 return value
             if isinstance(value, float) and value.is_integer():
                 return int(value)
             if isinstance(value, str):
                 return parse_int(value)
-            raise ValueError(f"expected an integer, got {value!r}")
+            raise ValueError(f"expected an integer, got {show_value(value)}")
         if t == "float":
             if isinstance(value, bool):
-                raise ValueError(f"expected a number, got {value!r}")
+                raise ValueError(f"expected a number, got {show_value(value)}")
             if isinstance(value, (int, float)):
-                return float(value)
+                try:
+                    return float(value)
+                except OverflowError:  # an int beyond float range
+                    raise ValueError(f"expected a number, got {show_value(value)}") from None
             if isinstance(value, str):
                 return parse_float(value)
-            raise ValueError(f"expected a number, got {value!r}")
+            raise ValueError(f"expected a number, got {show_value(value)}")
         if t == "tokens":
             if isinstance(value, bool):
-                raise ValueError(f"expected a token count like 50M or 2B, got {value!r}")
+                raise ValueError(f"expected a token count like 50M or 2B, got {show_value(value)}")
             if isinstance(value, int):
                 return value
             if isinstance(value, float) and value.is_integer():
                 return int(value)
             if isinstance(value, str):
                 return parse_tokens(value) if value.strip() else None
-            raise ValueError(f"expected a token count like 50M or 2B, got {value!r}")
+            raise ValueError(f"expected a token count like 50M or 2B, got {show_value(value)}")
         if t in ("names", "paths"):
             if isinstance(value, str):
                 value = value.split(",") if t == "names" else [value]
@@ -146,7 +166,7 @@ class Option:
             out = tuple(x.strip() for x in value if x.strip())
             return self.normalize(out) if self.normalize else out
         if not isinstance(value, str):
-            raise ValueError(f"expected a string, got {value!r}")
+            raise ValueError(f"expected a string, got {show_value(value)}")
         if self.normalize:
             return self.normalize(value)
         return lower(value) if self.choices is not None else value
@@ -164,17 +184,23 @@ class Option:
             return []
         if self.type not in ("int", "float", "tokens"):
             return []
+        hint = f"e.g. `{self.name}={self.example}`" if self.example is not None else None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return [Problem(self.name, f"{self.words} must be a number (got {show_value(value)})", hint)]
+        if isinstance(value, float) and not math.isfinite(value):
+            return [Problem(self.name, f"{self.words} must be a finite number (got {value})", hint)]
         lo, lo_x, hi, hi_x = self.minimum, self.exclusive_minimum, self.maximum, self.exclusive_maximum
-        ok = ((lo is None or value >= lo) and (lo_x is None or value > lo_x)
-              and (hi is None or value <= hi) and (hi_x is None or value < hi_x))
+        low_ok = (lo is None or value >= lo) and (lo_x is None or value > lo_x)
+        ok = low_ok and (hi is None or value <= hi) and (hi_x is None or value < hi_x)
         if ok:
             return []
-        hint = f"e.g. `{self.name}={self.example}`" if self.example is not None else None
-        return [Problem(self.name, f"{self.words} must be {self.bounds_text()} (got {value})", hint)]
+        # below the minimum: say the minimum (the upper bound may be a sanity limit nobody thinks of)
+        bounds = self.bounds_text(lower_only=not low_ok)
+        return [Problem(self.name, f"{self.words} must be {bounds} (got {show_value(value)})", hint)]
 
-    def bounds_text(self) -> str:
+    def bounds_text(self, lower_only: bool = False) -> str:
         lo = self.minimum if self.minimum is not None else self.exclusive_minimum
-        hi = self.maximum if self.maximum is not None else self.exclusive_maximum
+        hi = None if lower_only else (self.maximum if self.maximum is not None else self.exclusive_maximum)
         if lo is not None and hi is not None:
             return (f"in {'[' if self.minimum is not None else '('}{_num(lo)}, {_num(hi)}"
                     f"{']' if self.maximum is not None else ')'}")
@@ -204,6 +230,8 @@ _BOOL_WORDS = {"1": True, "true": True, "yes": True, "y": True, "on": True,
 
 
 def _num(x: float) -> str:
+    if float(x).is_integer() and abs(x) < 1e15:
+        return str(int(x))
     return f"{x:g}"
 
 
@@ -273,8 +301,15 @@ def walk(cls: type, prefix: str = "", group_name: str = "job") -> Iterator[Optio
                             "option(...), json_field(...) or internal(...) (see docs/extending.md)")
 
 
+@functools.lru_cache(maxsize=None)
+def options_of(cls: type, group_name: str = "job") -> tuple[Option, ...]:
+    """``tuple(walk(cls, group_name=...))``, computed once per class (validation runs it per job)."""
+    return tuple(walk(cls, group_name=group_name))
+
+
+@functools.lru_cache(maxsize=None)
 def groups(cls: type) -> dict[str, tuple[type, str | None]]:
-    """Nested group fields of ``cls``: name -> (dataclass, when)."""
+    """Nested group fields of ``cls``: name -> (dataclass, when). Cached: do not modify."""
     out = {}
     for f in dataclasses.fields(cls):
         meta = f.metadata.get(_META)
@@ -289,15 +324,18 @@ def groups(cls: type) -> dict[str, tuple[type, str | None]]:
 def parse_int(text: str) -> int:
     try:
         return int(text.strip())
-    except ValueError:
-        raise ValueError(f"expected an integer, got {text!r}") from None
+    except ValueError:  # also: more digits than Python converts (4300)
+        raise ValueError(f"expected an integer, got {show_value(text)}") from None
 
 
 def parse_float(text: str) -> float:
     try:
-        return float(text.strip().lstrip("$").replace(",", ""))
+        x = float(text.strip().lstrip("$").replace(",", ""))
     except ValueError:
-        raise ValueError(f"expected a number, got {text!r}") from None
+        raise ValueError(f"expected a number, got {show_value(text)}") from None
+    if not math.isfinite(x):  # 'inf', 'nan', '1e400'
+        raise ValueError(f"expected a finite number, got {show_value(text)}")
+    return x
 
 
 def parse_tokens(text: str) -> int:
@@ -305,11 +343,12 @@ def parse_tokens(text: str) -> int:
     t = text.strip().lower().replace("_", "").replace(",", "")
     mult = {"k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
     try:
-        if t and t[-1] in mult:
-            return int(float(t[:-1]) * mult[t[-1]])
-        return int(float(t))
+        x = float(t[:-1]) * mult[t[-1]] if t and t[-1] in mult else float(t)
+        if not math.isfinite(x):  # inf, nan, 1e400: not a count (int() would raise OverflowError)
+            raise ValueError
+        return int(x)
     except ValueError:
-        raise ValueError(f"expected a token count like 50M or 2B, got {text!r}") from None
+        raise ValueError(f"expected a token count like 50M or 2B, got {show_value(text)}") from None
 
 
 def lower(text: str) -> str:

@@ -16,21 +16,25 @@ first size that does not fit (memory grows with it).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .cost import Cost, estimate_cost
-from .errors import ConfigError, FtplanError
-from .job import Job, Layout, validate_job
+from .errors import ConfigError, FtplanError, Problem, did_you_mean
+from .expert_parallel import ep_degrees
+from .inputs import check_finite, show_value
+from .job import STRATEGIES, Job, Layout, validate_job
 from .memory import MemoryBreakdown, estimate_memory
 from .model import ModelSpec
-from .runtime import RuntimeEstimate, compute_dtype, estimate_runtime
+from .runtime import RuntimeEstimate, compute_dtype, estimate_runtime, for_dataset
 from .units import GB
 
-__all__ = ["Plan", "Infeasible", "PlanSet", "SearchStats", "FitResult", "recommend", "fit", "platform_job",
+__all__ = ["Plan", "Infeasible", "PlanSet", "SearchStats", "FitResult", "SearchCache", "recommend", "fit", "platform_job",
+           "price_layout", "precision_candidates", "low_precision_runtime",
            "DEFAULT_MAX_GPUS", "OBJECTIVES"]
 
 OBJECTIVES = ("cost", "time")
@@ -53,6 +57,8 @@ class Plan:
     fastest: bool = False
     pareto: bool = False
     notes: tuple[str, ...] = ()
+    host: Any = None  # HostRequirements (host RAM / disk per node), see ftplan.host
+    risk: Any = None  # SpotRisk on preemptible offers, see ftplan.risk
 
     @property
     def hours(self) -> float:
@@ -64,6 +70,15 @@ class Plan:
         return self.cost.usd
 
     @property
+    def expected_usd(self) -> float:
+        """Cost of the completed job: with preemptions on spot offers, else ``usd``."""
+        return self.risk.expected_usd if self.risk is not None else self.cost.usd
+
+    @property
+    def expected_hours(self) -> float:
+        return self.risk.expected_hours if self.risk is not None else self.hours
+
+    @property
     def strategy_label(self) -> str:
         lo = self.layout
         s = "zero3/fsdp" if lo.strategy in ("zero3", "fsdp") else lo.strategy
@@ -71,6 +86,8 @@ class Plan:
             s += f"+tp{lo.tp}"
         if lo.pp > 1:
             s += f"+pp{lo.pp}"
+        if lo.ep > 1:
+            s += f"+ep{lo.ep}"
         if lo.offload_params:
             s += "+offload(opt,params)"
         elif lo.offload_optimizer:
@@ -127,10 +144,22 @@ class PlanSet:
         return next((p for p in self.plans if p.fastest), None)
 
     def pareto(self) -> tuple[Plan, ...]:
-        return tuple(sorted((p for p in self.plans if p.pareto), key=lambda p: (p.usd, p.hours)))
+        return tuple(sorted((p for p in self.plans if p.pareto), key=lambda p: (p.expected_usd, p.expected_hours)))
 
     def top(self, n: int) -> tuple[Plan, ...]:
         return self.plans[: max(0, n)]
+
+    def best_per_gpu_precision(self) -> tuple[Plan, ...]:
+        """The best plan of each (GPU type, precision) pair, in objective order: what each
+        precision brings on each GPU when the search covered several (``precisions``)."""
+        seen: set[tuple[str, str]] = set()
+        out = []
+        for p in self.plans:
+            key = (p.gpu.name, p.job.precision_label)
+            if key not in seen:
+                seen.add(key)
+                out.append(p)
+        return tuple(out)
 
     def best_per_gpu(self) -> tuple[Plan, ...]:
         """The best plan of each GPU type, in objective order (the performance-per-dollar table)."""
@@ -154,24 +183,83 @@ def _pow2_upto(n: int) -> list[int]:
     return out
 
 
-class _Memo:
-    """Memory breakdowns per (vendor, layout, job), shared by all GPU types; counts evaluations."""
+class SearchCache:
+    """What searches of a long-lived process can share: memory breakdowns per (model, GPU vendor,
+    layout, job) and step times per (model, GPU, inter-node bandwidth, layout, job), the job
+    without its data size (``dataset_tokens``/``epochs`` change neither; a step time gets the
+    search's totals through :func:`~ftplan.runtime.for_dataset`). Pass one to :func:`recommend`
+    (the web app keeps one per process): a search that differs from an earlier one only in its data
+    size, objective, constraints or offers evaluates neither again. Bounded: emptied when it holds ``max_entries`` answers. Plain dict
+    operations: shareable by threads."""
 
-    def __init__(self, model: ModelSpec) -> None:
+    def __init__(self, max_entries: int = 50_000) -> None:
+        self.max_entries = max_entries
+        self.memory: dict[tuple, MemoryBreakdown | None] = {}
+        self.runtime: dict[tuple, tuple[Any, RuntimeEstimate]] = {}
+        self.jobs: dict[Job, Job] = {}
+        self.hits = 0
+
+
+class _Memo:
+    """Memory breakdowns per (vendor, layout, job), shared by all GPU types; counts evaluations.
+    With a :class:`SearchCache`, also shared with other searches."""
+
+    def __init__(self, model: ModelSpec, shared: SearchCache | None = None) -> None:
         self.model = model
+        self.shared = shared
         self.cache: dict[tuple, MemoryBreakdown | None] = {}
+        self.free: dict[Job, Job] = {}
         self.evals = 0
+
+    def _free(self, job: Job) -> Job:
+        """``job`` without its data size, one object per value across searches (identity compares)."""
+        f = self.free.get(job)
+        if f is None:
+            f = job if (job.dataset_tokens is None and job.epochs == 1.0) \
+                else job.with_(dataset_tokens=None, epochs=1.0)
+            sh = self.shared
+            if len(sh.jobs) >= sh.max_entries:
+                sh.jobs.clear()
+            f = self.free[job] = sh.jobs.setdefault(f, f)
+        return f
+
+    def step_runtime(self, gpu: Any, offer: Any, bw: float | None, layout: Layout, job: Job) -> RuntimeEstimate:
+        """``estimate_runtime`` of ``job`` (an earlier search's step time when shared, with this
+        job's totals)."""
+        sh = self.shared
+        if sh is None:
+            return estimate_runtime(self.model, job, layout, gpu, offer=offer)
+        key = (self.model, id(gpu), bw, layout, self._free(job))
+        hit = sh.runtime.get(key)
+        if hit is not None and hit[0] is gpu:  # the same GpuSpec object (a custom catalog has others)
+            sh.hits += 1
+            return for_dataset(hit[1], job.dataset_tokens, job.epochs)
+        rt = estimate_runtime(self.model, job, layout, gpu, offer=offer)
+        if len(sh.runtime) >= sh.max_entries:
+            sh.runtime.clear()
+        sh.runtime[key] = (gpu, rt)
+        return rt
 
     def get(self, vendor: str, layout: Layout, job: Job) -> MemoryBreakdown | None:
         key = (vendor, layout, job)
         if key in self.cache:
             return self.cache[key]
-        self.evals += 1
+        self.evals += 1  # a breakdown this search needed (computed here or by an earlier search)
+        sh = self.shared
+        skey = (self.model, vendor, layout, self._free(job)) if sh is not None else None
+        if sh is not None and skey in sh.memory:
+            sh.hits += 1
+            mem = self.cache[key] = sh.memory[skey]
+            return mem
         try:
             mem = estimate_memory(self.model, job, layout, gpu_vendor=vendor)
         except ConfigError:
             mem = None  # layout not valid for this model (e.g. tp does not divide heads)
         self.cache[key] = mem
+        if sh is not None:
+            if len(sh.memory) >= sh.max_entries:
+                sh.memory.clear()
+            sh.memory[skey] = mem
         return mem
 
 
@@ -187,6 +275,13 @@ def platform_job(job: Job, gpu: Any) -> tuple[Job | None, list[str], str | None]
         peak = None
     if not peak:
         return None, notes, f"{gpu.name} has no {compute_dtype(job)} tensor throughput"
+    if job.low_precision is not None:  # FP8 / NVFP4 recipes need the format's tensor cores
+        from .lowprec import get_recipe, gpu_problem
+
+        recipe = get_recipe(job.low_precision)
+        msg = gpu_problem(recipe, gpu) if recipe is not None else None
+        if msg:
+            return None, notes, msg
     if job.attn_impl == "flash" and not getattr(gpu, "supports_flash_attention", True):
         job = job.with_(attn_impl="sdpa")
         notes.append(f"flash attention not available on {gpu.name}: sdpa assumed")
@@ -216,6 +311,9 @@ def _layouts_stage(model: ModelSpec, gpn_list: Sequence[int], node_list: Sequenc
                     out.append(Layout())
                 else:
                     out.extend(Layout(gpn, nodes, s) for s in _DP_STRATEGIES)
+                    # MoE: expert-parallel variants within a node (see ftplan.expert_parallel)
+                    out.extend(Layout(gpn, nodes, s, ep=k) for k in ep_degrees(model, world, gpn)
+                               for s in _DP_STRATEGIES)
             elif stage == "parallel":
                 for tp in (2, 4, 8):
                     if tp > gpn or heads % tp or world % tp:
@@ -240,11 +338,97 @@ class _Fits:
     layout: Layout
     job: Job
     memory: MemoryBreakdown
+    rjob: Job | None = None  # the job the runtime sees (a dataset's average batch), else ``job``
+    mjob: Job | None = None  # the job memory was taken at (a dataset's largest batch), else ``job``
+
+
+class _DataShapes:
+    """A dataset's batches per micro-batch (see ftplan.dataset): the largest one for memory, the
+    average one and the computed (padded) tokens for the runtime."""
+
+    def __init__(self, profile: Any, batching: str) -> None:
+        self.profile = profile
+        self.batching = batching
+        self.cache: dict[tuple, Any] = {}
+
+    def batches(self, job: Job) -> Any:
+        from .dataset import simulate_batches
+
+        key = (job.seq_len, job.micro_batch, job.grad_accum if self.batching == "bucketed" else 1)
+        b = self.cache.get(key)
+        if b is None:
+            b = self.cache[key] = simulate_batches(self.profile, self.batching, job.seq_len, job.micro_batch,
+                                                   grad_accum=job.grad_accum)
+        return b
+
+    def memory_job(self, job: Job) -> Job:
+        b = self.batches(job)
+        mj = b.memory_job(job)
+        return mj.with_(attn_impl="flash") if b.padding_free else mj
+
+    def runtime_job(self, job: Job) -> Job:
+        return self.batches(job).runtime_job(job)
+
+
+@dataclass(frozen=True)
+class _Fixed:
+    """Choices the user fixed instead of letting the search pick them."""
+
+    micro_batch: int | None = None
+    strategy: str | None = None
+    num_gpus: int | None = None
+
+
+def _check_fixed(micro_batch: int | None, strategy: str | None, num_gpus: int | None, max_gpus: int | None) -> None:
+    if micro_batch is not None and (isinstance(micro_batch, bool) or not isinstance(micro_batch, int) or micro_batch < 1):
+        raise ConfigError(f"micro-batch must be an integer >= 1 (got {micro_batch!r})", "e.g. `micro_batch=4`",
+                          field="micro_batch")
+    if num_gpus is not None and (isinstance(num_gpus, bool) or not isinstance(num_gpus, int) or num_gpus < 1):
+        raise ConfigError(f"GPU count must be an integer >= 1 (got {num_gpus!r})", "e.g. `fixed_gpus=8`", field="fixed_gpus")
+    if strategy is not None:
+        if strategy not in STRATEGIES:
+            hint = did_you_mean(strategy, STRATEGIES) or f"use one of {', '.join(STRATEGIES)}"
+            raise ConfigError(f"unknown strategy {strategy!r}", hint, field="fixed_strategy")
+        if strategy == "single" and num_gpus not in (None, 1):
+            raise ConfigError(f"strategy single runs on one GPU, not {num_gpus}",
+                              "drop `fixed_gpus`, or pick ddp, fsdp or a ZeRO stage", field="fixed_strategy")
+    if num_gpus is not None and max_gpus is not None and num_gpus > max_gpus:
+        raise ConfigError(f"{num_gpus} GPUs exceed the {max_gpus} of `max_gpus`",
+                          "raise `max_gpus` or lower `fixed_gpus`", field="fixed_gpus")
+
+
+def _fixed_layouts(lays: list[Layout], stage: str, strategy: str | None, num_gpus: int | None) -> list[Layout]:
+    """The layouts that keep a user-fixed strategy and GPU count (the plain stage's data-parallel
+    layouts are re-labelled with the fixed strategy: ``fsdp``/``zero1`` are not searched)."""
+    if strategy is None and num_gpus is None:
+        return lays
+    out: list[Layout] = []
+    seen: set[Layout] = set()
+    for lay in lays:
+        if num_gpus is not None and lay.world_size != num_gpus:
+            continue
+        if strategy is not None:
+            if lay.world_size == 1:
+                if strategy != "single":
+                    continue
+            elif stage == "plain" and lay.tp == 1 and lay.pp == 1:
+                if strategy == "single":
+                    continue
+                lay = dataclasses.replace(lay, strategy=strategy)
+            elif lay.strategy != strategy and not (lay.dp == 1 and lay.strategy == "single"):
+                continue
+        if lay not in seen:
+            seen.add(lay)
+            out.append(lay)
+    return out
 
 
 def _fitting_variants(memo: _Memo, vendor: str, layout: Layout, job: Job, cap: float,
-                      global_batch: int | None, total_tokens: int | None) -> list[_Fits]:
-    """Every (checkpointing, micro-batch) variant of ``job`` on ``layout`` that fits ``cap``."""
+                      global_batch: int | None, total_tokens: int | None,
+                      data: _DataShapes | None = None, fixed_micro_batch: int | None = None) -> list[_Fits]:
+    """Every (checkpointing, micro-batch) variant of ``job`` on ``layout`` that fits ``cap``
+    (with ``data``: memory at the largest batch the loader forms from the dataset; only
+    ``fixed_micro_batch`` when given)."""
     out: list[_Fits] = []
     dp = layout.dp
     if global_batch is not None:
@@ -252,24 +436,27 @@ def _fitting_variants(memo: _Memo, vendor: str, layout: Layout, job: Job, cap: f
             return out
         per_rank = global_batch // dp
     for gc in (False, True):
-        mb = 1
-        while mb <= _MAX_MICRO_BATCH:
+        mb = fixed_micro_batch or 1
+        while mb <= max(_MAX_MICRO_BATCH, fixed_micro_batch or 0):
             if global_batch is not None:
                 if mb > per_rank:
                     break
                 if per_rank % mb:
+                    if fixed_micro_batch:
+                        break
                     mb *= 2
                     continue
                 ga = per_rank // mb
             else:
                 ga = job.grad_accum
             variant = job.with_(micro_batch=mb, grad_accum=ga, gradient_checkpointing=gc)
-            mem = memo.get(vendor, layout, variant)
+            mjob = data.memory_job(variant) if data is not None else None
+            mem = memo.get(vendor, layout, mjob or variant)
             if mem is None or mem.device_total_bytes > cap:
                 break  # memory grows with the micro-batch
-            out.append(_Fits(layout, variant, mem))
-            if total_tokens is not None and mb * job.seq_len * ga * dp >= total_tokens:
-                break  # one step already covers the whole dataset
+            out.append(_Fits(layout, variant, mem, data.runtime_job(variant) if data is not None else None, mjob))
+            if fixed_micro_batch or (total_tokens is not None and mb * job.seq_len * ga * dp >= total_tokens):
+                break  # the one micro-batch asked for / one step already covers the whole dataset
             mb *= 2
     return out
 
@@ -296,6 +483,37 @@ def _gb(n: float) -> str:
 # ---------------------------------------------------------------------------------------------
 # recommend
 # ---------------------------------------------------------------------------------------------
+def precision_candidates(model: ModelSpec, job: Job, precisions: Sequence[str] | None,
+                         notes: list[str]) -> list[Job]:
+    """The job variants a search runs: ``job`` itself, or one per precision / FP8-FP4 recipe in
+    ``precisions`` (``auto``: ``lowprec.auto_precisions``) that is valid for the model and method
+    (the others are named in ``notes``)."""
+    if not precisions:
+        return [job]
+    from .lowprec import apply_precision, auto_precisions
+
+    names: list[str] = []
+    for name in precisions:
+        names += list(auto_precisions(job.method, job.precision)) if name == "auto" else [name]
+    out: list[Job] = []
+    seen: set[tuple[str, str | None]] = set()
+    for name in names:
+        cjob = apply_precision(job, name)
+        if (cjob.precision, cjob.low_precision) in seen:
+            continue
+        try:
+            validate_job(model, cjob)
+        except ConfigError as e:
+            notes.append(f"precision {name} not searched: {e.message}")
+            continue
+        seen.add((cjob.precision, cjob.low_precision))
+        out.append(cjob)
+    if not out:
+        raise ConfigError(f"none of the precisions {', '.join(names)} can run {job.method} on {model.name}",
+                          "use `precision=bf16-mixed`", field="precision")
+    return out
+
+
 def recommend(
     model: ModelSpec,
     job: Job,
@@ -312,31 +530,64 @@ def recommend(
     global_batch: int | None = None,
     gpu_catalog: Mapping[str, Any] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    micro_batch: int | None = None,
+    strategy: str | None = None,
+    num_gpus: int | None = None,
+    precisions: Sequence[str] | None = None,
+    target: str | None = "accelerate",
+    preemption_rate: float | None = None,
+    checkpoint_interval_s: float | None = None,
+    dataset: Any | None = None,
+    batching: str = "longest",
+    cache: SearchCache | None = None,
 ) -> PlanSet:
     """Rank every plan that fits, for ``job.dataset_tokens x job.epochs`` tokens.
 
+    ``precisions``: also search these precisions / FP8-FP4 recipes (``("auto",)``: the base
+    precision plus one FP8 and one FP4 recipe for the method, ``lowprec.auto_precisions``); each
+    GPU type runs the ones it supports, and plans carry their precision in ``plan.job``.
+
+    Every plan carries the host RAM / disk it needs (``Plan.host``); an offer whose instance is
+    known to lack the host RAM is rejected with the reason. Spot offers carry the expected cost
+    and time with preemptions (``Plan.risk``; ``preemption_rate`` per instance-hour overrides the
+    catalog's, ``checkpoint_interval_s`` the optimum interval) and are ranked on it.
+
+    ``dataset`` (a ``ftplan.dataset.DatasetProfile``): memory is taken at the largest batch the
+    loader forms under ``batching`` with ``job.seq_len`` as max length, time and cost from the
+    tokens it computes (``job.dataset_tokens`` defaults to the dataset's tokens).
+
     ``global_batch`` (sequences per optimizer step) is kept exactly: grad_accum is chosen per
     layout and micro-batch; without it the job's grad_accum is used. ``gpu_catalog`` maps GPU
-    slugs to specs (default: the bundled catalog).
+    slugs to specs (default: the bundled catalog). ``cache`` shares memory breakdowns with other
+    searches (:class:`SearchCache`); the plans are the same with or without it. ``target`` (an export target of
+    :mod:`ftplan.export.targets`) keeps only layouts whose exported files run them; the reasons
+    for the others are in ``PlanSet.notes``. ``None`` ranks every layout. ``micro_batch``,
+    ``strategy`` and ``num_gpus`` fix those choices instead of searching them (a layout the user
+    has in mind).
     """
     t0 = time.perf_counter()
     if objective not in OBJECTIVES:
         raise ConfigError(f"unknown objective {objective!r}", "use cost or time", field="objective")
+    data = None
+    if dataset is not None:
+        data = _DataShapes(dataset, batching)
+        data.batches(job)  # validates the batching now (one clear error)
+        if not job.dataset_tokens:
+            job = job.with_(dataset_tokens=data.batches(job).real_tokens)
     if not job.dataset_tokens:
         raise ConfigError("the planner needs the dataset size", "pass `tokens`, e.g. `tokens=50M`", field="tokens")
-    if not 0.0 <= safety_margin < 1.0:
-        raise ConfigError(f"safety margin must be in [0, 1) (got {safety_margin})", "e.g. `margin=0.05`",
-                          field="margin")
-    if max_gpus is not None and max_gpus < 1:
-        raise ConfigError(f"max GPUs must be >= 1 (got {max_gpus})", "e.g. `max_gpus=16`", field="max_gpus")
-    if global_batch is not None and global_batch < 1:
-        raise ConfigError(f"global batch must be >= 1 (got {global_batch})", "e.g. `global_batch=64`",
-                          field="global_batch")
-    for v, what in ((deadline_hours, "deadline"), (budget_usd, "budget")):
-        if v is not None and not v > 0:
-            raise ConfigError(f"{what} must be > 0 (got {v})", f"pass a positive `{what}`", field=what)
+    _check_search(safety_margin, max_gpus, global_batch, deadline_hours, budget_usd)
+    _check_fixed(micro_batch, strategy, num_gpus, max_gpus)
     validate_job(model, job)
-    notes: list[str] = []
+    keep = _runnable_filter(model, target)  # the export rule (export.targets)
+    if num_gpus is not None and max_gpus is None:
+        max_gpus = num_gpus
+    fixed = _Fixed(micro_batch, strategy, num_gpus)
+    kept = [f"micro-batch {micro_batch}" if micro_batch else "", f"strategy {strategy}" if strategy else "",
+            f"{num_gpus} GPU{'s' if num_gpus != 1 else ''}" if num_gpus else ""]
+    kept_note = ", ".join(k for k in kept if k)
+    notes: list[str] = [f"kept as given (not searched): {kept_note}"] if kept_note else []
+    candidates = precision_candidates(model, job, precisions, notes)
     if max_gpus is None:
         max_gpus = DEFAULT_MAX_GPUS
         notes.append(f"searched layouts up to {DEFAULT_MAX_GPUS} GPUs (use --max-gpus to change)")
@@ -352,7 +603,7 @@ def recommend(
         gpu_catalog = load_gpus()
 
     total_tokens = math.ceil(job.dataset_tokens * job.epochs)
-    memo = _Memo(model)
+    memo = _Memo(model, cache)
     runtime_cache: dict[tuple, RuntimeEstimate] = {}
     by_gpu: dict[str, list[Any]] = {}
     for o in offers:
@@ -361,6 +612,7 @@ def recommend(
     raw: list[Plan] = []
     infeasible: list[Infeasible] = []
     counts = _Counts()
+    extras = _Extras(preemption_rate, checkpoint_interval_s)
     gpu_names = sorted(by_gpu)
     for gi, slug in enumerate(gpu_names):
         if progress is not None:
@@ -369,28 +621,47 @@ def recommend(
         if gpu is None:
             infeasible.append(Infeasible(slug, f"GPU {slug!r} is not in the GPU catalog"))
             continue
-        gjob, gnotes, why = platform_job(job, gpu)
-        if gjob is None:
-            hint = "try --method lora on this GPU" if job.method == "qlora" else None
-            infeasible.append(Infeasible(slug, why or "cannot run", hint=hint))
-            continue
         cap = gpu.memory_bytes * (1.0 - safety_margin)
-        shapes: dict[tuple[int, bool], list[_Fits]] = {}
         gpu_plans = 0
-        for offer in by_gpu[slug]:
-            fits = _enumerate(memo, model, gjob, gpu, offer, cap, max_gpus, global_batch, total_tokens, shapes,
-                              counts)
-            best = _best_per_layout(model, gpu, offer, fits, gnotes, runtime_cache, counts)
-            raw.extend(best.values())
-            gpu_plans += len(best)
-        if gpu_plans == 0:
-            infeasible.append(_why_not(memo, model, gjob, gpu, cap, safety_margin, by_gpu[slug],
+        runnable: Job | None = None
+        refused: list[str] = []
+        for cjob in candidates:  # the job, or one variant per searched precision
+            gjob, gnotes, why = platform_job(cjob, gpu)
+            if gjob is None:
+                refused.append(why or "cannot run")
+                continue
+            runnable = runnable or gjob
+            shapes: dict[tuple[int, bool], list[_Fits]] = {}
+            for offer in by_gpu[slug]:
+                fits = _enumerate(memo, model, gjob, gpu, offer, cap, max_gpus, global_batch, total_tokens,
+                                  shapes, counts, keep, data, fixed)
+                best = _best_per_layout(model, gpu, offer, fits, gnotes, runtime_cache, counts, extras, memo)
+                raw.extend(best.values())
+                gpu_plans += len(best)
+        if runnable is None:
+            hint = "try --method lora on this GPU" if job.method == "qlora" else None
+            infeasible.append(Infeasible(slug, refused[0], hint=hint))
+        elif gpu_plans == 0 and slug in extras.host_rejects:
+            offer, why_host = extras.host_rejects[slug][0]
+            infeasible.append(Infeasible(slug, f"{offer.provider} {offer.sku}: {why_host}",
+                                         hint="an instance with more host RAM, or a layout without CPU offload"))
+        elif gpu_plans == 0:
+            infeasible.append(_why_not(memo, model, runnable, gpu, cap, safety_margin, by_gpu[slug],
                                        max_gpus, global_batch))
+        elif slug in extras.host_rejects:
+            seen_offers = set()
+            for offer, why_host in extras.host_rejects[slug]:
+                if id(offer) not in seen_offers:
+                    seen_offers.add(id(offer))
+                    notes.append(f"rejected {offer.provider} {offer.sku} ({slug}): {why_host}")
     if progress is not None:
         progress(len(gpu_names), len(gpu_names))
 
     kept, dropped = _constrain(raw, deadline_hours, budget_usd)
     infeasible.extend(dropped)
+    for why in sorted(counts.left_out):
+        notes.append(f"left out layouts that the {target} export cannot run: {why} "
+                     "(recommend(target=None) ranks them)")
 
     plans = _rank(kept, objective)
     stats = SearchStats(offers=len(offers), gpu_types=len(by_gpu), layouts=counts.layouts,
@@ -405,11 +676,35 @@ class _Counts:
 
     layouts: int = 0
     candidates: int = 0
+    #: reasons of the layouts the export target cannot run (left out of the search)
+    left_out: set[str] = field(default_factory=set)
+
+
+def _runnable_filter(model: ModelSpec, target: str | None):
+    """Keep the layouts ``target``'s exported files run (``export.targets.exportable``); None: keep all."""
+    if target is None:
+        return None
+    from .export.targets import check_target, exportable
+
+    check_target(target)
+
+    def keep(layouts: list[Layout], job: Job, counts: _Counts) -> list[Layout]:
+        out = []
+        for lay in layouts:
+            ok, why = exportable(lay, job, target, model)
+            if ok:
+                out.append(lay)
+            else:
+                counts.left_out.add(why)
+        return out
+
+    return keep
 
 
 def _enumerate(memo: _Memo, model: ModelSpec, job: Job, gpu: Any, offer: Any, cap: float, max_gpus: int,
                global_batch: int | None, total_tokens: int, shapes: dict[tuple[int, bool], list[_Fits]],
-               counts: _Counts) -> list[_Fits]:
+               counts: _Counts, keep=None, data: _DataShapes | None = None,
+               fixed: _Fixed | None = None) -> list[_Fits]:
     """Every (layout, micro-batch, checkpointing) that fits ``cap`` on instances of ``offer``.
 
     Layouts come in stages: plain data parallelism first, tensor/pipeline parallelism and offload
@@ -428,34 +723,81 @@ def _enumerate(memo: _Memo, model: ModelSpec, job: Job, gpu: Any, offer: Any, ca
         fits: list[_Fits] = []
         for stage in ("plain", "parallel", "offload"):
             lays = _layouts_stage(model, gpn_list, node_list, g_max, max_gpus, stage)
+            if fixed is not None:
+                lays = _fixed_layouts(lays, stage, fixed.strategy, fixed.num_gpus)
+            if keep is not None:  # only layouts the export target runs (PP is never run for HF models)
+                lays = keep(lays, job, counts)
             counts.layouts += len(lays)
             for lay in lays:
-                fits.extend(_fitting_variants(memo, gpu.vendor, lay, job, cap, global_batch, total_tokens))
+                fits.extend(_fitting_variants(memo, gpu.vendor, lay, job, cap, global_batch, total_tokens, data,
+                                              fixed.micro_batch if fixed is not None else None))
             if fits:
                 break  # tensor/pipeline parallelism and offload only when needed
         shapes[shape] = fits
     return shapes[shape]
 
 
+class _Extras:
+    """Per-search state of the host / spot checks: the options, a cache of host requirements per
+    (layout, job) and the offers rejected for host RAM per GPU type."""
+
+    def __init__(self, preemption_rate: float | None, checkpoint_interval_s: float | None) -> None:
+        self.preemption_rate = preemption_rate
+        self.checkpoint_interval_s = checkpoint_interval_s
+        self.cache: dict[tuple, Any] = {}
+        self.host_rejects: dict[str, list[tuple[Any, str]]] = {}
+
+
 def _best_per_layout(model: ModelSpec, gpu: Any, offer: Any, fits: list[_Fits], gnotes: list[str],
-                     runtime_cache: dict[tuple, RuntimeEstimate], counts: _Counts) -> dict[Layout, Plan]:
-    """The fastest fitting variant per layout on ``offer``, priced."""
+                     runtime_cache: dict[tuple, RuntimeEstimate], counts: _Counts,
+                     extras: _Extras | None = None, memo: _Memo | None = None) -> dict[Layout, Plan]:
+    """The fastest fitting variant per layout on ``offer``, priced; with ``extras``: the host RAM /
+    disk it needs (offers lacking the RAM are rejected) and, on spot offers, the expected cost."""
+    extras = extras or _Extras(None, None)
     best: dict[Layout, Plan] = {}
     for f in fits:
         counts.candidates += 1
         bw = offer.inter_node_gbps if f.layout.nodes > 1 else None
-        rkey = (offer.gpu, bw, f.layout, f.job)
+        rjob = f.rjob or f.job
+        rkey = (offer.gpu, bw, f.layout, rjob)
         rt = runtime_cache.get(rkey)
         if rt is None:
-            rt = estimate_runtime(model, f.job, f.layout, gpu, offer=offer)
+            if memo is not None and f.layout.ep == 1:
+                rt = memo.step_runtime(gpu, offer, bw, f.layout, rjob)
+            else:
+                rt = estimate_runtime(model, rjob, f.layout, gpu, offer=offer)  # EP all-to-alls included
+            if rjob.low_precision:  # FP8 / FP4 GEMMs (lowprec.adjust_runtime)
+                rt = low_precision_runtime(model, rjob, f.layout, gpu, rt)
             runtime_cache[rkey] = rt
         cur = best.get(f.layout)
         if cur is not None and cur.runtime.total_hours <= rt.total_hours:
             continue
         cost = estimate_cost(rt, offer, f.layout, gpu)
+        host, risk, reject, xnotes = _plan_extras(model, f, offer, rt, extras.cache, extras.preemption_rate,
+                                                  extras.checkpoint_interval_s)
+        if reject is not None:
+            extras.host_rejects.setdefault(offer.gpu, []).append((offer, reject))
+            continue
+        if f.mjob is not None and f.rjob is not None:
+            xnotes = (f"dataset: memory at the largest batch, {f.mjob.micro_batch} x {f.mjob.seq_len} tokens; "
+                      f"time from {f.rjob.dataset_tokens:,} computed tokens per epoch; $/M tokens per real token",
+                      ) + xnotes
+            real = (f.job.dataset_tokens or 0) * f.job.epochs
+            if real:
+                cost = replace(cost, usd_per_million_tokens=cost.usd / real * 1e6)
         best[f.layout] = Plan(offer, gpu, f.layout, f.job, f.memory, rt, cost,
-                              notes=tuple(gnotes) + f.memory.notes)
+                              notes=tuple(gnotes) + f.memory.notes + xnotes, host=host, risk=risk)
     return best
+
+
+def low_precision_runtime(model: ModelSpec, job: Job, layout: Layout, gpu: Any, rt: RuntimeEstimate) -> RuntimeEstimate:
+    """``rt`` with ``job``'s FP8/FP4 GEMMs at the format's peak (``lowprec.adjust_runtime``)."""
+    from .catalog.efficiency import efficiency
+    from .lowprec import adjust_runtime
+    from .runtime import flops_per_token
+
+    hbm = float(gpu.mem_bw_tbps) * 1e12 * efficiency().hbm(getattr(gpu, "arch", None))
+    return adjust_runtime(model, job, layout, gpu, rt, flops_per_token(model, job).hardware, hbm)
 
 
 def _constrain(raw: list[Plan], deadline_hours: float | None,
@@ -463,35 +805,106 @@ def _constrain(raw: list[Plan], deadline_hours: float | None,
     """(the plans within the deadline and the budget, why-not of the GPU types that lost all)."""
     kept = raw
     if deadline_hours is not None:
-        kept = [p for p in kept if p.hours <= deadline_hours]
+        kept = [p for p in kept if p.expected_hours <= deadline_hours]
     if budget_usd is not None:
-        kept = [p for p in kept if p.usd <= budget_usd]
+        kept = [p for p in kept if p.expected_usd <= budget_usd]
     infeasible = []
     dropped = {p.gpu.name for p in raw} - {p.gpu.name for p in kept}
     for slug in sorted(dropped):
         mine = [p for p in raw if p.gpu.name == slug]
         parts = []
-        fastest = min(mine, key=lambda p: p.hours)
-        cheapest = min(mine, key=lambda p: p.usd)
-        if deadline_hours is not None and fastest.hours > deadline_hours:
-            parts.append(f"fastest plan takes {fastest.hours:,.1f} h > deadline {deadline_hours:g} h")
-        if budget_usd is not None and cheapest.usd > budget_usd:
-            parts.append(f"cheapest plan costs ${cheapest.usd:,.0f} > budget ${budget_usd:,.0f}")
+        fastest = min(mine, key=lambda p: p.expected_hours)
+        cheapest = min(mine, key=lambda p: p.expected_usd)
+        if deadline_hours is not None and fastest.expected_hours > deadline_hours:
+            parts.append(f"fastest plan takes {fastest.expected_hours:,.1f} h > deadline {deadline_hours:g} h")
+        if budget_usd is not None and cheapest.expected_usd > budget_usd:
+            parts.append(f"cheapest plan costs ${cheapest.expected_usd:,.0f} > budget ${budget_usd:,.0f}")
         if not parts:
-            parts.append(f"no plan meets both deadline and budget (fastest {fastest.hours:,.1f} h "
-                         f"for ${fastest.usd:,.0f}; cheapest ${cheapest.usd:,.0f} in {cheapest.hours:,.1f} h)")
+            parts.append(f"no plan meets both deadline and budget (fastest {fastest.expected_hours:,.1f} h "
+                         f"for ${fastest.expected_usd:,.0f}; cheapest ${cheapest.expected_usd:,.0f} in {cheapest.expected_hours:,.1f} h)")
         infeasible.append(Infeasible(slug, "; ".join(parts),
                                      hint="relax --deadline/--budget or raise --max-gpus"))
     return kept, infeasible
 
 
+def _plan_extras(model: ModelSpec, f: _Fits, offer: Any, rt: RuntimeEstimate, cache: dict,
+                 preemption_rate: float | None, checkpoint_interval_s: float | None):
+    """(host requirements, spot risk or None, why the offer's instance cannot hold it, notes)."""
+    from .host import check_offer, disk_note, host_requirements
+    from .risk import spot_risk
+
+    key = (f.layout, f.job)
+    host = cache.get(key)
+    if host is None:
+        host = cache[key] = host_requirements(model, f.job, f.layout, f.memory)
+    reject = check_offer(host, offer)
+    notes: tuple[str, ...] = ()
+    dn = disk_note(host, offer)
+    if dn:
+        notes += (dn,)
+    risk = None
+    if reject is None and offer.pricing == "spot":
+        risk = spot_risk(rt, offer, f.layout, host.checkpoint, rate_per_hour=preemption_rate,
+                         checkpoint_interval_s=checkpoint_interval_s)
+        if risk.rate_assumed:
+            notes += (f"no published preemption rate for {offer.provider}: {risk.rate_per_hour:g}/h assumed "
+                      "(pass --preemption-rate)",)
+    return host, risk, reject, notes
+
+
+#: sanity bounds on search constraints (validation limits): a deadline of a century, a budget of a
+#: trillion dollars, a million GPUs are already far beyond any fine-tuning job
+_MAX_DEADLINE_HOURS = 24 * 366 * 100
+_MAX_BUDGET_USD = 1e12
+_MAX_SEARCH_GPUS = 1 << 20
+_MAX_GLOBAL_BATCH = 1 << 30
+
+
+def _check_search(safety_margin: float, max_gpus: int | None, global_batch: int | None,
+                  deadline_hours: float | None = None, budget_usd: float | None = None) -> None:
+    """One ConfigError listing every bad search constraint (NaN, infinity, wrong type, out of range)."""
+    p: list[Problem] = []
+
+    def bad(field: str, msg: str, hint: str | None = None) -> None:
+        p.append(Problem(field, msg, hint))
+
+    def number(v, field: str, words: str, integer: bool = False) -> bool:
+        found: list[str] = []
+        if check_finite(v, words, integer=integer, problems=found):
+            return True
+        bad(field, found[0])
+        return False
+
+    if number(safety_margin, "margin", "safety margin") and not 0.0 <= safety_margin < 1.0:
+        bad("margin", f"safety margin must be in [0, 1) (got {safety_margin})", "e.g. `margin=0.05`")
+    if max_gpus is not None and number(max_gpus, "max_gpus", "max GPUs", integer=True):
+        if max_gpus < 1:
+            bad("max_gpus", f"max GPUs must be >= 1 (got {max_gpus})", "e.g. `max_gpus=16`")
+        elif max_gpus > _MAX_SEARCH_GPUS:
+            bad("max_gpus", f"max GPUs {show_value(max_gpus)} is implausibly many (at most {_MAX_SEARCH_GPUS:,})")
+    if global_batch is not None and number(global_batch, "global_batch", "global batch", integer=True):
+        if global_batch < 1:
+            bad("global_batch", f"global batch must be >= 1 (got {global_batch})", "e.g. `global_batch=64`")
+        elif global_batch > _MAX_GLOBAL_BATCH:
+            bad("global_batch", f"global batch {show_value(global_batch)} is implausibly large "
+                                f"(at most {_MAX_GLOBAL_BATCH:,})")
+    for v, what, hi in ((deadline_hours, "deadline", _MAX_DEADLINE_HOURS), (budget_usd, "budget", _MAX_BUDGET_USD)):
+        if v is not None and number(v, what, what):
+            if not v > 0:
+                bad(what, f"{what} must be > 0 (got {v})", f"pass a positive `{what}`")
+            elif v > hi:
+                bad(what, f"{what} {v:g} is implausibly large (at most {hi:g})")
+    if p:
+        raise ConfigError(problems=p)
+
+
 def _sort_key(p: Plan, objective: str) -> tuple:
     tie = (p.offer.provider, p.offer.sku, str(getattr(p.offer, "region", "")), p.layout.world_size,
            p.layout.strategy, p.layout.tp, p.layout.pp, p.layout.offload_optimizer,
-           p.layout.offload_params, p.layout.gpus_per_node)
+           p.layout.offload_params, p.layout.gpus_per_node, p.layout.ep)
     if objective == "time":
-        return (p.hours, p.usd, *tie)
-    return (p.usd, p.hours, *tie)
+        return (p.expected_hours, p.expected_usd, *tie)
+    return (p.expected_usd, p.expected_hours, *tie)
 
 
 def _rank(plans: list[Plan], objective: str) -> tuple[Plan, ...]:
@@ -504,18 +917,16 @@ def _rank(plans: list[Plan], objective: str) -> tuple[Plan, ...]:
     frontier: set[int] = set()
     best_h = math.inf
     last: tuple[float, float] | None = None
-    for p in sorted(plans, key=lambda p: (p.usd, p.hours)):
-        if p.hours < best_h:
+    for p in sorted(plans, key=lambda p: (p.expected_usd, p.expected_hours)):
+        if p.expected_hours < best_h:
             frontier.add(id(p))
-            best_h = p.hours
-            last = (p.usd, p.hours)
-        elif last is not None and (p.usd, p.hours) == last:
+            best_h = p.expected_hours
+            last = (p.expected_usd, p.expected_hours)
+        elif last is not None and (p.expected_usd, p.expected_hours) == last:
             frontier.add(id(p))
     out = []
     for p in ordered:
-        out.append(Plan(p.offer, p.gpu, p.layout, p.job, p.memory, p.runtime, p.cost,
-                        cheapest=p is cheapest, fastest=p is fastest, pareto=id(p) in frontier,
-                        notes=p.notes))
+        out.append(replace(p, cheapest=p is cheapest, fastest=p is fastest, pareto=id(p) in frontier))
     return tuple(out)
 
 
@@ -563,14 +974,19 @@ class FitResult:
     max_micro_batch: int | None  # largest micro-batch on one GPU at the job's sequence length
     min_gpus: dict[str, int | None] = field(default_factory=dict)  # fewest GPUs per strategy
     notes: tuple[str, ...] = ()
+    #: when the job does not fit one GPU: the single changes that make it fit (ftplan.advice)
+    advice: tuple = ()
+    #: with a dataset: % of samples kept untruncated -> the sequence-length cut-off that does it
+    seq_len_cutoffs: dict[float, int] = field(default_factory=dict)
 
 
 def fit(model: ModelSpec, job: Job, gpu: Any, *, safety_margin: float = 0.05,
-        max_gpus: int = 1024) -> FitResult:
-    """What fits on ``gpu``: longest sequence, largest micro-batch, fewest GPUs per strategy."""
-    if not 0.0 <= safety_margin < 1.0:
-        raise ConfigError(f"safety margin must be in [0, 1) (got {safety_margin})", "e.g. `margin=0.05`",
-                          field="margin")
+        max_gpus: int = 1024, dataset: Any | None = None,
+        keep_pct: Sequence[float] = (90.0, 95.0, 99.0, 100.0)) -> FitResult:
+    """What fits on ``gpu``: longest sequence, largest micro-batch, fewest GPUs per strategy;
+    with ``dataset`` (a ``DatasetProfile``), the sequence-length cut-off that keeps each
+    ``keep_pct`` % of its samples untruncated, and whether it fits one GPU."""
+    _check_search(safety_margin, max_gpus, None)
     validate_job(model, job)
     notes: list[str] = []
     gjob, gnotes, why = platform_job(job, gpu)
@@ -639,6 +1055,65 @@ def fit(model: ModelSpec, job: Job, gpu: Any, *, safety_margin: float = 0.05,
         if found is None and fits_now and strategy != "ddp":
             pass
         min_gpus[label] = found
+    advice = ()
+    if not fits_now:
+        from .advice import fit_advice
+
+        advice = fit_advice(model, gjob, one, gpu, margin=safety_margin)
+    cutoffs: dict[float, int] = {}
+    if dataset is not None:
+        for pct in keep_pct:
+            cut = dataset.cutoff(pct)
+            cutoffs[float(pct)] = cut
+            ok_one = max_seq is not None and cut <= max_seq
+            notes.append(f"{pct:g} % of the samples untruncated: --seq-len {cut} "
+                         + ("fits one GPU" if ok_one else "does not fit one GPU at this micro-batch"))
     return FitResult(gpu=gpu.name, memory_bytes=gpu.memory_bytes, usable_bytes=int(cap), fits=fits_now,
+                     advice=advice,
                      device_total_bytes=m0.device_total_bytes if m0 is not None else None,
-                     max_seq_len=max_seq, max_micro_batch=max_mb, min_gpus=min_gpus, notes=tuple(notes))
+                     max_seq_len=max_seq, max_micro_batch=max_mb, min_gpus=min_gpus, notes=tuple(notes),
+                     seq_len_cutoffs=cutoffs)
+
+
+# ---------------------------------------------------------------------------------------------
+# one fixed layout
+# ---------------------------------------------------------------------------------------------
+def price_layout(model: ModelSpec, job: Job, layout: Layout, gpu: Any, offers: Iterable[Any], *,
+                 providers: Iterable[str] | None = None, pricing: str | None = None,
+                 safety_margin: float = 0.05) -> Plan | Infeasible:
+    """The job on exactly this layout of ``gpu``, priced on the cheapest matching offer.
+
+    An offer matches when it sells ``gpu`` with at least ``layout.gpus_per_node`` GPUs per
+    instance (``layout.nodes`` instances; several nodes need an offer with an inter-node network).
+    The cost counts whole instances. Returns an :class:`Infeasible` (with the reason) when the
+    layout does not fit the GPU's memory or no offer matches. Needs ``job.dataset_tokens``.
+    """
+    from .catalog.offers import filter_offers
+
+    if not job.dataset_tokens:
+        raise ConfigError("pricing a layout needs the dataset size", "pass `tokens`, e.g. `tokens=50M`", field="tokens")
+    validate_job(model, job, layout)
+    name = getattr(gpu, "name", str(gpu))
+    gjob, notes, why = platform_job(job, gpu)
+    if gjob is None:
+        return Infeasible(name, why or "cannot run")
+    mem = estimate_memory(model, gjob, layout, gpu_vendor=getattr(gpu, "vendor", None))
+    cap = gpu.memory_bytes * (1.0 - safety_margin)
+    if mem.device_total_bytes > cap:
+        return Infeasible(name, f"needs {_gb(mem.device_total_bytes)} per GPU, {name} has {_gb(cap)} usable",
+                          needed_bytes=int(mem.device_total_bytes), available_bytes=int(cap),
+                          hint="more GPUs, a sharding strategy, checkpointing or a smaller micro-batch")
+    cands = [o for o in filter_offers(list(offers), providers=list(providers) if providers else None,
+                                      gpus=[name], pricing=pricing)
+             if int(o.gpus_per_instance) >= layout.gpus_per_node and (layout.nodes == 1 or _has_network(o))]
+    if not cands:
+        need = f"{layout.gpus_per_node} x {name} per instance" + (" with an inter-node network" if layout.nodes > 1 else "")
+        return Infeasible(name, f"no offer sells {need}", hint="another `gpu`, fewer `gpus` per node, or other `pricing`/`providers`")
+    best: Plan | None = None
+    for o in cands:
+        rt = estimate_runtime(model, gjob, layout, gpu, offer=o if layout.nodes > 1 else None)
+        cost = estimate_cost(rt, o, layout, gpu)
+        plan = Plan(o, gpu, layout, gjob, mem, rt, cost, notes=tuple(notes) + tuple(mem.notes))
+        if best is None or _sort_key(plan, "cost") < _sort_key(best, "cost"):
+            best = plan
+    return best

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from .errors import Renderer, render_refs
 from .job import Job, Layout
 from .memory import COMPONENTS, MemoryBreakdown
 from .model import ModelSpec
@@ -20,6 +21,7 @@ from .options import job_to_dict, layout_to_dict
 from .units import GB, GIB
 
 __all__ = ["table", "fmt_bytes", "estimate_json", "estimate_text", "plan_dict", "infeasible_dict",
+           "runtime_dict", "cost_dict", "offer_dict", "runtime_text",
            "recommend_doc", "compare_plans", "compare_doc", "fit_doc", "models_doc", "gpus_doc", "offers_doc",
            "ESTIMATE_SCHEMA", "RECOMMEND_SCHEMA", "COMPARE_SCHEMA", "FIT_SCHEMA", "MODELS_SCHEMA", "GPUS_SCHEMA",
            "OFFERS_SCHEMA"]
@@ -56,7 +58,9 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], align: str | No
 
 
 def estimate_json(model: ModelSpec, job: Job, layout: Layout, mem: MemoryBreakdown,
-                  gpu: Any | None = None) -> dict[str, Any]:
+                  gpu: Any | None = None, assumptions: Sequence[Any] = (), advice: Sequence[Any] = (),
+                  runtime: Any | None = None, priced: Any | None = None,
+                  runtime_notes: Sequence[str] = ()) -> dict[str, Any]:
     p = model.params
     doc: dict[str, Any] = {
         "schema": ESTIMATE_SCHEMA,
@@ -77,24 +81,84 @@ def estimate_json(model: ModelSpec, job: Job, layout: Layout, mem: MemoryBreakdo
         },
         "host_bytes": mem.host_bytes,
         "notes": list(mem.notes),
+        "assumptions": [a.to_dict() for a in assumptions],
     }
     if gpu is not None:
         doc["gpu"] = {"name": gpu.name, "memory_bytes": gpu.memory_bytes}
         doc["fits"] = mem.fits(gpu.memory_bytes)
         doc["headroom_bytes"] = mem.headroom_bytes(gpu.memory_bytes)
+        doc["runtime"] = runtime_dict(runtime) if runtime is not None else None
+        if priced is not None:
+            if hasattr(priced, "cost"):
+                doc["priced"] = {"offer": offer_dict(priced.offer), "runtime": runtime_dict(priced.runtime),
+                                 "cost": cost_dict(priced.cost)}
+            else:
+                doc["priced"] = {"infeasible": infeasible_dict(priced)}
+        doc["runtime_notes"] = list(runtime_notes)
+        doc["advice"] = [a.to_dict() for a in advice]
     return doc
 
 
+def _band(lo: float | None, hi: float | None, fmt) -> str:
+    return f" ({fmt(lo)}-{fmt(hi)})" if lo is not None and hi is not None else ""
+
+
+def runtime_text(r, cost: Any | None = None, offer: Any | None = None) -> list[str]:
+    """Lines of a runtime estimate (and its price): value, then the calibrated band in brackets."""
+    q = r.band_quantiles
+    band = f"{q[0]:.0%}-{q[1]:.0%} band of published measurements" if q else "band"
+    hours_f = (lambda h: f"{h:,.2f}" if h < 100 else f"{h:,.0f}")
+    lines = [
+        f"step time  {r.step_time_s:,.3f} s{_band(r.step_time_s_low, r.step_time_s_high, lambda x: f'{x:,.3f}')}"
+        f"  = {r.tokens_per_step:,} tokens",
+        f"throughput {r.tokens_per_s:,.0f} tokens/s{_band(r.tokens_per_s_low, r.tokens_per_s_high, lambda x: f'{x:,.0f}')}"
+        f", MFU {r.mfu:.0%}" + ("  (host-bound: the CPU launching kernels limits it)" if r.host_bound else ""),
+    ]
+    if r.hours is not None:
+        lines.append(f"time       {r.total_hours:,.2f} h{_band(r.total_hours_low, r.total_hours_high, hours_f)}"
+                     f" = {r.steps:,} steps x {r.step_time_s:,.3f} s + {r.startup_hours * 60:,.0f} min start-up")
+    if cost is not None and offer is not None:
+        lines.append(f"cost       ${cost.usd:,.2f}{_band(cost.usd_low, cost.usd_high, lambda x: f'${x:,.2f}')}"
+                     f" on {cost.instances} x {offer.provider} {offer.sku} ({offer.pricing}, "
+                     f"${offer.usd_per_instance_hour:,.2f}/instance-hour, as of {offer.as_of.isoformat()})")
+    lines.append(f"(brackets: the {band})")
+    return lines
+def _precision_text(job: Job) -> str:
+    """``bf16-mixed``, or ``fp8-tensorwise (torchao, on bf16-mixed)`` for an FP8/NVFP4 recipe."""
+    if not job.low_precision:
+        return job.precision
+    from .lowprec import get_recipe
+
+    r = get_recipe(job.low_precision)
+    lib = f"{r.library}{', prototype' if r.status == 'prototype' else ''}, " if r is not None else ""
+    return f"{job.low_precision} ({lib}on {job.precision})"
+
+
+_CKPT_WORDS = {"none": "off", "full": "on", "full-reentrant": "on (reentrant)", "selective": "selective (op SAC)",
+               "selective-attention": "selective (attention)"}
+
+
+def _job_line(job: Job) -> str:
+    ckpt = _CKPT_WORDS.get(job.ac_mode, f"every {job.checkpoint_every} layers")
+    extra = [f"loss {job.loss}"]
+    if job.activation_offloading:
+        extra.append("activation offloading")
+    if job.is_padding_free:
+        extra.append("packed" if job.packing else "padding-free")
+    return (f"job: {job.method}, {_precision_text(job)}, {job.optimizer}, micro-batch {job.micro_batch} x "
+            f"{job.seq_len} tokens, checkpointing {ckpt}, attention {job.attn_impl}, " + ", ".join(extra))
+
+
 def estimate_text(model: ModelSpec, job: Job, layout: Layout, mem: MemoryBreakdown,
-                  gpu: Any | None = None) -> str:
+                  gpu: Any | None = None, assumptions: Sequence[Any] = (), advice: Sequence[Any] = (),
+                  renderer: Renderer | None = None, runtime: Any | None = None, priced: Any | None = None,
+                  runtime_notes: Sequence[str] = ()) -> str:
     p = model.params
     lines = [
         f"{model.name}  ({model.family}, {p.total:,} parameters"
         + (f", {p.active:,} active" if model.is_moe else "")
         + f"; trainable {mem.params_trainable:,})",
-        f"job: {job.method}, {job.precision}, {job.optimizer}, micro-batch {job.micro_batch} x "
-        f"{job.seq_len} tokens, checkpointing {'on' if job.gradient_checkpointing else 'off'}, "
-        f"attention {job.attn_impl}",
+        _job_line(job),
         f"layout: {layout.describe()}",
         "",
     ]
@@ -119,8 +183,24 @@ def estimate_text(model: ModelSpec, job: Job, layout: Layout, mem: MemoryBreakdo
             f"{gpu.name} ({fmt_bytes(gpu.memory_bytes)}): {verdict}, "
             + (f"headroom {fmt_bytes(head)}" if head >= 0 else f"short by {fmt_bytes(-head)}")
         )
+    if runtime is not None:
+        lines.append("")
+        if priced is not None and hasattr(priced, "cost"):
+            lines += runtime_text(priced.runtime, priced.cost, priced.offer)
+        else:
+            lines += runtime_text(runtime)
+            if priced is not None:
+                lines.append(f"not priced: {priced.message()}")
+    for n in runtime_notes:
+        lines.append(f"note: {n}")
     for n in mem.notes:
         lines.append(f"note: {n}")
+    if gpu is not None and advice:
+        lines.append("single changes that make it fit:")
+        lines += [f"  - {render_refs(a.text, renderer)}" for a in advice]
+    if assumptions:
+        lines.append("assumed (defaults of the reference stack; change them with the options named):")
+        lines += [f"  - {a.text} [{a.source}; {render_refs(a.change, renderer)}]" for a in assumptions]
     return "\n".join(lines)
 
 
@@ -135,40 +215,127 @@ def _stale(offer, today=None) -> bool:
     return is_stale(offer, today or _dt.date.today())
 
 
+def runtime_dict(r) -> dict[str, Any]:
+    """A :class:`~ftplan.runtime.RuntimeEstimate` as JSON (``runtime`` of plans and estimates)."""
+    return {"step_time_s": r.step_time_s, "compute_time_s": r.compute_time_s,
+            "comm_time_s": r.comm_time_s, "exposed_comm_s": r.exposed_comm_s,
+            "optimizer_time_s": r.optimizer_time_s, "dequant_time_s": r.dequant_time_s,
+            "tokens_per_s": r.tokens_per_s, "mfu": r.mfu, "flops_per_token": r.flops_per_token,
+            "tokens_per_step": r.tokens_per_step, "total_tokens": r.total_tokens, "steps": r.steps,
+            "training_hours": r.hours, "startup_hours": r.startup_hours, "total_hours": r.total_hours,
+            "band": {"quantiles": list(r.band_quantiles) if r.band_quantiles else None,
+                     "step_time_s": [r.step_time_s_low, r.step_time_s_high],
+                     "tokens_per_s": [r.tokens_per_s_low, r.tokens_per_s_high],
+                     "training_hours": [r.hours_low, r.hours_high],
+                     "total_hours": [r.total_hours_low, r.total_hours_high]},
+            "host_bound": r.host_bound,
+            "breakdown": dict(r.breakdown)}
+
+
+def cost_dict(c) -> dict[str, Any]:
+    """A :class:`~ftplan.cost.Cost` as JSON (``cost`` of plans and estimates)."""
+    return {"instances": c.instances, "gpus_billed": c.gpus_billed, "billed_hours": c.billed_hours,
+            "usd": c.usd, "usd_per_million_tokens": c.usd_per_million_tokens,
+            "energy_kwh_upper_bound": c.energy_kwh, "usd_band": [c.usd_low, c.usd_high]}
+
+
+def offer_dict(o) -> dict[str, Any]:
+    return {"provider": o.provider, "sku": o.sku, "gpu": o.gpu, "gpus_per_instance": o.gpus_per_instance,
+            "usd_per_gpu_hour": o.usd_per_gpu_hour, "usd_per_instance_hour": o.usd_per_instance_hour,
+            "pricing": o.pricing, "region": o.region, "inter_node_network": o.inter_node_network,
+            "inter_node_gbps": o.inter_node_gbps, "billing_granularity_s": o.billing_granularity_s,
+            "as_of": o.as_of.isoformat(), "stale": _stale(o), "source": o.source}
+
+
 def plan_dict(p) -> dict[str, Any]:
     """One plan of a search (``plans[i]`` of ``ftplan.recommend/1``)."""
     o, r, c, m = p.offer, p.runtime, p.cost, p.memory
     return {
-        "offer": {"provider": o.provider, "sku": o.sku, "gpu": o.gpu, "gpus_per_instance": o.gpus_per_instance,
-                  "usd_per_gpu_hour": o.usd_per_gpu_hour, "usd_per_instance_hour": o.usd_per_instance_hour,
-                  "pricing": o.pricing, "region": o.region, "inter_node_network": o.inter_node_network,
-                  "inter_node_gbps": o.inter_node_gbps, "billing_granularity_s": o.billing_granularity_s,
-                  "as_of": o.as_of.isoformat(), "stale": _stale(o), "source": o.source},
+        "offer": offer_dict(o),
         "layout": layout_to_dict(p.layout),
         "strategy_label": p.strategy_label,
         "job": job_to_dict(p.job),
         "memory": {"device_total_bytes": m.device_total_bytes, "peak_allocated_bytes": m.peak_allocated_bytes,
                    "host_bytes": m.host_bytes, "gpu_memory_bytes": p.gpu.memory_bytes,
                    "components": dict(m.components)},
-        "runtime": {"step_time_s": r.step_time_s, "compute_time_s": r.compute_time_s,
-                    "comm_time_s": r.comm_time_s, "exposed_comm_s": r.exposed_comm_s,
-                    "optimizer_time_s": r.optimizer_time_s, "dequant_time_s": r.dequant_time_s,
-                    "tokens_per_s": r.tokens_per_s, "mfu": r.mfu, "flops_per_token": r.flops_per_token,
-                    "tokens_per_step": r.tokens_per_step, "total_tokens": r.total_tokens, "steps": r.steps,
-                    "training_hours": r.hours, "startup_hours": r.startup_hours, "total_hours": r.total_hours,
-                    "breakdown": dict(r.breakdown)},
-        "cost": {"instances": c.instances, "gpus_billed": c.gpus_billed, "billed_hours": c.billed_hours,
-                 "usd": c.usd, "usd_per_million_tokens": c.usd_per_million_tokens,
-                 "energy_kwh_upper_bound": c.energy_kwh},
+        "runtime": runtime_dict(r),
+        "cost": cost_dict(c),
+        "host": host_dict(p.host) if p.host is not None else None,
+        "spot": spot_dict(p.risk) if p.risk is not None else None,
+        "expected_usd": p.expected_usd,
+        "expected_hours": p.expected_hours,
         "cheapest": p.cheapest, "fastest": p.fastest, "pareto": p.pareto,
         "notes": list(p.notes),
     }
+
+
+def host_dict(h) -> dict[str, Any]:
+    """Host RAM / disk per node of a plan (``plans[i].host``, see ftplan.host)."""
+    ck = h.checkpoint
+    return {"ram_bytes": h.ram_bytes, "ram_phase": h.ram_phase, "ram_breakdown": dict(h.ram_breakdown),
+            "disk_bytes": h.disk_bytes, "disk_breakdown": dict(h.disk_breakdown),
+            "efficient_loading": h.efficient_loading,
+            "checkpoint": {"kind": ck.kind, "weights_bytes": ck.weights_bytes, "optimizer_bytes": ck.optimizer_bytes,
+                           "total_bytes": ck.total_bytes, "sharded": ck.sharded, "writers": ck.writers},
+            "notes": list(h.notes)}
+
+
+def spot_dict(r) -> dict[str, Any]:
+    """Expected time and cost with preemptions on a spot offer (``plans[i].spot``, see ftplan.risk)."""
+    return {"rate_per_instance_hour": r.rate_per_hour, "job_rate_per_hour": r.job_rate_per_hour,
+            "rate_source": r.rate_source, "rate_basis": r.rate_basis, "rate_assumed": r.rate_assumed,
+            "checkpoint_bytes": r.checkpoint_bytes, "checkpoint_write_s": r.checkpoint_write_s,
+            "checkpoint_interval_hours": r.interval_hours, "checkpoint_interval_optimal": r.interval_optimal,
+            "restart_s": r.restart_s, "capacity_wait_s": r.capacity_wait_s,
+            "expected_preemptions": r.expected_preemptions, "p_no_preemption": r.p_no_preemption,
+            "expected_hours": r.expected_hours, "expected_billed_hours": r.expected_billed_hours,
+            "expected_usd": r.expected_usd, "uninterrupted_usd": r.uninterrupted_usd,
+            "overhead_fraction": r.overhead_fraction}
+
+
+def dataset_text(profile, batches=None) -> str:
+    """The dataset summary and length histogram under a text table."""
+    s = profile.summary()
+    lines = [f"dataset: {s['path']} ({s['format']}, {s['kind']}), {s['samples']:,} samples, "
+             f"{s['total_tokens']:,} tokens ({s['counter']})"
+             + (f"; sampled: {s['sampling']}" if s["sampled"] else ""),
+             f"  lengths: p50 {s['p50']:,}, p90 {s['p90']:,}, p95 {s['p95']:,}, p99 {s['p99']:,}, max {s['max']:,}"]
+    total = max(1, profile.measured)
+    for lo, hi, n in profile.histogram():
+        lines.append(f"  {lo:>8,} - {hi:<8,} {n:>9,} {'#' * max(0, round(40 * n / total))}")
+    if batches is not None:
+        b = batches
+        lines.append(f"batches ({b.batching}, max length {b.max_length}, micro-batch {b.micro_batch}): largest "
+                     f"{b.peak_rows} x {b.peak_seq_len} tokens; {b.real_tokens:,} real / {b.computed_tokens:,} "
+                     f"computed tokens per epoch ({b.padding_fraction:.0%} padding), {b.truncated_samples:,} samples "
+                     f"truncated")
+    lines += [f"  note: {n}" for n in profile.notes + (batches.notes if batches is not None else ())]
+    return "\n".join(lines)
+
+
+def dataset_dict(profile, batches=None) -> dict[str, Any]:
+    """The data a plan was made from (``dataset`` of the search / estimate documents)."""
+    doc: dict[str, Any] = dict(profile.summary())
+    doc["histogram"] = [{"low": lo, "high": hi, "count": n} for lo, hi, n in profile.histogram()]
+    doc["notes"] = list(profile.notes)
+    if batches is not None:
+        doc["batches"] = batches.summary()
+        doc["batches"]["notes"] = list(batches.notes)
+    return doc
 
 
 def infeasible_dict(i) -> dict[str, Any]:
     """One why-not entry (``infeasible[i]``)."""
     return {"gpu": i.gpu, "reason": i.reason, "hint": i.hint, "needed_bytes": i.needed_bytes,
             "available_bytes": i.available_bytes}
+
+
+def search_assumptions(job: Job) -> tuple:
+    """The defaults a search rests on (the search itself picks checkpointing on/off and the
+    micro-batch per plan, so those are not assumptions)."""
+    from .advice import job_assumptions
+
+    return tuple(a for a in job_assumptions(job) if a.field not in ("gradient_checkpointing", "micro_batch"))
 
 
 def _header_doc(schema: str, model, job, ps) -> dict[str, Any]:
@@ -179,7 +346,8 @@ def _header_doc(schema: str, model, job, ps) -> dict[str, Any]:
             "search": {"offers": s.offers, "gpu_types": s.gpu_types, "layouts": s.layouts,
                        "memory_evals": s.memory_evals, "runtime_evals": s.runtime_evals,
                        "candidates": s.candidates, "seconds": s.seconds, "max_gpus": s.max_gpus},
-            "notes": list(ps.notes)}
+            "notes": list(ps.notes),
+            "assumptions": [a.to_dict() for a in search_assumptions(job)]}
 
 
 def recommend_doc(model, job, ps, top: int = 10) -> dict[str, Any]:
@@ -200,10 +368,31 @@ def compare_plans(ps) -> tuple:
     return best
 
 
+def precision_speedups(ps) -> list[tuple[Any, Any, float | None]]:
+    """(plan, the same GPU's best base-precision plan or None, tokens/s-per-GPU speedup over it)
+    for the best plan of each (GPU type, precision): what each precision contributes."""
+    best = ps.best_per_gpu_precision()
+    base = {p.gpu.name: p for p in best if not p.job.low_precision}
+    out = []
+    for p in best:
+        b = base.get(p.gpu.name)
+        speed = None
+        if b is not None and b.runtime.tokens_per_s > 0:
+            speed = (p.runtime.tokens_per_s / p.layout.world_size) / (b.runtime.tokens_per_s / b.layout.world_size)
+        out.append((p, b, speed))
+    return out
+
+
 def compare_doc(model, job, ps) -> dict[str, Any]:
     """The ``ftplan.compare/1`` document of a PlanSet."""
     doc = _header_doc(COMPARE_SCHEMA, model, job, ps)
     doc["per_gpu"] = [plan_dict(p) for p in compare_plans(ps)]
+    if any(p.job.low_precision for p in ps.plans):
+        # best plan per (GPU, precision) and its tokens/s-per-GPU speedup over the GPU's base plan
+        doc["per_gpu_precision"] = [{"gpu": p.gpu.name, "precision": p.job.precision_label,
+                                     "plan": plan_dict(p), "speedup_vs_base": sp,
+                                     "base_precision": b.job.precision if b is not None else None}
+                                    for p, b, sp in precision_speedups(ps)]
     doc["infeasible"] = [infeasible_dict(i) for i in ps.infeasible]
     return doc
 
@@ -212,12 +401,16 @@ def fit_doc(model, job, results, margin: float) -> dict[str, Any]:
     """The ``ftplan.fit/1`` document of a list of FitResults."""
     return {"schema": FIT_SCHEMA, "model": {"name": model.name, "hf_id": model.hf_id},
             "job": {"method": job.method, "seq_len": job.seq_len, "micro_batch": job.micro_batch,
-                    "gradient_checkpointing": job.gradient_checkpointing},
+                    "gradient_checkpointing": job.gradient_checkpointing, "checkpointing": job.checkpointing,
+                    "activation_offloading": job.activation_offloading, "loss": job.loss},
             "margin": margin,
             "results": [{"gpu": r.gpu, "memory_bytes": r.memory_bytes, "usable_bytes": r.usable_bytes,
                          "fits": r.fits, "device_total_bytes": r.device_total_bytes,
                          "max_seq_len": r.max_seq_len, "max_micro_batch": r.max_micro_batch,
-                         "min_gpus": r.min_gpus, "notes": list(r.notes)} for r in results]}
+                         "min_gpus": r.min_gpus, "notes": list(r.notes),
+                         "advice": [a.to_dict() for a in r.advice],
+                         "seq_len_cutoffs": [{"keep_pct": k, "seq_len": v} for k, v in r.seq_len_cutoffs.items()]}
+                        for r in results]}
 
 
 # ---------------------------------------------------------------------------------------------

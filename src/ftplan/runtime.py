@@ -1,36 +1,56 @@
 """Step time, throughput and wall-clock hours of a fine-tuning job:
 ``estimate_runtime(model, job, layout, gpu, *, offer=None) -> RuntimeEstimate``.
 
-Pure arithmetic, no I/O beyond the lazily loaded constants of ``catalog/data/efficiency.json``.
+Pure arithmetic, no I/O beyond the lazily loaded constants of ``catalog/data/efficiency.json``
+(every number below comes from there, with its source). One optimizer step, seen from one GPU, is a
+sum of named terms, each a function of this module:
 
-Model (per optimizer step, seen from one GPU):
+* :func:`matmul_time` -- every weight GEMM (forward, input gradient, weight gradient when the
+  weight trains, forward again under checkpointing; LoRA's two skinny GEMMs per wrapped module in
+  each of those passes), each at a size-dependent fraction of the dense peak and never faster than
+  its operands' HBM traffic (:func:`gemm_time`, a roofline);
+* :func:`attention_time` -- fused (flash / sdpa) attention at the measured fraction of peak of the
+  kernel, or eager attention: score GEMMs plus the memory-bound softmax on the full score matrix;
+* :func:`elementwise_time` -- the memory-bound ops (norms, activations, rotary, residual adds, casts,
+  the fp32 loss, LoRA's scale/add, autocast weight casts, gradient accumulation): bytes from an op
+  inventory / achieved HBM bandwidth (``torch.compile`` fuses them: fewer bytes);
+* :func:`dequant_time` -- bitsandbytes 4-bit dequantization of every quantized weight in every pass,
+  at its measured cost;
+* :func:`host_time` -- the CPU launching one kernel per op: a micro-batch takes at least its op count
+  x the dispatch time, which is why short micro-batches are slower than FLOP-proportional; plus
+  :func:`step_overhead` per optimizer step;
+* :func:`optimizer_time` -- optimizer (and gradient clipping) bytes / HBM bandwidth, or CPU Adam +
+  PCIe when offloaded;
+* :func:`dp_comm` -- data-parallel communication: DDP bucketed all-reduce during the last backward;
+  ZeRO-1/2 reduce-scatter + parameter all-gather after the step; ZeRO-3/FSDP all-gathers per layer
+  in forward and backward and a reduce-scatter per layer, prefetched behind compute (exposed: what
+  compute cannot hide, the share that overlap costs, and the first layer's gather); ring latency per
+  collective (per layer, not per bucket); GeForce cards without peer-to-peer bounce through host
+  memory;
+* :func:`tp_comm` / :func:`pp_comm` / :func:`pp_bubble_fraction` -- tensor-parallel all-reduces (on
+  the critical path), pipeline sends and the 1F1B bubble;
+* :func:`ep_comm` -- MoE expert parallelism: the dispatch/combine all-to-alls of every MoE layer
+  on the critical path (the experts' data-parallel traffic moves to their own group in
+  :func:`dp_comm`);
+* what checkpointing re-runs (:func:`recompute_fractions`, from :mod:`ftplan.actflops`) and the
+  loss path (:func:`lm_head_recompute`, :func:`loss_bytes_per_token`: ``job.loss``);
+* :func:`clock_factor` -- a power cap below the board TDP lowers the sustained clock.
 
-* compute: hardware FLOPs of the micro-batches / (dense peak of the compute dtype x efficiency);
-  FLOPs per token = forward (2 x matmul weights a token passes through, lm_head included, plus
-  causal attention 2 x ctx x (q_dim + v_dim) per layer) + backward (2x forward for full
-  fine-tuning; frozen LoRA/QLoRA bases need only input gradients: 1x for base matmuls, 2x for
-  attention and adapters) + one forward recompute under gradient checkpointing;
-* pipeline bubble (pp - 1) / (m + pp - 1) with m = gradient-accumulation micro-batches;
-* QLoRA dequantization: 4-bit weights read + bf16 written per forward, backward and recompute
-  pass, bound by HBM bandwidth;
-* optimizer step: bytes of weights, master, gradients and states read/written / HBM bandwidth
-  (CPU Adam + PCIe when the optimizer is offloaded);
-* communication, alpha-beta: DDP gradient all-reduce, ZeRO/FSDP reduce-scatter + all-gather
-  (ZeRO-3/FSDP gather parameters in forward and backward of every micro-batch), tensor-parallel
-  activation all-reduces (2 per layer forward, 2 backward), pipeline point-to-point sends;
-  intra-node bandwidth from the GPU, inter-node from the offer; data-parallel traffic overlaps
-  with compute by the fraction in the data file, TP/PP traffic does not.
+A micro-batch costs ``max(GPU time, host time)``. The uncertainty band (``step_time_s_low/high``) is
+the calibrated quantile range of log(measured / predicted) over held-out published measurements
+(``catalog/data/runtime_reference.json``, ``benchmarks/runtime_accuracy.py``).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, NamedTuple
 
-from .catalog.efficiency import Efficiency, efficiency
+from .actflops import loss_extra_flops_per_token, recompute_flops_per_token
+from .catalog.efficiency import Efficiency, Recompute, efficiency
 from .errors import ConfigError
-from .job import PRECISIONS, Job, Layout, lora_targets
+from .job import PRECISIONS, Job, Layout, lora_targets, lora_wraps_experts
 from .memory import model_states
 from .model import ModelSpec
 from .units import dtype_bytes
@@ -38,14 +58,41 @@ from .units import dtype_bytes
 __all__ = [
     "RuntimeEstimate",
     "FlopsPerToken",
+    "Rates",
     "estimate_runtime",
+    "job_totals",
+    "for_dataset",
     "flops_per_token",
     "attention_context",
+    "gemm_time",
+    "matmul_time",
+    "attention_time",
+    "elementwise_time",
+    "dequant_time",
+    "host_time",
+    "step_overhead",
+    "loss_bytes_per_token",
+    "optimizer_time",
+    "dp_comm",
+    "tp_comm",
+    "pp_comm",
+    "ep_comm",
+    "lm_head_recompute",
+    "clock_factor",
     "all_reduce_time",
     "reduce_scatter_time",
+    "all_gather_time",
     "pp_bubble_fraction",
     "compute_dtype",
+    "rates_for",
+    "recompute_fractions",
+    "Recompute",
 ]
+
+#: Megatron-style row-parallel projections (their input dimension is split under TP)
+_ROW_PARALLEL = frozenset({"o_proj", "down_proj", "dense", "out_proj", "fc2", "w2", "dense_4h_to_h"})
+#: MLP up-projections whose output size is the per-token intermediate activation
+_UP_PROJ = frozenset({"up_proj", "gate_up_proj", "w3", "fc1", "c_fc", "dense_h_to_4h"})
 
 
 @dataclass(frozen=True)
@@ -73,7 +120,7 @@ class FlopsPerToken:
 @dataclass(frozen=True)
 class RuntimeEstimate:
     step_time_s: float
-    compute_time_s: float  # matmul/attention work of one step (without the pipeline bubble)
+    compute_time_s: float  # GPU work of the step's micro-batches (without the pipeline bubble)
     comm_time_s: float  # all communication of one step (before overlap)
     exposed_comm_s: float  # communication not hidden behind compute
     optimizer_time_s: float
@@ -88,10 +135,39 @@ class RuntimeEstimate:
     tokens_per_step: int
     efficiency: float  # achieved fraction of peak on the matmul work
     breakdown: dict[str, float] = field(default_factory=dict)
+    #: calibrated band (held-out quantiles of measured / predicted step time, see efficiency.json)
+    step_time_s_low: float | None = None
+    step_time_s_high: float | None = None
+    tokens_per_s_low: float | None = None  # = tokens per step / step_time_s_high
+    tokens_per_s_high: float | None = None
+    hours_low: float | None = None
+    hours_high: float | None = None
+    band_quantiles: tuple[float, float] | None = None
+    host_bound: bool = False  # micro-batches limited by the CPU launching kernels, not the GPU
 
     @property
     def total_hours(self) -> float | None:
         return None if self.hours is None else self.hours + self.startup_hours
+
+    @property
+    def total_hours_low(self) -> float | None:
+        return None if self.hours_low is None else self.hours_low + self.startup_hours
+
+    @property
+    def total_hours_high(self) -> float | None:
+        return None if self.hours_high is None else self.hours_high + self.startup_hours
+
+
+class Rates(NamedTuple):
+    """What the GPU delivers for this job: the numbers every term divides by."""
+
+    peak_flops: float  # datasheet dense peak of the compute dtype, FLOP/s
+    clock: float  # sustained-clock factor (power cap)
+    gemm_fraction: float
+    gemm_launch_s: float  # fixed time per GEMM
+    flash_fraction: float
+    hbm_bytes_per_s: float  # achieved
+    hbm_nominal_bytes_per_s: float  # datasheet
 
 
 # ---------------------------------------------------------------------------------------------
@@ -101,6 +177,50 @@ def compute_dtype(job: Job) -> str:
     if job.method == "qlora":
         return job.quant.compute_dtype
     return PRECISIONS[job.precision]["compute"]
+
+
+_NO_RECOMPUTE = Recompute(0.0, 0.0, 0.0)
+_RC_CACHE: dict[tuple, tuple[ModelSpec, Recompute]] = {}
+
+
+def recompute_fractions(job: Job, eff: Efficiency | None = None, model: ModelSpec | None = None) -> Recompute:
+    """What checkpointing re-runs in backward, as shares of the forward's matmul, attention and
+    elementwise work: everything of each checkpointed layer (``full``), all but the attention
+    kernel (TRL's ``selective-attention``), the attention kernel and the cached matmul outputs
+    kept (torchtitan's per-op ``selective``: elementwise ops recomputed), or the layers
+    ``every-k`` checkpoints (efficiency.json ``recompute``).
+
+    With ``model``, the matmul share is the recomputed matmul FLOPs of :mod:`ftplan.actflops`
+    over those of full checkpointing (which mm outputs the selective policy caches, which layers
+    every-k checkpoints: transformers' layers 0, k, 2k, ...), and the attention and elementwise
+    shares are scaled by the checkpointed layers; without it, every-k is taken as 1/k.
+    """
+    mode = job.ac_mode
+    if mode == "none":
+        return _NO_RECOMPUTE
+    table = (eff or efficiency()).recompute
+    base = table.get(mode) or table["full"]
+    if model is None:
+        if mode == "every-k":
+            f = 1.0 / max(1, int(job.checkpoint_every))
+            return Recompute(f * base.matmul, f * base.attention, f * base.elementwise)
+        return base
+    key = (id(model), id(table), mode, job.checkpoint_every, job.method, job.lora, job.attn_impl)
+    hit = _RC_CACHE.get(key)
+    if hit is not None and hit[0] is model:
+        return hit[1]
+    from .memory import checkpointed_layer_counts
+
+    layers = sum(checkpointed_layer_counts(model, job)) / max(1, model.num_layers)
+    full_mm = recompute_flops_per_token(model, job.with_(checkpointing="full"), 0.0)
+    mm = recompute_flops_per_token(model, job, 0.0) / full_mm if full_mm > 0 else base.matmul * layers
+    # eager attention is no single op a policy could save: it is recomputed with its layer
+    attn = 1.0 if job.attn_impl == "eager" else base.attention
+    out = Recompute(mm, attn * layers, base.elementwise * layers)
+    if len(_RC_CACHE) > 4096:
+        _RC_CACHE.clear()
+    _RC_CACHE[key] = (model, out)
+    return out
 
 
 def attention_context(seq_len: int, window: int | None, attn_impl: str) -> float:
@@ -127,7 +247,7 @@ _FLOPS_CACHE: dict[tuple, FlopsPerToken] = {}
 def flops_per_token(model: ModelSpec, job: Job) -> FlopsPerToken:
     """FLOPs per token of ``job`` on ``model`` (independent of micro-batch and layout)."""
     key = (model, job.method, job.lora.r, job.lora.target_modules, job.seq_len, job.attn_impl,
-           job.gradient_checkpointing)
+           job.ac_mode, job.checkpoint_every, job.loss)
     hit = _FLOPS_CACHE.get(key)
     if hit is not None:
         return hit
@@ -159,7 +279,8 @@ def flops_per_token(model: ModelSpec, job: Job) -> FlopsPerToken:
         bwd = 2.0 * fwd
     else:  # frozen base: input gradients only; attention and adapters: input + weight grads
         bwd = base + 2.0 * attn + 2.0 * adapters
-    recompute = (fwd - lm_head) if job.gradient_checkpointing else 0.0
+    # checkpointing variants and the loss path (actflops): what backward re-executes
+    recompute = recompute_flops_per_token(model, job, attn) + loss_extra_flops_per_token(model, job)
     out = FlopsPerToken(forward=fwd, backward=bwd, recompute=recompute, base_matmul=base,
                         attention=attn, adapters=adapters, lm_head=lm_head)
     if len(_FLOPS_CACHE) > 4096:
@@ -169,7 +290,378 @@ def flops_per_token(model: ModelSpec, job: Job) -> FlopsPerToken:
 
 
 # ---------------------------------------------------------------------------------------------
-# communication (alpha-beta)
+# rates
+# ---------------------------------------------------------------------------------------------
+def clock_factor(gpu: Any, eff: Efficiency) -> float:
+    """Sustained-clock factor under a power cap: ``(power_limit_w / tdp_w) ** power_exponent``.
+
+    A GPU object may carry ``power_limit_w`` (a power-capped run); without one, or at/above the
+    TDP, the factor is 1.
+    """
+    cap = getattr(gpu, "power_limit_w", None)
+    tdp = getattr(gpu, "tdp_w", None)
+    if not cap or not tdp or cap >= tdp:
+        return 1.0
+    return (float(cap) / float(tdp)) ** eff.power_exponent
+
+
+_RATES_CACHE: dict[tuple, tuple[Any, Efficiency, Rates]] = {}
+
+
+def rates_for(gpu: Any, job: Job, eff: Efficiency) -> Rates:
+    dt = compute_dtype(job)
+    key = (id(gpu), id(eff), dt)
+    hit = _RATES_CACHE.get(key)
+    if hit is not None and hit[0] is gpu and hit[1] is eff:
+        return hit[2]
+    rates = _rates(gpu, dt, eff)
+    if len(_RATES_CACHE) > 1024:
+        _RATES_CACHE.clear()
+    _RATES_CACHE[key] = (gpu, eff, rates)
+    return rates
+
+
+def _rates(gpu: Any, dt: str, eff: Efficiency) -> Rates:
+    peak = gpu.peak_tflops(dt)
+    if not peak:
+        raise ConfigError(f"{getattr(gpu, 'name', gpu)} has no {dt} tensor throughput",
+                          "pick another `precision` (e.g. `precision=fp16-mixed`) or another `gpu`",
+                          field="precision")
+    arch = getattr(gpu, "arch", None)
+    vendor = getattr(gpu, "vendor", None)
+    bw = float(gpu.mem_bw_tbps) * 1e12
+    return Rates(
+        peak_flops=float(peak) * 1e12,
+        clock=clock_factor(gpu, eff),
+        gemm_fraction=eff.gemm_fraction(arch, vendor, getattr(gpu, "name", None), getattr(gpu, "bf16_tflops", None)),
+        gemm_launch_s=eff.gemm_launch(arch),
+        flash_fraction=eff.flash(arch),
+        hbm_bytes_per_s=bw * eff.hbm(arch),
+        hbm_nominal_bytes_per_s=bw,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# GEMMs
+# ---------------------------------------------------------------------------------------------
+def gemm_time(m: float, k: float, n: float, rates: Rates, elem_bytes: float = 2.0) -> float:
+    """Seconds for one ``(m x k) @ (k x n)`` GEMM.
+
+    The slower of compute, ``2mkn / (peak x clock x fraction)``, and memory, reading both operands
+    and writing the result at the achieved HBM bandwidth (roofline), plus a fixed time per GEMM
+    (launch and wave tail: what makes small GEMMs slow in the cuBLAS microbenchmarks of
+    efficiency.json).
+    """
+    if m <= 0 or k <= 0 or n <= 0:
+        return 0.0
+    t_compute = 2.0 * m * k * n / (rates.peak_flops * rates.clock * rates.gemm_fraction)
+    t_memory = elem_bytes * (m * k + k * n + m * n) / rates.hbm_bytes_per_s
+    return (t_compute if t_compute > t_memory else t_memory) + rates.gemm_launch_s
+
+
+class _Lin(NamedTuple):
+    count: float  # per GPU (pipeline stage)
+    k: int  # in features on this GPU (tensor-parallel split)
+    n: int  # out features on this GPU
+    token_fraction: float
+    trainable: bool  # weight gradient computed
+    recompute: float  # share of the forward run again in backward (checkpointing)
+    lora_r: int  # 0 = no adapter
+
+
+_PROFILE_CACHE: dict[tuple, tuple[_Lin, ...]] = {}
+
+
+def lm_head_recompute(job: Job) -> float:
+    """Share of the LM head's forward GEMM run again in backward: TRL's fused head (``loss=trl``)
+    recomputes each logits tile in backward (:func:`ftplan.actflops.loss_extra_flops_per_token`);
+    transformers' loss keeps the logits and Liger computes their gradient in the forward."""
+    return 1.0 if job.loss == "trl" else 0.0
+
+
+def _linear_profile(model: ModelSpec, job: Job, tp: int, pp: int) -> tuple[_Lin, ...]:
+    rc = recompute_fractions(job, None, model).matmul
+    head_rc = lm_head_recompute(job)
+    key = (model, job.method, job.lora, rc, head_rc, tp, pp)
+    hit = _PROFILE_CACHE.get(key)
+    if hit is not None:
+        return hit
+    targets = lora_targets(model, job.lora) if job.uses_lora else frozenset()
+    full = job.method == "full"
+    lins = list(model.linears())
+    out: list[_Lin] = []
+    if model.tie_word_embeddings:  # the tied lm_head is a GEMM with the embedding matrix
+        out.append(_Lin(1.0 / pp, model.hidden_size, math.ceil(model.vocab_size / tp), 1.0, full, head_rc, 0))
+    for lin in lins:
+        k, n = lin.in_features, lin.out_features
+        if tp > 1:
+            if lin.module in _ROW_PARALLEL:
+                k = math.ceil(k / tp)
+            else:
+                n = math.ceil(n / tp)
+        r = job.lora.r if (lin.is_module and lin.module in targets) else 0
+        out.append(_Lin(lin.count / pp, k, n, lin.token_fraction, full, head_rc if lin.category == "lm_head" else rc, r))
+    res = tuple(out)
+    if len(_PROFILE_CACHE) > 2048:
+        _PROFILE_CACHE.clear()
+    _PROFILE_CACHE[key] = res
+    return res
+
+
+def matmul_time(model: ModelSpec, job: Job, layout: Layout, tokens: float, rates: Rates) -> float:
+    """GPU seconds of every weight GEMM of one micro-batch of ``tokens`` tokens on one GPU.
+
+    Per weight: forward, input gradient, weight gradient (trainable weights only), and the forward
+    again under checkpointing. A LoRA adapter adds ``x @ A`` and ``(xA) @ B`` in each forward and
+    their four gradient GEMMs in backward: skinny GEMMs that are memory-bound on the activations.
+    Each GEMM as :func:`gemm_time` (written out inline here: the planner calls this thousands of
+    times).
+    """
+    return _matmul_seconds(_linear_profile(model, job, layout.tp, layout.pp), tokens, rates)
+
+
+def _matmul_seconds(lins: tuple[_Lin, ...], tokens: float, rates: Rates) -> float:
+    # gemm_time written out: max(2mkn / P, 2(mk + kn + mn) / B) + t0 per GEMM
+    ip = 2.0 / (rates.peak_flops * rates.clock * rates.gemm_fraction)
+    ib = 2.0 / rates.hbm_bytes_per_s
+    t0 = rates.gemm_launch_s
+    total = 0.0
+    for count, k, n, tf, trainable, rc, r in lins:
+        m = tokens * tf
+        if m <= 0:
+            continue
+        tm = (m * k + k * n + m * n) * ib  # same operand traffic for forward, dgrad and wgrad
+        tc = m * k * n * ip
+        one = (tc if tc > tm else tm) + t0
+        # forward (+ recompute), input gradient, weight gradient of trainable weights
+        t = one * (2.0 + rc + (1.0 if trainable else 0.0))
+        if r:
+            mr, kr, rn = m * r, k * r, r * n
+            a = max(m * k * r * ip, (m * k + kr + mr) * ib) + t0  # x @ A and its two gradients
+            b = max(m * r * n * ip, (mr + rn + m * n) * ib) + t0  # (xA) @ B and its two gradients
+            t += (a + b) * (1.0 + rc) + 2.0 * (a + b)
+        total += count * t
+    return total
+
+
+# ---------------------------------------------------------------------------------------------
+# attention
+# ---------------------------------------------------------------------------------------------
+def attention_time(model: ModelSpec, job: Job, layout: Layout, tokens: float, rates: Rates,
+                   eff: Efficiency) -> float:
+    """GPU seconds of attention (scores and values) for one micro-batch on one GPU.
+
+    Fused kernels (``flash``, and ``sdpa``, which dispatches to FlashAttention-2 for half precision
+    on CUDA) run the forward FLOPs, ``flash_backward_factor`` x them in backward (the kernel
+    recomputes the scores), and the forward again under checkpointing, at the kernel's measured
+    fraction of peak. ``eager`` materialises the score matrix: its GEMMs at the GEMM rate plus the
+    memory-bound scaling/mask/softmax/cast traffic on every score element.
+    """
+    f = flops_per_token(model, job)
+    if f.attention <= 0:
+        return 0.0
+    gc = recompute_fractions(job, eff, model).attention
+    share = 1.0 / (layout.tp * layout.pp)
+    if job.attn_impl == "eager":
+        scores = 0.0  # score elements per token (all layers)
+        for g in model.groups:
+            scores += g.count * g.attention.num_heads * attention_context(job.seq_len, g.window, "eager")
+        flops = tokens * f.attention * share * (3.0 + gc)
+        rate = rates.peak_flops * rates.clock * rates.gemm_fraction
+        traffic = (tokens * scores * share * eff.eager_bytes_per_score
+                   * (1.0 + eff.elementwise_backward_factor + gc))
+        return flops / rate + traffic / rates.hbm_bytes_per_s
+    flops = tokens * f.attention * share * (1.0 + eff.flash_backward_factor + gc)
+    return flops / (rates.peak_flops * rates.clock * rates.flash_fraction)
+
+
+# ---------------------------------------------------------------------------------------------
+# memory-bound ops
+# ---------------------------------------------------------------------------------------------
+_EW_CACHE: dict[tuple, tuple[float, float, float]] = {}
+
+
+def _elementwise_dims(model: ModelSpec, job: Job, tp: int, eff: Efficiency) -> tuple[float, float, float]:
+    """Forward bytes per token of (the layers' memory-bound ops, LoRA's scale/add/dropout) summed
+    over the layers with the op-inventory weights (eager or compiled), and the expert weights PEFT
+    merges in every forward when it wraps fused MoE experts."""
+    key = (model, job.lora, job.method, job.torch_compile, tp, id(eff))
+    hit = _EW_CACHE.get(key)
+    if hit is not None:
+        return hit
+    inv = eff.elementwise_compiled if job.torch_compile else eff.elementwise_eager
+    h = model.hidden_size
+    total = 0.0
+    for g in model.groups:
+        a = g.attention
+        inter = 0.0
+        if g.mlp is not None:
+            inter += g.mlp.intermediate_size
+        if g.moe is not None:
+            inter += g.moe.top_k * g.moe.expert_intermediate_size
+            if g.moe.shared is not None:
+                inter += g.moe.shared.intermediate_size
+        qk = (a.num_heads + a.num_kv_heads) * a.head_dim
+        per_layer = (inv.per_hidden * h + (inv.per_intermediate * inter + inv.per_qk * qk
+                     + inv.per_attn_out * a.num_heads * a.v_head_dim) / tp)
+        total += g.count * per_layer
+    lora = 0.0
+    if job.uses_lora:
+        targets = lora_targets(model, job.lora)
+        per_in = eff.lora_bytes_per_in + (eff.lora_dropout_bytes_per_in if job.lora.dropout > 0 else 0.0)
+        for lin in model.linears():
+            if lin.is_module and lin.module in targets:
+                lora += lin.count * lin.token_fraction * (per_in * lin.in_features
+                                                         + eff.lora_bytes_per_out * lin.out_features) / tp
+    merged = 0.0
+    if job.uses_lora and lora_wraps_experts(model, job.lora):
+        merged = sum(lin.params for lin in model.linears() if lin.category == "experts") / tp
+    res = (total, lora, merged)
+    if len(_EW_CACHE) > 2048:
+        _EW_CACHE.clear()
+    _EW_CACHE[key] = res
+    return res
+
+
+def elementwise_time(model: ModelSpec, job: Job, layout: Layout, tokens: float, rates: Rates,
+                     eff: Efficiency, params_per_gpu: float, first_micro_batch_share: float) -> float:
+    """GPU seconds of the memory-bound ops of one micro-batch on one GPU.
+
+    Layer ops (norms, residual adds, rotary, activation x gate, attention-output copy, LoRA
+    scale/add) from the op inventory, forward + ``backward_factor`` x forward + recompute; the fp32
+    cross-entropy on the logits (:func:`loss_bytes_per_token`); LoRA-wrapped MoE experts merged in
+    every forward; for mixed-precision full fine-tuning the autocast weight casts (every forward)
+    and gradient casts, and accumulating into fp32 gradients after the first micro-batch
+    (``first_micro_batch_share`` = 1/m).
+    """
+    per_token = _elementwise_bytes_per_token(model, job, layout, eff)
+    fixed = _weight_traffic_bytes(model, job, layout, eff, params_per_gpu, first_micro_batch_share)
+    return (tokens * per_token + fixed) / rates.hbm_bytes_per_s
+
+
+def loss_bytes_per_token(model: ModelSpec, job: Job, layout: Layout, eff: Efficiency) -> float:
+    """Bytes moved by the loss per token and logit (efficiency.json ``loss_bytes_per_logit`` by
+    loss path: transformers' ForCausalLMLoss upcasts the whole logits to fp32; TRL's fused head
+    does the same per tile and again in the backward's recompute; Liger's fused kernel reads the
+    logits tile once and writes its gradient in place); on the last pipeline stage,
+    vocabulary-parallel under TP."""
+    per_logit = eff.loss_bytes_per_logit.get(job.loss, eff.loss_bytes_per_logit["hf"])
+    return model.vocab_size / layout.tp / layout.pp * per_logit
+
+
+def _elementwise_bytes_per_token(model: ModelSpec, job: Job, layout: Layout, eff: Efficiency) -> float:
+    layer_bytes, lora_bytes, _ = _elementwise_dims(model, job, layout.tp, eff)
+    rc = recompute_fractions(job, eff, model).elementwise
+    passes = 1.0 + eff.elementwise_backward_factor + rc
+    lora_passes = 1.0 + eff.lora_backward_factor + rc
+    per_token = (layer_bytes * passes + lora_bytes * lora_passes) / layout.pp * eff.elementwise_scale
+    return per_token + loss_bytes_per_token(model, job, layout, eff)
+
+
+def _weight_traffic_bytes(model: ModelSpec, job: Job, layout: Layout, eff: Efficiency,
+                          params_per_gpu: float, first_micro_batch_share: float,
+                          rc: Recompute | None = None) -> float:
+    rc = rc or recompute_fractions(job, eff, model)
+    total = 0.0
+    merged_params = _elementwise_dims(model, job, layout.tp, eff)[2]
+    if merged_params:  # PEFT ParamWrapper: W + BA of every expert, each forward and its backward
+        total += merged_params / layout.pp * eff.lora_expert_merge_bytes_per_param * (2.0 + rc.matmul)
+    if job.method == "full":
+        prec = PRECISIONS[job.precision]
+        if prec["trainable"] != prec["compute"]:  # autocast: weight cast per forward, grad cast back
+            total += params_per_gpu * eff.autocast_cast_bytes_per_param * (2.0 + rc.matmul)
+        if prec["grad"] == "fp32":
+            total += params_per_gpu * eff.grad_accumulate_bytes_per_param * (1.0 - first_micro_batch_share)
+    return total
+
+
+def dequant_time(model: ModelSpec, job: Job, layout: Layout, rates: Rates, eff: Efficiency) -> float:
+    """GPU seconds of bitsandbytes 4-bit dequantization in one micro-batch on one GPU.
+
+    Every quantized weight is dequantized in the forward, again for the input gradient in
+    backward, and again in the recompute under checkpointing, at the measured cost in bytes per
+    weight at the datasheet bandwidth (efficiency.json ``dequant``).
+    """
+    if job.method != "qlora":
+        return 0.0
+    passes = 2.0 + recompute_fractions(job, eff, model).matmul
+    b = eff.dequant_bytes_per_weight + (eff.dequant_double_quant_extra_bytes if job.quant.double_quant else 0.0)
+    q = _quantized_params(model, job) / (layout.tp * layout.pp)
+    return passes * q * b / rates.hbm_nominal_bytes_per_s
+
+
+# ---------------------------------------------------------------------------------------------
+# host (CPU) side
+# ---------------------------------------------------------------------------------------------
+_LORA_COUNT_CACHE: dict[tuple, float] = {}
+
+
+def _lora_module_count(model: ModelSpec, job: Job) -> float:
+    if not job.uses_lora:
+        return 0.0
+    key = (model, job.lora)
+    hit = _LORA_COUNT_CACHE.get(key)
+    if hit is None:
+        targets = lora_targets(model, job.lora)
+        hit = float(sum(lin.count for lin in model.linears() if lin.is_module and lin.module in targets))
+        if len(_LORA_COUNT_CACHE) > 1024:
+            _LORA_COUNT_CACHE.clear()
+        _LORA_COUNT_CACHE[key] = hit
+    return hit
+
+
+def host_time(model: ModelSpec, job: Job, layout: Layout, eff: Efficiency) -> float:
+    """CPU seconds to launch one micro-batch: ops per layer (and per LoRA module) x passes x the
+    per-op dispatch time; ``torch.compile`` keeps ``compile_op_factor`` of the launches."""
+    n_lora = _lora_module_count(model, job)
+    ops_fwd = (model.num_layers * eff.ops_per_layer_forward + n_lora * eff.ops_per_lora_module_forward) / layout.pp
+    passes = 1.0 + eff.backward_op_factor + recompute_fractions(job, eff, model).elementwise
+    ops = ops_fwd * passes * (eff.compile_op_factor if job.torch_compile else 1.0)
+    return ops * eff.dispatch_s_per_op
+
+
+def step_overhead(eff: Efficiency) -> float:
+    """Fixed seconds per optimizer step (zero_grad, scheduler, logging, sync, data hand-off)."""
+    return eff.step_fixed_s
+
+
+# ---------------------------------------------------------------------------------------------
+# optimizer
+# ---------------------------------------------------------------------------------------------
+def optimizer_time(st: Any, job: Job, layout: Layout, rates: Rates, eff: Efficiency,
+                   expert_share: float = 0.0) -> tuple[float, float]:
+    """(optimizer seconds, offload transfer seconds) per step on one GPU.
+
+    On the GPU: read weights, master, gradients and states and write weights, master and states
+    (x the implementation's traffic factor: fused 1, foreach/for-loop ~3), plus gradient clipping,
+    on this GPU's shard (with expert parallelism an unsharded optimizer holds ``1 / ep`` of the
+    routed experts, ``expert_share`` of the parameters). Offloaded: CPU Adam at ``cpu_adam_params_per_s`` plus the gradient and
+    parameter transfers over PCIe.
+    """
+    mp = layout.tp * layout.pp
+    dp = layout.dp
+    shard = dp if layout.shards_optimizer else 1
+    grads = st.gradients / mp
+    upd_params = (st.params_trainable * float(dtype_bytes(compute_dtype(job))) if job.method == "full"
+                  else st.trainable_weights) / mp
+    if layout.offload_optimizer:
+        n_shard = st.params_trainable / mp / shard
+        opt = n_shard / eff.cpu_adam_params_per_s
+        xfer = (grads / (dp if layout.shards_grads else 1) + upd_params / shard) / eff.pcie_bytes_per_s
+        return opt, xfer
+    factor = eff.optimizer_traffic_factor.get(job.optimizer_impl, 1.0)
+    if job.optimizer in ("adamw_8bit", "paged_adamw_8bit"):
+        factor = eff.optimizer_traffic_factor["fused"]  # bitsandbytes' 8-bit optimizers are fused kernels
+    opt_bytes = (factor * (2.0 * (st.trainable_weights + st.master_weights + st.optimizer_states) + st.gradients)
+                 + eff.grad_clip_bytes_factor * st.gradients) / mp / shard
+    if layout.ep > 1 and job.method == "full" and not layout.shards_optimizer:
+        # an unsharded optimizer updates only the rank's 1/ep of the routed experts
+        opt_bytes *= (1.0 - expert_share) + expert_share / layout.ep
+    return opt_bytes / rates.hbm_bytes_per_s, 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# communication
 # ---------------------------------------------------------------------------------------------
 def all_reduce_time(nbytes: float, n: int, bw_bytes_per_s: float, latency_s: float = 0.0,
                     bucket_bytes: float | None = None) -> float:
@@ -182,7 +674,8 @@ def all_reduce_time(nbytes: float, n: int, bw_bytes_per_s: float, latency_s: flo
 
 def reduce_scatter_time(nbytes: float, n: int, bw_bytes_per_s: float, latency_s: float = 0.0,
                         bucket_bytes: float | None = None) -> float:
-    """Ring reduce-scatter or all-gather of a ``nbytes`` buffer: (n-1)/n x bytes / bw."""
+    """Ring reduce-scatter or all-gather of a ``nbytes`` buffer: (n-1)/n x bytes / bw, plus
+    (n-1) latencies per bucket (collective)."""
     if n <= 1 or nbytes <= 0:
         return 0.0
     buckets = math.ceil(nbytes / bucket_bytes) if bucket_bytes else 1
@@ -199,163 +692,405 @@ def pp_bubble_fraction(pp: int, micro_batches: int) -> float:
     return (pp - 1) / (micro_batches + pp - 1)
 
 
-def _links(gpu: Any, layout: Layout, offer: Any | None, eff: Efficiency) -> tuple[float, float, float]:
-    """(data-parallel bandwidth B/s, its latency, intra-node bandwidth B/s)."""
-    bw_for = getattr(gpu, "intra_node_bw_for", None)
-    gbs = bw_for(layout.gpus_per_node) if callable(bw_for) else getattr(gpu, "intra_node_bw_gbps", 0)
-    intra = float(gbs or 0) * 1e9 * eff.bus_efficiency
+class _Links(NamedTuple):
+    dp_bw: float  # B/s per GPU for data-parallel collectives
+    hop_latency: float  # average ring-step latency of a data-parallel collective
+    intra_bw: float  # B/s per GPU inside the node (tensor/pipeline parallel)
+    intra_latency: float
+
+
+def _links(gpu: Any, layout: Layout, offer: Any | None, eff: Efficiency) -> _Links:
+    name = str(getattr(gpu, "name", "")).lower()
+    if name in eff.no_p2p_gpus and layout.gpus_per_node > 1:
+        pcie = getattr(gpu, "pcie_bw_gbps", None) or getattr(gpu, "intra_node_bw_gbps", 0)
+        intra = float(pcie or 0) * 1e9 * eff.host_bounce_factor * eff.bus_efficiency
+    else:
+        bw_for = getattr(gpu, "intra_node_bw_for", None)
+        gbs = bw_for(layout.gpus_per_node) if callable(bw_for) else getattr(gpu, "intra_node_bw_gbps", 0)
+        intra = float(gbs or 0) * 1e9 * eff.bus_efficiency
     if intra <= 0:
         intra = 1e9  # unknown link: assume a slow one rather than a free one
+    lat_i = eff.latency_hop_intra_s
     if layout.nodes <= 1:
-        return intra, eff.latency_intra_s, intra
+        return _Links(intra, lat_i, intra, lat_i)
     gbps = getattr(offer, "inter_node_gbps", None) if offer is not None else None
     if not gbps:
         raise ConfigError(
             f"{layout.nodes} nodes need an inter-node network bandwidth",
-            "pass an offer with inter_node_gbps, or use one node",
+            "price it on an offer with an inter-node network, or use one node (`nodes=1`)",
+            field="nodes",
         )
-    per_gpu = float(gbps) / 8.0 * 1e9 / layout.gpus_per_node * eff.bus_efficiency
-    return min(intra, per_gpu), eff.latency_inter_s, intra
+    # NCCL runs one ring per channel, each crossing the network once per node through a
+    # different GPU's NIC: a node's GPUs together push (n-1)/n x the buffer through the node's
+    # whole network bandwidth while each GPU pushes the same through its own intra-node link, so
+    # a collective runs at min(intra-node per GPU, inter-node per node) "bus" bandwidth
+    per_node = float(gbps) / 8.0 * 1e9 * eff.bus_efficiency
+    # a ring over n GPUs on N nodes: N of its n steps cross the network
+    n = layout.world_size
+    hop = (lat_i * (n - layout.nodes) + eff.latency_hop_inter_s * layout.nodes) / n
+    return _Links(min(intra, per_node), hop, intra, lat_i)
+
+
+class _Comm(NamedTuple):
+    raw_s: float  # all data-parallel communication of one step
+    per_micro_batch_s: float  # the part that runs during every micro-batch (ZeRO-3/FSDP, ZeRO-2)
+    last_backward_s: float  # the part that overlaps the last micro-batch's backward (DDP, ZeRO-1)
+    after_step_s: float  # the part after the optimizer step (ZeRO-1/2 parameter all-gather)
+    units: int  # collectives per pass (FSDP units = layers + 1)
+
+
+def dp_comm(st: Any, model: ModelSpec, job: Job, layout: Layout, links: _Links, eff: Efficiency) -> _Comm:
+    """Data-parallel communication of one step on one GPU (bandwidth + ring latency per collective).
+
+    With expert parallelism (``layout.ep > 1``) the routed experts' bytes move in their own group
+    instead: ``1 / ep`` of them over the ``dp x tp / ep`` ranks that hold the same experts
+    (:mod:`ftplan.expert_parallel`); the rest of the model over the data-parallel group."""
+    dp = layout.dp
+    if dp <= 1 and layout.ep <= 1:
+        return _Comm(0.0, 0.0, 0.0, 0.0, 1)
+    mp = layout.tp * layout.pp
+    units = max(1, math.ceil(model.num_layers / layout.pp)) + 1
+    grads = st.gradients
+    if job.method == "full":
+        gather = st.params_trainable * float(dtype_bytes(compute_dtype(job)))
+        upd = gather
+    else:
+        gather = st.frozen_weights + st.trainable_weights
+        upd = st.trainable_weights
+    if layout.ep <= 1:
+        return _dp_collectives(gather / mp, grads / mp, upd / mp, dp, units, job, layout, links, eff)
+    ge, gre, ue = _expert_comm_bytes(model, job)
+    ep = layout.ep
+    rest = _dp_collectives(max(0.0, gather - ge) / mp, max(0.0, grads - gre) / mp, max(0.0, upd - ue) / mp,
+                           dp, units, job, layout, links, eff)
+    pe = layout.pp * ep
+    ex = _dp_collectives(ge / pe, gre / pe, ue / pe, dp * layout.tp // ep, units, job, layout, links, eff)
+    return _Comm(rest.raw_s + ex.raw_s, rest.per_micro_batch_s + ex.per_micro_batch_s,
+                 rest.last_backward_s + ex.last_backward_s, rest.after_step_s + ex.after_step_s, rest.units)
+
+
+def _expert_comm_bytes(model: ModelSpec, job: Job) -> tuple[float, float, float]:
+    """Whole-model bytes of the routed experts that data-parallel collectives move: (gathered
+    weights, gradients, updated weights). Frozen experts (LoRA/QLoRA) only gather, in their
+    storage dtype (QLoRA's fused 3-D experts are not quantized and are upcast to fp32)."""
+    n = float(model.params.experts or 0)
+    if job.method == "full":
+        c = n * float(dtype_bytes(compute_dtype(job)))
+        return c, n * float(dtype_bytes(PRECISIONS[job.precision]["grad"])), c
+    w = 4.0 if job.method == "qlora" else float(dtype_bytes(PRECISIONS[job.precision]["frozen"]))
+    return n * w, 0.0, 0.0
+
+
+def _dp_collectives(gather: float, grads: float, upd: float, n: int, units: int, job: Job, layout: Layout,
+                    links: _Links, eff: Efficiency) -> _Comm:
+    """The strategy's collectives of per-GPU ``gather`` / ``grads`` / ``upd`` bytes over ``n`` ranks."""
+    if n <= 1:
+        return _Comm(0.0, 0.0, 0.0, 0.0, units)
+    m = job.grad_accum
+    bw, lat = links.dp_bw, links.hop_latency
+    s = layout.strategy
+
+    def coll(nbytes: float, n_coll: int) -> float:  # ring all-gather / reduce-scatter
+        return (n - 1) / n * nbytes / bw + (n - 1) * lat * n_coll if nbytes > 0 else 0.0
+
+    if s == "ddp":
+        buckets = max(1, math.ceil(grads / eff.ddp_bucket_bytes))
+        ar = 2.0 * coll(grads, buckets)
+        return _Comm(ar, 0.0, ar, 0.0, buckets)
+    if s == "zero1":
+        rs = coll(grads, units)
+        ag = coll(upd, units)
+        return _Comm(rs + ag, 0.0, rs, ag, units)
+    if s == "zero2":
+        rs = coll(grads, units)
+        ag = coll(upd, units)
+        return _Comm(m * rs + ag, rs, 0.0, ag, units)
+    if s in ("zero3", "fsdp"):
+        mb = 2.0 * coll(gather, units) + coll(grads, units)
+        return _Comm(m * mb, mb, 0.0, 0.0, units)
+    return _Comm(0.0, 0.0, 0.0, 0.0, units)
+
+
+def _exposed(comm_s: float, compute_s: float, eff: Efficiency, first_s: float) -> float:
+    """Communication not hidden behind ``compute_s`` of concurrent GPU work: what exceeds it, the
+    share overlap costs the compute (NCCL kernels use SMs), and a part that cannot overlap."""
+    if comm_s <= 0:
+        return 0.0
+    hidden = min(comm_s, compute_s)
+    return max(comm_s - compute_s, 0.0) + (1.0 - eff.overlap_efficiency) * hidden + first_s
+
+
+def tp_comm(model: ModelSpec, job: Job, layout: Layout, tokens: float, links: _Links) -> float:
+    """Tensor-parallel all-reduces of one micro-batch (2 per layer forward, 2 backward, 2 more in
+    the recompute): activation bytes over the node's links, on the critical path."""
+    tp = layout.tp
+    if tp <= 1:
+        return 0.0
+    act = tokens * model.hidden_size * float(dtype_bytes(compute_dtype(job)))
+    n_ar = (4.0 + 2.0 * recompute_fractions(job, None, model).matmul) * model.num_layers / layout.pp
+    return n_ar * all_reduce_time(act, tp, links.intra_bw, links.intra_latency)
+
+
+def pp_comm(model: ModelSpec, job: Job, layout: Layout, tokens: float, links: _Links) -> float:
+    """Pipeline point-to-point sends of one micro-batch: activations forward, gradients back."""
+    if layout.pp <= 1:
+        return 0.0
+    act = tokens * model.hidden_size * float(dtype_bytes(compute_dtype(job)))
+    bw = links.dp_bw if layout.nodes > 1 else links.intra_bw
+    return 2.0 * (act / bw + links.hop_latency)
+
+
+def ep_comm(model: ModelSpec, job: Job, layout: Layout, tokens: float, links: _Links,
+            rc: Recompute | None = None) -> float:
+    """Expert-parallel all-to-alls of one micro-batch of ``tokens`` tokens on the busiest rank,
+    on the critical path: per MoE layer ``a2a_per_moe_layer_forward`` (dispatch and combine) in
+    the forward, as many in backward, and again for the recomputed share under checkpointing;
+    each moves the rows the busiest rank's experts receive (``ep_rows_per_rank``: tokens x top_k
+    x the worst-rank load factor of catalog/data/moe.json) of the hidden size in the compute
+    dtype, over NVLink when the EP group fits in a node (:mod:`ftplan.expert_parallel`)."""
+    ep = layout.ep
+    if ep <= 1:
+        return 0.0
+    from .catalog.hostdata import moe_constants
+    from .expert_parallel import all_to_all_time, ep_rows_per_rank
+
+    rc = rc or recompute_fractions(job, None, model)
+    inside = ep <= layout.gpus_per_node
+    bw = links.intra_bw if inside else links.dp_bw
+    lat = links.intra_latency if inside else links.hop_latency
+    c = float(dtype_bytes(compute_dtype(job)))
+    per_pass = moe_constants().a2a_per_moe_layer_forward
+    passes = 2.0 + rc.matmul
+    total = 0.0
+    for g in model.groups:
+        if g.moe is None:
+            continue
+        rows = ep_rows_per_rank(int(tokens), g.moe)
+        total += g.count / layout.pp * passes * per_pass * all_to_all_time(rows * model.hidden_size * c, ep, bw, lat)
+    return total
 
 
 # ---------------------------------------------------------------------------------------------
 # the estimate
 # ---------------------------------------------------------------------------------------------
+class _Static(NamedTuple):
+    """Everything of an estimate that does not depend on the micro-batch size or accumulation."""
+
+    model: ModelSpec  # identity check for the id()-keyed cache
+    gpu: Any
+    eff: Efficiency
+    rates: Rates
+    f: FlopsPerToken
+    st: Any
+    lins: tuple
+    params_gpu: float
+    attn_per_token_s: float
+    ew_per_token_s: float
+    dequant_s: float
+    host_s: float
+    links: _Links
+    tp_per_token_s: float
+    tp_latency_s: float
+    pp_per_token_s: float
+    pp_latency_s: float
+    optimizer_s: float
+    rc: Recompute
+    offload_xfer_s: float
+    offload_gather_bytes: float
+    startup_hours: float
+
+
+_STATIC_CACHE: dict[tuple, _Static] = {}
+
+
+def _job_static_key(job: Job) -> tuple:
+    return tuple(getattr(job, f) for f in job.__dataclass_fields__ if f not in _PER_CALL_FIELDS)
+
+
+#: Job fields an estimate's static part does not depend on
+_PER_CALL_FIELDS = frozenset({"micro_batch", "grad_accum", "dataset_tokens", "epochs"})
+
+
+def _static(model: ModelSpec, job: Job, layout: Layout, gpu: Any, offer: Any | None, eff: Efficiency) -> _Static:
+    bw = getattr(offer, "inter_node_gbps", None) if offer is not None else None
+    key = (id(model), id(gpu), id(eff), _job_static_key(job), layout, bw)
+    hit = _STATIC_CACHE.get(key)
+    if hit is not None and hit.model is model and hit.gpu is gpu and hit.eff is eff:
+        return hit
+    rates = rates_for(gpu, job, eff)
+    mp = layout.tp * layout.pp
+    st = _states(model, job)
+    params_gpu = st.params_trainable / mp / (layout.dp if layout.shards_params else 1)
+    links = _links(gpu, layout, offer, eff)
+    share = (model.params.experts or 0) / max(1, model.params.total) if layout.ep > 1 else 0.0
+    opt, xfer = optimizer_time(st, job, layout, rates, eff, share)
+    rc = recompute_fractions(job, eff, model)
+    gather = 0.0
+    if layout.offload_params:  # FSDP CPUOffload: each GPU's shard goes up for forward and backward
+        gather = ((st.params_trainable * float(dtype_bytes(compute_dtype(job)))) if job.method == "full"
+                  else (st.frozen_weights + st.trainable_weights))
+    # both are (bytes proportional to tokens) / bandwidth + latency: two points give the line
+    tp1, tp2 = tp_comm(model, job, layout, 1.0, links), tp_comm(model, job, layout, 2.0, links)
+    pp1, pp2 = pp_comm(model, job, layout, 1.0, links), pp_comm(model, job, layout, 2.0, links)
+    tp0, pp0 = 2.0 * tp1 - tp2, 2.0 * pp1 - pp2
+    res = _Static(
+        model=model, gpu=gpu, eff=eff, rates=rates, f=flops_per_token(model, job), st=st,
+        lins=_linear_profile(model, job, layout.tp, layout.pp), params_gpu=params_gpu,
+        attn_per_token_s=attention_time(model, job, layout, 1.0, rates, eff),
+        ew_per_token_s=_elementwise_bytes_per_token(model, job, layout, eff) / rates.hbm_bytes_per_s,
+        dequant_s=dequant_time(model, job, layout, rates, eff),
+        host_s=host_time(model, job, layout, eff),
+        links=links,
+        tp_per_token_s=tp2 - tp1, tp_latency_s=tp0, pp_per_token_s=pp2 - pp1, pp_latency_s=pp0,
+        optimizer_s=opt, rc=rc, offload_xfer_s=xfer, offload_gather_bytes=gather,
+        startup_hours=(eff.startup_fixed_s + _params_total(model) * 2.0 / eff.startup_load_bytes_per_s) / 3600.0,
+    )
+    if len(_STATIC_CACHE) > 4096:
+        _STATIC_CACHE.clear()
+    _STATIC_CACHE[key] = res
+    return res
+
+
 def estimate_runtime(model: ModelSpec, job: Job, layout: Layout, gpu: Any, *, offer: Any | None = None,
                      eff: Efficiency | None = None) -> RuntimeEstimate:
     """Per-step times and the job's hours on ``layout`` of ``gpu`` (``offer`` gives the network)."""
     eff = eff or efficiency()
-    dt = compute_dtype(job)
-    peak = gpu.peak_tflops(dt)
-    if not peak:
-        raise ConfigError(f"{getattr(gpu, 'name', gpu)} has no {dt} tensor throughput",
-                          "pick another --precision (e.g. fp16-mixed) or another GPU")
-    peak_flops = float(peak) * 1e12
-    hbm = float(gpu.mem_bw_tbps) * 1e12 * eff.hbm_efficiency
+    sx = _static(model, job, layout, gpu, offer, eff)
+    rates, f, st, links = sx.rates, sx.f, sx.st, sx.links
     tp, pp, dp = layout.tp, layout.pp, layout.dp
     mp = tp * pp
     world = layout.world_size
     m = job.grad_accum
-    tok_mb = job.micro_batch * job.seq_len
-    cbytes = float(dtype_bytes(dt))
+    tok = float(job.micro_batch * job.seq_len)
 
-    f = flops_per_token(model, job)
-    e = eff.matmul_efficiency(getattr(gpu, "arch", None), getattr(gpu, "vendor", None), job.method,
-                              model.hidden_size, tok_mb)
-    stage_mb_s = tok_mb * f.hardware / mp / (peak_flops * e)  # one micro-batch on one stage
-    compute = m * stage_mb_s
-    bubble = (pp - 1) * stage_mb_s if pp > 1 else 0.0
+    # -- GPU work of one micro-batch on one GPU
+    t_mm = _matmul_seconds(sx.lins, tok, rates)
+    t_attn = tok * sx.attn_per_token_s
+    t_ew = tok * sx.ew_per_token_s + _weight_traffic_bytes(model, job, layout, eff, sx.params_gpu, 1.0 / m,
+                                                           sx.rc) / rates.hbm_bytes_per_s
+    t_dq = sx.dequant_s
+    t_tp = tok * sx.tp_per_token_s + sx.tp_latency_s if tp > 1 else 0.0
+    t_ppc = tok * sx.pp_per_token_s + sx.pp_latency_s if pp > 1 else 0.0
+    t_ep = ep_comm(model, job, layout, tok, links, sx.rc) if layout.ep > 1 else 0.0
+    gpu_mb = t_mm + t_attn + t_ew + t_dq
+    host_mb = sx.host_s
 
-    st = _states(model, job)
-    bw_dp, lat_dp, bw_intra = _links(gpu, layout, offer, eff)
-    bucket = eff.bucket_bytes
+    # -- data-parallel communication and how much of it compute hides
+    comm = dp_comm(st, model, job, layout, links, eff)
+    first = comm.per_micro_batch_s / (3.0 * comm.units) if comm.per_micro_batch_s else 0.0
+    exposed_mb = _exposed(comm.per_micro_batch_s, gpu_mb, eff, first)
+    bwd_share = 2.0 / 3.0  # the backward is about two thirds of a micro-batch's GPU work
+    tail = min(comm.last_backward_s, 2.0 * eff.ddp_bucket_bytes / links.dp_bw) if comm.last_backward_s else 0.0
+    exposed_step = _exposed(comm.last_backward_s, bwd_share * gpu_mb, eff, tail) + comm.after_step_s
 
-    # -- data-parallel communication
-    grads = st.gradients / mp
-    if job.method == "full":
-        gather = st.params_trainable * cbytes / mp
-    else:
-        gather = (st.frozen_weights + st.trainable_weights) / mp
-    upd_params = (st.params_trainable * cbytes if job.method == "full" else st.trainable_weights) / mp
-    s = layout.strategy
-    dp_comm = 0.0
-    if dp > 1:
-        if s == "ddp":
-            dp_comm = all_reduce_time(grads, dp, bw_dp, lat_dp, bucket)
-        elif s == "zero1":
-            dp_comm = (reduce_scatter_time(grads, dp, bw_dp, lat_dp, bucket)
-                       + all_gather_time(upd_params, dp, bw_dp, lat_dp, bucket))
-        elif s == "zero2":
-            dp_comm = (m * reduce_scatter_time(grads, dp, bw_dp, lat_dp, bucket)
-                       + all_gather_time(upd_params, dp, bw_dp, lat_dp, bucket))
-        elif s in ("zero3", "fsdp"):
-            dp_comm = m * (2 * all_gather_time(gather, dp, bw_dp, lat_dp, bucket)
-                           + reduce_scatter_time(grads, dp, bw_dp, lat_dp, bucket))
-    overlap = eff.overlap.get(s, 0.0)
-    dp_exposed = max(dp_comm * (1.0 - overlap), dp_comm - compute) if dp_comm else 0.0
+    busy_mb = gpu_mb + exposed_mb + t_tp + t_ppc + t_ep
+    mb_time = max(busy_mb, host_mb)
+    compute = m * gpu_mb
+    bubble = (pp - 1) * mb_time if pp > 1 else 0.0
 
-    # -- tensor / pipeline parallel communication (on the critical path)
-    act = tok_mb * model.hidden_size * cbytes
-    tp_comm = 0.0
-    if tp > 1:
-        n_ar = (4 + (2 if job.gradient_checkpointing else 0)) * model.num_layers / pp
-        tp_comm = m * n_ar * all_reduce_time(act, tp, bw_intra, eff.latency_intra_s)
-    pp_comm = 0.0
-    if pp > 1:
-        bw_pp = bw_dp if layout.nodes > 1 else bw_intra
-        pp_comm = m * 2.0 * (act / bw_pp + lat_dp)
+    opt = sx.optimizer_s
+    offload_s = sx.offload_xfer_s + (m * 2.0 * sx.offload_gather_bytes / mp / dp / eff.pcie_bytes_per_s
+                                     if sx.offload_gather_bytes else 0.0)
+    fixed = step_overhead(eff)
+    step = m * mb_time + bubble + exposed_step + opt + offload_s + fixed
 
-    # -- QLoRA dequantization (HBM bound): 0.5 B read + 2 B written per weight per pass
-    dequant = 0.0
-    if job.method == "qlora":
-        passes = 2 + (1 if job.gradient_checkpointing else 0)
-        dequant = m * passes * _quantized_params(model, job) / mp * 2.5 / hbm
-
-    # -- optimizer step
-    shard = dp if layout.shards_optimizer else 1
-    offload_s = 0.0
-    if layout.offload_optimizer:
-        n_shard = st.params_trainable / mp / shard
-        opt_time = n_shard / eff.cpu_adam_params_per_s
-        offload_s = (grads / (dp if layout.shards_grads else 1) + upd_params / shard) / eff.pcie_bytes_per_s
-    else:
-        opt_bytes = (2.0 * (st.trainable_weights + st.master_weights + st.optimizer_states)
-                     + st.gradients) / mp / shard
-        opt_time = opt_bytes / hbm
-    if layout.offload_params:
-        offload_s += m * 2.0 * gather / dp / eff.pcie_bytes_per_s  # own shard up, fwd + bwd
-
-    comm = dp_comm + tp_comm + pp_comm
-    exposed = dp_exposed + tp_comm + pp_comm
-    step = compute + bubble + dequant + exposed + opt_time + offload_s
-    tokens_per_step = tok_mb * m * dp
+    tokens_per_step = int(tok) * m * dp
     tps = tokens_per_step / step
-    mfu = f.model * tps / (world * peak_flops)
+    mfu = f.model * tps / (world * rates.peak_flops)
+    matmul_flops = tok * (f.base_matmul + f.adapters) * (3.0 if job.method == "full" else 2.0) / mp
+    achieved = matmul_flops / (t_mm * rates.peak_flops) if t_mm > 0 else 0.0
 
-    total = steps = hours = None
-    if job.dataset_tokens:
-        total = math.ceil(job.dataset_tokens * job.epochs)
-        steps = math.ceil(total / tokens_per_step)
-        hours = steps * step / 3600.0
-    startup = (eff.startup_fixed_s + model.params.total * 2.0 / eff.startup_load_bytes_per_s) / 3600.0
-    return RuntimeEstimate(
+    lo, hi = math.exp(eff.band_log_low), math.exp(eff.band_log_high)
+    dp_raw = comm.raw_s
+    rt = RuntimeEstimate(
         step_time_s=step,
         compute_time_s=compute,
-        comm_time_s=comm,
-        exposed_comm_s=exposed,
-        optimizer_time_s=opt_time,
-        dequant_time_s=dequant,
+        comm_time_s=dp_raw + m * (t_tp + t_ppc + t_ep),
+        exposed_comm_s=m * exposed_mb + exposed_step + m * (t_tp + t_ppc + t_ep),
+        optimizer_time_s=opt,
+        dequant_time_s=m * t_dq,
         tokens_per_s=tps,
         mfu=mfu,
         flops_per_token=f.model,
-        total_tokens=total,
-        steps=steps,
-        hours=hours,
-        startup_hours=startup,
+        total_tokens=None,
+        steps=None,
+        hours=None,
+        startup_hours=sx.startup_hours,
         tokens_per_step=tokens_per_step,
-        efficiency=e,
+        efficiency=achieved,
         breakdown={
             "compute_s": compute,
+            "matmul_s": m * t_mm,
+            "attention_s": m * t_attn,
+            "elementwise_s": m * t_ew,
+            "dequant_s": m * t_dq,
+            "host_per_micro_batch_s": host_mb,
+            "gpu_per_micro_batch_s": gpu_mb,
             "pp_bubble_s": bubble,
-            "dequant_s": dequant,
-            "dp_comm_s": dp_comm,
-            "dp_comm_exposed_s": dp_exposed,
-            "tp_comm_s": tp_comm,
-            "pp_comm_s": pp_comm,
-            "optimizer_s": opt_time,
+            "dp_comm_s": dp_raw,
+            "dp_comm_exposed_s": m * exposed_mb + exposed_step,
+            "tp_comm_s": m * t_tp,
+            "pp_comm_s": m * t_ppc,
+            "ep_all_to_all_s": m * t_ep,
+            "optimizer_s": opt,
             "offload_transfer_s": offload_s,
+            "step_overhead_s": fixed,
             "hardware_flops_per_token": f.hardware,
-            "peak_tflops": float(peak),
+            "peak_tflops": rates.peak_flops / 1e12,
+            "clock_factor": rates.clock,
         },
+        step_time_s_low=step * lo,
+        step_time_s_high=step * hi,
+        tokens_per_s_low=tokens_per_step / (step * hi),
+        tokens_per_s_high=tokens_per_step / (step * lo),
+        hours_low=None,
+        hours_high=None,
+        band_quantiles=eff.band_quantiles,
+        host_bound=host_mb > busy_mb,
     )
+    return for_dataset(rt, job.dataset_tokens, job.epochs)
+
+
+def job_totals(dataset_tokens: int | None, epochs: float, tokens_per_step: int,
+               step_time_s: float) -> tuple[int | None, int | None, float | None]:
+    """(total tokens, optimizer steps, training hours) of a job whose step takes ``step_time_s``
+    for ``tokens_per_step`` tokens; all None without a dataset size."""
+    if not dataset_tokens:
+        return None, None, None
+    total = math.ceil(dataset_tokens * epochs)
+    steps = math.ceil(total / tokens_per_step)
+    return total, steps, steps * step_time_s / 3600.0
+
+
+def for_dataset(rt: RuntimeEstimate, dataset_tokens: int | None, epochs: float) -> RuntimeEstimate:
+    """``rt`` (the estimate of a step, which does not depend on the data size) with the totals of
+    ``dataset_tokens x epochs`` tokens."""
+    total, steps, hours = job_totals(dataset_tokens, epochs, rt.tokens_per_step, rt.step_time_s)
+    if (total, steps, hours) == (rt.total_tokens, rt.steps, rt.hours):
+        return rt
+    lo = rt.step_time_s_low / rt.step_time_s if rt.step_time_s_low is not None else None
+    hi = rt.step_time_s_high / rt.step_time_s if rt.step_time_s_high is not None else None
+    return replace(rt, total_tokens=total, steps=steps, hours=hours,
+                   hours_low=None if hours is None or lo is None else hours * lo,
+                   hours_high=None if hours is None or hi is None else hours * hi)
 
 
 _STATES_CACHE: dict[tuple, Any] = {}
+_PARAMS_CACHE: dict[int, tuple[ModelSpec, int]] = {}
+
+
+def _params_total(model: ModelSpec) -> int:
+    hit = _PARAMS_CACHE.get(id(model))
+    if hit is None or hit[0] is not model:
+        if len(_PARAMS_CACHE) > 256:
+            _PARAMS_CACHE.clear()
+        hit = _PARAMS_CACHE[id(model)] = (model, model.params.total)
+    return hit[1]
 _QPARAMS_CACHE: dict[tuple, int] = {}
 
 
 def _states(model: ModelSpec, job: Job):
-    key = (model, job.method, job.precision, job.optimizer, job.lora, job.quant)
+    key = (model, job.method, job.precision, job.optimizer, job.lora, job.quant, job.gradient_checkpointing)
     hit = _STATES_CACHE.get(key)
     if hit is None:
         if len(_STATES_CACHE) > 1024:

@@ -168,7 +168,8 @@ def _stored_bytes(job: Job, engine: str) -> tuple[Fraction, Fraction]:
     return Fraction(4), frozen
 
 
-def _layer_tensors(model: ModelSpec, g: LayerGroup, job: Job, tb: Fraction, fb: Fraction) -> list[Tensor]:
+def _layer_tensors(model: ModelSpec, g: LayerGroup, job: Job, tb: Fraction, fb: Fraction,
+                   ep: int = 1) -> list[Tensor]:
     h = model.hidden_size
     full = job.method == "full"
     out: list[Tensor] = []
@@ -201,7 +202,7 @@ def _layer_tensors(model: ModelSpec, g: LayerGroup, job: Job, tb: Fraction, fb: 
             out.append(Tensor(a.q_lora_rank, a.q_lora_rank, wb, full))
     if g.moe is not None:
         m = g.moe
-        e, i = m.num_experts, m.expert_intermediate_size
+        e, i = m.num_experts // max(1, ep), m.expert_intermediate_size  # a rank's experts under EP
         out.append(Tensor(e, e * h, wb, full))  # router
         out.append(Tensor(e, e * 2 * i * h, wb, full))  # fused gate_up_proj (E, 2I, h)
         out.append(Tensor(e, e * h * i, wb, full))  # fused down_proj (E, h, I)
@@ -218,11 +219,13 @@ def _quant_storage_bytes(job: Job) -> Fraction:
     return dtype_bytes(job.quant.compute_dtype)
 
 
-def fsdp_units(model: ModelSpec, job: Job, engine: str = "fsdp2", reshard_after_forward: bool = True) -> list[Unit]:
+def fsdp_units(model: ModelSpec, job: Job, engine: str = "fsdp2", reshard_after_forward: bool = True,
+               ep: int = 1) -> list[Unit]:
     """The units accelerate wraps, in forward order: the input embedding (untied), every decoder
     layer, then [final norm, lm_head (and the tied embedding)] with ``reshard_after_forward=False``
     (FSDP2); FSDP1's transformer auto-wrap makes the decoder layers units and leaves the rest to
-    the root unit."""
+    the root unit. With expert parallelism (``ep`` > 1) a rank's layer holds ``num_experts / ep``
+    routed experts (what it gathers)."""
     tb, fb = _stored_bytes(job, engine)
     full = job.method == "full"
     h, v = model.hidden_size, model.vocab_size
@@ -233,7 +236,7 @@ def fsdp_units(model: ModelSpec, job: Job, engine: str = "fsdp2", reshard_after_
     # the input norm's weight gradient is a layer's last (LoRA: the first adapter's lora_A)
     layers = []
     for i, g in enumerate(model.groups):
-        ts = tuple(_layer_tensors(model, g, job, tb, fb))
+        ts = tuple(_layer_tensors(model, g, job, tb, fb, ep))
         late = h if full else next((t.numel for t in ts if t.trainable), 0)
         layers.append(Unit(f"layer{i}", ts, g.count, reshard_after_forward, late=late))
     if engine == "fsdp1":
@@ -442,6 +445,10 @@ def layout_memory(model: ModelSpec, job: Job, layout: Layout, st, consts: Memory
             grads = trainable * gb / tb
         pb = c if mixed else tb
         rb = c if mixed else gb
+        if layout.ep > 1:
+            # expert parallelism: a rank gathers and reduces only its own experts (the states
+            # are split by memory.estimate_memory through expert_parallel.ep_rank_states)
+            units = fsdp_units(model, job, eng, layout.reshard_after_forward, ep=layout.ep)
         if eng == "fsdp2":
             transient = fsdp2_transient_bytes(units, n, param_b=pb, reduce_b=rb, hsdp=layout.hsdp,
                                               offload=layout.offload_params, backend=backend,
@@ -473,7 +480,7 @@ def layout_memory(model: ModelSpec, job: Job, layout: Layout, st, consts: Memory
     # as a Python int): no per-tensor step scalars
     opt = part * per_elem_opt
     bucket = _ds_reduce_bucket(model, consts)
-    largest = _largest_trainable_tensor(model, job) * c
+    largest = _largest_trainable_tensor(model, job, layout.ep) * c
     grads_part = part * c
     step_tmp = part * 4 if mixed else zero  # fp32 gradient partition built for the step
     host = zero
@@ -485,7 +492,7 @@ def layout_memory(model: ModelSpec, job: Job, layout: Layout, st, consts: Memory
         # the largest gradient and its copy into the reduction (ZeRO-1 accumulates in fp32) and
         # the two ipg buckets (overlap_comm); an upper bound by at most the largest gradient
         red_b = Fraction(4) if stage == 1 else c
-        transient = largest + _largest_trainable_tensor(model, job) * red_b + 2 * bucket * red_b
+        transient = largest + _largest_trainable_tensor(model, job, layout.ep) * red_b + 2 * bucket * red_b
     else:
         persist_elems = _ds_persistent_elems(model, job, consts)
         trainable = part * wb + persist_elems * wb
@@ -496,7 +503,7 @@ def layout_memory(model: ModelSpec, job: Job, layout: Layout, st, consts: Memory
         # reused within stage3_max_reuse_distance, up to stage3_max_live_parameters elements (both
         # 1e9 in ftplan's ds_config.json); backward adds the largest gradient and its
         # reduce-scatter copy (an upper bound by at most the largest gradient)
-        gatherable = _ds_gatherable_elems(model, job, consts)
+        gatherable = _ds_gatherable_elems(model, job, consts, layout.ep)
         transient = min(gatherable, consts.deepspeed_max_live_parameters) * c + 2 * largest
     if layout.offload_optimizer:
         # fp32 master, AdamW states and fp32 gradient partitions (DeepSpeed keeps an accumulation
@@ -610,9 +617,9 @@ def _fsdp1_transient(units: list[Unit], n: int, pb: Fraction, rb: Fraction, layo
     return s.peak
 
 
-def _largest_trainable_tensor(model: ModelSpec, job: Job) -> int:
+def _largest_trainable_tensor(model: ModelSpec, job: Job, ep: int = 1) -> int:
     """Elements of the largest trainable tensor (its gradient is the largest single one)."""
-    return max((t.numel for u in fsdp_units(model, job) for t in u.tensors if t.trainable), default=0)
+    return max((t.numel for u in fsdp_units(model, job, ep=ep) for t in u.tensors if t.trainable), default=0)
 
 
 def _ds_reduce_bucket(model: ModelSpec, consts: MemoryConstants) -> int:
@@ -620,10 +627,11 @@ def _ds_reduce_bucket(model: ModelSpec, consts: MemoryConstants) -> int:
     return int(consts.deepspeed_auto_reduce_bucket_h2 * model.hidden_size ** 2)
 
 
-def _ds_gatherable_elems(model: ModelSpec, job: Job, consts: MemoryConstants) -> int:
-    """Elements ZeRO-3 gathers (every parameter above the persistence threshold)."""
+def _ds_gatherable_elems(model: ModelSpec, job: Job, consts: MemoryConstants, ep: int = 1) -> int:
+    """Elements ZeRO-3 gathers (every parameter above the persistence threshold; a rank's own
+    experts under expert parallelism)."""
     limit = consts.deepspeed_auto_persistence_h * model.hidden_size if not job.uses_lora else 0
-    return sum(t.numel * u.count for u in fsdp_units(model, job, "fsdp2") for t in u.tensors if t.numel > limit)
+    return sum(t.numel * u.count for u in fsdp_units(model, job, "fsdp2", ep=ep) for t in u.tensors if t.numel > limit)
 
 
 def _ds_persistent_elems(model: ModelSpec, job: Job, consts: MemoryConstants) -> int:

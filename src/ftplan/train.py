@@ -35,7 +35,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from .errors import ConfigError
+from .errors import ConfigError, Problem
 
 __all__ = [
     "FIELD_SETS",
@@ -57,7 +57,11 @@ FIELD_SETS: tuple[tuple[str, ...], ...] = (("messages",), ("prompt", "completion
 DATA_EXTS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 REPORT = "report.json"
+#: a .json dataset larger than this is not parsed here to find its fields (the script does)
+_MAX_CHECKED_JSON_BYTES = 256 * 2**20
 SCRIPT = "train.py"
+#: largest --max-steps / --save-steps / --logging-steps accepted (a validation limit)
+MAX_STEPS = 10**9
 LOG = "train.log"
 
 
@@ -73,6 +77,9 @@ def _fields_error(spec: str, found: list[str]) -> ConfigError:
 # ---------------------------------------------------------------------------------------------
 def check_model_dir(path: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
     """(directory, config.json) of a local model directory, or ``ConfigError``."""
+    from .inputs import check_text
+
+    check_text(str(path), "model directory")
     p = Path(os.path.expanduser(str(path)))
     if not p.exists():
         raise ConfigError(f"no model directory {str(p)!r}",
@@ -83,10 +90,9 @@ def check_model_dir(path: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
     cfg_path = p / "config.json"
     if not cfg_path.is_file():
         raise ConfigError(f"model directory {str(p)!r} has no config.json", "pass a Hugging Face model folder")
-    try:
-        cfg = json.loads(cfg_path.read_text())
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"{cfg_path}: not valid JSON ({e})") from None
+    from .inputs import load_json_text, read_text_file
+
+    cfg = load_json_text(read_text_file(cfg_path, "config file", max_bytes=8 * 2**20), str(cfg_path))
     if not isinstance(cfg, dict):
         raise ConfigError(f"{cfg_path}: not a JSON object")
     if not any((p / f).is_file() for f in TOKENIZER_FILES):
@@ -115,6 +121,8 @@ def _jsonl_keys(path: Path, rows: int = 50) -> list[str]:
                 continue
             try:
                 obj = json.loads(line)
+            except RecursionError:
+                raise ConfigError(f"dataset {str(path)!r}: line {i} is nested too deeply") from None
             except ValueError as e:
                 raise ConfigError(f"dataset {str(path)!r}: line {i} is not JSON ({e})",
                                   "one JSON object per line") from None
@@ -146,7 +154,11 @@ def _file_keys(path: Path) -> list[str] | None:
                     return _jsonl_keys(path)
                 except ConfigError:
                     pass
+            if path.stat().st_size > _MAX_CHECKED_JSON_BYTES:
+                return None  # too big to parse whole here: the script checks its fields
             doc = json.loads(path.read_text(encoding="utf-8"))
+        except RecursionError:
+            raise ConfigError(f"dataset {str(path)!r}: nested too deeply") from None
         except (OSError, ValueError) as e:
             raise ConfigError(f"dataset {str(path)!r}: not valid JSON ({e})") from None
         if isinstance(doc, list):
@@ -167,21 +179,26 @@ def _file_keys(path: Path) -> list[str] | None:
     return None  # parquet: the script checks
 
 
-def _saved_dataset_keys(p: Path) -> list[str] | None:
+def _saved_dataset_keys(p: Path, depth: int = 0) -> list[str] | None:
     """Features of a ``datasets.save_to_disk`` folder (Dataset or DatasetDict, 'train' preferred)."""
     if (p / "dataset_dict.json").is_file():
         try:
-            splits = json.loads((p / "dataset_dict.json").read_text()).get("splits") or []
-        except (OSError, ValueError):
+            doc = json.loads((p / "dataset_dict.json").read_text())
+        except (OSError, ValueError, RecursionError):
+            return None
+        splits = doc.get("splits") if isinstance(doc, dict) else None
+        if not isinstance(splits, list) or not all(isinstance(x, str) and x and "/" not in x and x not in (".", "..")
+                                                   for x in splits):
             return None
         split = "train" if "train" in splits else (splits[0] if splits else None)
-        return _saved_dataset_keys(p / split) if split else None
+        return _saved_dataset_keys(p / split, depth + 1) if split and depth < 2 else None
     info = p / "dataset_info.json"
     if info.is_file():
         try:
-            feats = json.loads(info.read_text()).get("features")
-        except (OSError, ValueError):
+            doc = json.loads(info.read_text())
+        except (OSError, ValueError, RecursionError):
             return None
+        feats = doc.get("features") if isinstance(doc, dict) else None
         return list(feats) if isinstance(feats, dict) else None
     return None
 
@@ -192,8 +209,15 @@ def check_dataset(spec: str) -> tuple[str, tuple[str, ...] | None]:
     A local file or folder must exist and (for JSONL/JSON/CSV and ``save_to_disk`` folders) have
     one of :data:`FIELD_SETS`; a hub name (``org/name``) is checked by the script when it loads it.
     """
+    from .inputs import check_text
+
+    check_text(spec, "dataset")
     p = Path(os.path.expanduser(spec))
-    if not p.exists():
+    try:
+        exists = p.exists()
+    except OSError:  # a name longer than NAME_MAX: not a local path
+        exists = False
+    if not exists:
         if _looks_local(spec) or not spec.strip():
             raise ConfigError(f"no dataset {spec!r}",
                               "pass a JSONL/JSON/Parquet/CSV file, a folder of them, a save_to_disk "
@@ -240,18 +264,21 @@ def load_plan_json(path: str | os.PathLike, index: int = 1):
     ``recommend``: the index-th of ``plans``; ``compare``: the index-th of ``per_gpu``; any other
     object with ``job`` and ``layout`` (``estimate``, a bundle's plan.json) is used as is.
     """
+    from .inputs import check_text, load_json_text, read_text_file, show_value
+    from .job import check_job_fields
     from .options import job_from_dict, layout_from_dict
 
+    check_text(str(path), "plan file")
+    if isinstance(index, bool) or not isinstance(index, int):
+        raise ConfigError(f"`plan` must be an integer (got {show_value(index)})", field="plan")
     p = Path(os.path.expanduser(str(path)))
-    try:
-        doc = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"no plan file {str(p)!r}", "write one with ftplan recommend ... --json > plan.json") from None
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"{p}: not valid JSON ({e})") from None
+    hint = "write one with ftplan recommend ... --json > plan.json"
+    if not p.exists():
+        raise ConfigError(f"no plan file {str(p)!r}", hint)
+    doc = load_json_text(read_text_file(p, "plan file", max_bytes=64 * 2**20, hint=hint), str(p), hint=hint)
     if not isinstance(doc, dict):
         raise ConfigError(f"{p}: not a JSON object")
-    entry: dict[str, Any] = doc
+    entry: Any = doc
     for key in ("plans", "per_gpu"):
         if isinstance(doc.get(key), list):
             plans = doc[key]
@@ -264,19 +291,36 @@ def load_plan_json(path: str | os.PathLike, index: int = 1):
     else:
         if isinstance(doc.get("plan"), dict):
             entry = doc["plan"]
+    if not isinstance(entry, dict):
+        raise ConfigError(f"{p}: plan {index} is not a JSON object",
+                          "pass the --json output of ftplan estimate, recommend or compare")
     job_d, layout_d = entry.get("job"), entry.get("layout")
     if not isinstance(job_d, dict) or not isinstance(layout_d, dict):
         raise ConfigError(f"{p}: no 'job' and 'layout' in the plan",
                           "pass the --json output of ftplan estimate, recommend or compare")
-    base = dict(doc.get("job") or {}) if entry is not doc else {}
+    doc_job = doc.get("job") if isinstance(doc.get("job"), dict) else {}
+    base = dict(doc_job) if entry is not doc else {}
     base.update(job_d)  # a plan's job variant over the document's job (dataset_tokens, epochs, lora ...)
     for k in ("lora", "quant"):
-        if isinstance((doc.get("job") or {}).get(k), dict) and k not in job_d:
-            base[k] = doc["job"][k]
+        if isinstance(doc_job.get(k), dict) and k not in job_d:
+            base[k] = doc_job[k]
+    for k in ("lora", "quant"):
+        if k in base and base[k] is not None and not isinstance(base[k], dict):
+            raise ConfigError(f"{p}: malformed job ('{k}' is not an object)",
+                              "pass the --json output of ftplan estimate, recommend or compare")
     try:
-        return job_from_dict(base), layout_from_dict(layout_d)
+        job, layout = job_from_dict(base), layout_from_dict(layout_d)
     except ConfigError as e:
-        raise ConfigError(f"{p}: malformed job or layout ({e.one_line()})") from None
+        raise ConfigError(f"{p}: malformed job or layout ({e.one_line()})",
+                          "pass the --json output of `ftplan estimate`, recommend or compare") from None
+    except (TypeError, ValueError, KeyError, AttributeError, OverflowError) as e:
+        raise ConfigError(f"{p}: malformed job or layout ({type(e).__name__}: {str(e)[:200]})",
+                          "pass the --json output of `ftplan estimate`, recommend or compare") from None
+    try:
+        check_job_fields(job, layout)
+    except ConfigError as e:
+        raise ConfigError(f"{p}: {e.one_line()}") from None
+    return job, layout
 
 
 # ---------------------------------------------------------------------------------------------
@@ -587,10 +631,23 @@ def train(model_dir: str, dataset: str, out: str, job, layout, *, max_steps: int
     from .export.script import render_train_script
     from .job import validate_job
 
-    if max_steps is not None and max_steps < 1:
-        raise ConfigError(f"--max-steps must be >= 1 (got {max_steps})")
-    if save_steps is not None and save_steps < 1:
-        raise ConfigError(f"--save-steps must be >= 1 (got {save_steps})")
+    from .inputs import check_text, show_value
+
+    problems: list[Problem] = []
+    for value, name in ((max_steps, "max_steps"), (save_steps, "save_steps"), (logging_steps, "logging_steps")):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            problems.append(Problem(name, f"`{name}` must be an integer (got {show_value(value)})"))
+        elif not 1 <= value <= MAX_STEPS:
+            problems.append(Problem(name, f"`{name}` must be in 1..{MAX_STEPS:,} (got {show_value(value)})"))
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
+        problems.append(Problem("seed", f"`seed` must be an integer in 0..{2**32 - 1} (got {show_value(seed)})"))
+    if problems:
+        raise ConfigError(problems=problems)
+    check_text(out, "output folder")
+    if record is not None:
+        check_text(record, "record file")
     mdir, config = check_model_dir(model_dir)
     spec = resolve_model(str(mdir))
     validate_job(spec, job, layout)
@@ -603,9 +660,12 @@ def train(model_dir: str, dataset: str, out: str, job, layout, *, max_steps: int
         raise ConfigError(f"output directory {str(outp)!r} already exists and is not empty",
                           "pass a new --out (checkpoints and the trained model go there)")
     if record:
-        rp = Path(record)
+        rp = Path(os.path.expanduser(record))
         if rp.exists() and not rp.is_file():
-            raise ConfigError(f"--record {record!r} is not a regular file", "pass a .jsonl file path")
+            raise ConfigError(f"`record` {record!r} is not a regular file", "pass a .jsonl file path", field="record")
+        if not rp.parent.is_dir():  # found now, not after an hour of training
+            raise ConfigError(f"`record` {record!r}: the folder {str(rp.parent)!r} does not exist",
+                              "create it first, or pass another path", field="record")
     machine = check_machine(job, layout)  # imports torch
 
     # everything checked: write the run directory

@@ -35,7 +35,7 @@ def test_help_shows_the_schema_defaults(capsys):
     with pytest.raises(SystemExit):
         main(["estimate", "--help"])
     out = capsys.readouterr().out
-    assert "--seq-len SEQ_LEN" in out and "(default: 2048)" in out and "--micro-batch MICRO_BATCH, --batch-size" in out
+    assert "--seq-len SEQ_LEN" in out and "max_length default:" in out and "--micro-batch MICRO_BATCH, --batch-size" in out
 
 
 @pytest.mark.parametrize("argv, line", [

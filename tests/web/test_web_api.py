@@ -202,10 +202,11 @@ def test_export_zip_with_a_render_bundle(client, monkeypatch):
     seen = {}
 
     def fake(plan_doc, *, alternatives=(), model_ref=None, dataset=None, **kwargs):
-        seen.update(plan=plan_doc, alternatives=alternatives, model_ref=model_ref, dataset=dataset)
-        return {"README.md": "# run it\n", "configs/accelerate.yaml": "num_processes: 1\n"}
+        seen.update(plan=plan_doc, alternatives=alternatives, model_ref=model_ref, dataset=dataset, **kwargs)
+        return export_mod.Rendered({"README.md": "# run it\n", "configs/accelerate.yaml": "num_processes: 1\n"},
+                                   kwargs["target"], "single", "python train.py", (), None)
 
-    monkeypatch.setattr(export_mod, "render_bundle", fake, raising=False)
+    monkeypatch.setattr(export_mod, "render", fake, raising=False)
     r = client.post("/api/export", json={**SMALL, "plan_index": 1, "dataset": "my/data"})
     assert r.status_code == 200, r.text
     assert r.headers["content-type"] == "application/zip"
@@ -218,6 +219,7 @@ def test_export_zip_with_a_render_bundle(client, monkeypatch):
     assert plan["schema"] == "ftplan.plan/1" and plan["model"] == rec["model"]
     assert {k: v for k, v in plan.items() if k not in ("schema", "model")} == rec["plans"][1]
     assert seen["model_ref"] == "Qwen/Qwen2.5-0.5B" and seen["dataset"] == "my/data"
+    assert seen["target"] == "accelerate"  # the search's target (the page's default)
     assert list(seen["alternatives"])[:4] == [rec["plans"][0], *rec["plans"][2:5]]
     r = client.post("/api/export", json={"config": catalog_models.get_model("qwen2.5-0.5b").config,
                                          "tokens": "5M"})
@@ -225,9 +227,11 @@ def test_export_zip_with_a_render_bundle(client, monkeypatch):
     r = client.post("/api/export", json={**SMALL, "plan_index": 10**5})
     assert r.status_code == 422 and fields(r) == {"plan_index"}
 
-    monkeypatch.setattr(export_mod, "render_bundle", lambda *a, **k: {"../evil": "x"})
-    with pytest.raises(ValueError, match="unsafe path"):
-        client.post("/api/export", json=SMALL)
+    monkeypatch.setattr(export_mod, "render", lambda *a, **k: export_mod.Rendered(
+        {"../evil": "x"}, "accelerate", "single", "python train.py", (), None))
+    r = client.post("/api/export", json=SMALL)  # refused, never zipped: a bug is a JSON 500, not a crash
+    assert r.status_code == 500 and r.headers["content-type"] == "application/json"
+    assert "internal error: ValueError" in r.json()["message"]
 
 
 def test_export_with_the_real_render_bundle(client):
@@ -237,18 +241,29 @@ def test_export_with_the_real_render_bundle(client):
     names = z.namelist()
     assert "plan.json" in names and len(names) > 2 and all(not n.startswith(("/", "..")) for n in names)
     assert z.testzip() is None
-    # a plan the exporter refuses (tensor/pipeline parallel) -> 422 on plan_index
-    for job in ({"model": "llama-3.1-8b", "tokens": "1M", "seq_len": 8192, "max_gpus": 2, "top": 200},
-                {"model": "qwen2.5-14b", "tokens": "1M", "seq_len": 8192, "max_gpus": 4, "top": 200},
-                {"model": "qwen2.5-14b", "method": "lora", "tokens": "1M", "seq_len": 8192, "max_gpus": 8,
-                 "top": 400}):
-        plans = client.post("/api/recommend", json=job).json()["plans"]
-        tp = [i for i, p in enumerate(plans) if p["layout"]["tp"] > 1 or p["layout"]["pp"] > 1]
-        if tp:
-            r = client.post("/api/export", json={**job, "plan_index": tp[0]})
-            assert r.status_code == 422 and fields(r) == {"plan_index"}
-            assert "tensor/pipeline" in r.json()["message"]
-            break
+    # the other targets: the same plan as axolotl / LLaMA-Factory files
+    for target, name in (("axolotl", "axolotl.yaml"), ("llamafactory", "llamafactory.yaml")):
+        r = client.post("/api/export", json={**SMALL, "export_target": target})
+        assert r.status_code == 200, r.text
+        assert name in zipfile.ZipFile(io.BytesIO(r.content)).namelist()
+        assert target in r.headers["content-disposition"]
+    r = client.post("/api/export", json={**SMALL, "export_target": "megatron"})
+    assert r.status_code == 422 and fields(r) == {"export_target"}
+    # tensor parallelism exports (transformers' TP plan); pipeline parallelism is ranked only with
+    # target=any and then refused -> 422 on plan_index with the reason
+    job = {"model": "llama-3.1-70b", "method": "full", "tokens": "20M", "seq_len": 4096, "gpus_filter": ["b200"],
+           "max_gpus": 8, "top": 50}
+    plans = client.post("/api/recommend", json=job).json()["plans"]
+    assert plans and not any(p["layout"]["pp"] > 1 for p in plans)
+    tp = [i for i, p in enumerate(plans) if p["layout"]["tp"] > 1]
+    assert tp, "the B200 search for a full 70B ranks a tensor-parallel plan"
+    assert client.post("/api/export", json={**job, "plan_index": tp[0]}).status_code == 200
+    every = client.post("/api/recommend", json={**job, "target": "any"}).json()["plans"]
+    pp = [i for i, p in enumerate(every) if p["layout"]["pp"] > 1]
+    assert pp
+    r = client.post("/api/export", json={**job, "target": "any", "plan_index": pp[0]})
+    assert r.status_code == 422 and fields(r) == {"plan_index"}
+    assert "pipeline parallelism" in r.json()["message"]
 
 
 def test_page_docs_and_openapi_are_offline(client):
@@ -312,8 +327,8 @@ def test_options_endpoint_gives_the_page_its_defaults(client):
     form = re.search(r"const FORM_OPTIONS = \[(.*?)\];", js, re.S).group(1)
     used = re.findall(r'"([a-z_]+)"', form)
     assert used and set(used) <= set(names)
-    assert names["seq_len"]["default"] == 2048 and names["method"]["choices"] == ["full", "lora", "qlora"]
+    assert names["seq_len"]["default"] == 1024 and names["method"]["choices"] == ["full", "lora", "qlora"]
     assert names["tokens"]["example"] and names["lora_dropout"]["default"] is None  # auto
     # no option default is written into the page itself
     html = Path(ftplan.web.__file__).with_name("static").joinpath("index.html").read_text()
-    assert 'value="2048"' not in html and 'value="all-linear"' not in html
+    assert 'value="1024"' not in html and 'value="all-linear"' not in html

@@ -23,6 +23,10 @@ _REQUIRED = (
     "zero_bucket_bytes",
     "bnb_8bit_block_size",
     "bnb_8bit_min_size",
+    "trl_offload_stash_tensors",
+    "trl_offload_min_bytes",
+    "trl_logprob_token_chunk",
+    "trl_logprob_vocab_chunk",
     "deepspeed_auto_reduce_bucket_h2",
     "deepspeed_auto_prefetch_bucket_h2",
     "deepspeed_auto_persistence_h",
@@ -41,6 +45,10 @@ class MemoryConstants:
     zero_bucket_bytes: int
     bnb_8bit_block_size: int
     bnb_8bit_min_size: int
+    trl_offload_stash_tensors: int
+    trl_offload_min_bytes: int
+    trl_logprob_token_chunk: int
+    trl_logprob_vocab_chunk: int
     #: DeepSpeed ZeRO buckets as HF Trainer fills ``auto`` (what ftplan's ds_config.json asks for)
     deepspeed_auto_reduce_bucket_h2: float = 1.0
     deepspeed_auto_prefetch_bucket_h2: float = 0.9

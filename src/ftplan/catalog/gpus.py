@@ -34,7 +34,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from ..errors import CatalogError, ConfigError, NotFoundError, did_you_mean
+from ..errors import CatalogError, ConfigError, NotFoundError, Problem, did_you_mean
+from ..inputs import bad_characters
 
 __all__ = [
     "GpuSpec",
@@ -44,6 +45,7 @@ __all__ = [
     "get_gpu",
     "resolve_gpu_name",
     "normalize_gpu_name",
+    "gpu_name_index",
 ]
 
 #: architectures the catalog knows
@@ -132,6 +134,14 @@ _BOOL_FIELDS = (
     "supports_fp8_training",
     "supports_fp4_training",
 )
+#: sanity bounds (validation limits, not data): far above any accelerator (today's largest: ~288 GB,
+#: ~8 TB/s, ~15 dense fp4 PFLOPS, ~1.4 kW, 72-GPU NVLink domains), so that a typo such as a
+#: value in bytes instead of GB cannot turn into absurd plans or overflowing arithmetic
+_MAXIMA: dict[str, float] = {
+    "memory_gb_nominal": 1e5, "mem_bw_tbps": 1e3, "bf16_tflops": 1e6, "fp16_tflops": 1e6, "tf32_tflops": 1e6,
+    "fp32_tflops": 1e6, "fp8_tflops": 1e6, "fp4_tflops": 1e6, "tdp_w": 1e5, "intra_node_bw_gbps": 1e5,
+    "memory_bytes": 2**50, "scale_up_domain_gpus": 1 << 16, "pcie_gen": 99, "max_gpus_per_node": 1024,
+}
 _TRUE = frozenset({"true", "yes", "1", "y"})
 _FALSE = frozenset({"false", "no", "0", "n"})
 _SLUG = re.compile(r"^[a-z0-9][a-z0-9.\-]*$")
@@ -249,100 +259,142 @@ class GpuSpec:
 # --------------------------------------------------------------------------------------------
 # CSV reading shared with offers.py
 
-
-class _CommentSkippingLines(Iterator[str]):
-    """Feeds csv.reader, skipping blank lines and lines starting with '#'; tracks line numbers."""
-
-    def __init__(self, lines: Iterable[str]) -> None:
-        self._it = enumerate(lines, start=1)
-        self.lineno = 0
-
-    def __iter__(self) -> _CommentSkippingLines:
-        return self
-
-    def __next__(self) -> str:
-        while True:
-            n, line = next(self._it)
-            stripped = line.strip()
-            if not stripped or stripped.startswith("#"):
-                continue
-            self.lineno = n
-            return line
+#: largest catalog file read (a SkyPilot vms.csv of a big cloud is tens of MB)
+MAX_CATALOG_BYTES = 256 * 2**20
+#: errors shown in one message; the rest are counted (CatalogError.problems holds all of them)
+MAX_SHOWN_ERRORS = 12
 
 
 def read_csv_rows(
-    text: str, display: str, columns: Iterable[str], required: Iterable[str]
+    text: str, display: str, columns: Iterable[str], required: Iterable[str],
+    errors: list[CatalogError] | None = None,
 ) -> Iterator[tuple[int, dict[str, str]]]:
     """Yield ``(line_number, row)`` for each data row of a catalog CSV, header checked.
 
     Unknown extra columns are allowed and ignored. A missing required column is an error; a
-    missing optional column reads as blank. Blank lines and lines starting with '#' are skipped
-    (a quoted field may not span lines).
+    missing optional column reads as blank. Blank lines and lines starting with '#' are skipped.
+    Each line is one row: a quoted field may not span lines, and an unterminated quote, text after
+    a closing quote, a NUL byte or a wrong number of fields is an error of that line. With
+    ``errors`` such rows are skipped and their errors appended there (so that every problem of a
+    file can be reported at once); without, the first one is raised.
     """
-    lines = _CommentSkippingLines(text.splitlines())
-    reader = csv.reader(lines)
-    try:
-        header = next(reader)
-    except StopIteration:
-        raise CatalogError(f"{display}: file is empty", "expected a CSV header line") from None
-    except csv.Error as exc:
-        raise CatalogError(f"{display}: line {lines.lineno}: malformed CSV ({exc})") from None
-    header = [h.strip() for h in header]
-    dupes = sorted({h for h in header if header.count(h) > 1})
-    if dupes:
-        raise CatalogError(f"{display}: line {lines.lineno}: duplicate column(s) {', '.join(dupes)}")
-    known = list(columns)
-    required = set(required)
-    missing = [c for c in known if c in required and c not in header]
-    if missing:
-        raise CatalogError(
-            f"{display}: line {lines.lineno}: missing required column(s) {', '.join(missing)}",
-            f"expected columns: {', '.join(known)}",
-        )
-    absent = [c for c in known if c not in header]  # optional columns may be left out
-    width = len(header)
-    while True:
-        try:
-            values = next(reader)
-        except StopIteration:
-            return
-        except csv.Error as exc:
-            raise CatalogError(f"{display}: line {lines.lineno}: malformed CSV ({exc})") from None
+    def fail(exc: CatalogError) -> None:
+        if errors is None:
+            raise exc
+        errors.append(exc)
+
+    header: list[str] | None = None
+    width = 0
+    absent: list[str] = []
+    for n, line in enumerate(text.splitlines(), start=1):
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        if not (line.isascii() and line.isprintable()):  # the fast path: plain ASCII text
+            bad = bad_characters(line)
+            if bad:
+                exc = CatalogError(f"{display}: line {n}: control or invisible characters "
+                                   f"({', '.join(bad[:3])})", "remove them (tabs included)")
+                if header is None:
+                    raise exc
+                fail(exc)
+                continue
+        if '"' in line:
+            try:
+                values = next(csv.reader([line], strict=True))
+            except csv.Error as e:
+                exc = CatalogError(f"{display}: line {n}: malformed CSV ({e})",
+                                   "close every quote on its line; double a quote inside a quoted field")
+                if header is None:
+                    raise exc from None
+                fail(exc)
+                continue
+        else:
+            values = line.split(",")
+        if header is None:
+            header = [h.strip() for h in values]
+            dupes = sorted({h for h in header if header.count(h) > 1})
+            if dupes:
+                raise CatalogError(f"{display}: line {n}: duplicate column(s) {', '.join(dupes)}")
+            known = list(columns)
+            req = set(required)
+            missing = [c for c in known if c in req and c not in header]
+            if missing:
+                raise CatalogError(
+                    f"{display}: line {n}: missing required column(s) {', '.join(missing)}",
+                    f"expected columns: {', '.join(known)}",
+                )
+            absent = [c for c in known if c not in header]  # optional columns may be left out
+            width = len(header)
+            continue
         if len(values) != width:
-            raise CatalogError(
-                f"{display}: line {lines.lineno}: expected {width} fields, found {len(values)}",
-                "quote fields that contain commas",
-            )
-        row = {h: v.strip() for h, v in zip(header, values)}
+            fail(CatalogError(f"{display}: line {n}: expected {width} fields, found {len(values)}",
+                              "quote fields that contain commas"))
+            continue
+        row = dict(zip(header, map(str.strip, values)))
         for c in absent:
             row[c] = ""
-        yield lines.lineno, row
+        yield n, row
+    if header is None:
+        raise CatalogError(f"{display}: file is empty", "expected a CSV header line")
+
+
+def raise_collected(display: str, errors: list[CatalogError]) -> None:
+    """Raise the errors of a file: one as it is, several as one ``CatalogError`` listing them.
+
+    The first :data:`MAX_SHOWN_ERRORS` are the error's ``problems`` (a last one counts the rest);
+    ``all_problems`` holds every one of them.
+    """
+    if not errors:
+        return
+    if len(errors) == 1:
+        raise errors[0]
+    prefix = f"{display}: "
+    every: list[Problem] = []
+    for e in errors:
+        for p in e.problems:
+            msg = p.message[len(prefix):] if p.message.startswith(prefix) else p.message
+            every.append(Problem(p.field, msg, p.hint))
+    shown = list(every[:MAX_SHOWN_ERRORS])
+    shown[0] = Problem(shown[0].field, f"{display}: {len(every)} problems: {shown[0].message}", shown[0].hint)
+    more = len(every) - MAX_SHOWN_ERRORS
+    if more > 0:
+        shown.append(Problem(None, f"and {more} more", "fix the lines above and load the file again"))
+    exc = CatalogError(problems=shown)
+    exc.all_problems = tuple(every)  # type: ignore[attr-defined]
+    raise exc
 
 
 def field_error(display: str, line: int, field: str, problem: str, hint: str | None = None) -> CatalogError:
     return CatalogError(f"{display}: line {line}: {field}: {problem}", hint)
 
 
-def parse_float(display: str, line: int, field: str, value: str, *, minimum: float = 0.0, strict: bool = True) -> float:
+def parse_float(display: str, line: int, field: str, value: str, *, minimum: float = 0.0, strict: bool = True,
+                maximum: float | None = None) -> float:
     try:
         x = float(value)
     except ValueError:
-        raise field_error(display, line, field, f"not a number: {value!r}") from None
+        raise field_error(display, line, field, f"not a number: {value[:40]!r}") from None
     if not math.isfinite(x):
-        raise field_error(display, line, field, f"not a finite number: {value!r}")
+        raise field_error(display, line, field, f"not a finite number: {value[:40]!r}")
     if (strict and x <= minimum) or (not strict and x < minimum):
         op = ">" if strict else ">="
-        raise field_error(display, line, field, f"must be {op} {minimum:g}, got {value}")
+        raise field_error(display, line, field, f"must be {op} {minimum:g}, got {value[:40]}")
+    if maximum is not None and x > maximum:
+        raise field_error(display, line, field, f"{value[:40]} is implausibly large (at most {maximum:g})")
     return x
 
 
-def parse_int(display: str, line: int, field: str, value: str, *, minimum: int = 1) -> int:
-    try:
-        x = int(value)
-    except ValueError:
-        raise field_error(display, line, field, f"not an integer: {value!r}") from None
+def parse_int(display: str, line: int, field: str, value: str, *, minimum: int = 1,
+              maximum: int | None = None) -> int:
+    v = value.strip()
+    if not (v.isascii() and (v.isdigit() or (v[:1] in "+-" and v[1:].isdigit()))) or len(v) > 30:
+        raise field_error(display, line, field, f"not an integer: {value[:40]!r}")
+    x = int(v)
     if x < minimum:
         raise field_error(display, line, field, f"must be >= {minimum}, got {value}")
+    if maximum is not None and x > maximum:
+        raise field_error(display, line, field, f"{value} is implausibly large (at most {maximum:,})")
     return x
 
 
@@ -352,7 +404,7 @@ def parse_bool(display: str, line: int, field: str, value: str) -> bool:
         return True
     if v in _FALSE:
         return False
-    raise field_error(display, line, field, f"not a boolean: {value!r}", "use true or false")
+    raise field_error(display, line, field, f"not a boolean: {value[:40]!r}", "use true or false")
 
 
 # --------------------------------------------------------------------------------------------
@@ -378,131 +430,140 @@ def _lookup_keys(name: str) -> list[str]:
     return keys
 
 
+def _parse_gpu_row(display: str, line: int, row: dict[str, str], gpus: dict[str, GpuSpec],
+                   owners: dict[str, tuple[str, int]]) -> None:
+    for field in GPU_COLUMNS:
+        if field in _REQUIRED and not row[field]:
+            raise field_error(display, line, field, "required value is blank")
+    name = row["name"]
+    if not _SLUG.match(name):
+        raise field_error(
+            display, line, "name", f"{name!r} is not a slug", "use lower-case letters, digits, '-' and '.'"
+        )
+    vendor = row["vendor"].lower()
+    if vendor not in VENDORS:
+        raise field_error(display, line, "vendor", f"unknown vendor {row['vendor']!r}", f"use one of {', '.join(sorted(VENDORS))}")
+    arch = row["arch"].lower()
+    if arch not in ARCHS:
+        raise field_error(display, line, "arch", f"unknown arch {row['arch']!r}", f"use one of {', '.join(sorted(ARCHS))}")
+    cc = row["compute_capability"].lower()
+    if not _CC.match(cc):
+        raise field_error(display, line, "compute_capability", f"{row['compute_capability']!r} is not like '9.0' or 'gfx942'")
+    basis = row["memory_bytes_basis"].lower()
+    if basis not in MEMORY_BASES:
+        raise field_error(display, line, "memory_bytes_basis", f"unknown basis {row['memory_bytes_basis']!r}", f"use one of {', '.join(sorted(MEMORY_BASES))}")
+
+    values: dict[str, object] = {}
+    for field in _FLOAT_FIELDS:
+        values[field] = (parse_float(display, line, field, row[field], maximum=_MAXIMA[field])
+                         if row[field] else None)
+    for field in _INT_FIELDS:
+        values[field] = parse_int(display, line, field, row[field], maximum=_MAXIMA[field])
+    for field in _BOOL_FIELDS:
+        values[field] = parse_bool(display, line, field, row[field])
+
+    nominal = values["memory_gb_nominal"]
+    mem = values["memory_bytes"]
+    assert isinstance(nominal, float) and isinstance(mem, int)
+    low, high = 0.95 * nominal * 1e9, 1.05 * nominal * 2**30
+    if not low <= mem <= high:
+        raise field_error(
+            display,
+            line,
+            "memory_bytes",
+            f"{mem} bytes ({mem / 2**30:.1f} GiB) is not within 5% of {nominal:g} GB/GiB nominal",
+            "give the driver-reported total in bytes (nvidia-smi MiB x 1048576)",
+        )
+    if values["pcie_gen"] not in PCIE_X16_GBPS:  # type: ignore[operator]
+        raise field_error(display, line, "pcie_gen", f"unknown PCIe generation {row['pcie_gen']}", "use 3, 4, 5 or 6")
+
+    formats = tuple(f.strip().lower() for f in row["fp4_formats"].split(";") if f.strip())
+    bad = [f for f in formats if f not in FP4_FORMATS]
+    if bad:
+        raise field_error(display, line, "fp4_formats", f"unknown format(s) {', '.join(bad)}", "use nvfp4 and/or mxfp4, ';'-separated")
+    if values["fp4_tflops"] is None and formats:
+        raise field_error(display, line, "fp4_formats", "set but fp4_tflops is blank")
+    if values["fp4_tflops"] is not None and not formats:
+        raise field_error(display, line, "fp4_formats", "blank but fp4_tflops is set", "list nvfp4 and/or mxfp4")
+
+    bf16 = values["bf16_tflops"]
+    fp8 = values["fp8_tflops"]
+    fp4 = values["fp4_tflops"]
+    if fp8 is not None and fp8 < bf16:  # type: ignore[operator]
+        raise field_error(display, line, "fp8_tflops", f"{fp8:g} is below bf16_tflops {bf16:g}", "use dense figures for both")
+    if fp4 is not None and fp4 < (fp8 if fp8 is not None else bf16):  # type: ignore[operator]
+        raise field_error(display, line, "fp4_tflops", f"{fp4:g} is below the fp8/bf16 rate", "use dense figures")
+    if values["supports_fp8_training"] and fp8 is None:
+        raise field_error(display, line, "supports_fp8_training", "true but fp8_tflops is blank")
+    if values["supports_fp4_training"] and fp4 is None:
+        raise field_error(display, line, "supports_fp4_training", "true but fp4_tflops is blank")
+
+    aliases = tuple(a.strip() for a in row["aliases"].split(";") if a.strip())
+    for field, label in [("name", name), ("display_name", row["display_name"])] + [("aliases", a) for a in aliases]:
+        key = normalize_gpu_name(label)
+        if key in owners and owners[key][0] != name:
+            other, other_line = owners[key]
+            raise field_error(
+                display, line, field, f"{label!r} already names {other!r} (line {other_line})", "names and aliases must be unique"
+            )
+        owners.setdefault(key, (name, line))
+    if name in gpus:
+        raise field_error(display, line, "name", f"duplicate GPU {name!r}")
+
+    gpus[name] = GpuSpec(
+        name=name,
+        display_name=row["display_name"],
+        aliases=aliases,
+        vendor=vendor,
+        arch=arch,
+        form_factor=row["form_factor"] or None,
+        compute_capability=cc,
+        memory_gb_nominal=nominal,
+        memory_bytes=mem,
+        memory_bytes_basis=basis,
+        mem_bw_tbps=values["mem_bw_tbps"],  # type: ignore[arg-type]
+        bf16_tflops=bf16,  # type: ignore[arg-type]
+        fp16_tflops=values["fp16_tflops"],  # type: ignore[arg-type]
+        tf32_tflops=values["tf32_tflops"],  # type: ignore[arg-type]
+        fp32_tflops=values["fp32_tflops"],  # type: ignore[arg-type]
+        fp8_tflops=fp8,  # type: ignore[arg-type]
+        fp4_tflops=fp4,  # type: ignore[arg-type]
+        fp4_formats=formats,
+        tdp_w=values["tdp_w"],  # type: ignore[arg-type]
+        intra_node_link=row["intra_node_link"],
+        intra_node_bw_gbps=values["intra_node_bw_gbps"],  # type: ignore[arg-type]
+        scale_up_domain_gpus=values["scale_up_domain_gpus"],  # type: ignore[arg-type]
+        pcie_gen=values["pcie_gen"],  # type: ignore[arg-type]
+        max_gpus_per_node=values["max_gpus_per_node"],  # type: ignore[arg-type]
+        supports_bitsandbytes=values["supports_bitsandbytes"],  # type: ignore[arg-type]
+        supports_flash_attention=values["supports_flash_attention"],  # type: ignore[arg-type]
+        supports_fp8_training=values["supports_fp8_training"],  # type: ignore[arg-type]
+        supports_fp4_training=values["supports_fp4_training"],  # type: ignore[arg-type]
+        source=row["source"],
+        notes=row["notes"] or None,
+    )
+
+
 def _parse_gpus(text: str, display: str) -> dict[str, GpuSpec]:
     gpus: dict[str, GpuSpec] = {}
     owners: dict[str, tuple[str, int]] = {}  # normalized key -> (slug, line)
-    for line, row in read_csv_rows(text, display, GPU_COLUMNS, _REQUIRED):
-        for field in GPU_COLUMNS:
-            if field in _REQUIRED and not row[field]:
-                raise field_error(display, line, field, "required value is blank")
-        name = row["name"]
-        if not _SLUG.match(name):
-            raise field_error(
-                display, line, "name", f"{name!r} is not a slug", "use lower-case letters, digits, '-' and '.'"
-            )
-        vendor = row["vendor"].lower()
-        if vendor not in VENDORS:
-            raise field_error(display, line, "vendor", f"unknown vendor {row['vendor']!r}", f"use one of {', '.join(sorted(VENDORS))}")
-        arch = row["arch"].lower()
-        if arch not in ARCHS:
-            raise field_error(display, line, "arch", f"unknown arch {row['arch']!r}", f"use one of {', '.join(sorted(ARCHS))}")
-        cc = row["compute_capability"].lower()
-        if not _CC.match(cc):
-            raise field_error(display, line, "compute_capability", f"{row['compute_capability']!r} is not like '9.0' or 'gfx942'")
-        basis = row["memory_bytes_basis"].lower()
-        if basis not in MEMORY_BASES:
-            raise field_error(display, line, "memory_bytes_basis", f"unknown basis {row['memory_bytes_basis']!r}", f"use one of {', '.join(sorted(MEMORY_BASES))}")
-
-        values: dict[str, object] = {}
-        for field in _FLOAT_FIELDS:
-            values[field] = parse_float(display, line, field, row[field]) if row[field] else None
-        for field in _INT_FIELDS:
-            values[field] = parse_int(display, line, field, row[field])
-        for field in _BOOL_FIELDS:
-            values[field] = parse_bool(display, line, field, row[field])
-
-        nominal = values["memory_gb_nominal"]
-        mem = values["memory_bytes"]
-        assert isinstance(nominal, float) and isinstance(mem, int)
-        low, high = 0.95 * nominal * 1e9, 1.05 * nominal * 2**30
-        if not low <= mem <= high:
-            raise field_error(
-                display,
-                line,
-                "memory_bytes",
-                f"{mem} bytes ({mem / 2**30:.1f} GiB) is not within 5% of {nominal:g} GB/GiB nominal",
-                "give the driver-reported total in bytes (nvidia-smi MiB x 1048576)",
-            )
-        if values["pcie_gen"] not in PCIE_X16_GBPS:  # type: ignore[operator]
-            raise field_error(display, line, "pcie_gen", f"unknown PCIe generation {row['pcie_gen']}", "use 3, 4, 5 or 6")
-
-        formats = tuple(f.strip().lower() for f in row["fp4_formats"].split(";") if f.strip())
-        bad = [f for f in formats if f not in FP4_FORMATS]
-        if bad:
-            raise field_error(display, line, "fp4_formats", f"unknown format(s) {', '.join(bad)}", "use nvfp4 and/or mxfp4, ';'-separated")
-        if values["fp4_tflops"] is None and formats:
-            raise field_error(display, line, "fp4_formats", "set but fp4_tflops is blank")
-        if values["fp4_tflops"] is not None and not formats:
-            raise field_error(display, line, "fp4_formats", "blank but fp4_tflops is set", "list nvfp4 and/or mxfp4")
-
-        bf16 = values["bf16_tflops"]
-        fp8 = values["fp8_tflops"]
-        fp4 = values["fp4_tflops"]
-        if fp8 is not None and fp8 < bf16:  # type: ignore[operator]
-            raise field_error(display, line, "fp8_tflops", f"{fp8:g} is below bf16_tflops {bf16:g}", "use dense figures for both")
-        if fp4 is not None and fp4 < (fp8 if fp8 is not None else bf16):  # type: ignore[operator]
-            raise field_error(display, line, "fp4_tflops", f"{fp4:g} is below the fp8/bf16 rate", "use dense figures")
-        if values["supports_fp8_training"] and fp8 is None:
-            raise field_error(display, line, "supports_fp8_training", "true but fp8_tflops is blank")
-        if values["supports_fp4_training"] and fp4 is None:
-            raise field_error(display, line, "supports_fp4_training", "true but fp4_tflops is blank")
-
-        aliases = tuple(a.strip() for a in row["aliases"].split(";") if a.strip())
-        for field, label in [("name", name), ("display_name", row["display_name"])] + [("aliases", a) for a in aliases]:
-            key = normalize_gpu_name(label)
-            if key in owners and owners[key][0] != name:
-                other, other_line = owners[key]
-                raise field_error(
-                    display, line, field, f"{label!r} already names {other!r} (line {other_line})", "names and aliases must be unique"
-                )
-            owners.setdefault(key, (name, line))
-        if name in gpus:
-            raise field_error(display, line, "name", f"duplicate GPU {name!r}")
-
-        gpus[name] = GpuSpec(
-            name=name,
-            display_name=row["display_name"],
-            aliases=aliases,
-            vendor=vendor,
-            arch=arch,
-            form_factor=row["form_factor"] or None,
-            compute_capability=cc,
-            memory_gb_nominal=nominal,
-            memory_bytes=mem,
-            memory_bytes_basis=basis,
-            mem_bw_tbps=values["mem_bw_tbps"],  # type: ignore[arg-type]
-            bf16_tflops=bf16,  # type: ignore[arg-type]
-            fp16_tflops=values["fp16_tflops"],  # type: ignore[arg-type]
-            tf32_tflops=values["tf32_tflops"],  # type: ignore[arg-type]
-            fp32_tflops=values["fp32_tflops"],  # type: ignore[arg-type]
-            fp8_tflops=fp8,  # type: ignore[arg-type]
-            fp4_tflops=fp4,  # type: ignore[arg-type]
-            fp4_formats=formats,
-            tdp_w=values["tdp_w"],  # type: ignore[arg-type]
-            intra_node_link=row["intra_node_link"],
-            intra_node_bw_gbps=values["intra_node_bw_gbps"],  # type: ignore[arg-type]
-            scale_up_domain_gpus=values["scale_up_domain_gpus"],  # type: ignore[arg-type]
-            pcie_gen=values["pcie_gen"],  # type: ignore[arg-type]
-            max_gpus_per_node=values["max_gpus_per_node"],  # type: ignore[arg-type]
-            supports_bitsandbytes=values["supports_bitsandbytes"],  # type: ignore[arg-type]
-            supports_flash_attention=values["supports_flash_attention"],  # type: ignore[arg-type]
-            supports_fp8_training=values["supports_fp8_training"],  # type: ignore[arg-type]
-            supports_fp4_training=values["supports_fp4_training"],  # type: ignore[arg-type]
-            source=row["source"],
-            notes=row["notes"] or None,
-        )
+    errors: list[CatalogError] = []
+    for line, row in read_csv_rows(text, display, GPU_COLUMNS, _REQUIRED, errors):
+        try:
+            _parse_gpu_row(display, line, row, gpus, owners)
+        except CatalogError as exc:
+            errors.append(exc)
+    raise_collected(display, errors)
     if not gpus:
         raise CatalogError(f"{display}: no GPU rows", "add at least one row below the header")
     return gpus
 
 
 def read_text(path: str | Path) -> str:
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise CatalogError(f"{path}: file not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CatalogError(f"{path}: cannot read ({exc})") from None
+    """A catalog file's text: UTF-8 (a BOM is dropped), bounded in size, no NUL bytes."""
+    from ..inputs import read_text_file
+
+    return read_text_file(path, "catalog file", max_bytes=MAX_CATALOG_BYTES, error=CatalogError)
 
 
 _read_text = read_text  # its name before it was public
@@ -537,21 +598,26 @@ def _bundled_index() -> dict[str, str]:
     return _index(_bundled())
 
 
-def resolve_gpu_name(name: str, gpus: Mapping[str, GpuSpec] | None = None) -> str:
+def resolve_gpu_name(name: str, gpus: Mapping[str, GpuSpec] | None = None, *,
+                     index: Mapping[str, str] | None = None) -> str:
     """The catalog slug for a slug, alias or display name (case-insensitive).
 
     Vendor prefixes are tolerated, so torch device names such as ``"NVIDIA H100 80GB HBM3"``
     or ``"NVIDIA GeForce RTX 4090"`` resolve. Raises :class:`NotFoundError` with a hint.
+    ``index`` is :func:`gpu_name_index` of ``gpus``, for callers that resolve many names.
     """
     if gpus is None:
         catalog, index = _bundled(), _bundled_index()
     else:
-        catalog, index = gpus, _index(gpus)
+        catalog, index = gpus, (index if index is not None else _index(gpus))
     if not isinstance(name, str) or not name.strip():
-        raise NotFoundError(f"unknown GPU {name!r}", "give a GPU name such as 'h100-sxm'")
+        raise NotFoundError(f"unknown GPU {str(name)[:60]!r}", "give a GPU name such as 'h100-sxm'")
     for key in _lookup_keys(name):
         if key in index:
             return index[key]
+    shown = name if len(name) <= 60 else name[:60] + "..."
+    if len(name) > 200:
+        raise NotFoundError(f"unknown GPU {shown!r}", "run 'ftplan gpus' to list the catalog")
     key = normalize_gpu_name(name)
     family = sorted(s for s in catalog if s.startswith(key + "-"))
     if family:
@@ -560,7 +626,12 @@ def resolve_gpu_name(name: str, gpus: Mapping[str, GpuSpec] | None = None) -> st
         hint = did_you_mean(key, sorted(catalog)) or did_you_mean(key, sorted(index))
         if hint is None:
             hint = "known GPUs: " + ", ".join(sorted(catalog))
-    raise NotFoundError(f"unknown GPU {name!r}", hint)
+    raise NotFoundError(f"unknown GPU {shown!r}", hint)
+
+
+def gpu_name_index(gpus: Mapping[str, GpuSpec]) -> dict[str, str]:
+    """Normalized name/alias -> slug of a GPU catalog (build once, pass to resolve_gpu_name)."""
+    return _index(gpus)
 
 
 def get_gpu(name: str, gpus: Mapping[str, GpuSpec] | None = None) -> GpuSpec:

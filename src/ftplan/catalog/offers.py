@@ -25,6 +25,10 @@ billing_granularity_s  no        billing increment in seconds (1 = per-second, 6
 as_of                  yes       date the price was observed, ``YYYY-MM-DD``
 source                 yes       where the price comes from (URL/repo and date)
 notes                  no        free text
+host_ram_gib           no        host (CPU) RAM of one instance in GiB; blank = unknown
+local_disk_gb          no        local disk of one instance in GB (instance store / bundled SSD,
+                                 not a network volume the user sizes); blank = unknown
+host_source            no        where host_ram_gib / local_disk_gb come from (required with them)
 =====================  ========  ===============================================================
 
 The bundled file keeps price history: a (provider, sku, gpu, gpus_per_instance, pricing,
@@ -53,9 +57,11 @@ from .gpus import (
     GpuSpec,
     read_text as _read_text,
     field_error,
+    gpu_name_index,
     load_gpus,
     parse_float,
     parse_int,
+    raise_collected,
     read_csv_rows,
     resolve_gpu_name,
 )
@@ -88,11 +94,22 @@ OFFER_COLUMNS = (
     "as_of",
     "source",
     "notes",
+    "host_ram_gib",
+    "local_disk_gb",
+    "host_source",
 )
 _REQUIRED = frozenset({"provider", "sku", "gpu", "gpus_per_instance", "usd_per_gpu_hour", "pricing", "as_of", "source"})
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 #: a per-GPU price above this is almost certainly a per-instance price
 MAX_USD_PER_GPU_HOUR = 100.0
+#: below this a "price" is a typo or a unit mix-up (the cheapest marketplace GPUs rent for cents)
+MIN_USD_PER_GPU_HOUR = 0.001
+#: validation limits: the fastest instance networks today are 3,200-6,400 Gbit/s
+MAX_INTER_NODE_GBPS = 1e5
+#: billing increments longer than a year are not per-use prices
+MAX_BILLING_GRANULARITY_S = 366 * 86400
+#: host RAM (GiB) / local disk (GB) of one instance beyond this is a unit mix-up (largest today: ~32 TiB RAM)
+MAX_HOST_GB = 1e6
 _BUNDLED_NAME = "ftplan/catalog/data/offers.csv"
 
 
@@ -113,6 +130,9 @@ class Offer:
     as_of: _dt.date
     source: str
     notes: str | None
+    host_ram_gib: float | None = None  # host RAM of one instance (GiB); None = unknown
+    local_disk_gb: float | None = None  # local disk of one instance (GB); None = unknown
+    host_source: str | None = None
 
     @property
     def usd_per_instance_hour(self) -> float:
@@ -161,78 +181,118 @@ class Offer:
 # loading
 
 
-def _parse_date(display: str, line: int, field: str, value: str) -> _dt.date:
+def _parse_date(display: str, line: int, field: str, value: str, today: _dt.date | None = None) -> _dt.date:
     if not _DATE.match(value):
-        raise field_error(display, line, field, f"not a date: {value!r}", "use YYYY-MM-DD")
+        raise field_error(display, line, field, f"not a date: {value[:40]!r}", "use YYYY-MM-DD")
     try:
         d = _dt.date.fromisoformat(value)
     except ValueError:
         raise field_error(display, line, field, f"not a valid date: {value!r}", "use YYYY-MM-DD") from None
     if d.year < 2000:
         raise field_error(display, line, field, f"implausible date {value}")
-    if d > _dt.date.today() + _dt.timedelta(days=1):
+    if d > (today or _dt.date.today()) + _dt.timedelta(days=1):
         raise field_error(display, line, field, f"{value} is in the future", "give the date the price was observed")
     return d
 
 
 def _parse_offers(text: str, display: str, gpus: Mapping[str, GpuSpec]) -> list[Offer]:
+    """Every row of an offers CSV, validated; all problems of the file are reported together."""
     offers: list[Offer] = []
     seen: dict[tuple, int] = {}
-    for line, row in read_csv_rows(text, display, OFFER_COLUMNS, _REQUIRED):
-        for field in OFFER_COLUMNS:
-            if field in _REQUIRED and not row[field]:
-                raise field_error(display, line, field, "required value is blank")
+    errors: list[CatalogError] = []
+    index = gpu_name_index(gpus)  # built once: resolving 200k rows must not rebuild it per row
+    today = _dt.date.today()
+    dates: dict[str, _dt.date] = {}
+    slugs: dict[str, str] = {}
+    for line, row in read_csv_rows(text, display, OFFER_COLUMNS, _REQUIRED, errors):
         try:
-            gpu = resolve_gpu_name(row["gpu"], gpus)
-        except NotFoundError as exc:
-            raise field_error(display, line, "gpu", f"unknown GPU {row['gpu']!r}", exc.hint) from None
-        spec = gpus[gpu]
-        n = parse_int(display, line, "gpus_per_instance", row["gpus_per_instance"])
-        if n > spec.max_gpus_per_node:
-            raise field_error(
-                display, line, "gpus_per_instance", f"{n} exceeds {gpu} max_gpus_per_node {spec.max_gpus_per_node}"
-            )
-        price = parse_float(display, line, "usd_per_gpu_hour", row["usd_per_gpu_hour"])
-        if price > MAX_USD_PER_GPU_HOUR:
-            raise field_error(
-                display, line, "usd_per_gpu_hour", f"{price:g} USD per GPU-hour is implausible", "divide an instance price by gpus_per_instance"
-            )
-        pricing = row["pricing"].lower()
-        if pricing not in PRICING:
-            raise field_error(display, line, "pricing", f"unknown pricing {row['pricing']!r}", f"use one of {', '.join(PRICING)}")
-        gbps = (
-            parse_float(display, line, "inter_node_gbps", row["inter_node_gbps"], strict=False)
-            if row["inter_node_gbps"]
-            else None
-        )
-        billing = (
-            parse_int(display, line, "billing_granularity_s", row["billing_granularity_s"])
-            if row["billing_granularity_s"]
-            else None
-        )
-        offer = Offer(
-            provider=row["provider"],
-            sku=row["sku"],
-            gpu=gpu,
-            gpus_per_instance=n,
-            usd_per_gpu_hour=price,
-            pricing=pricing,
-            region=row["region"] or None,
-            inter_node_network=row["inter_node_network"] or None,
-            inter_node_gbps=gbps,
-            billing_granularity_s=billing,
-            as_of=_parse_date(display, line, "as_of", row["as_of"]),
-            source=row["source"],
-            notes=row["notes"] or None,
-        )
+            offer = _parse_offer_row(display, line, row, gpus, index, today, dates, slugs)
+        except CatalogError as exc:
+            errors.append(exc)
+            continue
         ident = (*offer.key, offer.as_of)
         if ident in seen:
-            raise field_error(
+            errors.append(field_error(
                 display, line, "as_of", f"duplicate of the offer on line {seen[ident]} (same key and date)"
-            )
+            ))
+            continue
         seen[ident] = line
         offers.append(offer)
+    raise_collected(display, errors)
     return offers
+
+
+def _parse_offer_row(display: str, line: int, row: dict[str, str], gpus: Mapping[str, GpuSpec],
+                     index: Mapping[str, str], today: _dt.date, dates: dict[str, _dt.date],
+                     slugs: dict[str, str]) -> Offer:
+    for field in _REQUIRED:
+        if not row[field]:
+            raise field_error(display, line, field, "required value is blank")
+    gpu = slugs.get(row["gpu"])
+    if gpu is None:
+        try:
+            gpu = resolve_gpu_name(row["gpu"], gpus, index=index)
+        except NotFoundError as exc:
+            raise field_error(display, line, "gpu", exc.message, exc.hint) from None
+        slugs[row["gpu"]] = gpu
+    spec = gpus[gpu]
+    n = parse_int(display, line, "gpus_per_instance", row["gpus_per_instance"])
+    if n > spec.max_gpus_per_node:
+        raise field_error(
+            display, line, "gpus_per_instance", f"{n} exceeds {gpu} max_gpus_per_node {spec.max_gpus_per_node}"
+        )
+    price = parse_float(display, line, "usd_per_gpu_hour", row["usd_per_gpu_hour"])
+    if price > MAX_USD_PER_GPU_HOUR:
+        raise field_error(
+            display, line, "usd_per_gpu_hour", f"{price:g} USD per GPU-hour is implausible",
+            "divide an instance price by gpus_per_instance"
+        )
+    if price < MIN_USD_PER_GPU_HOUR:
+        raise field_error(display, line, "usd_per_gpu_hour", f"{price:g} USD per GPU-hour is implausibly low",
+                          f"prices are USD per GPU per hour (at least {MIN_USD_PER_GPU_HOUR:g})")
+    pricing = row["pricing"].lower()
+    if pricing not in PRICING:
+        raise field_error(display, line, "pricing", f"unknown pricing {row['pricing'][:40]!r}",
+                          f"use one of {', '.join(PRICING)}")
+    gbps = (
+        parse_float(display, line, "inter_node_gbps", row["inter_node_gbps"], strict=False,
+                    maximum=MAX_INTER_NODE_GBPS)
+        if row["inter_node_gbps"]
+        else None
+    )
+    billing = (
+        parse_int(display, line, "billing_granularity_s", row["billing_granularity_s"],
+                  maximum=MAX_BILLING_GRANULARITY_S)
+        if row["billing_granularity_s"]
+        else None
+    )
+    as_of = dates.get(row["as_of"])
+    if as_of is None:
+        as_of = dates[row["as_of"]] = _parse_date(display, line, "as_of", row["as_of"], today)
+    host = {}
+    for col in ("host_ram_gib", "local_disk_gb"):
+        if row.get(col):
+            host[col] = parse_float(display, line, col, row[col], maximum=MAX_HOST_GB)
+    if host and not row.get("host_source"):
+        raise field_error(display, line, "host_source", "required with host_ram_gib / local_disk_gb",
+                          "say where the instance's RAM / disk figures come from")
+    return Offer(
+        provider=row["provider"],
+        sku=row["sku"],
+        gpu=gpu,
+        gpus_per_instance=n,
+        usd_per_gpu_hour=price,
+        pricing=pricing,
+        region=row["region"] or None,
+        inter_node_network=row["inter_node_network"] or None,
+        inter_node_gbps=gbps,
+        billing_granularity_s=billing,
+        as_of=as_of,
+        source=row["source"],
+        notes=row["notes"] or None,
+        host_source=row.get("host_source") or None,
+        **host,
+    )
 
 
 @functools.lru_cache(maxsize=1)
@@ -401,7 +461,7 @@ class SkyPilotImport(list):
 
     ``skipped`` counts rows not imported by reason (``no_accelerator``, ``unknown_accelerator``,
     ``fractional_count``, ``no_price``, ``accelerator_only_price``, ``gpu_count_exceeds_node``,
-    ``duplicate``); ``unknown_accelerators`` counts the unmapped ``AcceleratorName`` values;
+    ``implausible_price`` (per GPU-hour outside [MIN_USD_PER_GPU_HOUR, MAX_USD_PER_GPU_HOUR]), ``duplicate``); ``unknown_accelerators`` counts the unmapped ``AcceleratorName`` values;
     ``rows_read`` is the number of data rows in the file.
     """
 
@@ -525,7 +585,7 @@ def import_skypilot_catalog(
             break
 
     lines = text.splitlines()
-    reader = csv.DictReader(lines)
+    reader = csv.DictReader(lines, strict=True)
     header = [h.strip() for h in (reader.fieldnames or [])]
     needed = ["InstanceType", "AcceleratorName", "AcceleratorCount", "Price"]
     missing = [c for c in needed if c not in header]
@@ -540,7 +600,6 @@ def import_skypilot_catalog(
     source = f"SkyPilot catalog {path.parent.name}/{path.name} (skypilot-org/skypilot-catalog format)"
     try:
         for raw in reader:
-            line = reader.line_num
             result.rows_read += 1
             row = {(k or "").strip(): (v or "").strip() for k, v in raw.items() if k is not None}
             accel = row.get("AcceleratorName", "")
@@ -561,7 +620,7 @@ def import_skypilot_catalog(
             except ValueError:
                 result.skipped["fractional_count"] += 1
                 continue
-            if count_f < 1 or count_f != int(count_f):
+            if not math.isfinite(count_f) or count_f < 1 or count_f != int(count_f):
                 result.skipped["fractional_count"] += 1
                 continue
             count = int(count_f)
@@ -575,12 +634,15 @@ def import_skypilot_catalog(
             )
             if shape:
                 notes.append(shape)
-            priced = added = 0
+            priced = added = implausible = 0
             for pricing, price in (("on-demand", _parse_price(row.get("Price"))), ("spot", _parse_price(row.get("SpotPrice")))):
                 if price is None:
                     continue
-                priced += 1
                 per_gpu = price / count
+                if not MIN_USD_PER_GPU_HOUR <= per_gpu <= MAX_USD_PER_GPU_HOUR:
+                    implausible += 1
+                    continue
+                priced += 1
                 ident = (prov_key, instance_type.casefold(), slug, count, pricing, (region or "").casefold(), round(per_gpu, 6))
                 if ident in seen:  # same shape, region and price in another availability zone
                     continue
@@ -603,7 +665,9 @@ def import_skypilot_catalog(
                         notes="; ".join(notes) or None,
                     )
                 )
-            if not priced:
+            if implausible and not priced:
+                result.skipped["implausible_price"] += 1
+            elif not priced:
                 result.skipped["no_price"] += 1
             elif not added:
                 result.skipped["duplicate"] += 1

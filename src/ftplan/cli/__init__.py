@@ -40,6 +40,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("export", "export"),
     ("train", "train"),
     ("serve", "web"),
+    ("claims", "catalog"),
 )
 
 

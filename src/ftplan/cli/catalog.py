@@ -8,7 +8,8 @@ from .. import api
 from ..options import OFFER_OPTIONS
 from ..optionspec import parse_int
 from ..report import table
-from .options import Command, add_options, arg_type, emit_json, values
+from ..errors import render_refs
+from .options import RENDERER, Command, add_options, arg_type, emit_json, values
 
 __all__ = ["COMMANDS"]
 
@@ -87,8 +88,26 @@ def _offers_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--json", action="store_true")
 
 
+def run_claims(a: argparse.Namespace) -> int:
+    rep = api.claims()
+    if a.json:
+        emit_json(rep.to_dict())
+        return 0
+    lines = ["The seed articles' FP8 / FP4 claims, answered with ftplan's numbers (8 GPUs, FSDP, seq 8192, "
+             "checkpointing; FP8 = torchao tensorwise, NVFP4 = Transformer Engine / torchao weight-only base):", ""]
+    for c in rep.claims:
+        lines += [f"[{c.verdict.upper()}] {c.claim}  (seed {c.source})", f"  {render_refs(c.answer, RENDERER)}", ""]
+    print("\n".join(lines).rstrip())
+    return 0
+
+
+def _claims_args(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--json", action="store_true")
+
+
 COMMANDS = {
     "models": Command("list the bundled model catalog", _models_args, run_models),
+    "claims": Command("the seed articles' FP8/FP4 claims answered with ftplan's numbers", _claims_args, run_claims),
     "gpus": Command("list the GPU catalog", _gpus_args, run_gpus),
     "offers": Command("list and filter offers; flags stale prices", _offers_args, run_offers),
 }

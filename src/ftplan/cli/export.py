@@ -46,8 +46,9 @@ def _export_args(s: argparse.ArgumentParser) -> None:
                    help="hub id or local path train.py loads (default: the model's hub id)")
     g.add_argument("--dataset", default=None, metavar="DATA",
                    help="dataset for sky.yaml and the README (hub name or a path on the machine)")
-    g.add_argument("--zero3-backend", default="deepspeed", metavar="NAME",
-                   help="how a zero3 plan runs: deepspeed (ZeRO-3, default) | fsdp (FSDP FULL_SHARD)")
+    g.add_argument("--zero3-backend", default=None, metavar="NAME",
+                   help="how a zero3 plan runs with --target accelerate/deepspeed: deepspeed (ZeRO-3) | fsdp (FSDP2); "
+                        "default: the target's rule (accelerate: FSDP2, DeepSpeed ZeRO-3 with CPU offload)")
 
 
 def run_export(a: argparse.Namespace) -> int:
@@ -55,7 +56,7 @@ def run_export(a: argparse.Namespace) -> int:
         raise ConfigError("give a MODEL or `from_json=FILE`, not both", "see `ftplan export --help`")
     if not a.from_json and not a.model:
         raise ConfigError("nothing to export: give a MODEL or `from_json=FILE`", "see `ftplan export --help`")
-    if a.zero3_backend not in ZERO3_BACKENDS:  # before a search that may take a while
+    if a.zero3_backend is not None and a.zero3_backend not in ZERO3_BACKENDS:  # before a search
         raise ConfigError(f"unknown `zero3_backend` {a.zero3_backend!r}", "use deepspeed or fsdp")
     out = Path(a.out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not a.force:
@@ -66,8 +67,9 @@ def run_export(a: argparse.Namespace) -> int:
     else:
         source = api.recommend(a.model, progress=progress(),
                                **values(a, JOB_OPTIONS, SEARCH_OPTIONS, OFFER_OPTIONS))
+    target = None if getattr(a, "target", None) in (None, "any") else a.target
     bundle = api.export_bundle(source, a.plan, ref=a.model, model_ref=a.model_ref, dataset=a.dataset,
-                               zero3_backend=a.zero3_backend)
+                               zero3_backend=a.zero3_backend, target=target)
     path = bundle.write(out, force=a.force)
     if a.json:
         emit_json(bundle.to_dict(path))
@@ -78,8 +80,19 @@ def run_export(a: argparse.Namespace) -> int:
     print(f"exported plan {a.plan}: {plan['model'].get('name')} {plan['job']['method']} on {gpus} x {o['gpu']} "
           f"({o['provider']} {o['sku']}, {plan.get('strategy_label', lo['strategy'])}), "
           f"{plan['runtime']['total_hours']:,.2f} h, ${plan['cost']['usd']:,.2f}")
-    print(f"wrote {path}/: {', '.join(bundle.files)}")
-    print(f"next: cd {path} && cat README.md")
+    print(f"wrote {path}/ for {bundle.target}: {', '.join(bundle.files)}")
+    launch = bundle.launch or {}
+    print(f"run it on the machine with the GPUs ({launch.get('engine')}), from {path}:")
+    if launch.get("setup"):
+        print(f"  {launch['setup']}")
+    if plan["layout"]["nodes"] > 1:
+        print(f"  # on every node: export NODE_RANK=<0..{plan['layout']['nodes'] - 1}> HEAD_IP=<node 0's address> "
+              f"NNODES={plan['layout']['nodes']} MASTER_ADDR=$HEAD_IP MASTER_PORT=29500 "
+              f"NPROC_PER_NODE={plan['layout']['gpus_per_node']}")
+    print(f"  {launch.get('command')}")
+    if launch.get("sky"):
+        print(f"or on the cloud with SkyPilot, from {path}: {launch['sky']}")
+    print(f"details: {path}/README.md")
     return 0
 
 

@@ -57,6 +57,8 @@ def row_to_argv(row: dict) -> list[str]:
         if opt is not None and opt.type == "bool":
             if v:
                 argv.append(flag)
+            elif opt.negatable:  # on by default: say off
+                argv.append("--no-" + flag[2:])
             continue
         if isinstance(v, (list, tuple)):
             v = ",".join(map(str, v))
@@ -90,15 +92,21 @@ def run_measure(a: argparse.Namespace) -> int:
 def _run_matrix(a: argparse.Namespace) -> int:
     from ..job import Layout
     from ..measure.records import existing_keys, record_key
-    from ..measure.run import ModelCache, build_key, import_torch, load_matrix, measure, progress
+    from ..measure.run import ModelCache, build_key, check_run_options, import_torch, load_matrix, measure, progress
+    from ..optionspec import parse_int
 
     if not a.out:
         raise ConfigError("`matrix` needs `out=FILE.jsonl`", "the output file is what makes the matrix resumable")
+    check_run_options(a.steps, a.warmup, a.seed, a.out)  # before any row runs
     rows = load_matrix(a.matrix)
     jobs = []
     for i, row in enumerate(rows, 1):
         job = _row_job(row, f"{a.matrix}: row {i}")
-        steps = int(row.get("steps", a.steps))
+        try:
+            steps = parse_int(str(row.get("steps", a.steps)))
+        except ValueError as e:
+            raise ConfigError(f"{a.matrix}: row {i}: steps: {e}") from None
+        check_run_options(steps, a.warmup, a.seed, None)
         tiny = True if (a.tiny or _truthy(row.get("tiny", False))) else None
         jobs.append((i, str(row["model"]), job, steps, tiny))
     # group rows by build key (stable) so each model is built once

@@ -25,6 +25,8 @@ class Parser(argparse.ArgumentParser):
     """argparse, but errors are one line and exit code 2."""
 
     def error(self, message: str):  # type: ignore[override]
+        if len(message) > 300:  # argparse quotes the value: a 5000-digit argument is not a message
+            message = message[:300] + "..."
         raise ConfigError(message, f"see `{self.prog} --help`")
 
 
@@ -69,7 +71,9 @@ def add_options(p: argparse.ArgumentParser, table: tuple[Option, ...], title: st
         if not o.cli or o.name in skip:
             continue
         kw: dict[str, Any] = {"dest": o.name, "default": argparse.SUPPRESS, "help": _help(o)}
-        if o.type == "bool":
+        if o.negatable:  # on by default: --flag / --no-flag
+            kw["action"] = argparse.BooleanOptionalAction
+        elif o.type == "bool":
             kw["action"] = "store_true"
         else:
             kw["type"] = _PARSERS.get(o.type, str)

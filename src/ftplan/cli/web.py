@@ -10,6 +10,7 @@ import ipaddress
 import sys
 
 from ..errors import ConfigError
+from ..inputs import check_text
 from .options import Command
 
 __all__ = ["COMMANDS", "run_serve", "KEEP_ALIVE_S"]
@@ -17,6 +18,8 @@ __all__ = ["COMMANDS", "run_serve", "KEEP_ALIVE_S"]
 #: idle keep-alive connections live this long (uvicorn's default, 5 s, races with clients such as
 #: httpx that reuse an idle connection for a POST just as the server closes it: a failed request)
 KEEP_ALIVE_S = 30
+#: more worker processes than this is a typo (each loads the catalogs and keeps its own cache)
+MAX_WORKERS = 64
 
 
 def _port(text: str) -> int:
@@ -54,8 +57,17 @@ def run_serve(a: argparse.Namespace) -> int:
     except ImportError as e:
         raise ConfigError(f"ftplan serve needs fastapi and uvicorn ({e.name or e} is not installed)",
                           "pip install 'ftplan[web]'") from None
-    if a.workers < 1:
-        raise ConfigError(f"`workers` must be >= 1 (got {a.workers})", "e.g. `workers=2`")
+    from uvicorn.config import LOG_LEVELS
+
+    if not 1 <= a.workers <= MAX_WORKERS:
+        raise ConfigError(f"`workers` must be in 1..{MAX_WORKERS} (got {a.workers})", "e.g. `workers=2`",
+                          field="workers")
+    level = a.log_level.strip().lower()
+    if level not in LOG_LEVELS:
+        raise ConfigError(f"unknown log level {a.log_level[:40]!r}", f"use one of {', '.join(LOG_LEVELS)}",
+                          field="log_level")
+    check_text(a.host, "host")
+    _check_bind(a.host, a.port)
     if not _is_loopback(a.host):
         print(f"ftplan serve: warning: binding to {a.host}: the API has no authentication; anyone who can "
               "reach this address can use it", file=sys.stderr)
@@ -63,9 +75,38 @@ def run_serve(a: argparse.Namespace) -> int:
     print(f"ftplan serve: http://{shown}:{a.port}/  (API docs: /docs, OpenAPI: /openapi.json; Ctrl+C stops)",
           file=sys.stderr)
     # an import string + factory: what uvicorn needs for more than one worker
-    uvicorn.run("ftplan.web.app:create_app", factory=True, host=a.host, port=a.port, workers=a.workers,
-                log_level=a.log_level.lower(), ws="none", timeout_keep_alive=KEEP_ALIVE_S)
+    try:
+        uvicorn.run("ftplan.web.app:create_app", factory=True, host=a.host, port=a.port, workers=a.workers,
+                    log_level=level, ws="none", timeout_keep_alive=KEEP_ALIVE_S)
+    except SystemExit as e:  # uvicorn exits 1 or 3 when it cannot start: one line, exit code 2
+        if e.code not in (0, None):
+            raise ConfigError(f"the web server could not start on {a.host}:{a.port} (uvicorn exit code {e.code})",
+                              "see the message above") from None
     return 0
+
+
+def _check_bind(host: str, port: int) -> None:
+    """Fail before uvicorn starts (and prints a traceback-like log) when the address cannot be bound."""
+    import errno
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError, ValueError) as e:
+        raise ConfigError(f"cannot bind to host {host[:100]!r}: {getattr(e, 'strerror', None) or e}",
+                          "pass `host=127.0.0.1` (this machine) or an address of this machine", field="host") from None
+    family, _, _, _, addr = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            s.bind(addr)
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise ConfigError(f"port {port} on {host} is already in use",
+                                  "stop the other server, or pass another `port` (0 = any free port)",
+                                  field="port") from None
+            raise ConfigError(f"cannot bind to {host}:{port}: {e.strerror or e}",
+                              "pass another `host` or `port`", field="host") from None
 
 
 COMMANDS = {

@@ -13,6 +13,12 @@ With optimizer offload DeepSpeed must run its own CPU AdamW (``DeepSpeedCPUAdam`
 optimizer is refused by default), so an ``optimizer`` block of type ``AdamW`` is written with
 ``"auto"`` hyper-parameters (filled from the script's learning rate, betas, eps, weight decay);
 the script's ``optim=`` is then not used. Only AdamW is supported for offloaded plans.
+
+Tensor-parallel plans exported to DeepSpeed run **AutoTP** (DeepSpeed >= 0.16.4 training mode):
+``tensor_parallel.autotp_size`` = the plan's ``tp``, with the plan's ZeRO stage over the data-parallel
+ranks (stage 0 when ``dp = 1``); the HF integration calls ``deepspeed.tp_model_init`` and AutoTP
+shards the model with its HF ``tp_plan`` (the same split as transformers' own TP). With TP the
+16-bit weights are gathered when the model is saved (``gather_16bit_weights_on_model_save``).
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from ..job import Job, Layout
 
 __all__ = ["deepspeed_config", "render_deepspeed_config", "ZERO_STAGE"]
 
-ZERO_STAGE = {"zero1": 1, "zero2": 2, "zero3": 3}
+ZERO_STAGE = {"zero1": 1, "zero2": 2, "zero3": 3, "fsdp": 3}
 
 
 def _half(job: Job) -> tuple[bool, bool]:
@@ -35,6 +41,8 @@ def _half(job: Job) -> tuple[bool, bool]:
 
 def deepspeed_config(layout: Layout, job: Job) -> dict[str, Any]:
     stage = ZERO_STAGE.get(layout.strategy)
+    if stage is None and layout.tp > 1 and layout.strategy == "single":
+        stage = 0  # AutoTP alone: no data-parallel sharding
     if stage is None:
         raise ConfigError(f"strategy {layout.strategy!r} has no DeepSpeed ZeRO stage", "use zero1, zero2 or zero3")
     if layout.offload_params and stage != 3:
@@ -52,6 +60,8 @@ def deepspeed_config(layout: Layout, job: Job) -> dict[str, Any]:
     zero["overlap_comm"] = True
     zero["contiguous_gradients"] = True
     zero["reduce_bucket_size"] = "auto"
+    if layout.tp > 1 and stage != 3:
+        zero["gather_16bit_weights_on_model_save"] = True  # AutoTP: save whole 16-bit weights
     if stage == 3:
         zero.update({
             "stage3_prefetch_bucket_size": "auto",
@@ -61,7 +71,7 @@ def deepspeed_config(layout: Layout, job: Job) -> dict[str, Any]:
             "sub_group_size": 1_000_000_000,
             "stage3_gather_16bit_weights_on_model_save": True,
         })
-    else:
+    elif stage in (1, 2):
         zero.update({"allgather_partitions": True, "allgather_bucket_size": 500_000_000, "reduce_scatter": True})
     cfg: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": "auto",
@@ -73,6 +83,8 @@ def deepspeed_config(layout: Layout, job: Job) -> dict[str, Any]:
                   "hysteresis": 2, "min_loss_scale": 1} if fp16 else {"enabled": False}),
         "zero_optimization": zero,
     }
+    if layout.tp > 1:
+        cfg["tensor_parallel"] = {"autotp_size": layout.tp}
     if layout.offload_optimizer:
         cfg["optimizer"] = {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto",
                                                         "weight_decay": "auto"}}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 from ..job import Job, Layout
@@ -24,10 +25,19 @@ _COMPONENT_LABELS = {
 }
 
 _KIND_TEXT = {
-    "single": "one process on one GPU (accelerate `distributed_type: NO`)",
-    "ddp": "DistributedDataParallel (accelerate `MULTI_GPU`)",
-    "deepspeed": "DeepSpeed ZeRO through accelerate (`DEEPSPEED`, settings in `ds_config.json`)",
-    "fsdp": "PyTorch FSDP FULL_SHARD through accelerate (`FSDP`)",
+    "single": "one process on one GPU",
+    "ddp": "DistributedDataParallel",
+    "deepspeed": "DeepSpeed ZeRO (settings in `ds_config.json`)",
+    "fsdp": "PyTorch FSDP2 (`fully_shard`)",
+    "tp": "tensor parallelism with transformers' TP plan (`DistributedConfig`), FSDP2 over the data-parallel ranks",
+    "autotp": "DeepSpeed AutoTP (`tensor_parallel.autotp_size` in `ds_config.json`)",
+}
+
+_TARGET_TEXT = {
+    "accelerate": "accelerate + the TRL script",
+    "deepspeed": "accelerate + DeepSpeed + the TRL script",
+    "axolotl": "axolotl",
+    "llamafactory": "LLaMA-Factory",
 }
 
 
@@ -52,7 +62,7 @@ def _gpus(layout: dict[str, Any]) -> str:
 
 def render_readme(plan: dict[str, Any], *, job: Job, layout: Layout, kind: str, model_ref: str,
                   dataset: str | None, files: list[str], alternatives=(), sky_candidates=(),
-                  notes=(), packages=()) -> str:
+                  notes=(), packages=(), launch: dict[str, Any] | None = None, target: str = "accelerate") -> str:
     m = plan.get("model", {})
     o, mem, rt, cost = plan["offer"], plan.get("memory", {}), plan.get("runtime", {}), plan.get("cost", {})
     title = f"{m.get('name', model_ref)} — {job.method}"
@@ -79,7 +89,7 @@ def render_readme(plan: dict[str, Any], *, job: Job, layout: Layout, kind: str, 
              f"{job.seq_len} tokens per optimizer step; gradient checkpointing "
              f"{'on' if job.gradient_checkpointing else 'off'}; attention {job.attn_impl}")
     L.append(f"- **Layout**: {layout.describe()} (`{plan.get('strategy_label', layout.strategy)}`), run as "
-             f"{_KIND_TEXT.get(kind, kind)}")
+             f"{_KIND_TEXT.get(kind, kind)} with {_TARGET_TEXT.get(target, target)}")
     L.append(f"- **Hardware**: {o.get('provider')} {o.get('sku')}: {o.get('gpus_per_instance')} x "
              f"{o.get('gpu')} per instance, {cost.get('instances', layout.nodes)} instance(s), "
              f"{o.get('pricing')} at ${o.get('usd_per_gpu_hour', 0):,.3f}/GPU-hour "
@@ -125,11 +135,12 @@ def render_readme(plan: dict[str, Any], *, job: Job, layout: Layout, kind: str, 
     ]
     L += [f"| {a} | {b} |" for a, b in rows]
     L.append("")
+    L += _host_spot_section(plan)
 
     # ---- alternatives ------------------------------------------------------------------------
     alts = list(alternatives)[:8]
     if alts:
-        fb = {(c.get("cloud"), c.get("accelerators")) for c in sky_candidates}
+        fb = {(c.get("infra"), c.get("accelerators")) for c in sky_candidates}
         L += ["## Other options", "",
               "Other feasible plans of the same search (export one with `--plan N`). *fallback* = also in "
               "`sky.yaml` (same layout and job, so the same files run there).", "",
@@ -146,34 +157,44 @@ def render_readme(plan: dict[str, Any], *, job: Job, layout: Layout, kind: str, 
             flags = ", ".join(f for f in (_flags(a), "fallback" if is_fb else "") if f and f != "-") or "-"
             L.append(f"| {ao.get('provider')} | {ao.get('sku')} | {ao.get('gpu')} | {_gpus(al)} | "
                      f"{a.get('strategy_label', al.get('strategy'))} | "
-                     f"{(a.get('runtime') or {}).get('total_hours', 0):,.2f} | "
+                     f"{(a.get('runtime') or {}).get('total_hours') or 0:,.2f} | "
                      f"{_money((a.get('cost') or {}).get('usd'))} | {flags} |")
         L.append("")
 
     # ---- how to run --------------------------------------------------------------------------
-    data = dataset or "data.jsonl"
-    pip = "pip install " + " ".join(f'"{p}"' for p in packages) if packages else ""
+    data = shlex.quote(dataset) if dataset else "data.jsonl"  # a shell word in the commands below
+    if launch is None:
+        from .accelerate import launch_command
+
+        launch = {"packages": list(packages), "command": launch_command(layout, "--dataset <DATA> --output-dir output")}
+    pip = "pip install " + " ".join(f'"{p}"' for p in launch.get("packages", ())) if launch.get("packages") else ""
     L += ["## How to run", ""]
-    L += ["The dataset is a JSONL/JSON/Parquet/CSV file, a folder of them, a `datasets.save_to_disk` folder or a "
-          "hub dataset name, with `messages` (chat), `prompt` + `completion`, or `text` per row.", ""]
+    L += launch.get("data_text", ["The dataset is a JSONL/JSON/Parquet/CSV file, a folder of them, a "
+                                  "`datasets.save_to_disk` folder or a hub dataset name, with `messages` (chat), "
+                                  "`prompt` + `completion`, or `text` per row.", ""])
     L += ["**On a machine with the GPUs** (from this folder):", "", "```bash"]
     if pip:
         L.append(pip)
-    launch = f'accelerate launch --config_file accelerate_config.yaml train.py --dataset {data} --output-dir output'
+    command = launch["command"].replace("<DATA>", data)
     if layout.nodes > 1:
-        L.append("# on every node i = 0.." + str(layout.nodes - 1) + ", with the head node's address:")
-        L.append("accelerate launch --config_file accelerate_config.yaml --machine_rank $i "
-                 f"--main_process_ip $HEAD_IP train.py --dataset {data} --output-dir output")
-    else:
-        L.append(launch)
+        L.append(f"# on every node, NODE_RANK = 0..{layout.nodes - 1}, HEAD_IP = the address of node 0:")
+        L.append(f"export NODE_RANK=0 HEAD_IP=10.0.0.1 NNODES={layout.nodes} MASTER_ADDR=10.0.0.1 "
+                 f"MASTER_PORT=29500 NPROC_PER_NODE={layout.gpus_per_node}")
+    L.append(command)
     L += ["```", ""]
     if "sky.yaml" in files:
-        L += ["**On the cloud with SkyPilot** (`pip install skypilot`, then `sky check`):", "", "```bash",
-              f"sky launch -c ftplan sky.yaml --env DATASET={data}   # --env HF_TOKEN for gated models",
-              "sky logs ftplan      # follow the run",
-              "sky down ftplan      # stop paying", "```", ""]
+        spot = any(c.get("use_spot") for c in sky_candidates)
+        L += ["**On the cloud with SkyPilot** (`pip install \"skypilot>=0.10\"`, then `sky check`):", "", "```bash"]
+        if spot:
+            L += [f"sky jobs launch -n ftplan sky.yaml --env DATASET={data}   # managed job: spot preemptions "
+                  "are recovered", "sky jobs logs ftplan"]
+        else:
+            L += [f"sky launch -c ftplan sky.yaml --env DATASET={data}   # --env HF_TOKEN for gated models",
+                  "sky logs ftplan      # follow the run",
+                  "sky down ftplan      # stop paying"]
+        L += ["```", ""]
         if sky_candidates:
-            asks = [c["accelerators"] + (f" on {c['cloud']}" if c.get("cloud") else "")
+            asks = [c["accelerators"] + (f" on {c['infra']}" if c.get("infra") else "")
                     + (" (spot)" if c.get("use_spot") else "") for c in sky_candidates]
             L.append("`sky.yaml` asks for " + ", then ".join(asks)
                      + (f" x {layout.nodes} nodes" if layout.nodes > 1 else "") + ".")
@@ -183,7 +204,10 @@ def render_readme(plan: dict[str, Any], *, job: Job, layout: Layout, kind: str, 
 
     # ---- files and notes ---------------------------------------------------------------------
     desc = {
-        "accelerate_config.yaml": "accelerate launcher config (distributed type, processes, precision)",
+        "accelerate_config.yaml": "accelerate launcher config (distributed type, processes, precision, parallelism)",
+        "axolotl.yaml": "axolotl config (`axolotl train axolotl.yaml`)",
+        "llamafactory.yaml": "LLaMA-Factory train config (`llamafactory-cli train llamafactory.yaml`)",
+        "dataset_info.json": "LLaMA-Factory dataset registry: the `train` dataset and its columns",
         "ds_config.json": "DeepSpeed config (ZeRO stage, offload, precision; batch sizes `auto` = from train.py)",
         "train.py": "the TRL SFTTrainer + PEFT script; the plan is the constants block at its top",
         "sky.yaml": "SkyPilot task: hardware, setup, multi-node launch",
@@ -191,7 +215,42 @@ def render_readme(plan: dict[str, Any], *, job: Job, layout: Layout, kind: str, 
         "plan.json": "the plan ftplan predicted (memory, runtime, cost)",
     }
     L += ["## Files", ""] + [f"- `{f}`: {desc.get(f, '')}" for f in files] + [""]
-    all_notes = list(notes) + [f"plan: {n}" for n in plan.get("notes", [])]
+    all_notes = list(notes) + [f"plan: {n}" for n in plan.get("notes") or []]
     if all_notes:
         L += ["## Notes", ""] + [f"- {n}" for n in all_notes] + [""]
     return "\n".join(L)
+
+
+def _host_spot_section(plan: dict[str, Any]) -> list[str]:
+    """Host RAM / disk per node, and on a spot offer the expected cost with preemptions (plans
+    written by ftplan >= the issue-19 planner carry ``host`` and ``spot``; older ones do not)."""
+    L: list[str] = []
+    host, spot = plan.get("host"), plan.get("spot")
+    if host:
+        ram, disk = host.get("ram_breakdown", {}), host.get("disk_breakdown", {})
+        ck = host.get("checkpoint", {})
+        L += ["## Host RAM and disk per node", "",
+              f"Host RAM: **{host['ram_bytes'] / 2**30:,.0f} GiB** at its peak ({host.get('ram_phase', '?')}); "
+              + ", ".join(f"{k.replace('_', ' ')} {v / 2**30:,.0f} GiB" for k, v in ram.items() if v) + ". "
+              + ("CPU-RAM-efficient loading assumed (one process per node loads the weights)."
+                 if host.get("efficient_loading") else "Every process loads the whole model on the CPU first."),
+              "",
+              f"Disk: **{host['disk_bytes'] / _GB:,.0f} GB** per node; "
+              + ", ".join(f"{k.replace('_', ' ')} {v / _GB:,.0f} GB" for k, v in disk.items() if v)
+              + (f". A training checkpoint is {ck.get('total_bytes', 0) / _GB:,.1f} GB ({ck.get('kind')}, "
+                 f"{'sharded over ' + str(ck.get('writers')) + ' ranks' if ck.get('sharded') else 'one writer'})."
+                 if ck else "."),
+              ""]
+    if spot:
+        interval = spot.get("checkpoint_interval_hours")
+        L += ["## Spot: expected cost with preemptions", "",
+              f"This is a spot offer. With {spot['rate_per_instance_hour']:g} reclaims per instance-hour "
+              f"({spot.get('rate_basis', '')}), the job expects {spot['expected_preemptions']:.2f} preemptions "
+              f"({spot['p_no_preemption']:.0%} chance of none), takes {spot['expected_hours']:,.2f} h and costs "
+              f"{_money(spot['expected_usd'])} (uninterrupted: {_money(spot.get('uninterrupted_usd'))}), "
+              + (f"checkpointing every {interval:,.2f} h of training to durable storage "
+                 f"({spot['checkpoint_write_s']:,.1f} s per checkpoint)."
+                 if interval else "without periodic checkpoints."),
+              "Set `--save_steps` so that a checkpoint is written about that often, on a volume or bucket that "
+              "survives the instance.", ""]
+    return L

@@ -15,14 +15,28 @@ How the job maps onto the stack (what ftplan's memory model assumes, see README 
   dtype without autocast;
 * QLoRA loads the base with ``BitsAndBytesConfig(load_in_4bit=True, ...)`` and calls
   ``peft.prepare_model_for_kbit_training`` (it upcasts the non-quantized weights to fp32) before
-  ``get_peft_model`` (TRL's own path, PEFT's recommended recipe);
+  ``get_peft_model`` (TRL's own path, PEFT's recommended recipe); sharded QLoRA (FSDP2 / ZeRO-3)
+  stores the 4-bit weights in the compute dtype (``bnb_4bit_quant_storage``), loads on the CPU for
+  the launcher to shard, and skips that upcast (TRL's ``is_sharded_qlora`` path), so the non-quantized
+  weights stay in the compute dtype (less than ftplan's single-GPU QLoRA model counts for them);
 * the trainable parameters are put in the precision's trainable dtype after the trainer is built
   (TRL >= 1.0 casts QLoRA adapters to bf16; ftplan plans PEFT's default fp32 adapters);
-* ftplan's optimizers map to HF ``optim`` names (:data:`HF_OPTIM`), SGD with momentum 0.9.
+* ftplan's optimizers map to HF ``optim`` names (:data:`HF_OPTIM`), SGD with momentum 0.9;
+* the batch and loss path follow TRL 1.16's ``SFTConfig``: ``max_length`` (the plan's sequence
+  length), ``packing`` / ``padding_free`` (off unless the plan asks: ftplan's memory model assumes
+  padded rows of ``max_length``), ``loss_type="nll"`` (TRL's default; ``chunked_nll`` is its deprecated
+  alias), ``gradient_checkpointing`` (non-reentrant) and ``activation_offloading`` as planned;
+* tensor-parallel plans (``ENGINE = "tp"``) load the model already sharded by transformers
+  (``from_pretrained(distributed_config=DistributedConfig(tp_size=..., fsdp_size=...))``, the model's own
+  TP plan); the HF Trainer passes the same sizes to accelerate. DeepSpeed AutoTP plans
+  (``ENGINE = "autotp"``) load normally: DeepSpeed shards the model when the trainer starts.
 """
 
 from __future__ import annotations
 
+import math
+
+from ..errors import ConfigError
 from ..version import __version__
 from ..job import PRECISIONS, Job, Layout
 from ..model import ModelSpec
@@ -48,8 +62,17 @@ TORCH_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 DEFAULT_LR = {"full": 2e-5, "lora": 2e-4, "qlora": 2e-4}
 
 
-def script_constants(model: ModelSpec, job: Job, layout: Layout, *, model_ref: str) -> dict[str, object]:
-    """The constants block of the script, in order: name -> value (plain Python literals)."""
+def script_constants(model: ModelSpec, job: Job, layout: Layout, *, model_ref: str,
+                     kind: str | None = None) -> dict[str, object]:
+    """The constants block of the script, in order: name -> value (plain Python literals).
+
+    ``kind`` is the launch kind (:func:`ftplan.export.targets.engine`; default: from the strategy).
+    """
+    from .accelerate import backend
+    from .targets import tp_mesh
+
+    kind = kind or ("tp" if layout.tp > 1 else backend(layout))
+    mesh = tp_mesh(layout) if kind == "tp" else {"tp_size": 1, "dp_shard_size": 1, "dp_replicate_size": 1}
     prec = PRECISIONS[job.precision]
     mixed = job.precision.endswith("-mixed")
     if job.method == "full":
@@ -61,14 +84,17 @@ def script_constants(model: ModelSpec, job: Job, layout: Layout, *, model_ref: s
     optim, optim_args = HF_OPTIM[job.optimizer]
     targets = list(job.lora.target_modules)
     target: object = "all-linear" if "all-linear" in targets else targets
-    sharded_qlora = job.method == "qlora" and layout.strategy in ("zero3", "fsdp")
+    sharded_qlora = job.method == "qlora" and layout.strategy in ("zero3", "fsdp") and layout.world_size > 1
     return {
         "MODEL": model_ref,
         "METHOD": job.method,
         "PRECISION": job.precision,
         "MODEL_DTYPE": TORCH_DTYPE[load],
         "TRAINABLE_DTYPE": TORCH_DTYPE[prec["trainable"]],
-        "BF16": mixed and prec["compute"] == "bf16",
+        # FP8 plans: accelerate_config.yaml sets mixed_precision fp8 (bf16 autocast + FP8 linears);
+        # SFTConfig(bf16=True) would replace it with plain bf16 (transformers reads the launcher's
+        # ACCELERATE_MIXED_PRECISION only when bf16/fp16 are off)
+        "BF16": mixed and prec["compute"] == "bf16" and job.low_precision is None,
         "FP16": mixed and prec["compute"] == "fp16",
         "OPTIM": optim,
         "OPTIM_ARGS": optim_args,
@@ -76,7 +102,13 @@ def script_constants(model: ModelSpec, job: Job, layout: Layout, *, model_ref: s
         "MICRO_BATCH": job.micro_batch,
         "GRAD_ACCUM": job.grad_accum,
         "MAX_LENGTH": job.seq_len,
-        "GRADIENT_CHECKPOINTING": job.gradient_checkpointing,
+        "GRADIENT_CHECKPOINTING": job.gradient_checkpointing and getattr(job, "checkpointing", "full") != "none",
+        "REENTRANT": getattr(job, "checkpointing", "full") == "full-reentrant",
+        "LIGER": getattr(job, "loss", "trl") == "liger",
+        "ACTIVATION_OFFLOADING": bool(getattr(job, "activation_offloading", False)),
+        "PACKING": bool(getattr(job, "packing", False)),
+        "PADDING_FREE": bool(getattr(job, "padding_free", False)),
+        "LOSS_TYPE": "nll",
         "ATTN_IMPLEMENTATION": HF_ATTN[job.attn_impl],
         "LORA_R": job.lora.r,
         "LORA_ALPHA": job.lora.alpha,
@@ -86,9 +118,14 @@ def script_constants(model: ModelSpec, job: Job, layout: Layout, *, model_ref: s
         "DOUBLE_QUANT": job.quant.double_quant,
         "COMPUTE_DTYPE": TORCH_DTYPE.get(job.quant.compute_dtype, job.quant.compute_dtype),
         "QUANT_STORAGE": TORCH_DTYPE.get(job.quant.compute_dtype, "uint8") if sharded_qlora else "uint8",
+        "SHARDED_QLORA": sharded_qlora,
         "NUM_EPOCHS": float(job.epochs),
         "WORLD_SIZE": layout.world_size,
         "STRATEGY": layout.strategy,
+        "ENGINE": kind,
+        "TP_SIZE": mesh["tp_size"],
+        "DP_SHARD": mesh["dp_shard_size"],
+        "DP_REPLICATE": mesh["dp_replicate_size"],
     }
 
 
@@ -107,6 +144,12 @@ _COMMENTS = {
     "GRAD_ACCUM": "gradient_accumulation_steps",
     "MAX_LENGTH": "SFTConfig.max_length: sequences are truncated to this many tokens",
     "GRADIENT_CHECKPOINTING": "non-reentrant activation checkpointing",
+    "REENTRANT": "gradient_checkpointing_kwargs use_reentrant (ftplan plans non-reentrant unless asked)",
+    "LIGER": "SFTConfig.use_liger_kernel: Liger's fused linear cross-entropy (CUDA, pip install liger-kernel)",
+    "ACTIVATION_OFFLOADING": "SFTConfig.activation_offloading: saved activations kept on the CPU",
+    "PACKING": "SFTConfig.packing: concatenate rows into max_length blocks",
+    "PADDING_FREE": "SFTConfig.padding_free: flatten the batch (flash attention only)",
+    "LOSS_TYPE": "SFTConfig.loss_type (TRL's default; chunked_nll is its deprecated alias)",
     "ATTN_IMPLEMENTATION": "sdpa | flash_attention_2 | eager",
     "LORA_R": "LoRA rank (lora / qlora)",
     "LORA_ALPHA": "",
@@ -116,10 +159,29 @@ _COMMENTS = {
     "DOUBLE_QUANT": "bnb_4bit_use_double_quant",
     "COMPUTE_DTYPE": "bnb_4bit_compute_dtype",
     "QUANT_STORAGE": "bnb_4bit_quant_storage (the compute dtype for FSDP/ZeRO-3 QLoRA)",
+    "SHARDED_QLORA": "FSDP/ZeRO-3 QLoRA: every weight stays in QUANT_STORAGE (no fp32 upcast) so all shard alike",
     "NUM_EPOCHS": "--num-epochs overrides; --max-steps wins over epochs",
     "WORLD_SIZE": "GPUs the plan uses (accelerate launch --num_processes)",
     "STRATEGY": "single | ddp | zero1 | zero2 | zero3 | fsdp (set by the accelerate config)",
+    "ENGINE": "single | ddp | deepspeed | fsdp (FSDP2) | tp (transformers TP) | autotp (DeepSpeed)",
+    "TP_SIZE": "tensor-parallel degree when ENGINE is tp (the model is loaded sharded)",
+    "DP_SHARD": "FSDP2 data-parallel shards next to TP (ENGINE tp)",
+    "DP_REPLICATE": "HSDP replicas next to TP (ENGINE tp)",
 }
+
+
+def _docstring_text(text: str) -> str:
+    """``text`` safe inside the script's triple-quoted docstring: backslashes, quotes and
+    non-printable characters escaped (a model name from a file path can hold anything)."""
+    out = []
+    for ch in str(text):
+        if ch in ('\\', '"'):
+            out.append("\\" + ch)
+        elif ch.isprintable():
+            out.append(ch)
+        else:
+            out.append(ch.encode("unicode_escape").decode("ascii"))
+    return "".join(out)
 
 
 def _constants_block(consts: dict[str, object]) -> str:
@@ -132,22 +194,27 @@ def _constants_block(consts: dict[str, object]) -> str:
     return "\n".join(lines)
 
 
-def render_train_script(model: ModelSpec, job: Job, layout: Layout, *, model_ref: str) -> str:
+def render_train_script(model: ModelSpec, job: Job, layout: Layout, *, model_ref: str,
+                        kind: str | None = None) -> str:
     """The standalone ``train.py`` for ``job`` on ``model`` under ``layout`` (a str of Python).
 
-    ``model_ref`` is what the script loads by default (a local directory or a hub id).
+    ``model_ref`` is what the script loads by default (a local directory or a hub id); ``kind`` the
+    launch kind (:func:`ftplan.export.targets.engine`).
     """
     from ..job import validate_job
 
     validate_job(model, job, layout)
-    consts = script_constants(model, job, layout, model_ref=model_ref)
+    consts = script_constants(model, job, layout, model_ref=model_ref, kind=kind)
+    for k, v in consts.items():  # a plan must never write inf/nan (NameError) into the script
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ConfigError(f"train.py constant {k} would be {v!r}", "give finite numbers (e.g. `epochs=3`)")
     header = (
         f'#!/usr/bin/env python3\n'
-        f'"""Fine-tune {model.name} ({job.method}) with TRL SFTTrainer: generated by ftplan {__version__}.\n\n'
+        f'"""Fine-tune {_docstring_text(model.name)} ({job.method}) with TRL SFTTrainer: generated by ftplan {__version__}.\n\n'
         f'Plan: {job.method}, {job.precision}, {job.optimizer}, micro-batch {job.micro_batch} x '
         f'grad-accum {job.grad_accum}, seq {job.seq_len}'
         f'{", gradient checkpointing" if job.gradient_checkpointing else ""}, {layout.describe()}.\n'
-        f'Needs: pip install "trl>=0.20" "datasets>=3.0" peft transformers accelerate'
+        f'Needs: pip install "trl>=0.20" "datasets>=3.0" peft "transformers>=5.0" accelerate'
         f'{" bitsandbytes" if job.method == "qlora" or "8bit" in job.optimizer else ""}\n\n'
         f'Run:   python train.py --dataset data.jsonl --output-dir out'
         f'{"" if layout.world_size == 1 else f"   (or: accelerate launch --num_processes {layout.world_size} train.py ...)"}\n'
@@ -249,6 +316,11 @@ def load_model(model_ref):
     from transformers import AutoModelForCausalLM
 
     kwargs = {"dtype": getattr(torch, MODEL_DTYPE), "attn_implementation": ATTN_IMPLEMENTATION}
+    if ENGINE == "tp":  # sharded at load time by transformers (the model's TP plan, FSDP2 over DP_SHARD)
+        from transformers import DistributedConfig
+
+        kwargs["distributed_config"] = DistributedConfig(tp_size=TP_SIZE, fsdp_size=DP_SHARD,
+                                                         dp_replicate_size=DP_REPLICATE)
     if METHOD == "qlora":
         from transformers import BitsAndBytesConfig
 
@@ -259,19 +331,26 @@ def load_model(model_ref):
             bnb_4bit_compute_dtype=getattr(torch, COMPUTE_DTYPE),
             bnb_4bit_quant_storage=getattr(torch, QUANT_STORAGE),
         )
-        if STRATEGY not in ("zero3", "fsdp"):  # sharded QLoRA loads on CPU; the launcher shards
+        if ENGINE not in ("fsdp", "deepspeed") or STRATEGY not in ("zero3", "fsdp"):
+            # one GPU per process; sharded QLoRA (FSDP / ZeRO-3) loads on CPU and the launcher shards
             if torch.cuda.is_available():
                 kwargs["device_map"] = {"": int(os.environ.get("LOCAL_RANK", "0"))}
             else:
                 kwargs["device_map"] = {"": "cpu"}
     model = AutoModelForCausalLM.from_pretrained(model_ref, **kwargs)
     model.config.use_cache = False
-    if METHOD == "qlora":
+    if METHOD == "qlora" and SHARDED_QLORA:
+        # FSDP / ZeRO-3 QLoRA (TRL's and PEFT's recipe): no prepare_model_for_kbit_training, whose fp32 upcast
+        # of the non-quantized weights would leave them in another dtype than the 4-bit storage to shard
+        if GRADIENT_CHECKPOINTING:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": REENTRANT})
+            model.enable_input_require_grads()
+    elif METHOD == "qlora":
         from peft import prepare_model_for_kbit_training
 
         model = prepare_model_for_kbit_training(
             model, use_gradient_checkpointing=GRADIENT_CHECKPOINTING,
-            gradient_checkpointing_kwargs={"use_reentrant": False})
+            gradient_checkpointing_kwargs={"use_reentrant": REENTRANT})
     return model
 
 
@@ -432,7 +511,10 @@ def main(argv=None):
         report_to="none",
         disable_tqdm=False,
         **{length: MAX_LENGTH, ckpt: GRADIENT_CHECKPOINTING,
-           ckpt + "_kwargs": {"use_reentrant": False} if GRADIENT_CHECKPOINTING else None},
+           ckpt + "_kwargs": {"use_reentrant": REENTRANT} if GRADIENT_CHECKPOINTING else None},
+        **{k: v for k, v in (("packing", PACKING), ("padding_free", PADDING_FREE), ("loss_type", LOSS_TYPE),
+                             ("activation_offloading", ACTIVATION_OFFLOADING), ("use_liger_kernel", LIGER))
+           if k in names and (v or k != "use_liger_kernel")},
     )
     model = load_model(args.model)
     Trainer = make_trainer_class(SFTTrainer, TrainerCallback)
@@ -450,8 +532,14 @@ def main(argv=None):
             p.data = p.data.to(dtype)
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
+    # a restarted run (e.g. a recovered spot job) resumes from the last checkpoint in --output-dir
+    from transformers.trainer_utils import get_last_checkpoint
+
+    last = get_last_checkpoint(args.output_dir) if os.path.isdir(args.output_dir) else None
+    if last and trainer.is_world_process_zero():
+        print(f"resuming from {last}")
     t0 = time.perf_counter()
-    trainer.train()
+    trainer.train(resume_from_checkpoint=last)
     wall = time.perf_counter() - t0
     if getattr(trainer, "is_fsdp_enabled", False):  # one consolidated file, not per-rank shards
         trainer.accelerator.state.fsdp_plugin.set_state_dict_type("FULL_STATE_DICT")

@@ -1,17 +1,19 @@
 """``sky.yaml``: a SkyPilot task that rents the plan's hardware and runs the training script.
 
 * ``resources``: the plan's accelerators by their SkyPilot name (``H100:8``), its provider as
-  SkyPilot ``cloud`` where SkyPilot has that cloud, ``use_spot`` for spot offers. Other feasible
-  offers of the same search that run the *same* files (same layout and job variant) become
-  fallbacks, in the search's order, through ``resources.ordered`` (SkyPilot tries them in turn).
-  The names come from ``catalog/data/skypilot_names.json`` (sources in that file).
+  SkyPilot ``infra`` (SkyPilot >= 0.10; ``cloud``/``region``/``zone`` are deprecated there) where
+  SkyPilot has that cloud, ``use_spot`` for spot offers, with ``job_recovery`` (``EAGER_NEXT_REGION``,
+  for ``sky jobs launch``: a preempted run restarts elsewhere and ``train.py`` resumes from the last
+  checkpoint in ``OUTPUT_DIR``). Other feasible offers of the same search that run the *same* files
+  (same layout and job variant) become fallbacks, in the search's order, through
+  ``resources.ordered`` (SkyPilot tries them in turn). The names come from
+  ``catalog/data/skypilot_names.json`` (sources in that file).
 * ``num_nodes``: the layout's nodes; ``disk_size``/``memory``: room for the weights and
   checkpoints, and the host RAM that offload needs (from the plan's memory estimate).
-* ``setup`` installs the Python packages the script and the launcher need; ``run`` calls
-  ``accelerate launch --config_file accelerate_config.yaml train.py``; on several nodes with
-  ``--num_machines/--num_processes/--machine_rank/--main_process_ip`` from SkyPilot's
-  ``SKYPILOT_NUM_NODES``, ``SKYPILOT_NUM_GPUS_PER_NODE``, ``SKYPILOT_NODE_RANK`` and
-  ``SKYPILOT_NODE_IPS``.
+* ``setup`` installs the Python packages the target needs; ``run`` is the target's launch line
+  (``accelerate launch ... train.py``, ``axolotl train``, ``llamafactory-cli train``); on several
+  nodes with ``NODE_RANK`` = ``SKYPILOT_NODE_RANK`` and ``HEAD_IP`` = the first of
+  ``SKYPILOT_NODE_IPS`` (and ``NNODES``/``MASTER_ADDR``/``MASTER_PORT`` for torchrun launchers).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any
 
 from ..job import Job, Layout
 from .accelerate import MAIN_PROCESS_PORT
-from .yamltext import Commented, dump_yaml
+from .yamltext import Commented, dump_yaml, user_text
 
 __all__ = ["skypilot_names", "sky_cloud", "sky_accelerator", "sky_candidates", "render_sky_yaml",
            "setup_packages", "MAX_FALLBACKS"]
@@ -99,26 +101,34 @@ def sky_candidates(plan: dict[str, Any], alternatives=()) -> tuple[list[dict[str
         seen.add(key)
         res: dict[str, Any] = {}
         if cloud:
-            res["cloud"] = cloud
+            res["infra"] = cloud
         res["accelerators"] = f"{accel}:{count}"
         res["use_spot"] = spot
         out.append(res)
         if len(out) > MAX_FALLBACKS:  # the chosen offer + MAX_FALLBACKS
             break
     # an offer on a provider SkyPilot cannot target becomes "any cloud": the last resort
-    out.sort(key=lambda r: "cloud" not in r)
+    out.sort(key=lambda r: "infra" not in r)
     return out, notes
 
 
 def setup_packages(job: Job, kind: str) -> list[str]:
     """pip requirement specs for the cloud machine (same floors as ftplan's ``train`` extra)."""
-    pkgs = ["torch", "transformers>=5.0", "trl>=0.20", "datasets>=3.0", "accelerate>=1.0"]
+    # FSDP2 through accelerate's config and ParallelismConfig: accelerate >= 1.12 (the HF Trainer
+    # refuses ParallelismConfig below it); TP loading with DistributedConfig: transformers >= 5.17
+    accel = "accelerate>=1.12" if kind in ("fsdp", "tp") else "accelerate>=1.0"
+    tf = "transformers>=5.17" if kind == "tp" else "transformers>=5.0"
+    pkgs = ["torch", tf, "trl>=0.20", "datasets>=3.0", accel]
     if job.uses_lora:
-        pkgs.append("peft>=0.17")
+        pkgs.append("peft>=0.21" if kind == "tp" else "peft>=0.17")  # LoRA on DTensor TP: peft 0.21
     if job.method == "qlora" or "8bit" in job.optimizer:
         pkgs.append("bitsandbytes>=0.45")
-    if kind == "deepspeed":
-        pkgs.append("deepspeed>=0.16")
+    if kind in ("deepspeed", "autotp"):
+        pkgs.append("deepspeed>=0.16.4" if kind == "autotp" else "deepspeed>=0.16")
+    if job.low_precision == "fp8-tensorwise":
+        pkgs.append("torchao>=0.10")  # accelerate's fp8_backend AO
+    elif job.low_precision in ("fp8-te-delayed", "mxfp8-te"):
+        pkgs.append("transformer-engine[pytorch]>=2.0")  # accelerate's fp8_backend TE (builds against CUDA)
     return pkgs
 
 
@@ -138,7 +148,7 @@ def _name(text: str) -> str:
     return re.sub(r"-+", "-", s)[:50].strip("-") or "ftplan"
 
 
-def _run_script(layout: Layout) -> str:
+def _run_script(layout: Layout, launch: dict[str, Any]) -> str:
     lines = [
         "set -e",
         'if [ -z "$DATASET" ]; then',
@@ -146,33 +156,38 @@ def _run_script(layout: Layout) -> str:
         "  exit 2",
         "fi",
     ]
-    args = 'train.py --model "$MODEL" --dataset "$DATASET" --output-dir "$OUTPUT_DIR"'
     if layout.nodes > 1:
         lines += [
-            'HEAD_IP=$(echo "$SKYPILOT_NODE_IPS" | head -n1)',
-            "accelerate launch --config_file accelerate_config.yaml \\",
-            '  --num_machines "$SKYPILOT_NUM_NODES" \\',
-            '  --num_processes "$((SKYPILOT_NUM_NODES * SKYPILOT_NUM_GPUS_PER_NODE))" \\',
-            '  --machine_rank "$SKYPILOT_NODE_RANK" \\',
-            '  --main_process_ip "$HEAD_IP" \\',
-            f"  --main_process_port {MAIN_PROCESS_PORT} \\",
-            f"  {args}",
+            'export NODE_RANK="$SKYPILOT_NODE_RANK"',
+            'export HEAD_IP=$(echo "$SKYPILOT_NODE_IPS" | head -n1)',
+            'export NNODES="$SKYPILOT_NUM_NODES" MASTER_ADDR="$HEAD_IP" '
+            f'MASTER_PORT={MAIN_PROCESS_PORT} NPROC_PER_NODE="$SKYPILOT_NUM_GPUS_PER_NODE"',
         ]
-    else:
-        lines += ["accelerate launch --config_file accelerate_config.yaml \\", f"  {args}"]
+    lines += launch.get("sky_prelude", [])
+    lines.append(launch["sky_command"])
     return "\n".join(lines) + "\n"
 
 
 def render_sky_yaml(plan: dict[str, Any], alternatives=(), *, job: Job, layout: Layout, kind: str,
-                    model_ref: str, dataset: str | None, title: str,
-                    params_total: int | None) -> tuple[str | None, list[str], list[dict[str, Any]]]:
+                    model_ref: str, dataset: str | None, title: str, params_total: int | None,
+                    launch: dict[str, Any] | None = None) -> tuple[str | None, list[str], list[dict[str, Any]]]:
     """(sky.yaml text or None when no offer has a SkyPilot name, notes, resource candidates)."""
     cands, notes = sky_candidates(plan, alternatives)
     if not cands:
         return None, notes + ["no offer of this plan has a SkyPilot accelerator name: no sky.yaml written"], cands
+    if launch is None:
+        from .accelerate import launch_command
+
+        launch = {"packages": setup_packages(job, kind), "sky_command": launch_command(
+            layout, '--model "$MODEL" --dataset "$DATASET" --output-dir "$OUTPUT_DIR"')}
     res: dict[str, Any] = {}
     if len(cands) == 1:
         res.update(cands[0])
+    if any(c.get("use_spot") for c in cands):
+        res["job_recovery"] = Commented(
+            {"strategy": "EAGER_NEXT_REGION", "max_restarts_on_errors": 1},
+            "managed job (sky jobs launch): on preemption restart in the next region/offer; the run resumes\n"
+            "from the last checkpoint in OUTPUT_DIR (mount a bucket there to keep it across machines)")
     res["disk_size"] = Commented(_disk_gb(params_total, job, layout),
                                  "GB per node: bf16 weights downloaded + saved (+ a sharded full checkpoint)")
     host = int((plan.get("memory") or {}).get("host_bytes") or 0) * layout.gpus_per_node
@@ -182,25 +197,27 @@ def render_sky_yaml(plan: dict[str, Any], alternatives=(), *, job: Job, layout: 
     if len(cands) > 1:
         res["ordered"] = Commented(cands, "tried in this order: the chosen offer first, then other offers "
                                           "of the same search that run these exact files")
-    pkgs = setup_packages(job, kind)
+    pkgs = launch["packages"]
     setup = "set -e\npip install --upgrade pip\npip install " + " ".join(f'"{p}"' for p in pkgs) + "\n"
     if job.attn_impl == "flash":
         setup += "pip install flash-attn --no-build-isolation\n"
     task: dict[str, Any] = {
         "name": _name(title),
-        "workdir": Commented(".", "this folder (train.py, accelerate_config.yaml, ...) is synced to every node"),
+        "workdir": Commented(".", "this folder (the bundle's files) is synced to every node"),
         "num_nodes": layout.nodes,
         "resources": res,
         "envs": {
-            "MODEL": Commented(model_ref, "hub id or path the script loads (--env MODEL=... overrides)"),
-            "DATASET": Commented(dataset or "", "hub dataset name or a file in this folder: "
-                                                "--env DATASET=... (required)"),
+            "MODEL": Commented(user_text(model_ref, "model reference"),
+                               "hub id or path the script loads (--env MODEL=... overrides)"),
+            "DATASET": Commented(user_text(dataset or "", "dataset", allow_empty=True),
+                                 "hub dataset name or a file in this folder: --env DATASET=... (required)"),
             "OUTPUT_DIR": "output",
             "HF_TOKEN": Commented("", "gated models: --env HF_TOKEN (passes your local HF_TOKEN)"),
         },
         "setup": setup,
-        "run": _run_script(layout),
+        "run": _run_script(layout, launch),
     }
     header = (f"SkyPilot task for {title}\n"
-              "generated by ftplan export; run from this folder: sky launch -c ftplan sky.yaml --env DATASET=...")
+              "generated by ftplan export; run from this folder: sky launch -c ftplan sky.yaml --env DATASET=...\n"
+              "(spot: sky jobs launch sky.yaml --env DATASET=... for automatic recovery); SkyPilot >= 0.10 (infra)")
     return dump_yaml(task, header=header), notes, cands

@@ -71,6 +71,9 @@ def job_to_dict(job) -> dict[str, Any]:
 
 
 def job_from_dict(d: dict[str, Any]):
+    d = dict(d)
+    # records from before the loss path was a job option measured model(labels=...): transformers' loss
+    d.setdefault("loss", "hf")
     return options.job_from_dict(d)
 
 
@@ -139,16 +142,29 @@ def append_record(path: str | os.PathLike, record: dict[str, Any]) -> None:
 # ---------------------------------------------------------------------------------------------
 # reading
 # ---------------------------------------------------------------------------------------------
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
 def _check_record(obj: Any) -> str | None:
     if not isinstance(obj, dict):
         return "not a JSON object"
+    from ..inputs import MAX_NESTING, nesting_depth
+
+    if nesting_depth(obj, MAX_NESTING) > MAX_NESTING:
+        return f"nested deeper than {MAX_NESTING} levels"
     if obj.get("schema") != SCHEMA:
         return f"schema {obj.get('schema')!r} is not {SCHEMA!r}"
     missing = [k for k in REQUIRED if k not in obj]
     if missing:
         return "missing field(s) " + ", ".join(missing)
-    if obj["outcome"] not in OUTCOMES:
-        return f"outcome {obj['outcome']!r} is not one of {', '.join(OUTCOMES)}"
+    if not isinstance(obj["outcome"], str) or obj["outcome"] not in OUTCOMES:
+        return f"outcome {str(obj['outcome'])[:40]!r} is not one of {', '.join(OUTCOMES)}"
+    for key in ("model", "job", "measured", "run", "env", "layout", "predicted"):
+        if key in obj and obj[key] is not None and not isinstance(obj[key], dict):
+            return f"'{key}' is not a JSON object"
+    if not isinstance(obj.get("key", ""), str):
+        return "'key' is not text"
     return None
 
 
@@ -163,22 +179,33 @@ def load_records(paths: Iterable[str | os.PathLike], *, strict_files: bool = Tru
     problems: list[str] = []
     for path in paths:
         p = Path(path)
-        if not p.is_file():
+        shown = str(p) if len(str(p)) <= 200 else str(p)[:200] + "..."
+        try:
+            is_file = p.is_file()
+        except (OSError, ValueError):  # a name longer than NAME_MAX, a NUL byte
+            is_file = False
+        if not is_file:
             if strict_files:
-                raise MeasurementError(f"no record file {str(p)!r}", "pass existing .jsonl files")
-            problems.append(f"{p}: no such file")
+                raise MeasurementError(f"no record file {shown!r}", "pass existing .jsonl files")
+            problems.append(f"{shown}: no such file")
             continue
         try:
             text = p.read_bytes().decode("utf-8", errors="replace")
         except OSError as e:
-            raise MeasurementError(f"cannot read {str(p)!r}: {e.strerror}") from None
+            raise MeasurementError(f"cannot read {shown!r}: {e.strerror}") from None
         for i, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
             try:
-                obj = json.loads(line)
+                obj = json.loads(line, parse_constant=_no_constant)
             except json.JSONDecodeError as e:
                 problems.append(f"{p}:{i}: malformed JSON ({e.msg} at column {e.colno})")
+                continue
+            except ValueError as e:  # NaN/Infinity, an integer of more than 4300 digits
+                problems.append(f"{p}:{i}: malformed JSON ({str(e)[:100]})")
+                continue
+            except RecursionError:
+                problems.append(f"{p}:{i}: malformed JSON (nested too deeply)")
                 continue
             why = _check_record(obj)
             if why:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import gc
 import importlib.metadata
+import importlib.util
 import json
 import math
 import os
@@ -33,7 +34,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, MeasurementError
+from ..errors import ConfigError, MeasurementError, Problem
+from ..inputs import bad_characters
 from .configs import tiny_config
 from .predict import predict
 from .records import SCHEMA, append_record, job_to_dict, layout_to_dict, record_key
@@ -49,6 +51,8 @@ __all__ = [
     "format_record",
     "progress",
     "TINY_AUTO_PARAMS",
+    "check_run_options",
+    "MAX_STEPS",
 ]
 
 #: on CPU, models above this many parameters are shrunk to a tiny config automatically
@@ -197,6 +201,22 @@ def _train_steps(torch, model, job, device: str, steps: int, warmup: int, vocab:
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise MeasurementError("the built model has no trainable parameters")
+    if job.loss == "liger":
+        raise MeasurementError("the liger loss path is not measured by ftplan measure (it needs liger-kernel "
+                               "and Triton): use --loss trl or hf")
+    if job.loss == "trl":
+        from trl.trainer.utils import add_fused_lm_head
+
+        add_fused_lm_head(model.get_base_model() if hasattr(model, "get_base_model") else model,
+                          outputs=("log_probs", "entropy", "is_top1"))
+    offload_ctx = None
+    if job.activation_offloading:
+        if device != "cuda":
+            raise MeasurementError("activation offloading moves activations off a GPU: measure it on CUDA")
+        from trl.models.activation_offloading import get_act_offloading_ctx_manager
+
+        offload_ctx = get_act_offloading_ctx_manager(model)
+    offload = offload_ctx if offload_ctx is not None else _null()
     opt, opt_desc = trainer_optimizer(job.optimizer, params)
     run["optimizer_impl"] = opt_desc
     prec = PRECISIONS[job.precision]
@@ -220,16 +240,21 @@ def _train_steps(torch, model, job, device: str, steps: int, warmup: int, vocab:
         sync()
         t0 = time.perf_counter()
         for i, ids in enumerate(batches):
-            tracker = SavedBytes(model) if step == 0 and i == 0 else None
+            tracker = SavedBytes(model) if step == 0 and i == 0 and offload_ctx is None else None
             ctx = torch.autocast(dev_type, dtype=cdtype) if autocast else _null()
             hooks = tracker.hooks() if tracker else _null()
-            with ctx, hooks:
-                out = model(input_ids=ids, labels=ids)
-                loss = out.loss / job.grad_accum
-            if tracker:
-                tensors["saved_activation_bytes"] = tracker.total
-                tensors["saved_weight_copy_bytes"] = tracker.weight_copy_bytes
-            loss.backward()
+            with offload:  # TRL: one context around the forward and the backward (training_step)
+                with ctx, hooks:
+                    if job.loss == "trl":  # SFTTrainer.compute_loss with the fused LM head
+                        out = model(input_ids=ids, labels=ids, fused_lm_head=True)
+                        loss = -out.log_probs.sum() / (ids.numel() - ids.shape[0]) / job.grad_accum
+                    else:
+                        out = model(input_ids=ids, labels=ids)
+                        loss = out.loss / job.grad_accum
+                if tracker:
+                    tensors["saved_activation_bytes"] = tracker.total
+                    tensors["saved_weight_copy_bytes"] = tracker.weight_copy_bytes
+                loss.backward()
             if i == len(batches) - 1:
                 losses.append(float(loss.detach().float().item()) * job.grad_accum)
             del out, loss
@@ -275,6 +300,52 @@ def _resolve_device(torch, device: str | None) -> str:
     raise ConfigError(f"unknown device {device!r}", "use cuda or cpu")
 
 
+#: largest --steps accepted (a validation limit: a measurement is a few steps)
+MAX_STEPS = 100_000
+
+
+def check_run_options(steps: Any, warmup: Any, seed: Any, out: Any) -> None:
+    """Bad run options: one ConfigError listing them, before any model is built or record written."""
+    from ..inputs import check_text, show_value
+
+    p: list[Problem] = []
+    if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= MAX_STEPS:
+        p.append(Problem("steps", f"`steps` must be an integer in 1..{MAX_STEPS:,} (got {show_value(steps)})"))
+    if warmup is not None and (isinstance(warmup, bool) or not isinstance(warmup, int) or not 0 <= warmup <= MAX_STEPS):
+        p.append(Problem("warmup", f"`warmup` must be an integer in 0..{MAX_STEPS:,} (got {show_value(warmup)})"))
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
+        p.append(Problem("seed", f"`seed` must be an integer in 0..{2**32 - 1} (got {show_value(seed)})"))
+    if p:
+        raise ConfigError(problems=p)
+    if out is not None:
+        check_text(str(out), "record file")
+        path = Path(os.path.expanduser(str(out)))
+        if path.exists() and not path.is_file():
+            raise ConfigError(f"`out` {str(out)!r} is not a regular file", "pass a .jsonl file path", field="out")
+        if not path.parent.is_dir():
+            raise ConfigError(f"`out` {str(out)!r}: the folder {str(path.parent)!r} does not exist",
+                              "create it first, or pass another path", field="out")
+
+
+def _check_setup(job, device: str) -> None:
+    """What this machine cannot run, found before the run (it is bad input, not a measurement)."""
+    if job.attn_impl == "flash":
+        if device != "cuda":
+            raise ConfigError("`attn=flash` needs a CUDA GPU", "use `attn=sdpa` on CPU", field="attn")
+        from . import hf
+
+        hf.attn_implementation(job)  # the flash_attn package
+    needs = []
+    if job.uses_lora:
+        needs.append(("peft", f"method {job.method}"))
+    if job.method == "qlora" or "8bit" in job.optimizer:
+        needs.append(("bitsandbytes", "QLoRA" if job.method == "qlora" else f"optimizer {job.optimizer}"))
+    for module, why in needs:
+        if importlib.util.find_spec(module) is None:
+            raise MeasurementError(f"{why} needs the {module} package, which is not installed",
+                                   f"pip install {module}")
+
+
 def import_torch():
     """torch (and transformers is importable), or a one-line MeasurementError saying what to install."""
     try:
@@ -310,15 +381,15 @@ def measure(
     from ..job import Layout, validate_job
     from ..model import model_from_config
 
-    if steps < 1:
-        raise ConfigError(f"--steps must be >= 1 (got {steps})")
+    check_run_options(steps, warmup, seed, out)
     layout = layout or Layout()
     if layout.world_size != 1 or layout.tp != 1 or layout.pp != 1:
-        raise ConfigError("ftplan measure runs on one GPU", "drop --gpus/--nodes/--tp/--pp")
+        raise ConfigError("ftplan measure runs on one GPU", "drop `gpus`, `nodes`, `tp` and `pp`")
     spec = resolve_model(model_ref)
     validate_job(spec, job, layout)
     torch = import_torch()
     device = _resolve_device(torch, device)
+    _check_setup(job, device)  # missing packages, flash on CPU: refused now, never recorded as an outcome
     if tiny is None:
         tiny = device == "cpu" and spec.params.total > TINY_AUTO_PARAMS
     config = tiny_config(dict(spec.config)) if tiny else dict(spec.config)
@@ -370,7 +441,12 @@ def measure(
         model, reused = cache.get(build_key(model_ref, job, device, bool(tiny)),
                                   lambda: hf.build_for_job(config, job, device, seed))
         run["model_reused"] = reused
-        hf.set_gradient_checkpointing(model, job.gradient_checkpointing)
+        if job.ac_mode not in ("none", "full"):
+            from .acref import enable_checkpointing  # transformers / TRL / torch SAC, as the stack does it
+
+            enable_checkpointing(model, job.ac_mode, every=job.checkpoint_every)
+        else:
+            hf.set_gradient_checkpointing(model, job.gradient_checkpointing)
         if _step_hook:
             _step_hook(model=model, job=job, device=device)
         _train_steps(torch, model, job, device, steps, warmup, built.vocab_size, seed, measured, run, sync)
@@ -474,42 +550,58 @@ def load_matrix(path: str | os.PathLike) -> list[dict[str, Any]]:
     """Rows of a matrix file: YAML (``jobs:`` list, optional ``defaults:``) or CSV (header row).
 
     Each row is a dict with ``model`` and job options named like the CLI's (``method``,
-    ``micro_batch``, ``seq_len``, ``gradient_checkpointing``/``gc``, ``lora_r``...).
+    ``micro_batch``, ``seq_len``, ``gradient_checkpointing``/``gc``, ``lora_r``...). Every problem
+    of the file (bad YAML, anchors/aliases, rows that are not mappings, rows without a model, keys or
+    values that are not plain text/numbers) is one ``ConfigError`` before anything runs.
     """
+    from ..inputs import check_text, load_yaml_text, read_text_file
+
     p = Path(path)
+    check_text(str(path), "matrix file")
     if not p.is_file():
         raise ConfigError(f"no matrix file {str(p)!r}", "pass a .yaml or .csv file")
-    text = p.read_text()
-    if p.suffix.lower() in (".yaml", ".yml"):
-        try:
-            import yaml
-        except ImportError:
-            raise MeasurementError("reading a YAML matrix needs PyYAML", "pip install pyyaml, or use CSV") from None
-        try:
-            doc = yaml.safe_load(text)
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{p}: invalid YAML ({str(e).splitlines()[0]})") from None
+    text = read_text_file(p, "matrix file", max_bytes=16 * 2**20)
+    suffix = p.suffix.lower()
+    if suffix in (".yaml", ".yml"):
+        doc = load_yaml_text(text, str(p), hint="see benchmarks/matrices/campaign1.yaml")
         if isinstance(doc, list):
             doc = {"jobs": doc}
         if not isinstance(doc, dict) or not isinstance(doc.get("jobs"), list):
             raise ConfigError(f"{p}: a matrix needs a 'jobs:' list", "see benchmarks/matrices/campaign1.yaml")
         defaults = doc.get("defaults") or {}
+        if not isinstance(defaults, dict):
+            raise ConfigError(f"{p}: 'defaults' must be a mapping", "see benchmarks/matrices/campaign1.yaml")
         rows = []
         for i, row in enumerate(doc["jobs"], 1):
             if not isinstance(row, dict):
                 raise ConfigError(f"{p}: job {i} is not a mapping")
             rows.append({**defaults, **row})
-    elif p.suffix.lower() == ".csv":
+    elif suffix == ".csv":
         import csv
         import io
 
-        rows = [{k.strip(): v.strip() for k, v in r.items() if k and v is not None and v.strip() != ""}
-                for r in csv.DictReader(io.StringIO(text))]
+        try:
+            rows = [{k.strip(): v.strip() for k, v in r.items() if k and isinstance(v, str) and v.strip() != ""}
+                    for r in csv.DictReader(io.StringIO(text), strict=True)]
+        except csv.Error as e:
+            raise ConfigError(f"{p}: malformed CSV ({e})", "one row per line; close every quote") from None
     else:
         raise ConfigError(f"matrix {str(p)!r} must end in .yaml, .yml or .csv")
+    problems: list[Problem] = []
     for i, r in enumerate(rows, 1):
         if not r.get("model"):
-            raise ConfigError(f"{p}: row {i} has no 'model'")
+            problems.append(Problem(None, f"{p}: row {i} has no 'model'"))
+            continue
+        for k, v in r.items():
+            if not isinstance(k, str) or isinstance(v, (dict, list)) or (isinstance(v, float) and not math.isfinite(v)):
+                problems.append(Problem(None, f"{p}: row {i}: {str(k)[:40]!r} must be a plain value, "
+                                              f"got {type(v).__name__}"))
+            elif isinstance(v, str) and bad_characters(v):
+                problems.append(Problem(None, f"{p}: row {i}: {k!r} contains control characters"))
+        if len(problems) > 20:
+            break
+    if problems:
+        raise ConfigError(problems=problems)
     return rows
 
 

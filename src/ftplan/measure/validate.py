@@ -198,7 +198,7 @@ def validate_records(records: list[dict[str, Any]], problems: list[str] | None =
     for rec in records:
         try:
             rows.append(evaluate_record(rec, predict_fn))
-        except (FtplanError, KeyError, TypeError, ValueError) as e:
+        except (FtplanError, KeyError, TypeError, ValueError, AttributeError, ArithmeticError, RecursionError) as e:
             msg = e.one_line() if isinstance(e, FtplanError) else f"{type(e).__name__}: {e}"
             problems.append(f"{rec.get('_source', '?')}: cannot recompute the prediction ({msg})")
     groups: dict[str, Any] = {}
@@ -268,12 +268,18 @@ def current_figures(report: dict[str, Any]) -> dict[str, float | int | None]:
 
 
 def read_ratchet(path: str | os.PathLike) -> dict[str, Any]:
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise MeasurementError(f"cannot read ratchet {str(path)!r}: {e}") from None
+    from ..inputs import load_json_text, read_text_file
+
+    where = f"ratchet {str(path)[:200]!r}"
+    data = load_json_text(read_text_file(path, "ratchet file", max_bytes=2**20, error=MeasurementError), where,
+                          error=MeasurementError)
     if not isinstance(data, dict) or not isinstance(data.get("figures"), dict):
-        raise MeasurementError(f"ratchet {str(path)!r} has no 'figures' object")
+        raise MeasurementError(f"{where} has no 'figures' object")
+    bad = [k for k, v in data["figures"].items()
+           if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v))]
+    if bad:
+        raise MeasurementError(f"{where}: figure(s) {', '.join(map(repr, bad[:5]))} are not numbers",
+                               "restore benchmarks/ratchet.json from git")
     return data
 
 
@@ -299,7 +305,15 @@ def _ceil4(x: float | int) -> float | int:
 def update_ratchet(report: dict[str, Any], path: Path | None = None) -> list[str]:
     """Lower each ratchet figure to the current one when better; never raise one. Returns changes."""
     path = path or default_ratchet_path()
-    data = read_ratchet(path) if path.is_file() else {"schema": "ftplan.ratchet/1", "figures": {}}
+    try:
+        exists = path.exists()
+    except (OSError, ValueError):
+        exists = False
+    if exists and not path.is_file():
+        raise MeasurementError(f"ratchet {str(path)[:200]!r} is not a regular file", "pass a .json file path")
+    if not path.parent.is_dir():
+        raise MeasurementError(f"ratchet {str(path)[:200]!r}: its folder does not exist", "create it first")
+    data = read_ratchet(path) if exists else {"schema": "ftplan.ratchet/1", "figures": {}}
     figs = data["figures"]
     changed = []
     for key in RATCHET_KEYS:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import html
 import json
+import logging
+import math
 from pathlib import Path
 from typing import Any
 
@@ -38,12 +40,42 @@ CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' 
        "form-action 'self'")
 
 
+def _safe(obj: Any, depth: int = 0) -> Any:
+    """``obj`` made JSON-safe for an error response: non-finite floats and unencodable strings
+    (lone surrogates) become text, long strings and deep or large structures are cut."""
+    if isinstance(obj, str):
+        text = obj if len(obj) <= 300 else obj[:300] + "..."
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+        return text
+    if isinstance(obj, bool) or obj is None:
+        return obj
+    if isinstance(obj, int):
+        return obj if abs(obj) < 10**18 else "(a large integer)"
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else str(obj)
+    if depth > 8:
+        return "(omitted)"
+    if isinstance(obj, dict):
+        return {_safe(str(k), depth + 1): _safe(v, depth + 1) for k, v in list(obj.items())[:50]}
+    if isinstance(obj, (list, tuple)):
+        return [_safe(v, depth + 1) for v in list(obj)[:50]]
+    return _safe(str(obj), depth + 1)
+
+
 def _error_body(errors: list[dict[str, Any]]) -> dict[str, Any]:
+    errors = _safe(errors)
     parts = []
     for err in errors:
         loc = [str(x) for x in err.get("loc", ()) if x not in ("body", "query")]
         parts.append((".".join(loc) + ": " if loc else "") + str(err.get("msg", "")))
     return {"detail": errors, "message": "; ".join(parts)}
+
+
+def _json_error(status: int, loc: list[Any], msg: str, kind: str) -> bytes:
+    return json.dumps(_error_body([{"loc": loc, "msg": msg, "type": kind}]), ensure_ascii=True).encode()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -104,6 +136,131 @@ class BodyLimitMiddleware:
             await send(msg)
 
         await self.app(scope, limited_receive, guarded_send)
+
+
+class JsonGuardMiddleware:
+    """422 (not 400, not 500) for a JSON request body that no option could hold: NaN or Infinity,
+    nesting deeper than :data:`~ftplan.inputs.MAX_NESTING`, an integer of thousands of digits,
+    invalid Unicode (lone surrogates, which a response could not even echo), or not JSON at all.
+    The body is checked once, then handed on unchanged."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope.get("method") not in ("POST", "PUT", "PATCH"):
+            await self.app(scope, receive, send)
+            return
+        ctype = next((v for k, v in scope.get("headers", ()) if k == b"content-type"), b"").lower()
+        if b"json" not in ctype:
+            await self.app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        while True:
+            msg = await receive()
+            if msg["type"] != "http.request":
+                await self.app(scope, _replay([msg]), send)
+                return
+            chunks.append(msg.get("body", b""))
+            if not msg.get("more_body"):
+                break
+        body = b"".join(chunks)
+        problem = _json_problem(body) if body else None
+        if problem is not None:
+            raw = _json_error(422, ["body"], problem, "json_invalid")
+            await send({"type": "http.response.start", "status": 422,
+                        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]})
+            await send({"type": "http.response.body", "body": raw})
+            return
+        await self.app(scope, _replay([{"type": "http.request", "body": body, "more_body": False}], receive), send)
+
+
+def _replay(messages: list[dict[str, Any]], then=None):
+    queue = list(messages)
+
+    async def receive() -> dict[str, Any]:
+        if queue:
+            return queue.pop(0)
+        if then is not None:
+            return await then()
+        return {"type": "http.disconnect"}
+
+    return receive
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number (give a finite number)")
+
+
+def _json_problem(body: bytes) -> str | None:
+    """Why ``body`` is not a JSON document any request model could hold (None when it is fine)."""
+    from ..inputs import MAX_NESTING, nesting_depth
+
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return f"request body is not UTF-8 text (byte {e.start})"
+    try:
+        doc = json.loads(text, parse_constant=_no_constant)
+    except json.JSONDecodeError as e:
+        return f"request body is not JSON (line {e.lineno}, column {e.colno}: {e.msg})"
+    except ValueError as e:  # NaN/Infinity; an integer of more than 4300 digits
+        if "digits" in str(e):
+            return "request body holds an integer with thousands of digits"
+        return f"request body: {str(e)[:200]}"
+    except RecursionError:
+        return f"request body is nested too deeply (at most {MAX_NESTING} levels)"
+    if nesting_depth(doc, MAX_NESTING) > MAX_NESTING:
+        return f"request body is nested deeper than {MAX_NESTING} levels"
+    stack = [doc]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return "request body holds invalid Unicode (a lone surrogate escape such as \\ud800)"
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, float) and not math.isfinite(item):
+            return "request body holds a number out of range (such as 1e400)"
+    return None
+
+
+class CatchAllMiddleware:
+    """A bug answers 500 with a JSON body and the connection stays usable: the exception is logged
+    here and not re-raised (uvicorn closes a keep-alive connection when the app raises)."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(msg) -> None:
+            nonlocal started
+            if msg["type"] == "http.response.start":
+                started = True
+            await send(msg)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as exc:  # noqa: BLE001 - the last line of defence, logged
+            if started:
+                raise
+            logging.getLogger("ftplan.web").error("internal error on %s %s", scope.get("method"),
+                                                  scope.get("path"), exc_info=exc)
+            raw = _json_error(500, [], f"internal error: {type(exc).__name__} (please report it; the request "
+                                       "was not at fault if it passed validation)", "internal_error")
+            await send({"type": "http.response.start", "status": 500,
+                        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]})
+            await send({"type": "http.response.body", "body": raw})
 
 
 class SecurityHeadersMiddleware:
@@ -193,7 +350,7 @@ def create_app(*, max_body_bytes: int = MAX_BODY_BYTES, cache_size: int = 64) ->
 
     @app.exception_handler(CatalogError)
     async def _on_catalog_error(request: Request, exc: CatalogError):
-        return JSONResponse({"detail": exc.one_line(), "message": f"catalog error: {exc.one_line()}"},
+        return JSONResponse(_safe({"detail": exc.one_line(), "message": f"catalog error: {exc.one_line()}"}),
                             status_code=500)
 
     # ---- the page ----
@@ -209,6 +366,8 @@ def create_app(*, max_body_bytes: int = MAX_BODY_BYTES, cache_size: int = 64) ->
 
     add_routes(app, cache)
 
+    app.add_middleware(CatchAllMiddleware)  # innermost: a bug's 500 passes the middlewares below
+    app.add_middleware(JsonGuardMiddleware)
     app.add_middleware(GZipMiddleware, minimum_size=2048)
     app.add_middleware(SecurityHeadersMiddleware)
     app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes)

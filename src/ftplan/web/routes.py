@@ -129,14 +129,14 @@ def _search_values(req) -> dict[str, Any]:
     return req.values(JOB_OPTIONS, SEARCH_OPTIONS, OFFER_OPTIONS)
 
 
-def recommend_bytes(req) -> bytes:
+def recommend_bytes(req, search_cache: Any = None) -> bytes:
     spec = _model(req)
-    return _dumps(_call(lambda: api.recommend(spec, **_search_values(req))).to_dict())
+    return _dumps(_call(lambda: api.recommend(spec, search_cache=search_cache, **_search_values(req))).to_dict())
 
 
-def compare_bytes(req) -> bytes:
+def compare_bytes(req, search_cache: Any = None) -> bytes:
     spec = _model(req)
-    return _dumps(_call(lambda: api.compare(spec, **_search_values(req))).to_dict())
+    return _dumps(_call(lambda: api.compare(spec, search_cache=search_cache, **_search_values(req))).to_dict())
 
 
 def fit_bytes(req) -> bytes:
@@ -165,8 +165,10 @@ def export_zip(req, cache: LRU) -> tuple[bytes, str]:
     if req.plan_index >= len(plans):
         raise _fail("plan_index", f"plan_index {req.plan_index} is out of range: the search found "
                                   f"{len(plans)} plan(s) (use 0 for the best)")
+    target = req.export_target or (None if req.target == "any" else req.target)
     bundle = _call(lambda: api.export_bundle(doc, req.plan_index + 1, model_ref=doc["model"].get("hf_id") or None,
-                                             dataset=req.dataset, max_alternatives=req.alternatives), "plan_index")
+                                             dataset=req.dataset, max_alternatives=req.alternatives, target=target),
+                   "plan_index")
     names = {_safe_member(name): text for name, text in bundle.files.items()}
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
@@ -175,7 +177,8 @@ def export_zip(req, cache: LRU) -> tuple[bytes, str]:
             z.writestr(name, text.encode() if isinstance(text, str) else bytes(text))
         if "plan.json" not in names:
             z.writestr("plan.json", json.dumps(bundle.plan, indent=2) + "\n")
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", f"ftplan-{doc['model']['name']}-{bundle.plan['offer']['gpu']}")[:120]
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-",
+                  f"ftplan-{doc['model']['name']}-{bundle.plan['offer']['gpu']}-{bundle.target}")[:120]
     return buf.getvalue(), slug + ".zip"
 
 
@@ -183,8 +186,19 @@ def export_zip(req, cache: LRU) -> tuple[bytes, str]:
 # the routes
 # ---------------------------------------------------------------------------------------------
 def add_routes(app: FastAPI, cache: LRU) -> None:
-    """The ``/api/`` endpoints of ``app``, answers cached in ``cache``."""
+    """The ``/api/`` endpoints of ``app``, answers cached in ``cache``; searches share memory and
+    step-time answers through one :class:`~ftplan.planner.SearchCache` (a search that differs from
+    an earlier one only in data size, objective or constraints recomputes neither)."""
     import ftplan
+
+    shared: dict[str, Any] = {}
+
+    def search_cache() -> Any:  # made on the first search: creating the app loads no planner
+        if "cache" not in shared:
+            from ..api import SearchCache
+
+            shared["cache"] = SearchCache()
+        return shared["cache"]
 
     @app.get("/api/health", summary="liveness and cache statistics")
     def health() -> dict[str, Any]:
@@ -244,11 +258,11 @@ def add_routes(app: FastAPI, cache: LRU) -> None:
 
     @app.post("/api/recommend", summary="ranked plans, Pareto frontier, why-not (ftplan.recommend/1)")
     async def recommend(req: SearchRequest) -> Response:
-        return await answer(req.cache_key("recommend"), lambda: recommend_bytes(req), heavy=True)
+        return await answer(req.cache_key("recommend"), lambda: recommend_bytes(req, search_cache()), heavy=True)
 
     @app.post("/api/compare", summary="the best plan per accelerator type (ftplan.compare/1)")
     async def compare(req: SearchRequest) -> Response:
-        return await answer(req.cache_key("compare"), lambda: compare_bytes(req), heavy=True)
+        return await answer(req.cache_key("compare"), lambda: compare_bytes(req, search_cache()), heavy=True)
 
     @app.post("/api/fit", summary="longest sequence, largest micro-batch, fewest GPUs (ftplan.fit/1)")
     async def fit(req: FitRequest) -> Response:

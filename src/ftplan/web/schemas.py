@@ -15,7 +15,7 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
-from ..options import FIT_OPTIONS, JOB_OPTIONS, LAYOUT_OPTIONS, OFFER_OPTIONS, SEARCH_OPTIONS
+from ..options import EXPORT_TARGETS, FIT_OPTIONS, JOB_OPTIONS, LAYOUT_OPTIONS, OFFER_OPTIONS, SEARCH_OPTIONS
 from ..optionspec import Option
 
 __all__ = ["JobRequest", "EstimateRequest", "SearchRequest", "ExportRequest", "FitRequest", "option_fields"]
@@ -59,8 +59,13 @@ def _field(o: Option, **extra: Any) -> Any:
     for bound, key in (("minimum", "ge"), ("exclusive_minimum", "gt"), ("maximum", "le"), ("exclusive_maximum", "lt")):
         if getattr(o, bound) is not None:
             kw[key] = getattr(o, bound)
-    if o.web_max is not None and "le" not in kw and "lt" not in kw:
-        kw["le"] = o.web_max
+    if o.web_max is not None:  # the web's own (smaller) cap wins over the library's sanity bound
+        if "le" in kw:
+            kw["le"] = min(kw["le"], o.web_max)
+        elif "lt" not in kw:
+            kw["le"] = o.web_max
+    if o.type == "float":
+        kw["allow_inf_nan"] = False  # NaN and infinities are not numbers a job can have
     if o.example is not None and o.type == "tokens":
         kw["examples"] = [o.example]
     kw.update(extra)
@@ -116,12 +121,17 @@ class _ModelRef(BaseModel):
         return v
 
     def cache_key(self, endpoint: str) -> str:
-        return endpoint + json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        # what was given, not the filled-in defaults: an answer lists the defaults it assumed
+        return endpoint + json.dumps(self.model_dump(mode="json", exclude_unset=True), sort_keys=True,
+                                     separators=(",", ":"))
 
     def values(self, *tables: tuple[Option, ...]) -> dict[str, Any]:
-        """The option values of ``tables`` in this request (name -> value; None = not set)."""
+        """The option values of ``tables`` given in this request (name -> value; None = not set):
+        options left out take the schema's defaults in the library, which lists them as assumed."""
         fields = type(self).model_fields
-        return {o.name: getattr(self, o.name) for t in tables for o in t if o.web and o.name in fields}
+        given = self.model_fields_set
+        return {o.name: getattr(self, o.name) for t in tables for o in t
+                if o.web and o.name in fields and o.name in given}
 
 
 JobRequest = create_model(
@@ -136,7 +146,11 @@ EstimateRequest = create_model(
 SearchRequest = create_model(
     "SearchRequest", __base__=JobRequest,
     __doc__="``ftplan recommend`` / ``ftplan compare``: job + offer filters + search options.",
-    __validators__=_validators("search", OFFER_OPTIONS, SEARCH_OPTIONS), **option_fields(OFFER_OPTIONS, SEARCH_OPTIONS))
+    __validators__=_validators("search", OFFER_OPTIONS, SEARCH_OPTIONS), **option_fields(OFFER_OPTIONS, SEARCH_OPTIONS),
+    # a search picks the micro-batch per plan unless the request fixes one
+    micro_batch=(Optional[int], Field(None, ge=1, le=65536,
+                                      description="keep this micro-batch (sequences per GPU per step); "
+                                                  "default: chosen per plan")))
 
 ExportRequest = create_model(
     "ExportRequest", __base__=SearchRequest,
@@ -144,7 +158,10 @@ ExportRequest = create_model(
     plan_index=(int, Field(0, ge=0, le=100_000, description="index into the ranked plans (0 = best)")),
     alternatives=(int, Field(9, ge=0, le=50, description="other plans of the search passed as alternatives "
                                                         "(listed in the README, SkyPilot fallbacks)")),
-    dataset=(Optional[str], Field(None, max_length=300, description="dataset name for the exported files")))
+    dataset=(Optional[str], Field(None, max_length=300, description="dataset name for the exported files")),
+    export_target=(Optional[Literal[EXPORT_TARGETS]], Field(
+        None, description="files for accelerate (+ the TRL script) | deepspeed | axolotl | llamafactory "
+                          "(default: the search's target)")))
 
 FitRequest = create_model(
     "FitRequest", __base__=JobRequest, __doc__="``ftplan fit``: job + GPU types.",

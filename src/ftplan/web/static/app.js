@@ -22,8 +22,9 @@
   };
   const FORM_OPTIONS = ["method", "precision", "optimizer", "attn", "seq_len", "micro_batch", "global_batch",
     "tokens", "epochs", "lora_r", "lora_alpha", "lora_dropout", "lora_targets", "quant_type", "compute_dtype",
-    "no_double_quant", "objective", "deadline", "budget", "max_gpus", "margin", "pricing", "providers",
-    "gpus_filter"];
+    "no_double_quant", "checkpointing", "loss", "activation_offloading", "packing", "objective", "deadline", "budget", "max_gpus", "margin", "pricing", "providers",
+    "gpus_filter", "preemption_rate", "checkpoint_interval"];
+  const BOOL_FIELDS = ["activation_offloading", "packing"]; // schema bools shown as checkboxes
   let DEFAULTS = { ...PAGE };
   let MB_FIXED = ""; // the micro-batch option's default, shown when "let ftplan choose" is off
   function asText(v) {
@@ -53,8 +54,9 @@
     }
   }
   const TEXT_FIELDS = ["model", "config", "config_name", "method", "precision", "optimizer", "attn", "seq_len",
+    "checkpointing", "loss",
     "global_batch", "tokens", "epochs", "lora_r", "lora_alpha", "lora_dropout", "lora_targets", "quant_type",
-    "compute_dtype", "objective", "deadline", "budget", "max_gpus", "margin"];
+    "compute_dtype", "objective", "deadline", "budget", "max_gpus", "margin", "preemption_rate", "checkpoint_interval"];
 
   const S = { models: [], gpus: {}, rec: null, cmp: null, body: null, form: null, sel: 0, showAll: false, fitSeq: 0 };
 
@@ -117,6 +119,7 @@
     if ($("src-catalog").checked) { s.config = ""; s.config_name = ""; } else { s.model = ""; }
     s.micro_batch = $("mb_auto").checked ? "auto" : ($("micro_batch").value || MB_FIXED);
     s.double_quant = $("double_quant").checked ? "1" : "0";
+    for (const k of BOOL_FIELDS) s[k] = $(k).checked ? "true" : "false";
     const checked = (box) => [...document.querySelectorAll(`#${box} input:checked`)].map((i) => i.value);
     s.pricing = checked("pricing").join(",");
     s.providers = checked("providers").join(",");
@@ -131,6 +134,7 @@
     $("mb_auto").checked = s.micro_batch === "auto";
     $("micro_batch").value = s.micro_batch === "auto" ? MB_FIXED : s.micro_batch;
     $("double_quant").checked = s.double_quant !== "0";
+    for (const k of BOOL_FIELDS) $(k).checked = s[k] === "true";
     const setChecks = (box, csv) => {
       const want = new Set(csv.split(",").filter(Boolean));
       for (const i of document.querySelectorAll(`#${box} input`)) i.checked = want.has(i.value);
@@ -195,21 +199,24 @@
     }
     const int = (k) => { if (s[k] !== "") b[k] = /^-?\d+$/.test(s[k]) ? parseInt(s[k], 10) : s[k]; };
     const flt = (k) => { if (s[k] !== "") b[k] = isFinite(Number(s[k])) ? Number(s[k]) : s[k]; };
-    for (const k of ["method", "precision", "optimizer", "attn", "quant_type", "compute_dtype", "lora_targets", "tokens"]) {
+    for (const k of ["method", "precision", "optimizer", "attn", "quant_type", "compute_dtype", "lora_targets", "tokens",
+      "checkpointing", "loss"]) {
       if (s[k] !== "") b[k] = s[k];
     }
     int("seq_len"); int("lora_r"); int("lora_alpha"); flt("lora_dropout"); flt("epochs");
     if (s.micro_batch !== "auto") int("micro_batch");
     b.no_double_quant = s.double_quant === "0";
+    for (const k of BOOL_FIELDS) b[k] = s[k] === "true";
     return b;
   }
   function searchBody(s) {
     const b = jobBody(s);
-    delete b.micro_batch; // the search chooses the micro-batch per plan
+    if (s.micro_batch === "auto") delete b.micro_batch; // the search chooses the micro-batch per plan
     const int = (k) => { if (s[k] !== "") b[k] = /^-?\d+$/.test(s[k]) ? parseInt(s[k], 10) : s[k]; };
     const flt = (k) => { if (s[k] !== "") b[k] = isFinite(Number(s[k])) ? Number(s[k]) : s[k]; };
     b.objective = s.objective;
     flt("deadline"); flt("budget"); int("max_gpus"); int("global_batch"); flt("margin");
+    flt("preemption_rate"); flt("checkpoint_interval");
     b.pricing = s.pricing ? s.pricing.split(",") : ["any"];
     if (s.providers) b.providers = s.providers.split(",");
     if (s.gpus_filter) b.gpus_filter = s.gpus_filter.split(",");
@@ -280,6 +287,12 @@
     renderWhyNot(d);
     drawScatter();
   }
+  // the runtime model's calibrated band (10th-90th percentile of published measurements / prediction)
+  function bandText(p) {
+    const h = p.runtime.band && p.runtime.band.total_hours, c = p.cost.usd_band;
+    if (!h || h[0] === null || !c || c[0] === null) return "";
+    return ` — likely ${hours(h[0])}–${hours(h[1])} h, ${usd(c[0])}–${usd(c[1])}`;
+  }
   function renderSummary(d) {
     const box = $("summary");
     box.replaceChildren();
@@ -296,7 +309,7 @@
     const fastest = d.plans.find((p) => p.fastest) || d.pareto[d.pareto.length - 1];
     const say = (what, p) => p ? el("p", {}, el("strong", {}, what + ": "),
       `${usd(p.cost.usd)} in ${hours(p.runtime.total_hours)} h on ${p.layout.gpus_per_node * p.layout.nodes}x ` +
-      `${p.offer.gpu} (${p.offer.provider} ${p.offer.sku}, ${p.strategy_label})`) : null;
+      `${p.offer.gpu} (${p.offer.provider} ${p.offer.sku}, ${p.strategy_label})` + bandText(p)) : null;
     if (d.plans.length) {
       box.append(say("cheapest", cheapest), say("fastest", fastest));
     } else {
@@ -304,10 +317,26 @@
     }
     const notes = $("notes");
     notes.replaceChildren(...d.notes.map((n) => el("p", {}, "note: " + n)));
+    if (d.assumptions && d.assumptions.length) {
+      notes.append(el("details", { id: "assumptions" }, el("summary", {}, "assumed defaults (reference stack)"),
+        el("ul", {}, d.assumptions.map((a) => el("li", {}, `${a.text} — ${a.source} (change: ${a.change})`)))));
+    }
   }
   const PLAN_COLS = [["#", "r"], ["provider", "l"], ["sku", "l"], ["gpu", "l"], ["gpus", "r"], ["strategy", "l"],
-    ["mb", "r"], ["ga", "r"], ["ckpt", "l"], ["GB/GPU", "r"], ["tok/s", "r"], ["MFU", "r"], ["hours", "r"],
-    ["$", "r"], ["$/Mtok", "r"], ["flags", "l"]];
+    ["mb", "r"], ["ga", "r"], ["ckpt", "l"], ["GB/GPU", "r"], ["host GiB/disk GB", "r"], ["tok/s", "r"], ["MFU", "r"],
+    ["hours", "r"], ["$", "r"], ["spot E[$]", "r"], ["$/Mtok", "r"], ["flags", "l"]];
+  // host RAM (GiB) / local disk (GB) per node; expected cost with preemptions on spot offers
+  function hostCell(p) {
+    return p.host ? `${num(p.host.ram_bytes / 2 ** 30)}/${num(p.host.disk_bytes / 1e9)}` : "?";
+  }
+  function spotCell(p) {
+    if (!p.spot) return "";
+    const s = p.spot;
+    return el("span", { title: `reclaim rate ${s.rate_per_instance_hour}/instance-h (${s.rate_basis}); ` +
+      `${s.expected_preemptions.toFixed(2)} expected preemptions; checkpoint every ` +
+      `${s.checkpoint_interval_hours === null ? "-" : hours(s.checkpoint_interval_hours)} h` },
+      `${usd(s.expected_usd)} (${s.expected_preemptions.toFixed(2)})`);
+  }
   function head(table, cols) {
     table.tHead.replaceChildren(el("tr", {}, cols.map(([c, a]) => el("th", { class: a === "l" ? "l" : null }, c))));
   }
@@ -324,8 +353,8 @@
       const cells = [i + 1, p.offer.provider, [p.offer.sku, p.offer.stale ? el("span", { class: "stale", title: `price as of ${p.offer.as_of}` }, " stale") : null],
         p.offer.gpu, gpusLabel(p.layout), p.strategy_label, p.job.micro_batch, p.job.grad_accum,
         p.job.gradient_checkpointing ? "on" : "off", `${gb(m.device_total_bytes)}/${num(m.gpu_memory_bytes / 1e9)}`,
-        num(p.runtime.tokens_per_s), `${Math.round(p.runtime.mfu * 100)}%`, hours(p.runtime.total_hours),
-        usd(p.cost.usd), p.cost.usd_per_million_tokens === null ? "?" : p.cost.usd_per_million_tokens.toFixed(3),
+        hostCell(p), num(p.runtime.tokens_per_s), `${Math.round(p.runtime.mfu * 100)}%`, hours(p.runtime.total_hours),
+        usd(p.cost.usd), spotCell(p), p.cost.usd_per_million_tokens === null ? "?" : p.cost.usd_per_million_tokens.toFixed(3),
         flags(p)];
       const tr = el("tr", { "data-index": i }, cells.map((c, k) => el("td", { class: PLAN_COLS[k][1] === "l" ? "l" : null }, c)));
       tr.addEventListener("click", () => select(i));
@@ -398,7 +427,8 @@
     const X0 = 20, X1 = 620, Y = 42, H = 46;
     const x = (b) => X0 + (b / maxB) * (X1 - X0);
     $("mem-title").textContent = `Per-GPU memory of plan #${S.sel + 1}: ${gb(m.device_total_bytes)} GB on ` +
-      `${p.offer.gpu} (${gb(cap)} GB), ${p.strategy_label}, micro-batch ${p.job.micro_batch}`;
+      `${p.offer.gpu} (${gb(cap)} GB), ${p.strategy_label}, micro-batch ${p.job.micro_batch}; ` +
+      `step ${p.runtime.step_time_s.toFixed(2)} s, ${num(p.runtime.tokens_per_s)} tok/s` + bandText(p);
     // axis and grid
     const step = niceStep(maxB / 1e9, 8);
     for (let v = 0; v * 1e9 <= maxB; v += step) {
@@ -540,7 +570,9 @@
       for (const [k, v] of Object.entries(r.min_gpus)) rows.push([`fewest GPUs with ${k}`, v === null ? "more than the limit" : String(v)]);
       box.replaceChildren(el("table", { id: "fit-table" }, el("tbody", {}, rows.map(([a, b]) =>
         el("tr", {}, el("td", { class: "l" }, a), el("td", {}, b))))),
-        ...r.notes.map((n) => el("p", { class: "hint" }, "note: " + n)));
+        ...r.notes.map((n) => el("p", { class: "hint" }, "note: " + n)),
+        ...(r.advice && r.advice.length ? [el("p", {}, "single changes that make it fit on one GPU:"),
+          el("ul", { id: "fit-advice" }, r.advice.map((x) => el("li", {}, x.text)))] : []));
     } catch (e) {
       if (seq !== S.fitSeq) return;
       box.replaceChildren(el("p", { class: "error" }, e.message));
@@ -562,7 +594,7 @@
     if (!p) return;
     $("dl-status").textContent = "building…";
     try {
-      const r = await api("/api/export", { ...S.body, plan_index: S.sel });
+      const r = await api("/api/export", { ...S.body, plan_index: S.sel, export_target: $("export-target").value });
       const cd = r.headers.get("content-disposition") || "";
       const m = /filename="([^"]+)"/.exec(cd);
       download(await r.blob(), m ? m[1] : "ftplan-export.zip");

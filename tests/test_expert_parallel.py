@@ -1,0 +1,172 @@
+"""MoE expert parallelism (``ftplan.expert_parallel``) held against transformers' own EP engine.
+
+Two gloo processes on CPU load tiny real mixtral, qwen3_moe and deepseek_v3 models with
+``DistributedConfig(fsdp_size=2, ep_size=2)`` (FSDP2 + expert parallelism with all-to-all
+token dispatch), route their own tokens, run forward, backward and an AdamW step
+(:mod:`ftplan.measure.ep_run`). Per rank: parameter and gradient bytes are exact, optimizer
+states within the per-tensor ``step`` scalars, every MoE block's saved activations byte-exact
+given the rows the rank received, and the rows add up to every rank's tokens x top_k.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from ftplan.catalog.gpus import load_gpus
+from ftplan.catalog.models import resolve_model
+from ftplan.errors import ConfigError
+from ftplan.expert_parallel import (
+    all_to_all_time,
+    ep_degrees,
+    ep_rows_per_rank,
+)
+from ftplan.job import Job, Layout, validate_job
+from ftplan.memory import estimate_memory, moe_block_saved_bytes
+from ftplan.runtime import estimate_runtime
+
+FAMILIES = ("mixtral", "qwen3_moe", "deepseek_v3")
+
+
+@pytest.fixture(scope="module")
+def ep_runs():
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from ftplan.measure.ep_run import run_ep
+
+    return run_ep(list(FAMILIES), world=2, ep=2, batch=2, seq=32)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("family", FAMILIES)
+def test_ep_memory_matches_the_gloo_run(ep_runs, family):
+    import ftplan.measure.torchref as TR
+    from ftplan.model import model_from_config
+
+    ranks = ep_runs[family]
+    assert not isinstance(ranks, str), ranks
+    cfg = TR.TINY_CONFIGS[family]
+    model = model_from_config(cfg)
+    job = Job(method="full", precision="bf16", micro_batch=2, seq_len=32)
+    lay = Layout(2, 1, "fsdp", ep=2)
+    mem = estimate_memory(model, job, lay)
+    moe = next(g.moe for g in model.groups if g.moe is not None)
+    n_tensors = sum(1 for _ in TR.build_model(cfg, device="meta").parameters())
+    for r in ranks:
+        assert r.local_experts == moe.num_experts // 2
+        # states per rank: the experts split by EP, the rest by FSDP (exact)
+        assert r.param_bytes == mem.components["trainable_weights"]
+        assert r.grad_bytes == mem.components["gradients"]
+        assert r.expert_param_bytes == model.params.experts * 2 // 2
+        # AdamW: every rank keeps a 4-byte step per tensor, the formula shards them with the rest
+        assert 0 <= r.optimizer_bytes - mem.components["optimizer_states"] <= 4 * n_tensors
+        # each MoE block, given the rows this rank received
+        assert len(r.moe_saved) == len(r.rows) > 0
+        for rows, saved in zip(r.rows, r.moe_saved):
+            assert moe_block_saved_bytes(model, job, ep=2, ep_rows=rows, backend="cpu") == saved
+    # all-to-all conservation: every routed (token, expert) row lands on exactly one rank
+    for layer in range(len(ranks[0].rows)):
+        assert sum(r.rows[layer] for r in ranks) == sum(r.tokens for r in ranks) * moe.top_k
+    spread = max(max(r.rows) for r in ranks) / (ranks[0].tokens * moe.top_k)
+    print(f"{family}: busiest rank received {spread:.2f} x the balanced rows")
+
+
+def test_validation_of_ep_layouts():
+    moe = resolve_model("qwen3-30b-a3b")  # 128 experts
+    dense = resolve_model("llama-3.1-8b")
+    job = Job()
+    validate_job(moe, job, Layout(8, 1, "fsdp", ep=8))
+    bad = [
+        (dense, Layout(8, 1, "fsdp", ep=2), "mixture-of-experts"),
+        (moe, Layout(8, 1, "fsdp", ep=3), "divide the 128 experts"),
+        (moe, Layout(4, 1, "fsdp", ep=8), "divide dp x tp"),
+        (moe, Layout(8, 1, "zero1", pp=2, ep=2), "pipeline"),
+        (moe, Layout(8, 1, "zero3", ep=2, offload_optimizer=True), "offload"),
+    ]
+    for model, lay, msg in bad:
+        with pytest.raises(ConfigError, match=msg):
+            validate_job(model, job, lay)
+    assert ep_degrees(moe, 8, 8) == [2, 4, 8]
+    assert ep_degrees(resolve_model("mixtral-8x7b"), 16, 8) == [2, 4, 8]
+    assert ep_degrees(dense, 8, 8) == []
+
+
+def test_ep_memory_properties():
+    model = resolve_model("deepseek-v3")
+    job = Job(method="full", seq_len=4096, gradient_checkpointing=True)
+    f = estimate_memory(model, job, Layout(8, 1, "fsdp"))
+    fe = estimate_memory(model, job, Layout(8, 1, "fsdp", ep=8))
+    # FSDP + EP: the same state bytes per rank, a smaller gathered layer
+    for k in ("trainable_weights", "gradients", "optimizer_states", "master_weights"):
+        assert fe.components[k] == pytest.approx(f.components[k], rel=1e-9, abs=8)
+    assert fe.components["transient"] < f.components["transient"]
+    # ZeRO-2 + EP: the replicated expert weights shrink by ep
+    z = estimate_memory(model, job, Layout(8, 1, "zero2"))
+    ze = estimate_memory(model, job, Layout(8, 1, "zero2", ep=8))
+    # DeepSpeed's bf16 mode keeps the module itself in bf16 (the fp32 copy is the partitioned
+    # master: tests/test_distributed_memory.py)
+    expert_w = model.params.experts * 2
+    assert z.components["trainable_weights"] - ze.components["trainable_weights"] == pytest.approx(
+        expert_w * (1 - 1 / 8), rel=1e-9)
+    # the busiest rank: more rows, more activation memory
+    j1 = Job(method="full", seq_len=2048)
+    a = estimate_memory(model, j1, Layout(8, 1, "fsdp", ep=8)).components["activations"]
+    assert a > estimate_memory(model, j1, Layout(8, 1, "fsdp")).components["activations"] * 0.9
+    moe = next(g.moe for g in model.groups if g.moe is not None)
+    assert ep_rows_per_rank(4096, moe) == math.ceil(4096 * moe.top_k * 1.25)
+
+
+def test_all_to_all_time():
+    assert all_to_all_time(1e9, 1, 1e11) == 0.0
+    t2, t8 = all_to_all_time(1e9, 2, 1e11), all_to_all_time(1e9, 8, 1e11)
+    assert t2 == pytest.approx(0.5e9 / 1e11) and t8 == pytest.approx(7 / 8 * 1e9 / 1e11)
+    model = resolve_model("qwen3-30b-a3b")
+    job = Job(method="full", micro_batch=1, seq_len=4096, grad_accum=2, gradient_checkpointing=False)
+    lay = Layout(8, 1, "fsdp", ep=8)
+    gpu = load_gpus()["h100-sxm"]
+
+    def a2a(j, layout=lay):
+        return estimate_runtime(model, j, layout, gpu).breakdown["ep_all_to_all_s"]
+
+    base = a2a(job)
+    assert base > 0
+    # full checkpointing recomputes the forward: its 2 all-to-alls per MoE layer once more
+    assert a2a(job.with_(gradient_checkpointing=True, checkpointing="full")) == pytest.approx(base * 1.5)
+    assert a2a(job.with_(grad_accum=4)) == pytest.approx(base * 2)
+    assert a2a(job, Layout(8, 1, "fsdp")) == 0.0
+
+
+def test_planner_offers_ep_layouts_where_cheaper():
+    """The planner searches EP layouts and ranks them with the runtime model's own EP terms
+    (``runtime.ep_comm``: the all-to-alls; ``runtime.dp_comm``: the experts' traffic in their own
+    group). EP wins where the experts' data-parallel traffic is exposed (DeepSeek-V3's 256 experts;
+    full fine-tuning's gradients; short micro-batches) and loses where FSDP hides the expert
+    gathers behind compute while the all-to-all bytes grow with tokens x top_k (Qwen3-30B-A3B LoRA
+    at micro-batch 32: ~2 s of all-to-alls per ~10 s step, the gathers ~0.3 s and hidden)."""
+    from ftplan.catalog.gpus import load_gpus
+    from ftplan.catalog.offers import load_offers
+    from ftplan.planner import recommend
+    from ftplan.runtime import estimate_runtime
+
+    offers = load_offers()
+    for name in ("qwen3-30b-a3b", "deepseek-v3"):
+        model = resolve_model(name)
+        job = Job(method="lora", seq_len=4096, dataset_tokens=50_000_000,
+                  lora=Job().lora.__class__(dropout=0.0))
+        ps = recommend(model, job, offers, gpus=["h200", "b200"])
+        ep = [p for p in ps.plans if p.layout.ep > 1]
+        assert ep, name
+        assert all(p.runtime.breakdown["ep_all_to_all_s"] > 0 for p in ep)
+    assert any("+ep" in p.strategy_label for p in ps.plans[:10])  # deepseek-v3
+    m = resolve_model("qwen3-30b-a3b")
+    h100 = load_gpus()["h100-sxm"]
+
+    def step(method: str, mb: int, strategy: str, ep: int) -> float:
+        j = Job(method=method, seq_len=2048, micro_batch=mb, lora=Job().lora.__class__(dropout=0.0))
+        return estimate_runtime(m, j, Layout(8, 1, strategy, ep=ep), h100).step_time_s
+
+    for strategy in ("ddp", "zero2", "fsdp"):  # full fine-tuning: the experts' gradients dominate
+        assert step("full", 1, strategy, 8) < step("full", 1, strategy, 1), strategy
+    assert step("lora", 1, "fsdp", 8) < step("lora", 1, "fsdp", 1)  # short micro-batch: gathers exposed
+    assert step("lora", 32, "fsdp", 8) > step("lora", 32, "fsdp", 1)  # long: the all-to-alls cost more

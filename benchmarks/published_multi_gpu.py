@@ -58,6 +58,21 @@ def load_rows(path: Path = DATA) -> list[dict]:
     return rows
 
 
+def _checkpointing(r: dict) -> str:
+    """The row's checkpointing variant (``checkpoint_mode``) as ``Job.checkpointing``."""
+    mode = (r.get("checkpoint_mode") or "full").strip()
+    if mode.startswith("selective"):
+        return "selective"
+    return "full-reentrant" if "(reentrant" in mode else "full"
+
+
+def _loss(r: dict) -> str:
+    """The row's loss path as ``Job.loss``: ``ce`` = the model's own cross-entropy on full fp32
+    logits (transformers' ``model(labels=...)``, torchtitan's ``cross_entropy(pred.float())``)."""
+    loss = (r.get("loss") or "ce").strip()
+    return {"ce": "hf", "trl": "trl", "liger": "liger"}.get(loss, "hf")
+
+
 def job_and_layout(r: dict):
     from ftplan.job import Job, Layout, LoraSpec
 
@@ -66,7 +81,8 @@ def job_and_layout(r: dict):
                     dropout=float(r["lora_dropout"] or 0.0), target_modules=targets)
     job = Job(method=r["method"], precision=r["precision"], optimizer=r["optimizer"] or "adamw",
               micro_batch=int(r["micro_batch"]), seq_len=int(r["seq_len"]),
-              gradient_checkpointing=r["gradient_checkpointing"] == "1", attn_impl=r["attn"] or "sdpa", lora=lora)
+              gradient_checkpointing=r["gradient_checkpointing"] == "1", checkpointing=_checkpointing(r),
+              attn_impl=r["attn"] or "sdpa", lora=lora, loss=_loss(r), packing=r.get("packing") == "1")
     layout = Layout(int(r["gpus_per_node"]), int(r["nodes"]), r["strategy"],
                     offload_optimizer=r["offload_optimizer"] == "1", offload_params=r["offload_params"] == "1",
                     fsdp_version=int(r["fsdp_version"] or 2))

@@ -46,7 +46,9 @@ TORCH_CASES = [
     Case(family="qwen2", engine="fsdp2"),
     Case(family="mixtral", engine="fsdp2"),
     Case(family="llama", engine="fsdp2", reshard_after_forward=False),
+    Case(family="mixtral", engine="fsdp2", reshard_after_forward=False),
     Case(family="qwen2", engine="fsdp2", offload_params=True),
+    Case(family="llama", engine="fsdp2", offload_params=True),
     Case(family="llama", engine="fsdp1"),
     Case(family="qwen2", engine="fsdp1", reshard_after_forward=False),
     Case(family="mixtral", engine="fsdp1", offload_params=True),
@@ -55,11 +57,12 @@ TORCH_CASES = [
     Case(family="mixtral", engine="ddp"),
 ]
 PEFT_CASES = [Case(family="mixtral", engine="fsdp2", method="lora")]
-QLORA_CASES = [Case(family="llama", engine="fsdp2", method="qlora")]
+QLORA_CASES = [Case(family="llama", engine="fsdp2", method="qlora"), Case(family="qwen2", engine="fsdp2", method="qlora")]
 #: ZeRO-3 runs two steps: DeepSpeed traces the module order in the first one and from then on
 #: keeps gathered what its trace reuses soon (the steady state)
 DS_CASES = [
     Case(family="llama", engine="deepspeed", zero_stage=1),
+    Case(family="llama", engine="deepspeed", zero_stage=2),
     Case(family="mixtral", engine="deepspeed", zero_stage=2),
     Case(family="llama", engine="deepspeed", zero_stage=3, steps=2),
     Case(family="qwen2", engine="deepspeed", zero_stage=3, steps=2),
@@ -118,14 +121,20 @@ def _check(case: Case, world: int, m: RankMeasure) -> list[str]:
         else:
             qstate = m.detail.get("persistent_by_owner", {}).get("init:model", 0)  # bnb quant states
             eq("params", m.params + qstate, params)
-            eq("grads", m.grads - cast / 2, p["grads"], cast / 2)
+            # (FSDP1: on some ranks the root unit's unsharded bf16 gradient is still referenced by
+            # gloo's reduce-scatter work when backward ends: timing-dependent, at most that flat gradient)
+            late = cast + (BOUNDS["fsdp1_root_grad"](case, world) if eng == "fsdp1" else 0)
+            eq("grads", m.grads - late / 2, p["grads"], late / 2)
             eq("optimizer", m.optimizer, p["optimizer"])
         eq("master", m.master, 0)
         eq("engine persistent", persistent, 0, BOUNDS["fsdp_scalars"])
         if not (eng == "fsdp1" and case.offload_params):
             # (FSDP1's offload copies each gradient shard into its CPU buffer asynchronously; on the
             # CPU stand-in when the source is freed depends on the rank's timing: not compared)
-            eq("transient", m.engine_transient_peak, p["transient"])
+            # (4 ranks: gloo's staging copies of a reduce-scatter may outlive it on one rank, by
+            # timing; seen once as +6,688 B: bounded above by one unit's bf16 gradient shard)
+            slack = BOUNDS["gloo_rs_staging"](case, world) if world > 2 else 0
+            eq("transient", m.engine_transient_peak - slack / 2, p["transient"], slack / 2)
         if case.method == "full":
             eq("activations", m.activations, p["activations"])
     elif eng == "ddp":
@@ -172,6 +181,10 @@ BOUNDS = {
     "fsdp_scalars": 16,
     # FSDP1 MixedPrecision(buffer_dtype=bf16): a bf16 copy of the rotary inv_freq buffers (0-64 B)
     "fsdp1_buffer_cast": 64,
+    # 4 ranks: gloo's reduce-scatter staging may outlive the collective on a rank (timing)
+    "gloo_rs_staging": lambda case, world: _largest_unit_bf16(case) // world,
+    # FSDP1: the root unit's flat bf16 gradient may outlive backward on a rank (gloo's work object)
+    "fsdp1_root_grad": lambda case, world: _root_flat_grad_bf16(case, world),
     # CPU offload on the CPU stand-in: the last unit's reduce-scatter input may outlive backward
     "offload_last_reduce": lambda case: _largest_unit_bf16(case),
     # DDP broadcasts the model's buffers every forward (the rotary inv_freq): a copy of them
@@ -199,6 +212,14 @@ def _largest_unit_bf16(case: Case) -> int:
 
     spec = model_from_config(TR.TINY_CONFIGS[case.family])
     return 2 * max(u.numel() for u in fsdp_units(spec, case.job(), case.engine))
+
+
+def _root_flat_grad_bf16(case: Case, world: int) -> int:
+    from ftplan.sharding import fsdp_units
+
+    spec = model_from_config(TR.TINY_CONFIGS[case.family])
+    numel = fsdp_units(spec, case.job(), "fsdp1")[-1].numel(True)
+    return 2 * (-(-numel // world) * world)
 
 
 def _ds_largest_grad(case: Case) -> int:

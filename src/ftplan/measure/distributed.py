@@ -48,6 +48,7 @@ import socket
 import sys
 import tempfile
 import traceback
+import time
 from typing import Any
 
 __all__ = ["Case", "RankMeasure", "run_cases", "StorageTracker", "ENGINES"]
@@ -85,8 +86,9 @@ class Case:
         """The ftplan ``Job`` this case runs (bf16-mixed AdamW, HF Trainer / accelerate style)."""
         from ..job import Job, LoraSpec
 
+        # the harness calls the model with labels (transformers' loss) and does not checkpoint
         return Job(method=self.method, precision="bf16-mixed", optimizer="adamw", micro_batch=self.batch,
-                   seq_len=self.seq_len, attn_impl="sdpa",
+                   seq_len=self.seq_len, attn_impl="sdpa", gradient_checkpointing=False, loss="hf",
                    lora=LoraSpec(r=self.lora_r, alpha=2 * self.lora_r, dropout=0.0))
 
     def layout(self, world: int):
@@ -743,6 +745,7 @@ def _worker(rank: int, world: int, port: int, cases: list[Case], outdir: str, ne
         else:
             dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timeout)
         for case in cases:
+            t0 = time.perf_counter()
             try:
                 results.append({"ok": True, **dataclasses.asdict(_run_case(case, rank, world))})
             except Exception as e:  # one case failing must not hide the others
@@ -750,6 +753,8 @@ def _worker(rank: int, world: int, port: int, cases: list[Case], outdir: str, ne
                                 "traceback": traceback.format_exc(limit=8)})
                 print(f"rank {rank}: {case.label}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
             dist.barrier()
+            if os.environ.get("FTPLAN_DIST_TIMING") and rank == 0:
+                print(f"{case.label}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
     finally:
         with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
             json.dump(results, f)

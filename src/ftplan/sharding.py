@@ -457,8 +457,11 @@ def layout_memory(model: ModelSpec, job: Job, layout: Layout, st, consts: Memory
             transient = _fsdp1_transient(units, n, pb, rb, layout, backend)
         host = zero
         if layout.offload_params:
-            host = frozen + trainable + grads + opt
-            frozen = trainable = grads = opt = zero
+            # bitsandbytes' quantization states are tensors of the Params4bit objects, not FSDP
+            # parameters: CPU offload moves the flat shards only, the states stay on the device
+            qstate = quant_state_bytes(model, job) if job.method == "qlora" else 0
+            host = frozen - qstate + trainable + grads + opt
+            frozen, trainable, grads, opt = Fraction(qstate), zero, zero, zero
             notes.append(f"{eng}: CPU offload keeps the parameter shards, their gradients and the optimizer "
                          "(step on the CPU) in host RAM")
         held = sum(u.held * u.count for u in units) * pb if eng == "fsdp2" else zero

@@ -121,9 +121,10 @@ def _check(case: Case, world: int, m: RankMeasure) -> list[str]:
         else:
             qstate = m.detail.get("persistent_by_owner", {}).get("init:model", 0)  # bnb quant states
             eq("params", m.params + qstate, params)
-            # (FSDP1: on some ranks the root unit's unsharded bf16 gradient is still referenced by
-            # gloo's reduce-scatter work when backward ends: timing-dependent, at most that flat gradient)
-            late = cast + (BOUNDS["fsdp1_root_grad"](case, world) if eng == "fsdp1" else 0)
+            # (on some ranks the last reduced unit's unsharded bf16 gradient is still referenced by
+            # gloo's reduce-scatter work when backward ends: timing-dependent, seen as +65,664 B
+            # (FSDP1 qwen2), +65,536 B (FSDP2 mixtral), +58,944 B (FSDP2 mixtral LoRA) in about 1 run of 3)
+            late = cast + BOUNDS["last_reduce_input"](case, world)
             eq("grads", m.grads - late / 2, p["grads"], late / 2)
             eq("optimizer", m.optimizer, p["optimizer"])
         eq("master", m.master, 0)
@@ -131,9 +132,10 @@ def _check(case: Case, world: int, m: RankMeasure) -> list[str]:
         if not (eng == "fsdp1" and case.offload_params):
             # (FSDP1's offload copies each gradient shard into its CPU buffer asynchronously; on the
             # CPU stand-in when the source is freed depends on the rank's timing: not compared)
-            # (4 ranks: gloo's staging copies of a reduce-scatter may outlive it on one rank, by
-            # timing; seen once as +6,688 B: bounded above by one unit's bf16 gradient shard)
-            slack = BOUNDS["gloo_rs_staging"](case, world) if world > 2 else 0
+            # (gloo's staging copies of a reduce-scatter may outlive it on a rank, by timing; seen as
+            # +6,688 B (4 ranks) and +10,432 B (2 ranks) on a loaded machine, in about 1 run of 3:
+            # bounded above by one unit's bf16 gradient shard)
+            slack = BOUNDS["gloo_rs_staging"](case, world)
             eq("transient", m.engine_transient_peak - slack / 2, p["transient"], slack / 2)
         if case.method == "full":
             eq("activations", m.activations, p["activations"])
@@ -181,10 +183,11 @@ BOUNDS = {
     "fsdp_scalars": 16,
     # FSDP1 MixedPrecision(buffer_dtype=bf16): a bf16 copy of the rotary inv_freq buffers (0-64 B)
     "fsdp1_buffer_cast": 64,
-    # 4 ranks: gloo's reduce-scatter staging may outlive the collective on a rank (timing)
+    # gloo's reduce-scatter staging may outlive the collective on a rank (timing)
     "gloo_rs_staging": lambda case, world: _largest_unit_bf16(case) // world,
-    # FSDP1: the root unit's flat bf16 gradient may outlive backward on a rank (gloo's work object)
-    "fsdp1_root_grad": lambda case, world: _root_flat_grad_bf16(case, world),
+    # FSDP1/FSDP2: the last unit's bf16 reduce-scatter input may outlive backward on a rank (gloo's
+    # work object): at most the largest unit's padded bf16 gradient
+    "last_reduce_input": lambda case, world: _last_unit_grad_bf16(case, world),
     # CPU offload on the CPU stand-in: the last unit's reduce-scatter input may outlive backward
     "offload_last_reduce": lambda case: _largest_unit_bf16(case),
     # DDP broadcasts the model's buffers every forward (the rotary inv_freq): a copy of them
@@ -214,12 +217,15 @@ def _largest_unit_bf16(case: Case) -> int:
     return 2 * max(u.numel() for u in fsdp_units(spec, case.job(), case.engine))
 
 
-def _root_flat_grad_bf16(case: Case, world: int) -> int:
+def _last_unit_grad_bf16(case: Case, world: int) -> int:
+    """Padded bf16 gradient of the largest unit with trainable parameters (FSDP1: its flat
+    gradient; FSDP2: its tensors padded on dim 0)."""
     from ftplan.sharding import fsdp_units
 
     spec = model_from_config(TR.TINY_CONFIGS[case.family])
-    numel = fsdp_units(spec, case.job(), "fsdp1")[-1].numel(True)
-    return 2 * (-(-numel // world) * world)
+    units = fsdp_units(spec, case.job(), case.engine)
+    return 2 * max(max(-(-u.numel(True) // world) * world, sum(t.padded(world) for t in u.tensors if t.trainable))
+                   for u in units)
 
 
 def _ds_largest_grad(case: Case) -> int:
@@ -264,7 +270,14 @@ def two_ranks():
 
 def _check_group(results, cases, world):
     failures = _failures(cases, world, [results[c] for c in cases])
-    assert not failures, "\n".join(failures)
+    if failures:
+        # when gloo's asynchronous work frees a buffer depends on the ranks' timing (on a loaded
+        # machine, about 1 run in 3 shows a difference beyond the bounds above on some case):
+        # the failing cases run once more, in a fresh process group, and must hold there
+        bad = [c for c in cases if any(f.startswith((c.label + " rank", c.label + ":")) for f in failures)]
+        again = _failures(bad, world, run_cases(bad, world, timeout_s=600))
+        print("first run (timing-dependent, re-run):\n" + "\n".join(failures))
+        assert not again, "\n".join(again)
 
 
 def test_fsdp2_two_ranks(two_ranks):
@@ -293,6 +306,4 @@ def test_deepspeed_zero_two_ranks(two_ranks):
 def test_fsdp2_four_ranks_and_hsdp():
     """Shard degree 4 (padding and the backend's reduce-scatter copy scale with it) and HSDP:
     a 2-D (replicate, shard) mesh of 2 x 2 ranks, sharded within a "node", replicated across."""
-    results = run_cases(FOUR_CASES, 4, timeout_s=600)
-    failures = _failures(FOUR_CASES, 4, results)
-    assert not failures, "\n".join(failures)
+    _check_group(dict(zip(FOUR_CASES, run_cases(FOUR_CASES, 4, timeout_s=600))), FOUR_CASES, 4)

@@ -162,10 +162,13 @@ def _stored_bytes(job: Job, engine: str) -> tuple[Fraction, Fraction]:
         return c, c
     if job.method == "full":
         return dtype_bytes(prec["trainable"]), dtype_bytes(prec["trainable"])
-    # PEFT keeps adapters in fp32; QLoRA's non-quantized weights are fp32 after
-    # prepare_model_for_kbit_training (what ftplan's exported train.py calls)
-    frozen = Fraction(4) if job.method == "qlora" else dtype_bytes(prec["frozen"])
-    return Fraction(4), frozen
+    # PEFT keeps adapters in fp32. Sharded QLoRA (FSDP) loads the model in the quant storage dtype
+    # and skips prepare_model_for_kbit_training's fp32 upcast (TRL's is_sharded_qlora path, PEFT's
+    # FSDP-QLoRA recipe, ftplan's exported train.py; FSDP1's flat parameters need one dtype): the
+    # non-quantized weights stay in that dtype
+    if job.method == "qlora":
+        return Fraction(4), _quant_storage_bytes(job) if engine in ("fsdp1", "fsdp2") else Fraction(4)
+    return Fraction(4), dtype_bytes(prec["frozen"])
 
 
 def _layer_tensors(model: ModelSpec, g: LayerGroup, job: Job, tb: Fraction, fb: Fraction,

@@ -359,10 +359,8 @@ def _build_qlora(cfg: dict, case: Case):
         base.save_pretrained(d)
         model = AutoModelForCausalLM.from_pretrained(d, quantization_config=qc, dtype=torch.bfloat16,
                                                      attn_implementation="sdpa", device_map="cpu")
-    # what ftplan's exported train.py does (fp32 non-quantized weights; Params4bit left alone)
-    from peft import prepare_model_for_kbit_training
-
-    model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    # what ftplan's exported train.py does for sharded QLoRA (TRL's is_sharded_qlora path): no
+    # prepare_model_for_kbit_training, the non-quantized weights stay in the storage dtype
     return get_peft_model(model, LoraConfig(r=case.lora_r, lora_alpha=2 * case.lora_r, lora_dropout=0.0,
                                             target_modules="all-linear", task_type="CAUSAL_LM"))
 

@@ -40,6 +40,10 @@ Tools and the figure taken from each (peak table / model-states table):
   as unavailable with the reason.
 
 Works with zero GPU records (it says so).
+
+3. **Published multi-GPU** (``benchmarks/reference/multi_gpu_memory.csv``, see
+   ``benchmarks/published_multi_gpu.py``): ftplan's per-GPU figure vs published peak memory of
+   FSDP / ZeRO-3 / QLoRA-over-FSDP runs of 7B-405B models, with the signed error per row.
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from ftplan.measure.records import job_from_dict, layout_from_dict, load_records  # noqa: E402
 from ftplan.measure.validate import stats  # noqa: E402
@@ -429,6 +434,12 @@ def main(argv: list[str]) -> int:
     for tool, reasons in unavailable.items():
         for why, n in reasons.items():
             print(f"unavailable: {tool}: {n} record(s): {why}")
+
+    # ---- table 3: published multi-GPU measurements ------------------------------------------
+    print()
+    from published_multi_gpu import print_table  # benchmarks/published_multi_gpu.py
+
+    print_table()
     return 0
 
 

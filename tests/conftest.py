@@ -35,6 +35,7 @@ SLOW = (
     "test_planner.py::test_constraints_and_pareto",
     "test_planner.py::test_cost_is_price_times_gpus_times_time",
     "test_plot.py::test_recommend_png_and_svg",  # a full search, then matplotlib
+    "test_distributed_memory.py::",  # multi-process gloo runs (one 2-rank and one 4-rank spawn)
     "test_tp_memory.py::",  # two gloo processes load and step a tensor-parallel model
     "test_export_targets.py::test_best_plan_exports_and_parses",  # four searches, every target parsed
     "test_expert_parallel.py::test_ep_memory_matches_the_gloo_run",  # 2 gloo processes, transformers EP

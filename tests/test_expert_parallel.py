@@ -104,7 +104,9 @@ def test_ep_memory_properties():
     # ZeRO-2 + EP: the replicated expert weights shrink by ep
     z = estimate_memory(model, job, Layout(8, 1, "zero2"))
     ze = estimate_memory(model, job, Layout(8, 1, "zero2", ep=8))
-    expert_w = model.params.experts * 4  # fp32 trainable weights
+    # DeepSpeed's bf16 mode keeps the module itself in bf16 (the fp32 copy is the partitioned
+    # master: tests/test_distributed_memory.py)
+    expert_w = model.params.experts * 2
     assert z.components["trainable_weights"] - ze.components["trainable_weights"] == pytest.approx(
         expert_w * (1 - 1 / 8), rel=1e-9)
     # the busiest rank: more rows, more activation memory

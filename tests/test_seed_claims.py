@@ -59,16 +59,19 @@ def test_70b_full_needs_more_than_one_8gpu_node_without_offload(llama70, strateg
     """001/003: '70B full fine-tuning needs a multi-node cluster' -> yes for data-parallel sharding
     with transformers' own loss (full fp32 logits): no single 8-GPU node of <=192 GB GPUs fits it
     without offload (micro-batch 1, checkpointing, seq 2048, the planner's 5% safety margin).
-    ZeRO-3 on 8 GPUs is close: ~184 GB per GPU; with TRL's fused LM head (no logits at all) it
-    drops to ~181 GB and fits a 192 GB GPU, narrowly, and still no 80-141 GB one."""
+    ZeRO-3 on 8 GPUs is close to 192 GB per GPU; TRL's fused LM head (no logits at all) saves a
+    little, and still no 80-141 GB GPU holds it. FSDP2 keeps no bf16 copy of its fp32 shards
+    (16 B/param of states, ~165 GB per GPU): an 8 x B200 (192 GB) node holds it, no node of
+    <= 141 GB GPUs (H200) does."""
     job = Job(method="full", seq_len=2048, gradient_checkpointing=True, loss="hf")
     mem = estimate_memory(llama70, job, Layout(8, 1, strategy))
     trl = estimate_memory(llama70, job.with_(loss="trl"), Layout(8, 1, strategy))
-    assert trl.device_total_bytes < mem.device_total_bytes
+    assert trl.device_total_bytes <= mem.device_total_bytes  # (ZeRO's peak is the optimizer step)
     assert not trl.fits(141 * GB, margin=0.05)
-    assert not mem.fits(192 * GB, margin=0.05)
+    cap = 141 * GB if strategy == "fsdp" else 192 * GB
+    assert not mem.fits(cap, margin=0.05)
     for g in load_gpus().values():
-        if g.memory_bytes <= 192 * GB:
+        if g.memory_bytes <= cap:
             assert not mem.fits(g.memory_bytes, margin=0.05), g.name
     if strategy in ("zero3", "fsdp"):
         # the articles' "two 8x H100 servers" are not enough either with bf16-mixed AdamW
@@ -123,14 +126,15 @@ def test_nvfp4_headroom_for_70b_on_one_b200(llama70):
 
 def test_fp8_reduces_memory_only_for_full_fine_tuning(llama70):
     """001/003: 'FP8 ... reduces VRAM consumption compared to FP16/BF16'. Full fine-tuning with
-    torchao float8 (accelerate's fp8 default): the bf16 weight copies go (2 bytes/parameter), e.g.
-    70B over 8 GPUs with FSDP: 171 -> 153 GiB per GPU. LoRA with FP8 GEMMs: no - torchao's float8
+    torchao float8 (accelerate's fp8 default): FSDP2 keeps no bf16 weight copy (fp32 shards, bf16
+    gathered on the fly), so only the gathered layers shrink with float8 all-gather: 70B over 8 GPUs
+    ~1.7 GiB less per GPU (of ~165). LoRA with FP8 GEMMs: no - torchao's float8
     function saves the inputs of the frozen base linears, +13.7 GiB at 2k tokens without
     checkpointing; with checkpointing only the recomputed layer's (+0.18 GiB)."""
     full = Job(method="full", seq_len=2048, gradient_checkpointing=True)
     m16 = estimate_memory(llama70, full, Layout(8, 1, "fsdp")).device_total_bytes
     m8 = estimate_memory(llama70, _lp(full, "fp8"), Layout(8, 1, "fsdp")).device_total_bytes
-    assert 15 * 2**30 < m16 - m8 < 22 * 2**30
+    assert 1 * 2**30 < m16 - m8 < 3 * 2**30
     lora = Job(method="lora", seq_len=2048, gradient_checkpointing=False)
     more = (estimate_memory(llama70, _lp(lora, "fp8")).device_total_bytes
             - estimate_memory(llama70, lora).device_total_bytes)

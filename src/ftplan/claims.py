@@ -132,8 +132,10 @@ def seed_claims() -> list[Claim]:
     mm = {"full_70b_fsdp8_gib_saved": (mf - mf8) / 2**30, "lora_70b_gib_added": (ml8 - ml) / 2**30}
     out.append(Claim(
         "fp8-reduces-memory", "001, 003", "FP8 reduces VRAM consumption compared to FP16/BF16", "partly",
-        f"Full fine-tuning: yes, torchao float8 keeps no bf16 weight copy: 70B over 8 GPUs with FSDP "
-        f"{mm['full_70b_fsdp8_gib_saved']:.1f} GiB less per GPU (weights, gradients and AdamW states stay fp32). "
+        f"Full fine-tuning: a little. FSDP2 keeps fp32 shards and gathers bf16 layers on the fly (no persistent "
+        f"bf16 copy to drop): with float8 all-gather only the gathered layers shrink, 70B over 8 GPUs "
+        f"{mm['full_70b_fsdp8_gib_saved']:.1f} GiB less per GPU (weights, gradients and AdamW states stay fp32); "
+        f"HF Trainer's autocast without checkpointing keeps bf16 weight copies (2 B/param) that torchao drops. "
         f"LoRA: no, +{mm['lora_70b_gib_added']:.1f} GiB at 2k tokens without checkpointing (the float8 function "
         f"saves the frozen linears' inputs); with checkpointing only the recomputed layer's.", mm))
 

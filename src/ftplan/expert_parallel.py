@@ -106,13 +106,20 @@ def expert_state_bytes(model: ModelSpec, job: Job, st: Any) -> dict[str, float]:
 def ep_rank_states(model: ModelSpec, job: Job, layout: Layout, st: Any, frozen: float, trainable: float,
                    master: float, grads: float, opt: float, *,
                    master_outside_only: bool = False) -> tuple[float, float, float, float, float]:
-    """Per-rank state bytes with EP, from the per-rank bytes the layout gives without it
-    (``master_outside_only``: the memory model holds only the lm_head's compute copy)."""
-    ep, dp, tp, pp = layout.ep, layout.dp, layout.tp, layout.pp
+    """Per-rank state bytes with EP, from the per-rank bytes the layout's engine gives without it
+    (``master_outside_only``: the memory model holds only the lm_head's compute copy).
+
+    The experts' part of each per-rank component is taken in the proportion the experts have of
+    the whole-model component (so it follows how the engine stores it: DeepSpeed's bf16 module,
+    FSDP's fp32 shards), then re-split: by ``pp x ep`` (and the expert-data-parallel group
+    ``dp x tp / ep`` where the component is sharded) instead of ``tp x pp`` (and ``dp``)."""
+    ep, tp, pp = layout.ep, layout.tp, layout.pp
     mp = tp * pp
     x = expert_state_bytes(model, job, st)
     if master_outside_only:
         x["master"] = 0.0  # only the lm_head copy is held: no expert share
+    whole = {"frozen": st.frozen_weights, "trainable": st.trainable_weights, "master": st.master_weights,
+             "grads": st.gradients, "opt": st.optimizer_states}
     shard = {
         "frozen": layout.shards_params,
         "trainable": layout.shards_params,
@@ -121,13 +128,13 @@ def ep_rank_states(model: ModelSpec, job: Job, layout: Layout, st: Any, frozen: 
         "opt": layout.shards_optimizer,
     }
     cur = {"frozen": frozen, "trainable": trainable, "master": master, "grads": grads, "opt": opt}
-    edp = dp * tp // ep
     for k, v in x.items():
-        if not v:
+        if not v or not whole[k] or not cur[k]:
             continue
-        before = v / (mp * (dp if shard[k] else 1))
-        after = v / (pp * ep * (edp if shard[k] else 1))
-        cur[k] = max(0.0, cur[k] - before + after)
+        before = float(cur[k]) * min(1.0, v / float(whole[k]))
+        # sharded: 1/(mp * d1) -> 1/(pp * ep * d1 * tp / ep), the same; replicated: x tp / ep
+        after = before if shard[k] else before * mp / (pp * ep)
+        cur[k] = max(0.0, float(cur[k]) - before + after)
     return cur["frozen"], cur["trainable"], cur["master"], cur["grads"], cur["opt"]
 
 

@@ -31,6 +31,7 @@ __all__ = [
     "PRECISIONS",
     "OPTIMIZERS",
     "STRATEGIES",
+    "ENGINES",
     "ATTN_IMPLS",
     "QUANT_TYPES",
     "COMPUTE_DTYPES",
@@ -300,6 +301,13 @@ class Job:
         return replace(self, **changes)
 
 
+#: sharding engine per strategy: DDP (torch), ZeRO-1/2/3 (DeepSpeed), fsdp (PyTorch FSDP, version
+#: ``Layout.fsdp_version``: 2 = ``fully_shard``, what ``accelerate config`` writes by default)
+ENGINES = {"single": "torch", "ddp": "ddp", "zero1": "deepspeed", "zero2": "deepspeed", "zero3": "deepspeed",
+           "fsdp": "fsdp"}
+FSDP_VERSIONS = (1, 2)
+
+
 @_hash_once
 @dataclass(frozen=True)
 class Layout:
@@ -308,8 +316,13 @@ class Layout:
     nodes: int = option(1, minimum=1, maximum=JOB_LIMITS["nodes"], web_max=1024, help="nodes")
     strategy: str = option("single", choices=STRATEGIES, auto=_auto_strategy,
                            help="single | ddp | zero1 | zero2 | zero3 | fsdp (default: single, or ddp with >1 GPU)")
+    #: ZeRO: DeepSpeed ``offload_optimizer`` (optimizer states, fp32 master and gradient partitions on
+    #: the host, AdamW runs on the CPU); fsdp: only together with ``offload_params``
     offload_optimizer: bool = option(False, help="optimizer states (and step) on the CPU")
-    offload_params: bool = option(False, help="parameters on the CPU (zero3/fsdp)")
+    #: ZeRO-3: DeepSpeed ``offload_param``; fsdp: ``CPUOffloadPolicy`` / ``CPUOffload(offload_params=True)``,
+    #: which keeps parameters, gradients and the optimizer step on the host
+    offload_params: bool = option(False, help="parameters on the CPU (zero3; fsdp: with their gradients "
+                                              "and the optimizer step)")
     tp: int = option(1, label="tensor-parallel degree", minimum=1, maximum=JOB_LIMITS["tp"], web_max=1024,
                      help="tensor-parallel degree")
     pp: int = option(1, label="pipeline-parallel degree", minimum=1, maximum=JOB_LIMITS["pp"], web_max=1024,
@@ -323,6 +336,22 @@ class Layout:
     #: group, tokens exchanged with all-to-all (see ftplan.expert_parallel)
     ep: int = option(1, label="expert-parallel degree", minimum=1, maximum=JOB_LIMITS["ep"], web_max=1024,
                      help="expert-parallel degree (MoE): routed experts split over EP ranks")
+    #: strategy fsdp: 2 = FSDP2 (``fully_shard``), 1 = FSDP1 (``FullyShardedDataParallel``)
+    fsdp_version: int = option(2, choices=FSDP_VERSIONS, label="FSDP version",
+                               help="strategy fsdp: 2 = FSDP2 fully_shard (accelerate config's default) | 1 = FSDP1")
+    #: strategy fsdp: free the gathered layer after its forward (FSDP2 ``reshard_after_forward=True``,
+    #: FSDP1 FULL_SHARD) or keep it until its backward (``False``, FSDP1 SHARD_GRAD_OP)
+    reshard_after_forward: bool = option(True, name="no_reshard", invert=True,
+                                         help="strategy fsdp: keep each gathered layer from its forward to its "
+                                              "backward (FSDP2 reshard_after_forward=False, FSDP1 SHARD_GRAD_OP)")
+    #: strategy fsdp over several nodes: shard within a node, replicate across nodes (HSDP,
+    #: FSDP1 HYBRID_SHARD); the shard group is the node's data-parallel GPUs
+    hsdp: bool = option(False, help="strategy fsdp on several nodes: shard within a node, replicate across "
+                                    "nodes (HSDP / HYBRID_SHARD)")
+    #: strategy ddp: ``gradient_as_bucket_view`` (gradients live in DDP's buckets instead of
+    #: next to them); HF Trainer / accelerate default False
+    ddp_bucket_view: bool = option(False, help="strategy ddp: gradient_as_bucket_view (gradients live in "
+                                               "the reducer's buckets, no second copy)")
 
     @property
     def world_size(self) -> int:
@@ -332,6 +361,20 @@ class Layout:
     def dp(self) -> int:
         """Data-parallel degree (the group that ZeRO/FSDP shards over)."""
         return max(1, self.world_size // (self.tp * self.pp))
+
+    @property
+    def engine(self) -> str:
+        """``torch`` (one GPU), ``ddp``, ``deepspeed``, ``fsdp1`` or ``fsdp2``."""
+        e = ENGINES.get(self.strategy, self.strategy)
+        return f"fsdp{self.fsdp_version}" if e == "fsdp" else e
+
+    @property
+    def shard_degree(self) -> int:
+        """GPUs one copy of the sharded states is spread over: the data-parallel group, or the
+        node's data-parallel GPUs under HSDP."""
+        if self.hsdp and self.strategy == "fsdp":
+            return max(1, self.gpus_per_node // (self.tp * self.pp))
+        return self.dp
 
     @property
     def shards_params(self) -> bool:
@@ -360,6 +403,15 @@ class Layout:
             parts.append("offload-optimizer")
         if self.offload_params:
             parts.append("offload-params")
+        if self.strategy == "fsdp":
+            if self.fsdp_version != 2:
+                parts.append(f"fsdp{self.fsdp_version}")
+            if not self.reshard_after_forward:
+                parts.append("no-reshard")
+            if self.hsdp:
+                parts.append("hsdp")
+        if self.strategy == "ddp" and self.ddp_bucket_view:
+            parts.append("bucket-view")
         return ", ".join(parts)
 
 
@@ -584,6 +636,22 @@ def validate_job(model: ModelSpec, job: Job, layout: Layout | None = None) -> No
     if layout.offload_optimizer:
         _check(layout.strategy in ("zero1", "zero2", "zero3", "fsdp"), p,
                "optimizer offload needs a ZeRO stage or fsdp", "offload_optimizer")
+        _check(layout.strategy != "fsdp" or layout.offload_params, p,
+               "FSDP cannot offload only the optimizer (its CPU offload moves parameters, gradients and the "
+               "optimizer step together)", "offload_optimizer",
+               "add `offload_params`, or use a ZeRO strategy (zero1/zero2/zero3)")
+    if layout.hsdp:
+        _check(layout.strategy == "fsdp", p, "HSDP (shard within a node, replicate across nodes) needs strategy fsdp",
+               "hsdp")
+        _check(layout.nodes > 1, p, "HSDP replicates across nodes: it needs more than one node", "hsdp",
+               "use `nodes=N` with N > 1")
+    if layout.ddp_bucket_view:
+        _check(layout.strategy == "ddp", p, "gradient_as_bucket_view is a DDP option (strategy ddp)",
+               "ddp_bucket_view")
+    if not layout.reshard_after_forward:
+        _check(layout.strategy == "fsdp", p,
+               "keeping gathered layers after forward is an FSDP option (strategy fsdp; ZeRO-3 always re-gathers)",
+               "no_reshard")
     if job.method == "qlora" and layout.strategy in ("zero3", "fsdp"):
         pass  # supported by accelerate/FSDP-QLoRA with bnb_4bit_quant_storage; modelled as sharded
     if p:

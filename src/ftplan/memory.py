@@ -22,6 +22,7 @@ from fractions import Fraction
 from .catalog.constants import MemoryConstants, memory_constants
 from .job import PRECISIONS, Job, Layout, lora_targets, lora_wraps_experts, validate_job
 from .model import FAMILIES, LayerGroup, LinearSpec, MlpSpec, ModelSpec, MoeSpec, layer_group_order
+from .sharding import activation_job, layout_memory, quant_state_bytes
 from .units import dtype_bytes
 
 __all__ = [
@@ -47,6 +48,7 @@ COMPONENTS = (
     "master_weights",
     "gradients",
     "optimizer_states",
+    "comm_buffers",
     "activations",
     "logits_and_loss",
     "transient",
@@ -245,21 +247,10 @@ def _adafactor_elems(model: ModelSpec, job: Job) -> int:
 
 def _qlora_frozen_bytes(model: ModelSpec, job: Job) -> tuple[Fraction, Fraction]:
     """(quantized bytes incl. constants, bytes of the parameters bitsandbytes leaves alone)."""
-    q = job.quant
-    skip = set(q.skip_modules)
-    quantized = 0
-    quant_tensors = 0
-    for lin in model.linears():
-        if lin.is_module and lin.module not in skip:
-            quantized += lin.count * lin.in_features * lin.out_features
-            quant_tensors += lin.count
-    blocks = Fraction(quantized, q.blocksize)
-    if q.double_quant:
-        # uint8 absmax per block + fp32 absmax per 256 absmax-blocks + 256-entry fp32 code and
-        # fp32 offset per tensor (bitsandbytes QuantState.state2)
-        consts = blocks * 1 + Fraction(quantized, q.blocksize * 256) * 4 + quant_tensors * (256 * 4 + 4)
-    else:
-        consts = blocks * 4
+    skip = set(job.quant.skip_modules)
+    quantized = sum(lin.count * lin.in_features * lin.out_features for lin in model.linears()
+                    if lin.is_module and lin.module not in skip)
+    consts = quant_state_bytes(model, job)
     quant_bytes = Fraction(quantized, 2) + consts
     # biases of quantized layers stay in the compute dtype
     unquantized = model.params.total - quantized
@@ -1250,19 +1241,23 @@ def estimate_memory(
     *,
     gpu_vendor: str | None = "nvidia",
     consts: MemoryConstants | None = None,
+    backend: str = "cuda",
 ) -> MemoryBreakdown:
-    """Per-GPU memory of ``job`` on ``model`` under ``layout``."""
+    """Per-GPU memory of ``job`` on ``model`` under ``layout``.
+
+    ``backend="cpu"`` gives the CPU form of the kernel-dependent terms (what the CPU tests measure);
+    predictions use ``"cuda"``."""
     layout = layout or Layout()
     validate_job(model, job, layout)
     consts = consts or memory_constants()
     st = model_states(model, job, consts)
-    dp, tp, pp = layout.dp, layout.tp, layout.pp
+    tp, pp = layout.tp, layout.pp
     mp = tp * pp  # model-parallel split of every weight
     notes: list[str] = []
 
-    frozen = st.frozen_weights / mp
-    trainable = st.trainable_weights / mp
-    master = st.master_weights / mp
+    lm = layout_memory(model, job, layout, st, consts, backend)
+    frozen, trainable, master = lm.frozen_weights, lm.trainable_weights, lm.master_weights
+    grads, opt, buffers, host = lm.gradients, lm.optimizer_states, lm.comm_buffers, lm.host
     if _autocast_recompute(job, layout) and job.method == "full":
         # HF Trainer's autocast under checkpointing: the layers' weight copies are dropped after
         # the forward and remade one layer at a time in backward (see the recompute transient);
@@ -1270,53 +1265,28 @@ def estimate_memory(
         outside = _head_copy_elems(model, job) + _uncheckpointed_layer_elems(
             model, job, lambda g: _layer_matmul_weight_elems(model, g))
         master = min(st.master_weights, dtype_bytes(PRECISIONS[job.precision]["compute"]) * outside) / mp
-    grads = st.gradients / mp
-    opt = st.optimizer_states / mp
-    host = 0
+    notes.extend(lm.notes)
 
-    if layout.shards_optimizer:
-        opt /= dp
-    if layout.shards_grads:
-        grads /= dp
-    if layout.shards_params:
-        frozen /= dp
-        trainable /= dp
-        master /= dp
-    elif layout.shards_optimizer and st.master_weights:
-        master /= dp  # ZeRO-1/2 keep the fp32 master partitioned with the optimizer
-    if layout.offload_optimizer:
-        host += opt + (master if st.master_weights else 0)
-        opt = 0
-        if st.master_weights:
-            master = 0
-    if layout.offload_params:
-        host += frozen + trainable
-        frozen = trainable = 0
     if getattr(layout, "ep", 1) > 1:
         from .expert_parallel import ep_rank_states
 
         frozen, trainable, master, grads, opt = ep_rank_states(
             model, job, layout, st, frozen, trainable, master, grads, opt,
             master_outside_only=_autocast_recompute(job, layout) and job.method == "full")
+        if layout.engine == "ddp" and buffers:
+            buffers = grads  # DDP's buckets hold a copy of the (EP-split) gradients
 
-    act = activation_parts(model, job, layout, consts=consts)
+    # FSDP's mixed precision and DeepSpeed's bf16 mode run the model on compute-dtype weights:
+    # activations are those of pure compute-dtype training
+    act = activation_parts(model, activation_job(job, lm), layout, backend=backend, consts=consts)
     saved, logits_saved, transient = act.device_saved_bytes, act.loss_saved_bytes, act.transient_bytes
     if act.host_pinned_bytes:
         # TRL activation offloading: pinned host copies (power-of-two blocks, cached across steps)
         host += act.host_pinned_bytes
         notes.append(f"activation offloading: {act.offloaded_bytes / 2**30:,.2f} GiB of saved tensors in "
                      f"pinned host memory ({act.host_pinned_bytes / 2**30:,.2f} GiB of pinned blocks)")
-    # transient extras of the layout
-    if layout.shards_params and dp > 1:
-        # ZeRO-3/FSDP gather one layer (plus one prefetched) in the compute dtype
-        layer_bytes = _largest_layer_bytes(model, job, getattr(layout, "ep", 1)) / mp
-        transient += 2 * layer_bytes
-        if job.method == "full":
-            transient += layer_bytes  # its unsharded gradient before reduce-scatter
-    if layout.strategy == "ddp":
-        # DDP's reducer keeps a flat bucket copy of every gradient (gradient_as_bucket_view=False)
-        transient += int(grads)
-        notes.append("ddp: gradient buckets add a full gradient copy (gradient_as_bucket_view=False)")
+    # the engine's transients (gathered units, unsharded gradients, reduce buffers: sharding.py)
+    transient += lm.transient + lm.autograd_held
     if job.optimizer == "paged_adamw_8bit":
         notes.append("paged optimizer: states can be evicted to host under pressure")
     if getattr(layout, "ep", 1) > 1:
@@ -1328,10 +1298,12 @@ def estimate_memory(
 
     if job.low_precision:
         master, transient = _lowprec_layout_terms(model, job, layout, master, transient, notes)
-    resident = frozen + trainable + master + grads + opt
+    resident = frozen + trainable + master + grads + opt + buffers
     fwd_bwd = resident + saved + logits_saved + transient
     # optimizer step: fused AdamW has no whole-model temporaries; activations are freed
-    step = resident + (_largest_layer_bytes(model, job) / mp if job.method == "full" else 0)
+    shard = layout.shard_degree if layout.shards_params else 1
+    step = resident + lm.step_transient + (_largest_layer_bytes(model, job, getattr(layout, "ep", 1)) / mp / shard
+                                           if job.method == "full" else 0)
     peak_phase = "forward_backward" if fwd_bwd >= step else "optimizer_step"
     peak_alloc = int(max(fwd_bwd, step)) + consts.cublas_workspace_bytes
     reserve = max(int(peak_alloc * consts.allocator_reserve_fraction), consts.allocator_reserve_min_bytes)
@@ -1344,6 +1316,7 @@ def estimate_memory(
         "master_weights": int(master),
         "gradients": int(grads),
         "optimizer_states": int(opt),
+        "comm_buffers": int(buffers),
         "activations": int(saved),
         "logits_and_loss": int(logits_saved),
         "transient": int(transient) + consts.cublas_workspace_bytes,

@@ -44,6 +44,7 @@ _COMPONENT_STYLE: dict[str, tuple[str, str]] = {
     "master_weights": ("fp32 master weights", "#9cc7f2"),
     "gradients": ("gradients", "#f28e2b"),
     "optimizer_states": ("optimizer states", "#3a9b4a"),
+    "comm_buffers": ("engine buffers", "#17becf"),
     "activations": ("activations", "#c0392b"),
     "logits_and_loss": ("logits + loss", "#e377c2"),
     "transient": ("transient peak", "#9c755f"),

@@ -27,6 +27,10 @@ _REQUIRED = (
     "trl_offload_min_bytes",
     "trl_logprob_token_chunk",
     "trl_logprob_vocab_chunk",
+    "deepspeed_auto_reduce_bucket_h2",
+    "deepspeed_auto_prefetch_bucket_h2",
+    "deepspeed_auto_persistence_h",
+    "deepspeed_max_live_parameters",
 )
 
 
@@ -45,6 +49,11 @@ class MemoryConstants:
     trl_offload_min_bytes: int
     trl_logprob_token_chunk: int
     trl_logprob_vocab_chunk: int
+    #: DeepSpeed ZeRO buckets as HF Trainer fills ``auto`` (what ftplan's ds_config.json asks for)
+    deepspeed_auto_reduce_bucket_h2: float = 1.0
+    deepspeed_auto_prefetch_bucket_h2: float = 0.9
+    deepspeed_auto_persistence_h: float = 10.0
+    deepspeed_max_live_parameters: int = 1_000_000_000
 
     def context_bytes(self, vendor: str | None) -> int:
         return self.cuda_context_bytes_amd if (vendor or "").lower() == "amd" else self.cuda_context_bytes

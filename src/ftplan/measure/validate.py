@@ -328,8 +328,12 @@ def update_ratchet(report: dict[str, Any], path: Path | None = None) -> list[str
             changed.append(f"{key}: {best} -> {cur}")
     if changed:
         tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(data, indent=2) + "\n")
-        os.replace(tmp, path)
+        try:
+            tmp.write_text(json.dumps(data, indent=2) + "\n")
+            os.replace(tmp, path)
+        except OSError as e:  # e.g. a name too long for the file system, a read-only folder
+            raise MeasurementError(f"ratchet {str(path)[:200]!r} cannot be written: {e.strerror or e}",
+                                   "pass a writable .json file path as `ratchet`") from None
     return changed
 
 

@@ -1,0 +1,655 @@
+"""Per-rank memory of data-parallel engines: DDP, DeepSpeed ZeRO-1/2/3, FSDP1 and FSDP2.
+
+``layout_memory(model, job, layout, states) -> LayoutMemory``: what one rank holds of the model
+states (sharded or replicated, on the device or offloaded to the host), the engine's persistent
+buffers, and the engine's transient peak during forward/backward (gathered parameters, unsharded
+gradients, reduce-scatter and bucket buffers), for the engine the layout names
+(``Layout.engine``). Pure functions, bytes; no torch.
+
+What each engine keeps (read in the installed torch 2.13 / deepspeed 0.19 / accelerate 1.15 code,
+held against real multi-process gloo runs by ``tests/test_distributed_memory.py``):
+
+* **FSDP2** (``fully_shard``, accelerate's ``fsdp2_prepare_model`` with ``mixed_precision=bf16``):
+  trainable parameters upcast to fp32 and sharded on dim 0 (each tensor padded to a multiple of the
+  shard degree); they are the master copy. ``MixedPrecisionPolicy(param_dtype=bf16,
+  reduce_dtype=bf16)``: a unit (decoder layer, input embedding, [final norm, lm_head]) is gathered in
+  bf16, its gradients are bf16 and reduce-scattered in bf16, then cast to fp32 into the sharded
+  gradient (a view of one flat fp32 shard per unit). Transients follow the unit schedule of
+  :func:`fsdp2_transient_bytes`.
+* **FSDP1** (``FullyShardedDataParallel``, ``use_orig_params=False``): one flat fp32 parameter per
+  wrapped unit, sharded; same mixed precision; one fp32 ``step`` per flat parameter.
+* **DeepSpeed ZeRO-1/2** (``bf16.enabled``): the module is cast to bf16 and kept whole (a flat bf16
+  buffer), fp32 master and AdamW states are partitioned, gradients are reduced into a bf16
+  partition (fp32 during the step); an ``ipg`` bucket of ``reduce_bucket_size`` elements (two with
+  ``overlap_comm``).
+* **DeepSpeed ZeRO-3**: bf16 partitions (parameters under ``stage3_param_persistence_threshold``
+  elements are also kept whole), fp32 master and states partitioned, a persistent bf16 gradient
+  partition buffer and ipg bucket; modules are gathered as they run.
+* **DDP**: replicated states; the reducer keeps one bucket buffer per group of gradients, as large
+  as all gradients together (with ``gradient_as_bucket_view`` the gradients are views of it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+from .catalog.constants import MemoryConstants
+from .job import PRECISIONS, Job, Layout, lora_targets, lora_wraps_experts
+from .model import LayerGroup, LinearSpec, ModelSpec, attention_linears, mlp_linears
+from .units import dtype_bytes
+
+__all__ = ["LayoutMemory", "layout_memory", "activation_job", "fsdp_units", "fsdp2_transient_bytes", "Tensor", "Unit",
+           "layer_linears", "quant_state_bytes"]
+
+
+def layer_linears(model: ModelSpec, g: LayerGroup) -> list[LinearSpec]:
+    """The ``nn.Linear`` weights of one decoder layer of group ``g`` (attention, dense MLP, shared
+    experts; routed experts are fused 3-D parameters, not linears)."""
+    out = attention_linears(g.attention, model.hidden_size, 1)
+    if g.mlp is not None:
+        out += mlp_linears(g.mlp, model.hidden_size, 1, "mlp")
+    if g.moe is not None and g.moe.shared is not None:
+        out += mlp_linears(g.moe.shared, model.hidden_size, 1, "mlp")
+    return out
+
+
+def quant_state_bytes(model: ModelSpec, job: Job) -> int:
+    """bitsandbytes 4-bit quantization state of every quantized linear (``QuantState``): per tensor
+    the 16-entry fp32 nf4/fp4 code and either an fp32 absmax per block, or (double quant) a uint8
+    absmax per block + ``state2``: an fp32 absmax per 256 absmax-blocks, a 256-entry fp32 code and
+    an fp32 offset. Held byte-exact against bitsandbytes 0.50 on CPU."""
+    q = job.quant
+    skip = set(q.skip_modules)
+    total = 0
+    for lin in model.linears():
+        if lin.is_module and lin.module not in skip:
+            blocks = -(-(lin.in_features * lin.out_features) // q.blocksize)
+            per = 16 * 4 + (blocks + 4 * -(-blocks // 256) + 256 * 4 + 4 if q.double_quant else 4 * blocks)
+            total += lin.count * per
+    return total
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """One parameter tensor as the engine stores it."""
+
+    dim0: int
+    numel: int  # stored elements (bitsandbytes 4-bit: packed elements of the storage dtype)
+    nbytes: Fraction  # stored bytes per element
+    trainable: bool
+
+    def padded(self, n: int) -> int:
+        """Elements after padding dim 0 to a multiple of ``n`` (FSDP2 ``Shard(0)``)."""
+        if n <= 1 or self.dim0 <= 0:
+            return self.numel
+        rest = self.numel // self.dim0
+        return -(-self.dim0 // n) * n * rest
+
+
+@dataclass(frozen=True)
+class Unit:
+    """An FSDP unit (a ``fully_shard`` call / an FSDP1 wrapped module): ``count`` identical ones."""
+
+    name: str
+    tensors: tuple[Tensor, ...]
+    count: int = 1
+    reshard_after_forward: bool = True
+    #: elements of the trainable tensor whose gradient arrives last in the unit's backward (the
+    #: autograd engine still holds it while the unit's post-backward reduce-scatters: freed after)
+    late: int = 0
+    #: tied embedding unit, gathered by the embedding at the start of forward and reduced at the
+    #: end of backward: its final-norm gradient (``early`` elements) is made at the start of
+    #: backward, and the lm_head's gradient contribution (``held`` elements, in autograd's input
+    #: buffer of the shared weight) waits there for the embedding's
+    early: int = 0
+    held: int = 0
+
+    def numel(self, trainable: bool | None = None) -> int:
+        return sum(t.numel for t in self.tensors if trainable is None or t.trainable == trainable)
+
+
+@dataclass(frozen=True)
+class LayoutMemory:
+    """Per-rank bytes (Fractions: exact) of the model states and the engine's buffers."""
+
+    frozen_weights: Fraction
+    trainable_weights: Fraction
+    master_weights: Fraction
+    gradients: Fraction
+    optimizer_states: Fraction
+    comm_buffers: Fraction  # persistent engine buffers (DDP buckets, ZeRO-3 ipg/gradient buffers)
+    transient: Fraction  # engine transient peak during forward/backward (not resident)
+    step_transient: Fraction  # engine temporaries of the optimizer step (ZeRO fp32 gradients)
+    host: Fraction  # offloaded to CPU RAM
+    #: activations run in the compute dtype (FSDP mixed precision / DeepSpeed bf16 cast the weights;
+    #: sharded QLoRA computes on compute-dtype non-quantized weights)
+    pure_compute_dtype: bool = False
+    notes: tuple[str, ...] = field(default=())
+    #: gradient bytes autograd holds outside the engine during backward (FSDP2, tied embeddings:
+    #: the lm_head's contribution waits for the embedding's); part of the peak, not of ``transient``
+    autograd_held: Fraction = Fraction(0)
+
+
+def activation_job(job: Job, lm: "LayoutMemory") -> Job:
+    """The job whose single-GPU activations the engine's forward matches: FSDP's mixed precision
+    (``param_dtype``) and DeepSpeed's bf16 mode run the model on compute-dtype weights, like pure
+    compute-dtype training (no autocast copies, a compute-dtype residual stream); sharded QLoRA
+    computes on compute-dtype non-quantized weights (TRL skips ``prepare_model_for_kbit_training``
+    for a float quant storage, and FSDP gathers in ``param_dtype`` anyway), like LoRA on a
+    compute-dtype base."""
+    if not lm.pure_compute_dtype:
+        return job
+    compute = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}
+    if job.method == "qlora":
+        return job.with_(method="lora", precision=compute[job.quant.compute_dtype])
+    if job.precision.endswith("-mixed"):
+        return job.with_(precision=job.precision[: -len("-mixed")])
+    return job
+
+
+# ---------------------------------------------------------------------------------------------
+# the parameter tensors, unit by unit
+# ---------------------------------------------------------------------------------------------
+def _stored_bytes(job: Job, engine: str) -> tuple[Fraction, Fraction]:
+    """(trainable, frozen) bytes per element as the engine stores them."""
+    prec = PRECISIONS[job.precision]
+    mixed = job.precision.endswith("-mixed")
+    if engine == "deepspeed" and mixed:
+        # DeepSpeed's bf16/fp16 mode casts the whole module to the compute dtype (fp32 masters
+        # live in the optimizer)
+        c = dtype_bytes(prec["compute"])
+        return c, c
+    if job.method == "full":
+        return dtype_bytes(prec["trainable"]), dtype_bytes(prec["trainable"])
+    # PEFT keeps adapters in fp32. Sharded QLoRA (FSDP) loads the model in the quant storage dtype
+    # and skips prepare_model_for_kbit_training's fp32 upcast (TRL's is_sharded_qlora path, PEFT's
+    # FSDP-QLoRA recipe, ftplan's exported train.py; FSDP1's flat parameters need one dtype): the
+    # non-quantized weights stay in that dtype
+    if job.method == "qlora":
+        return Fraction(4), _quant_storage_bytes(job) if engine in ("fsdp1", "fsdp2") else Fraction(4)
+    return Fraction(4), dtype_bytes(prec["frozen"])
+
+
+def _layer_tensors(model: ModelSpec, g: LayerGroup, job: Job, tb: Fraction, fb: Fraction,
+                   ep: int = 1) -> list[Tensor]:
+    h = model.hidden_size
+    full = job.method == "full"
+    out: list[Tensor] = []
+    targets = lora_targets(model, job.lora) if job.uses_lora else frozenset()
+    skip = set(job.quant.skip_modules)
+    r = job.lora.r
+    wb = tb if full else fb
+    for lin in layer_linears(model, g):
+        n = lin.in_features * lin.out_features
+        if job.method == "qlora" and lin.module not in skip:
+            # Params4bit with a float quant storage (bnb_4bit_quant_storage): n/2 bytes packed into
+            # n / (2 * storage bytes) elements, shape (elements, 1)
+            sb = _quant_storage_bytes(job)
+            k = n // int(2 * sb)
+            out.append(Tensor(k, k, sb, False))
+        else:
+            out.append(Tensor(lin.out_features, n, wb, full))
+        if lin.bias:
+            out.append(Tensor(lin.out_features, lin.out_features, wb, full))
+        if lin.module in targets:
+            out.append(Tensor(r, r * lin.in_features, tb, True))
+            out.append(Tensor(lin.out_features, lin.out_features * r, tb, True))
+    a = g.attention
+    out += [Tensor(h, h, wb, full)] * g.norms_per_layer
+    if a.qk_norm:
+        out += [Tensor(a.head_dim, a.head_dim, wb, full)] * 2
+    if a.is_mla:
+        out.append(Tensor(a.kv_lora_rank, a.kv_lora_rank, wb, full))
+        if a.q_lora_rank:
+            out.append(Tensor(a.q_lora_rank, a.q_lora_rank, wb, full))
+    if g.moe is not None:
+        m = g.moe
+        e, i = m.num_experts // max(1, ep), m.expert_intermediate_size  # a rank's experts under EP
+        out.append(Tensor(e, e * h, wb, full))  # router
+        out.append(Tensor(e, e * 2 * i * h, wb, full))  # fused gate_up_proj (E, 2I, h)
+        out.append(Tensor(e, e * h * i, wb, full))  # fused down_proj (E, h, I)
+        if job.uses_lora and lora_wraps_experts(model, job.lora):
+            # PEFT ParamWrapper: lora_A [r_eff * E, in], lora_B [out, r_eff * E] (gate_up at 2r)
+            out += [Tensor(e * 2 * r, e * 2 * r * h, tb, True), Tensor(2 * i, 2 * i * e * 2 * r, tb, True),
+                    Tensor(e * r, e * r * i, tb, True), Tensor(h, h * e * r, tb, True),
+                    Tensor(r, r * h, tb, True), Tensor(e, e * r, tb, True)]
+    return out
+
+
+def _quant_storage_bytes(job: Job) -> Fraction:
+    """``bnb_4bit_quant_storage`` of sharded QLoRA: the compute dtype (what ftplan exports)."""
+    return dtype_bytes(job.quant.compute_dtype)
+
+
+def fsdp_units(model: ModelSpec, job: Job, engine: str = "fsdp2", reshard_after_forward: bool = True,
+               ep: int = 1) -> list[Unit]:
+    """The units accelerate wraps, in forward order: the input embedding (untied), every decoder
+    layer, then [final norm, lm_head (and the tied embedding)] with ``reshard_after_forward=False``
+    (FSDP2); FSDP1's transformer auto-wrap makes the decoder layers units and leaves the rest to
+    the root unit. With expert parallelism (``ep`` > 1) a rank's layer holds ``num_experts / ep``
+    routed experts (what it gathers)."""
+    tb, fb = _stored_bytes(job, engine)
+    full = job.method == "full"
+    h, v = model.hidden_size, model.vocab_size
+    wb = tb if full else fb
+    emb = Tensor(v, v * h, wb, full)
+    norm = Tensor(h, h, wb, full)
+    lm_head = Tensor(v, v * h, wb, full)
+    # the input norm's weight gradient is a layer's last (LoRA: the first adapter's lora_A)
+    layers = []
+    for i, g in enumerate(model.groups):
+        ts = tuple(_layer_tensors(model, g, job, tb, fb, ep))
+        late = h if full else next((t.numel for t in ts if t.trainable), 0)
+        layers.append(Unit(f"layer{i}", ts, g.count, reshard_after_forward, late=late))
+    if engine == "fsdp1":
+        root = (emb, norm) if model.tie_word_embeddings else (emb, norm, lm_head)
+        return layers + [Unit("root", root, 1, False)]
+    out = []
+    if model.tie_word_embeddings:
+        # gathered by the embedding lookup, kept (reshard_after_forward=False), reduced last
+        out.append(Unit("tail", (norm, emb), 1, False, late=v * h if full else 0,
+                        early=h if full else 0, held=v * h if full else 0))
+        return out + layers
+    out.append(Unit("embed", (emb,), 1, reshard_after_forward, late=v * h if full else 0))
+    out += layers
+    out.append(Unit("tail", (norm, lm_head), 1, False, late=v * h if full else 0))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# FSDP2 transient schedule
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class _Sim:
+    cur: Fraction = Fraction(0)
+    peak: Fraction = Fraction(0)
+
+    def add(self, x) -> None:
+        self.cur += x
+        if self.cur > self.peak:
+            self.peak = self.cur
+
+
+def fsdp2_transient_bytes(units: list[Unit], n: int, *, param_b: Fraction, reduce_b: Fraction,
+                          hsdp: bool = False, offload: bool = False, backend: str = "cuda",
+                          root_output_b: Fraction = Fraction(0)) -> Fraction:
+    """Peak of FSDP2's own transient buffers in one forward + backward on one rank.
+
+    The schedule of torch 2.13's ``FSDPParamGroup`` (``_fsdp_param_group.py``,
+    ``_fsdp_collectives.py``), unit by unit:
+
+    * unshard: a flat all-gather input (this rank's shard cast to ``param_dtype``), the padded
+      all-gather output, then the copy-out into the unsharded parameters. In forward the previous
+      unit's all-gather output is freed only after this unit's copy-out (implicit prefetch); in
+      backward it is freed right after the copy-out. Under CPU offload (CUDA) the fp32 shard is
+      first copied to the device.
+    * reshard after forward (if the unit does), or keep the unsharded parameters until backward.
+    * backward: the unit's unsharded gradients (``param_dtype``); at pre-backward the next unit
+      is prefetched (all-gather input + output); post-backward reshards, frees the previous unit's
+      reduce-scatter input (``reduce_scatter_max_input_buffers = 1``), allocates the padded
+      reduce-scatter input (``reduce_dtype``), frees the unsharded gradients (the last one the
+      autograd engine still holds is freed after the reduction), allocates the reduce-scatter
+      output (a shard; gloo works on a copy of the input, NCCL does not) and casts it to the
+      parameter dtype: the kept sharded gradient (resident, not transient). HSDP all-reduces the
+      output and keeps it until the next unit's reduction.
+
+    ``root_output_b``: the root's output cast (``output_dtype``: the loss in bf16, 2 bytes).
+    """
+    s = _Sim()
+    seq: list[Unit] = []
+    for u in units:
+        seq += [u] * u.count
+    if not seq:
+        return Fraction(0)
+
+    def sizes(u: Unit):
+        unsh = sum(t.numel for t in u.tensors) * param_b
+        pad = sum(t.padded(n) for t in u.tensors) * param_b
+        shard_in = pad / n
+        h2d = sum(t.padded(n) * t.nbytes for t in u.tensors) / n if (offload and backend == "cuda") else 0
+        g = sum(t.numel for t in u.tensors if t.trainable) * param_b
+        gpad = sum(t.padded(n) for t in u.tensors if t.trainable)
+        rs_in = gpad * reduce_b
+        rs_out = gpad * reduce_b / n
+        orig_b = max((t.nbytes for t in u.tensors if t.trainable), default=reduce_b)
+        if orig_b == reduce_b:
+            rs_out = 0  # the reduce-scatter output is the kept sharded gradient (resident)
+        # gloo's reduce_scatter works on a copy of the input (NCCL reduce-scatters in place)
+        comm_copy = rs_in if backend == "cpu" else 0
+        return unsh, pad, shard_in, h2d, g, rs_in, rs_out, comm_copy
+
+    def gather(u: Unit) -> Fraction:
+        unsh, pad, shard_in, h2d, *_ = sizes(u)
+        s.add(h2d)
+        s.add(shard_in)
+        s.add(-h2d)
+        s.add(pad)
+        s.add(-shard_in)
+        return pad
+
+    held_ag = Fraction(0)
+    unsharded: dict[int, bool] = {}
+    # forward
+    for i, u in enumerate(seq):
+        unsh = sizes(u)[0]
+        pad = gather(u)
+        s.add(unsh)  # copy-out
+        s.add(-held_ag)  # the previous all-gather output
+        held_ag = pad
+        unsharded[i] = True
+        if u.reshard_after_forward:
+            s.add(-unsh)
+            unsharded[i] = False
+    s.add(root_output_b)
+    s.add(-held_ag)
+    # backward: reverse order (a tied embedding unit, first in forward, is reduced last)
+    early = sum(u.early for u in seq) * param_b
+    s.add(early)
+    order = list(range(len(seq) - 1, -1, -1))
+    prefetched: dict[int, Fraction] = {}
+    held_rs = Fraction(0)
+    for pos, i in enumerate(order):
+        u = seq[i]
+        unsh, pad, shard_in, h2d, g, rs_in, rs_out, cast = sizes(u)
+        if not unsharded[i]:
+            ag = prefetched.pop(i) if i in prefetched else gather(u)
+            s.add(unsh)
+            s.add(-ag)
+            unsharded[i] = True
+        if pos + 1 < len(order):
+            j = order[pos + 1]
+            if not unsharded[j] and j not in prefetched:
+                prefetched[j] = gather(seq[j])
+        late = u.late * param_b
+        s.add(g - u.early * param_b)  # autograd's unsharded gradients
+        s.add(-unsh)  # post-backward reshard
+        unsharded[i] = False
+        if g:
+            s.add(-held_rs)
+            s.add(rs_in)
+            s.add(-(g - late))
+            s.add(rs_out)
+            s.add(cast)  # (the backend's copy of the input)
+            s.add(-cast)  # then the cast to the parameter dtype: the kept, resident sharded gradient
+            if hsdp:  # all-reduced across replicas in place, held until the next reduction
+                held_rs = rs_in + rs_out
+            else:
+                s.add(-rs_out)
+                held_rs = rs_in
+            s.add(-late)
+    s.add(-held_rs)
+    s.add(-root_output_b)
+    return s.peak
+
+
+# ---------------------------------------------------------------------------------------------
+# per engine
+# ---------------------------------------------------------------------------------------------
+def _padded_shard(units: list[Unit], n: int, trainable: bool | None) -> tuple[Fraction, int]:
+    """(bytes of this rank's padded shards of the selected tensors, number of such tensors)."""
+    total = Fraction(0)
+    count = 0
+    for u in units:
+        for t in u.tensors:
+            if trainable is None or t.trainable == trainable:
+                total += u.count * t.padded(n) * t.nbytes / n
+                count += u.count
+    return total, count
+
+
+def layout_memory(model: ModelSpec, job: Job, layout: Layout, st, consts: MemoryConstants,
+                  backend: str = "cuda") -> LayoutMemory:
+    """What one rank holds under ``layout`` (``st``: the whole-model ``ModelStates``)."""
+    eng = layout.engine
+    mp = layout.tp * layout.pp
+    prec = PRECISIONS[job.precision]
+    mixed = job.precision.endswith("-mixed")
+    c = dtype_bytes(prec["compute"])
+    notes: list[str] = []
+    n_train = st.params_trainable
+    zero = Fraction(0)
+    if eng in ("torch", "ddp"):
+        frozen, trainable, master = Fraction(st.frozen_weights), Fraction(st.trainable_weights), Fraction(st.master_weights)
+        grads, opt = Fraction(st.gradients), Fraction(st.optimizer_states)
+        buf = transient = zero
+        if eng == "ddp":
+            if layout.ddp_bucket_view:
+                # the gradients are views of the buckets; each backward's autograd gradient is
+                # copied in and dropped one tensor at a time
+                transient = _largest_trainable_tensor(model, job) * dtype_bytes(PRECISIONS[job.precision]["grad"]
+                                                                                 if job.method == "full" else "fp32")
+                notes.append("ddp: gradient_as_bucket_view: gradients live in the reducer's buckets")
+            else:
+                buf = grads
+                notes.append("ddp: the reducer's buckets hold a second copy of every gradient "
+                             "(gradient_as_bucket_view=False, HF Trainer's default)")
+        return LayoutMemory(frozen / mp, trainable / mp, master / mp, grads / mp, opt / mp, buf / mp,
+                            transient / mp, zero, zero, False, tuple(notes))
+
+    n = layout.shard_degree
+    if eng in ("fsdp1", "fsdp2"):
+        units = fsdp_units(model, job, eng, layout.reshard_after_forward)
+        trainable, n_tt = _padded_shard(units, n, True)
+        frozen, _ = _padded_shard(units, n, False)
+        if job.method == "qlora":
+            frozen += quant_state_bytes(model, job)  # quant states stay whole on every rank
+        gb = Fraction(4) if job.method != "full" else dtype_bytes(prec["grad"])
+        tb = Fraction(4) if job.method != "full" else dtype_bytes(prec["trainable"])
+        grads = trainable * gb / tb
+        per_tensor_opt = _opt_bytes_per_elem(job, st)
+        if eng == "fsdp2":
+            opt = trainable / tb * per_tensor_opt + _opt_per_tensor(job) * n_tt
+        else:  # one flat parameter per unit with trainable parameters
+            flats = sum(u.count for u in units if u.numel(True))
+            opt = _flat_shard(units, n, True) / tb * per_tensor_opt + _opt_per_tensor(job) * flats
+            trainable = _flat_shard(units, n, True)
+            frozen = _flat_shard(units, n, False) + (quant_state_bytes(model, job) if job.method == "qlora" else 0)
+            grads = trainable * gb / tb
+        pb = c if mixed else tb
+        rb = c if mixed else gb
+        if layout.ep > 1:
+            # expert parallelism: a rank gathers and reduces only its own experts (the states
+            # are split by memory.estimate_memory through expert_parallel.ep_rank_states)
+            units = fsdp_units(model, job, eng, layout.reshard_after_forward, ep=layout.ep)
+        if eng == "fsdp2":
+            transient = fsdp2_transient_bytes(units, n, param_b=pb, reduce_b=rb, hsdp=layout.hsdp,
+                                              offload=layout.offload_params, backend=backend,
+                                              root_output_b=c if mixed else 0)
+        else:
+            transient = _fsdp1_transient(units, n, pb, rb, layout, backend)
+        host = zero
+        if layout.offload_params:
+            # bitsandbytes' quantization states are tensors of the Params4bit objects, not FSDP
+            # parameters: CPU offload moves the flat shards only, the states stay on the device
+            qstate = quant_state_bytes(model, job) if job.method == "qlora" else 0
+            host = frozen - qstate + trainable + grads + opt
+            frozen, trainable, grads, opt = Fraction(qstate), zero, zero, zero
+            notes.append(f"{eng}: CPU offload keeps the parameter shards, their gradients and the optimizer "
+                         "(step on the CPU) in host RAM")
+        held = sum(u.held * u.count for u in units) * pb if eng == "fsdp2" else zero
+        return LayoutMemory(frozen / mp, trainable / mp, zero, grads / mp, opt / mp, zero, transient / mp,
+                            zero, host / mp, mixed or job.method == "qlora", tuple(notes), held / mp)
+
+    # DeepSpeed ZeRO
+    stage = int(layout.strategy[-1])
+    wb = c if mixed else (dtype_bytes(prec["trainable"]) if job.method == "full" else Fraction(4))
+    per_elem_opt = _opt_bytes_per_elem(job, st)
+    master_b = Fraction(4) if mixed else Fraction(0)
+    train_w = n_train * wb
+    frozen_w = Fraction(st.frozen_weights) if job.method != "full" else zero
+    if job.method == "lora" and mixed:
+        frozen_w = Fraction(st.params_total) * c  # the module is cast to bf16 (it already is)
+    part = Fraction(_aligned(n_train, n), n)  # elements of this rank's flat partition
+    master = part * master_b
+    # DeepSpeed's optimizer steps one flat fp32 partition per group (FusedAdam keeps its step count
+    # as a Python int): no per-tensor step scalars
+    opt = part * per_elem_opt
+    bucket = _ds_reduce_bucket(model, consts)
+    largest = _largest_trainable_tensor(model, job, layout.ep) * c
+    grads_part = part * c
+    step_tmp = part * 4 if mixed else zero  # fp32 gradient partition built for the step
+    host = zero
+    buf = zero
+    if stage in (1, 2):
+        trainable = train_w
+        frozen = frozen_w
+        grads = grads_part
+        # the largest gradient and its copy into the reduction (ZeRO-1 accumulates in fp32) and
+        # the two ipg buckets (overlap_comm); an upper bound by at most the largest gradient
+        red_b = Fraction(4) if stage == 1 else c
+        transient = largest + _largest_trainable_tensor(model, job, layout.ep) * red_b + 2 * bucket * red_b
+    else:
+        persist_elems = _ds_persistent_elems(model, job, consts)
+        trainable = part * wb + persist_elems * wb
+        frozen = frozen_w / n if frozen_w else zero
+        grads = zero
+        buf = grads_part + bucket * c  # persistent gradient partition buffer and ipg bucket
+        # modules are gathered as they run and stay gathered while DeepSpeed's trace says they are
+        # reused within stage3_max_reuse_distance, up to stage3_max_live_parameters elements (both
+        # 1e9 in ftplan's ds_config.json); backward adds the largest gradient and its
+        # reduce-scatter copy (an upper bound by at most the largest gradient)
+        gatherable = _ds_gatherable_elems(model, job, consts, layout.ep)
+        transient = min(gatherable, consts.deepspeed_max_live_parameters) * c + 2 * largest
+    if layout.offload_optimizer:
+        # fp32 master, AdamW states and fp32 gradient partitions (DeepSpeed keeps an accumulation
+        # copy of them too: ZeRO-3 in the compute dtype, ZeRO-1/2 in fp32) live in host RAM
+        host += master + opt + part * 4 + (grads_part if stage == 3 else part * 4)
+        master = opt = zero
+        step_tmp = zero
+        if stage == 3:
+            buf -= grads_part
+        else:
+            grads = zero
+        notes.append("deepspeed: optimizer offload keeps fp32 master weights, AdamW states and fp32 gradient "
+                     "partitions in host RAM (the step runs on the CPU)")
+    if layout.offload_params and stage == 3:
+        host += trainable + frozen
+        trainable = frozen = zero
+    return LayoutMemory(frozen / mp, trainable / mp, master / mp, grads / mp, opt / mp, buf / mp, transient / mp,
+                        step_tmp / mp, host / mp, mixed or (job.method == "qlora" and stage == 3), tuple(notes))
+
+
+def _aligned(numel: int, n: int) -> int:
+    """DeepSpeed pads the flat group to a multiple of ``nccl_start_alignment_factor`` (2) x ranks."""
+    a = 2 * n
+    return -(-numel // a) * a
+
+
+def _opt_bytes_per_elem(job: Job, st) -> Fraction:
+    """Optimizer-state bytes per trainable element, without the per-tensor ``step`` scalars."""
+    per_tensor = _opt_per_tensor(job) * st.n_trainable_tensors
+    return Fraction(st.optimizer_states - per_tensor, max(1, st.params_trainable))
+
+
+def _opt_per_tensor(job: Job) -> int:
+    """AdamW keeps one fp32 ``step`` per parameter tensor (Adafactor an RMS scalar)."""
+    return 4 if job.optimizer in ("adamw", "adafactor") else 0
+
+
+def _flat_shard(units: list[Unit], n: int, trainable: bool) -> Fraction:
+    """FSDP1: each unit's flat parameter (the selected tensors, concatenated) padded to a multiple
+    of ``n`` and split; bytes of one shard."""
+    total = Fraction(0)
+    for u in units:
+        sel = [t for t in u.tensors if t.trainable == trainable]
+        if not sel:
+            continue
+        numel = sum(t.numel for t in sel)
+        total += u.count * Fraction(-(-numel // n)) * sel[0].nbytes
+    return total
+
+
+def _fsdp1_transient(units: list[Unit], n: int, pb: Fraction, rb: Fraction, layout: Layout,
+                     backend: str = "cuda") -> Fraction:
+    """FSDP1 (``FullyShardedDataParallel``, ``use_orig_params=False``, BACKWARD_PRE,
+    ``limit_all_gathers``): per unit one flat parameter padded to a multiple of the shard degree.
+    Unshard: the low-precision copy of this rank's shard (``_mp_shard``), the padded flat parameter
+    in ``param_dtype`` (``_full_param_padded``), then the shard copy is freed; the root unit (the
+    embedding, final norm and lm_head) stays gathered from its forward to the end of backward;
+    FULL_SHARD frees a layer after its forward (SHARD_GRAD_OP keeps it). Backward of a layer: the
+    previous layer is prefetched, the flat gradient (``param_dtype``) is made, the layer is
+    resharded, the reduce-scatter output (a shard, ``reduce_dtype``; gloo works on a copy of the
+    input) is cast to the fp32 sharded gradient (resident), then the flat gradient is freed."""
+    s = _Sim()
+    seq: list[Unit] = []
+    for u in units:
+        seq += [u] * u.count
+    if not seq:
+        return Fraction(0)
+    root = seq[-1]
+    layers = seq[:-1]
+
+    def flat(u: Unit, trainable: bool | None = None) -> int:
+        numel = sum(t.numel for t in u.tensors if trainable is None or t.trainable == trainable)
+        return -(-numel // n) * n if numel else 0
+
+    def gather(u: Unit) -> Fraction:
+        full = flat(u) * pb
+        s.add(full / n)
+        s.add(full)
+        s.add(-full / n)
+        return full
+
+    root_full = gather(root)
+    full = {}
+    for i, u in enumerate(layers):
+        full[i] = gather(u)
+        if layout.reshard_after_forward:
+            s.add(-full[i])
+            full[i] = Fraction(0)
+
+    def reduce(u: Unit, keep: Fraction) -> None:
+        g = flat(u, True)
+        if not g:
+            return
+        s.add(g * pb)  # the flat gradient
+        s.add(-keep)  # reshard after backward
+        s.add(Fraction(g, n) * rb)  # reduce-scatter output
+        copy = g * rb if backend == "cpu" else 0
+        s.add(copy)
+        s.add(-copy)
+        s.add(-Fraction(g, n) * rb)  # cast to the fp32 sharded gradient (resident)
+        s.add(-g * pb)
+
+    for i in range(len(layers) - 1, -1, -1):
+        if not full[i]:
+            full[i] = gather(layers[i])
+        if i - 1 >= 0 and not full[i - 1]:
+            full[i - 1] = gather(layers[i - 1])
+        reduce(layers[i], full[i])
+        full[i] = Fraction(0)
+    reduce(root, root_full)
+    return s.peak
+
+
+def _largest_trainable_tensor(model: ModelSpec, job: Job, ep: int = 1) -> int:
+    """Elements of the largest trainable tensor (its gradient is the largest single one)."""
+    return max((t.numel for u in fsdp_units(model, job, ep=ep) for t in u.tensors if t.trainable), default=0)
+
+
+def _ds_reduce_bucket(model: ModelSpec, consts: MemoryConstants) -> int:
+    """``reduce_bucket_size`` elements: HF Trainer's ``auto`` (hidden_size^2), what ftplan exports."""
+    return int(consts.deepspeed_auto_reduce_bucket_h2 * model.hidden_size ** 2)
+
+
+def _ds_gatherable_elems(model: ModelSpec, job: Job, consts: MemoryConstants, ep: int = 1) -> int:
+    """Elements ZeRO-3 gathers (every parameter above the persistence threshold; a rank's own
+    experts under expert parallelism)."""
+    limit = consts.deepspeed_auto_persistence_h * model.hidden_size if not job.uses_lora else 0
+    return sum(t.numel * u.count for u in fsdp_units(model, job, "fsdp2", ep=ep) for t in u.tensors if t.numel > limit)
+
+
+def _ds_persistent_elems(model: ModelSpec, job: Job, consts: MemoryConstants) -> int:
+    """Elements of the trainable parameters at or under ``stage3_param_persistence_threshold``
+    (``auto``: 10 x hidden_size), which ZeRO-3 keeps whole on every rank."""
+    if job.uses_lora:
+        return 0
+    limit = consts.deepspeed_auto_persistence_h * model.hidden_size
+    total = 0
+    units = fsdp_units(model, job, "fsdp2")
+    for u in units:
+        for t in u.tensors:
+            if t.numel <= limit:
+                total += t.numel * u.count
+    return total

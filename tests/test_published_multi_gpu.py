@@ -1,0 +1,64 @@
+"""Published multi-GPU peak-memory measurements (``benchmarks/reference/multi_gpu_memory.csv``)
+against ftplan's per-GPU estimate.
+
+The data file is checked (>= 15 rows, >= 8 of them >= 30B, every row with its source, date and
+what was measured). Over the rows whose job ftplan can express (no ``depends_on``), the errors
+must not get worse than the figures reached when the points were collected (a ratchet: lower
+them when a change improves them); issue 12's target - median |error| <= 5 % and no row
+under-predicted by more than 5 % - is held as a strict expected failure until it is reached.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import published_multi_gpu as P  # noqa: E402
+
+#: reached on 2026-11-23 (18 expressible rows, after the merge with i12b: selective AC, loss paths); lower them when the model improves
+RATCHET = {"median_abs_pct": 9.5, "max_abs_pct": 24.5, "under_5": 9}
+
+
+@pytest.fixture(scope="module")
+def points():
+    return P.points()
+
+
+def test_data_file_has_enough_sourced_points():
+    rows = P.load_rows()
+    assert len(rows) >= 15
+    assert sum(float(r["params_b"]) >= 30 for r in rows) >= 8
+    for r in rows:
+        assert r["source_url"].startswith("https://") and r["source_date"] and r["measured_what"], r["id"]
+        assert r["strategy"] in ("fsdp", "zero3", "zero2", "zero1", "ddp"), r["id"]
+        assert int(r["gpus_per_node"]) * int(r["nodes"]) > 1, r["id"]
+    # rows that need features ftplan does not model yet say which
+    assert all(r["depends_on"] == "" or ":" in r["depends_on"] or "torch.compile" in r["depends_on"] for r in rows)
+
+
+def test_errors_do_not_get_worse(points):
+    s = P.summary(points)
+    assert s["n"] >= 15
+    assert s["median_abs_pct"] <= RATCHET["median_abs_pct"], s
+    assert s["max_abs_pct"] <= RATCHET["max_abs_pct"], s
+    assert s["under_5"] <= RATCHET["under_5"], s
+
+
+@pytest.mark.xfail(strict=True, reason="issue 12 target not reached yet: see Table 3 of benchmarks/accuracy.py "
+                                       "and benchmarks/notes/distributed_cpu.md")
+def test_issue_target(points):
+    s = P.summary(points)
+    assert s["median_abs_pct"] <= 5.0 and s["worst_under_pct"] >= -5.0, s
+
+
+def test_accuracy_script_prints_table_3():
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "published_multi_gpu.py")], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "Table 3 - published multi-GPU" in out.stdout and "median |error|" in out.stdout

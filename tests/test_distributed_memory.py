@@ -160,7 +160,8 @@ def _check(case: Case, world: int, m: RankMeasure) -> list[str]:
             eq("optimizer", m.optimizer, p["optimizer"])
             if stage < 3:
                 eq("params", m.params, params)
-                eq("grads", m.grads - BOUNDS["ds_last_bucket"](case) / 2, p["grads"], BOUNDS["ds_last_bucket"](case) / 2)
+                late = BOUNDS["ds_last_bucket"](case) + BOUNDS["ds_late_grad"](case)
+                eq("grads", m.grads - late / 2, p["grads"], late / 2)
             else:
                 # persistent (small) parameters are whole on every rank; ZeRO-3 keeps its gradient
                 # partition buffer and ipg bucket for the whole run
@@ -196,6 +197,11 @@ BOUNDS = {
     "ds_scalars": 256,
     # ZeRO-1/2 keep the flattened last reduce bucket with the gradient partition: < one bucket
     "ds_last_bucket": _ds_bucket,
+    # ZeRO-1/2: the bf16 gradient of the largest tensor (the embedding, the last computed in
+    # backward) may not be reduced and freed yet on a rank when backward ends, by timing: seen as
+    # +69,568 B and +61,504 B on llama ZeRO-2 (65,536 B = its bf16 gradient, plus part of a bucket)
+    # in full-suite runs on the 2-core machine, never when the cases run alone
+    "ds_late_grad": lambda case: 2 * _ds_largest_numel(case),
     # ZeRO-3 gathers its persistent (small) parameters twice in the first steps, plus scalars;
     # and on some runs a rank still holds one gathered parameter when the step ends (DeepSpeed's
     # in-flight/prefetch bookkeeping is timing-dependent): up to the largest parameter in bf16
@@ -226,6 +232,13 @@ def _last_unit_grad_bf16(case: Case, world: int) -> int:
     units = fsdp_units(spec, case.job(), case.engine)
     return 2 * max(max(-(-u.numel(True) // world) * world, sum(t.padded(world) for t in u.tensors if t.trainable))
                    for u in units)
+
+
+def _ds_largest_numel(case: Case) -> int:
+    from ftplan.sharding import fsdp_units
+
+    spec = model_from_config(TR.TINY_CONFIGS[case.family])
+    return max(t.numel for u in fsdp_units(spec, case.job()) for t in u.tensors if t.trainable)
 
 
 def _ds_largest_grad(case: Case) -> int:

@@ -20,7 +20,8 @@ held against real multi-process gloo runs by ``tests/test_distributed_memory.py`
   wrapped unit, sharded; same mixed precision; one fp32 ``step`` per flat parameter.
 * **DeepSpeed ZeRO-1/2** (``bf16.enabled``): the module is cast to bf16 and kept whole (a flat bf16
   buffer), fp32 master and AdamW states are partitioned, gradients are reduced into a bf16
-  partition (fp32 during the step); an ``ipg`` bucket of ``reduce_bucket_size`` elements (two with
+  partition (fp32 during the step), HF Trainer's torch optimizer over the flat fp32 partition (one
+  ``step`` scalar); an ``ipg`` bucket of ``reduce_bucket_size`` elements (two with
   ``overlap_comm``).
 * **DeepSpeed ZeRO-3**: bf16 partitions (parameters under ``stage3_param_persistence_threshold``
   elements are also kept whole), fp32 master and states partitioned, a persistent bf16 gradient
@@ -482,9 +483,10 @@ def layout_memory(model: ModelSpec, job: Job, layout: Layout, st, consts: Memory
         frozen_w = Fraction(st.params_total) * c  # the module is cast to bf16 (it already is)
     part = Fraction(_aligned(n_train, n), n)  # elements of this rank's flat partition
     master = part * master_b
-    # DeepSpeed's optimizer steps one flat fp32 partition per group (FusedAdam keeps its step count
-    # as a Python int): no per-tensor step scalars
-    opt = part * per_elem_opt
+    # DeepSpeed's optimizer steps one flat fp32 partition per group: HF Trainer hands it its own
+    # torch optimizer (ftplan's ds_config.json has no "optimizer" section), which keeps one fp32
+    # ``step`` for that flat partition (AdamW / Adafactor), not one per parameter tensor
+    opt = part * per_elem_opt + _opt_per_tensor(job)
     bucket = _ds_reduce_bucket(model, consts)
     largest = _largest_trainable_tensor(model, job, layout.ep) * c
     grads_part = part * c

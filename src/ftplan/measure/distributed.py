@@ -31,9 +31,11 @@ step the log is replayed to split the bytes into categories:
 
 CPU stand-ins (the bytes are the engine's own; only these device mechanics differ): FSDP1 is
 given ``device_id=cpu`` and CPU "pinning" is a no-op under offload; DeepSpeed's shared-memory
-communication kernel (a JIT-compiled C++ extension) is not built (gloo carries the collectives)
-and a torch optimizer is used under optimizer offload instead of the compiled DeepSpeedCPUAdam
-(``zero_force_ds_cpu_optimizer: false``); see ``benchmarks/notes/distributed_cpu.md``.
+communication kernel (a JIT-compiled C++ extension) is not built (gloo carries the collectives).
+DeepSpeed steps a client torch AdamW in every case, offload included
+(``zero_force_ds_cpu_optimizer: false``), as HF Trainer does with ftplan's exported ds_config.json
+(no "optimizer" section), so no optimizer extension is compiled either; see
+``benchmarks/notes/distributed_cpu.md``.
 
 torch, transformers (and deepspeed, peft, bitsandbytes where a case needs them) are imported
 lazily: importing this module costs nothing.
@@ -473,7 +475,11 @@ def _wrap_deepspeed(case: Case, model):
         "gradient_accumulation_steps": 1,
         "bf16": {"enabled": True},
         "zero_optimization": {"stage": case.zero_stage},
-        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
+        # no "optimizer" section, as in ftplan's exported ds_config.json: HF Trainer hands DeepSpeed
+        # its own torch AdamW (client optimizer; with offload too, zero_allow_untested_optimizer),
+        # and nothing is JIT-compiled (DeepSpeed's AdamW on the CPU accelerator builds cpu_adam /
+        # fused_adam C++ extensions: ~200 s on 2 cores)
+        "zero_allow_untested_optimizer": True,
         "zero_force_ds_cpu_optimizer": False,
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
@@ -493,8 +499,11 @@ def _wrap_deepspeed(case: Case, model):
         zo["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
     if case.offload_params:
         zo["offload_param"] = {"device": "cpu", "pin_memory": False}
+    import torch
+
     params = [p for p in model.parameters() if p.requires_grad]
-    engine, opt, _, _ = deepspeed.initialize(model=model, model_parameters=params, config=cfg)
+    client = torch.optim.AdamW(params, lr=1e-4, foreach=False)
+    engine, opt, _, _ = deepspeed.initialize(model=model, optimizer=client, config=cfg)
     return engine, engine, None
 
 

@@ -85,7 +85,8 @@ def job_and_layout(r: dict):
               attn_impl=r["attn"] or "sdpa", lora=lora, loss=_loss(r), packing=r.get("packing") == "1")
     layout = Layout(int(r["gpus_per_node"]), int(r["nodes"]), r["strategy"],
                     offload_optimizer=r["offload_optimizer"] == "1", offload_params=r["offload_params"] == "1",
-                    fsdp_version=int(r["fsdp_version"] or 2))
+                    fsdp_version=int(r["fsdp_version"] or 2),
+                    ds_reduce_bucket_size=int(r.get("ds_reduce_bucket_size") or 0))
     return job, layout
 
 

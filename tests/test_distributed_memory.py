@@ -69,6 +69,10 @@ DS_CASES = [
     Case(family="mixtral", engine="deepspeed", zero_stage=3, steps=2),
     Case(family="qwen2", engine="deepspeed", zero_stage=2, offload_optimizer=True),
     Case(family="llama", engine="deepspeed", zero_stage=3, offload_optimizer=True, offload_params=True, steps=2),
+    # an explicit reduce_bucket_size (Layout.ds_reduce_bucket_size; DeepSpeed's own default, 5e8,
+    # when no JSON config is given): the ipg bucket is allocated at that size (a bucket smaller than
+    # the largest gradient keeps the flush regime of the auto bucket: see distributed_cpu.md)
+    Case(family="qwen2", engine="deepspeed", zero_stage=3, steps=2, reduce_bucket_size=3_000),
 ]
 #: 4 ranks: shard degree 4, and HSDP (2 replicas x 2 shards)
 FOUR_CASES = [

@@ -21,8 +21,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import published_multi_gpu as P  # noqa: E402
 
-#: reached on 2026-11-23 (18 expressible rows, after the merge with i12b: selective AC, loss paths); lower them when the model improves
-RATCHET = {"median_abs_pct": 9.5, "max_abs_pct": 24.5, "under_5": 9}
+#: reached on 2026-11-23 (18 expressible rows; PEFT's ZeRO-3 rows with DeepSpeed's own reduce_bucket_size:
+#: median 8.7 %, max 24.4 %, 9 under by > 5 %); lower them when the model improves
+RATCHET = {"median_abs_pct": 8.8, "max_abs_pct": 24.5, "under_5": 9}
 
 
 @pytest.fixture(scope="module")

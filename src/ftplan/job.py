@@ -126,6 +126,7 @@ JOB_LIMITS: dict[str, float] = {
     "target_modules": 256,
     "checkpoint_every": 4096,
     "ep": 1 << 16,
+    "ds_reduce_bucket_size": 10**12,
 }
 
 
@@ -352,6 +353,15 @@ class Layout:
     #: next to them); HF Trainer / accelerate default False
     ddp_bucket_view: bool = option(False, help="strategy ddp: gradient_as_bucket_view (gradients live in "
                                                "the reducer's buckets, no second copy)")
+    #: strategy zero1/2/3: DeepSpeed's ``reduce_bucket_size`` in elements, as a DeepSpeed config
+    #: gives it; 0 = HF Trainer's ``auto`` (hidden_size^2), what ftplan's ds_config.json writes.
+    #: Without a DeepSpeed JSON (accelerate's ``deepspeed_config`` questions only) DeepSpeed's own
+    #: default applies: 500,000,000 (deepspeed/runtime/zero/config.py)
+    ds_reduce_bucket_size: int = option(0, minimum=0, maximum=JOB_LIMITS["ds_reduce_bucket_size"],
+                                        label="DeepSpeed reduce_bucket_size",
+                                        help="strategy zero1/2/3: DeepSpeed reduce_bucket_size in elements "
+                                             "(0 = HF Trainer's auto, hidden_size^2; DeepSpeed's own default "
+                                             "without a JSON config: 500000000)")
 
     @property
     def world_size(self) -> int:
@@ -648,6 +658,10 @@ def validate_job(model: ModelSpec, job: Job, layout: Layout | None = None) -> No
     if layout.ddp_bucket_view:
         _check(layout.strategy == "ddp", p, "gradient_as_bucket_view is a DDP option (strategy ddp)",
                "ddp_bucket_view")
+    if layout.ds_reduce_bucket_size:
+        _check(layout.strategy in ("zero1", "zero2", "zero3"), p,
+               "reduce_bucket_size is a DeepSpeed ZeRO option (strategy zero1, zero2 or zero3)",
+               "ds_reduce_bucket_size", "drop `ds_reduce_bucket_size`, or use a ZeRO strategy")
     if not layout.reshard_after_forward:
         _check(layout.strategy == "fsdp", p,
                "keeping gathered layers after forward is an FSDP option (strategy fsdp; ZeRO-3 always re-gathers)",

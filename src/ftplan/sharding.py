@@ -487,7 +487,7 @@ def layout_memory(model: ModelSpec, job: Job, layout: Layout, st, consts: Memory
     # torch optimizer (ftplan's ds_config.json has no "optimizer" section), which keeps one fp32
     # ``step`` for that flat partition (AdamW / Adafactor), not one per parameter tensor
     opt = part * per_elem_opt + _opt_per_tensor(job)
-    bucket = _ds_reduce_bucket(model, consts)
+    bucket = _ds_reduce_bucket(model, consts, layout)
     largest = _largest_trainable_tensor(model, job, layout.ep) * c
     grads_part = part * c
     step_tmp = part * 4 if mixed else zero  # fp32 gradient partition built for the step
@@ -630,8 +630,14 @@ def _largest_trainable_tensor(model: ModelSpec, job: Job, ep: int = 1) -> int:
     return max((t.numel for u in fsdp_units(model, job, ep=ep) for t in u.tensors if t.trainable), default=0)
 
 
-def _ds_reduce_bucket(model: ModelSpec, consts: MemoryConstants) -> int:
-    """``reduce_bucket_size`` elements: HF Trainer's ``auto`` (hidden_size^2), what ftplan exports."""
+def _ds_reduce_bucket(model: ModelSpec, consts: MemoryConstants, layout: Layout | None = None) -> int:
+    """``reduce_bucket_size`` elements: the layout's explicit value (``Layout.ds_reduce_bucket_size``,
+    e.g. DeepSpeed's own default 5e8 when no JSON config is given), else HF Trainer's ``auto``
+    (hidden_size^2), what ftplan's ds_config.json writes. DeepSpeed allocates its ipg bucket(s)
+    at this size whatever the model (ZeRO-3: one per communication dtype, at optimizer init)."""
+    explicit = getattr(layout, "ds_reduce_bucket_size", 0) if layout is not None else 0
+    if explicit:
+        return int(explicit)
     return int(consts.deepspeed_auto_reduce_bucket_h2 * model.hidden_size ** 2)
 
 

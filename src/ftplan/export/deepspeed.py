@@ -59,7 +59,8 @@ def deepspeed_config(layout: Layout, job: Job) -> dict[str, Any]:
         zero["offload_param"] = {"device": "cpu", "pin_memory": True}
     zero["overlap_comm"] = True
     zero["contiguous_gradients"] = True
-    zero["reduce_bucket_size"] = "auto"
+    # an explicit Layout.ds_reduce_bucket_size is written as is (the plan's memory assumed it)
+    zero["reduce_bucket_size"] = layout.ds_reduce_bucket_size or "auto"
     if layout.tp > 1 and stage != 3:
         zero["gather_16bit_weights_on_model_save"] = True  # AutoTP: save whole 16-bit weights
     if stage == 3:

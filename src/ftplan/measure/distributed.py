@@ -83,6 +83,8 @@ class Case:
     lora_r: int = 8
     #: bitsandbytes 4-bit storage dtype for QLoRA over FSDP (bnb_4bit_quant_storage)
     quant_storage: str = "bf16"
+    #: DeepSpeed reduce_bucket_size in elements (``Layout.ds_reduce_bucket_size``); 0 = HF's auto
+    reduce_bucket_size: int = 0
 
     def job(self):
         """The ftplan ``Job`` this case runs (bf16-mixed AdamW, HF Trainer / accelerate style)."""
@@ -104,7 +106,7 @@ class Case:
                       offload_params=self.offload_params,
                       fsdp_version=1 if self.engine == "fsdp1" else 2,
                       reshard_after_forward=self.reshard_after_forward, hsdp=self.replicate > 1,
-                      ddp_bucket_view=self.ddp_bucket_view)
+                      ddp_bucket_view=self.ddp_bucket_view, ds_reduce_bucket_size=self.reduce_bucket_size)
 
     @property
     def label(self) -> str:
@@ -121,6 +123,8 @@ class Case:
             parts.append("offload-opt")
         if self.engine == "ddp" and self.ddp_bucket_view:
             parts.append("bucket-view")
+        if self.engine == "deepspeed" and self.reduce_bucket_size:
+            parts.append(f"bucket{self.reduce_bucket_size}")
         return "/".join(parts)
 
 
@@ -488,7 +492,8 @@ def _wrap_deepspeed(case: Case, model):
     # the settings of ftplan's exported ds_config.json, with HF Trainer's "auto" values filled in
     # the way transformers.integrations.deepspeed does (hidden_size based)
     h = _hidden_size(model)
-    zo.update({"overlap_comm": True, "contiguous_gradients": True, "reduce_bucket_size": h * h})
+    zo.update({"overlap_comm": True, "contiguous_gradients": True,
+               "reduce_bucket_size": case.reduce_bucket_size or h * h})
     if case.zero_stage == 3:
         zo.update({"stage3_prefetch_bucket_size": int(0.9 * h * h), "stage3_param_persistence_threshold": 10 * h,
                    "stage3_max_live_parameters": 1_000_000_000, "stage3_max_reuse_distance": 1_000_000_000,

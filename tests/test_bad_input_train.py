@@ -185,3 +185,10 @@ def test_fuzz_train_plan_files(tmp_path, section, key, value):
         assert "\n" not in e.one_line()
         return
     assert isinstance(job, Job) and isinstance(layout, Layout)
+
+
+def test_model_name_too_long_for_the_file_system_is_a_config_error():
+    """A 300-character model reference (ENAMETOOLONG from the file system, found by
+    test_fuzz_cli) is one ConfigError, not an internal error."""
+    with pytest.raises(ConfigError, match="cannot be read"):
+        train_mod.check_model_dir("x" * 300)

@@ -81,7 +81,12 @@ def check_model_dir(path: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
 
     check_text(str(path), "model directory")
     p = Path(os.path.expanduser(str(path)))
-    if not p.exists():
+    try:
+        found = p.exists()
+    except (OSError, ValueError) as e:  # e.g. a name too long for the file system
+        raise ConfigError(f"model directory {str(p)[:200]!r} cannot be read: {getattr(e, 'strerror', None) or e}",
+                          "pass a local folder with config.json, tokenizer and weights") from None
+    if not found:
         raise ConfigError(f"no model directory {str(p)!r}",
                           "pass a local folder with config.json, tokenizer and weights "
                           "(e.g. huggingface-cli download ORG/NAME --local-dir DIR)")

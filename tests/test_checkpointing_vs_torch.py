@@ -155,6 +155,11 @@ OFFLOAD = (
 )
 
 
+#: bytes that TRL's address-keyed dedup may keep on the device instead of offloading, when the
+#: allocator reuses a freed tracked address for a small tensor (see the test)
+ALLOCATOR_REUSE_B = 1024
+
+
 @pytest.mark.parametrize("family,method,mode,loss", OFFLOAD)
 def test_activation_offloading_exact(family, method, mode, loss):
     """TRL ``activation_offloading=True``: what its pack hook copies to the host, what it keeps on
@@ -163,8 +168,14 @@ def test_activation_offloading_exact(family, method, mode, loss):
     spec, r = _measure(family, method, mode, loss=loss, offload=True)
     job = _job(family, method, mode, 2, 24, loss, activation_offloading=True)
     p = activation_parts(spec, job, backend="cpu", consts=_offload_consts())
-    assert p.offloaded_bytes == r.host_bytes
-    assert p.device_saved_bytes + p.loss_saved_bytes == r.device_bytes - r.weight_copy_bytes
+    device = r.device_bytes - r.weight_copy_bytes
+    # every saved byte is accounted for, exactly
+    assert p.offloaded_bytes + p.device_saved_bytes + p.loss_saved_bytes == r.host_bytes + device
+    # the split: TRL recognises a repeat by (storage address + offset, dtype), so a fresh tensor
+    # that the allocator places at a freed, still-tracked address is kept on the device instead of
+    # offloaded: allocator-dependent (seen once in a few full-suite runs: 192 B for llama and
+    # phi3); bounded by ALLOCATOR_REUSE_B, exact in a run without such a reuse
+    assert abs(p.offloaded_bytes - r.host_bytes) <= ALLOCATOR_REUSE_B
 
 
 def test_offloading_moves_checkpoint_inputs_off_the_gpu():

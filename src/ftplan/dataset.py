@@ -340,35 +340,11 @@ def _reduce(rec: Any, kind: str, text_field: str | None, where: str) -> tuple[st
 # ---------------------------------------------------------------------------------------------
 # readers: each yields (location, record) for the selected indices
 # ---------------------------------------------------------------------------------------------
-def _scan_jsonl(path: Path) -> tuple[int, list[int]]:
-    """(number of non-blank lines, indices of the longest lines by bytes), streamed."""
-    n = 0
-    heap: list[tuple[int, int]] = []
+def _jsonl_lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """(line number, bytes) of every non-blank line, streamed; a line over ``MAX_LINE_BYTES`` is
+    refused."""
     with open(path, "rb") as f:
         lineno = 0
-        while True:
-            line = f.readline(MAX_LINE_BYTES + 1)
-            if not line:
-                break
-            lineno += 1
-            if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
-                raise ConfigError(f"{path}: line {lineno} is longer than {MAX_LINE_BYTES // 2**20} MiB",
-                                  "one JSON record per line; split huge records")
-            if not line.strip():
-                continue
-            item = (len(line), n)
-            if len(heap) < _KEEP_LONGEST:
-                heapq.heappush(heap, item)
-            elif item > heap[0]:
-                heapq.heapreplace(heap, item)
-            n += 1
-    return n, [i for _, i in heap]
-
-
-def _iter_jsonl(path: Path, wanted: set[int] | None) -> Iterator[tuple[int, str, Any]]:
-    with open(path, "rb") as f:
-        lineno = 0
-        idx = -1
         while True:
             line = f.readline(MAX_LINE_BYTES + 1)
             if not line:
@@ -377,18 +353,35 @@ def _iter_jsonl(path: Path, wanted: set[int] | None) -> Iterator[tuple[int, str,
             if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
                 raise ConfigError(f"{path}: line {lineno} is longer than {MAX_LINE_BYTES // 2**20} MiB",
                                   "one JSON record per line; split huge records")
-            if not line.strip():
-                continue
-            idx += 1
-            if wanted is not None and idx not in wanted:
-                continue
-            try:
-                rec = json.loads(line)
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                msg = e.msg if isinstance(e, json.JSONDecodeError) else "not UTF-8"
-                raise ConfigError(f"{path}: line {lineno} is not valid JSON ({msg})",
-                                  "the file must be JSON Lines: one JSON object per line") from None
-            yield idx, f"{path}: line {lineno}", rec
+            if line.strip():
+                yield lineno, line
+
+
+def _scan_jsonl(path: Path) -> tuple[int, list[int]]:
+    """(number of non-blank lines, indices of the longest lines by bytes), streamed."""
+    n = 0
+    heap: list[tuple[int, int]] = []
+    for _, line in _jsonl_lines(path):
+        item = (len(line), n)
+        if len(heap) < _KEEP_LONGEST:
+            heapq.heappush(heap, item)
+        elif item > heap[0]:
+            heapq.heapreplace(heap, item)
+        n += 1
+    return n, [i for _, i in heap]
+
+
+def _iter_jsonl(path: Path, wanted: set[int] | None) -> Iterator[tuple[int, str, Any]]:
+    for idx, (lineno, line) in enumerate(_jsonl_lines(path)):
+        if wanted is not None and idx not in wanted:
+            continue
+        try:
+            rec = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            msg = e.msg if isinstance(e, json.JSONDecodeError) else "not UTF-8"
+            raise ConfigError(f"{path}: line {lineno} is not valid JSON ({msg})",
+                              "the file must be JSON Lines: one JSON object per line") from None
+        yield idx, f"{path}: line {lineno}", rec
 
 
 def _pyarrow():

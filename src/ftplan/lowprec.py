@@ -45,6 +45,7 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 from .errors import CatalogError, ConfigError, Problem
+from .model import layer_linears
 
 if TYPE_CHECKING:  # pragma: no cover
     from .catalog.gpus import GpuSpec
@@ -58,17 +59,6 @@ Layout = Any
 READS_LAYER_INPUT = frozenset({"q_proj", "k_proj", "v_proj", "qkv_proj", "q_a_proj", "kv_a_proj_with_mqa"})
 
 
-def layer_linears(model: ModelSpec, g: LayerGroup) -> list[LinearSpec]:
-    """One decoder layer's ``nn.Linear`` modules in registration order (attention, dense MLP or the
-    shared expert's MLP); routed experts are 3-D parameters, not linears."""
-    from .model import attention_linears, mlp_linears
-
-    out = attention_linears(g.attention, model.hidden_size, 1)
-    if g.mlp is not None:
-        out += mlp_linears(g.mlp, model.hidden_size, 1, "mlp")
-    if g.moe is not None and g.moe.shared is not None:
-        out += mlp_linears(g.moe.shared, model.hidden_size, 1, "mlp")
-    return out
 
 __all__ = [
     "QuantFormat",

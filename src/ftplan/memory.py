@@ -21,7 +21,7 @@ from fractions import Fraction
 
 from .catalog.constants import MemoryConstants, memory_constants
 from .job import PRECISIONS, Job, Layout, lora_targets, lora_wraps_experts, validate_job
-from .model import FAMILIES, LayerGroup, LinearSpec, MlpSpec, ModelSpec, MoeSpec, layer_group_order
+from .model import FAMILIES, LayerGroup, LinearSpec, MlpSpec, ModelSpec, MoeSpec, layer_group_order, layer_linears
 from .sharding import activation_job, layout_memory, quant_state_bytes
 from .units import dtype_bytes
 
@@ -276,7 +276,7 @@ def _first_layer_frozen_a(model: ModelSpec, job: Job) -> int:
     if not job.uses_lora:
         return 0
     targets = lora_targets(model, job.lora)
-    return sum(job.lora.r * lin.in_features for lin in _group_linears(model, model.groups[0])
+    return sum(job.lora.r * lin.in_features for lin in layer_linears(model, model.groups[0])
                if lin.module in _READS_LAYER_INPUT and lin.module in targets)
 
 
@@ -296,7 +296,7 @@ def _uncheckpointed_layer_elems(model: ModelSpec, job: Job, per_layer) -> int:
 def _layer_matmul_weight_elems(model: ModelSpec, g: LayerGroup) -> int:
     """Matmul weights of one decoder layer autocast copies (projections, router; grouped_mm experts
     on CUDA)."""
-    n = sum(lin.in_features * lin.out_features for lin in _group_linears(model, g))
+    n = sum(lin.in_features * lin.out_features for lin in layer_linears(model, g))
     if g.moe is not None:
         m = g.moe
         n += m.num_experts * model.hidden_size + m.num_experts * 3 * model.hidden_size * m.expert_intermediate_size
@@ -307,7 +307,7 @@ def _layer_adapter_elems(model: ModelSpec, job: Job, g: LayerGroup) -> int:
     """LoRA adapter elements of one decoder layer."""
     targets = lora_targets(model, job.lora)
     r = job.lora.r
-    n = sum(r * (lin.in_features + lin.out_features) for lin in _group_linears(model, g)
+    n = sum(r * (lin.in_features + lin.out_features) for lin in layer_linears(model, g)
             if lin.is_module and lin.module in targets)
     if g.moe is not None and lora_wraps_experts(model, job.lora):
         h, e, im = model.hidden_size, g.moe.num_experts, g.moe.expert_intermediate_size
@@ -611,22 +611,12 @@ def _lora_saved(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t: int, 
     c = dt.compute
     mask = 0 if job.lora.dropout == 0 else (1 if backend == "cuda" else 4)
     out = 0
-    for lin in _group_linears(model, g):
+    for lin in layer_linears(model, g):
         if lin.is_module and lin.module in targets:
             width = lin.in_features
             out += t * width * (mask + c) + t * r * c
     return out
 
-
-def _group_linears(model: ModelSpec, g: LayerGroup) -> list[LinearSpec]:
-    from .model import attention_linears as _attention_linears, mlp_linears as _mlp_linears
-
-    out = _attention_linears(g.attention, model.hidden_size, 1)
-    if g.mlp is not None:
-        out += _mlp_linears(g.mlp, model.hidden_size, 1, "mlp")
-    if g.moe is not None and g.moe.shared is not None:
-        out += _mlp_linears(g.moe.shared, model.hidden_size, 1, "mlp")
-    return out
 
 
 def _logits_bytes(model: ModelSpec, job: Job, dt: _Dtypes, tp: int, backend: str = "cuda",
@@ -753,7 +743,7 @@ def _first_layer_discount(model: ModelSpec, job: Job, dt: _Dtypes, backend: str)
     if job.uses_lora and job.lora.dropout > 0:
         mask = 1 if backend == "cuda" else 4
         targets = lora_targets(model, job.lora)
-        first = _group_linears(model, model.groups[0])
+        first = layer_linears(model, model.groups[0])
         for lin in first:
             if lin.module in _READS_LAYER_INPUT and lin.module in targets:
                 out += t * h * mask
@@ -802,10 +792,6 @@ def checkpointed_layer_counts(model: ModelSpec, job: Job) -> list[int]:
     return _checkpointed_counts(model, job)
 
 
-def layer_linears(model: ModelSpec, g: LayerGroup) -> list[LinearSpec]:
-    """The ``nn.Linear`` kinds of one decoder layer of group ``g`` (attention, MLP, shared experts)."""
-    return _group_linears(model, g)
-
 
 def _checkpointed_counts(model: ModelSpec, job: Job) -> list[int]:
     """Checkpointed decoder layers per group. ``every-k`` follows transformers' ``every_n_layers``
@@ -850,7 +836,7 @@ def _layer_matmul_outputs(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes
         if lin.module in targets:
             out.extend((t * r * c, t * width * c))
 
-    lins = {lin.module: lin for lin in _group_linears(model, g)}
+    lins = {lin.module: lin for lin in layer_linears(model, g)}
     a = g.attention
     col = {"q_proj", "k_proj", "v_proj", "qkv_proj", "q_b_proj", "kv_b_proj", "gate_proj", "up_proj",
            "gate_up_proj"}
@@ -1342,7 +1328,7 @@ def largest_layer_params(model: ModelSpec, ep: int = 1) -> int:
     parallelism a rank gathers only its ``num_experts / ep`` experts."""
     best = 0
     for g in model.groups:
-        n = sum(lin.params for lin in _group_linears(model, g))
+        n = sum(lin.params for lin in layer_linears(model, g))
         if g.moe is not None:
             m = g.moe
             n += m.num_experts // max(1, ep) * 3 * model.hidden_size * m.expert_intermediate_size
@@ -1408,7 +1394,7 @@ def _lowprec_recompute_copies(model: ModelSpec, job: Job, layout: Layout) -> int
     c = int(dtype_bytes(PRECISIONS[job.precision]["compute"]))
     best = 0
     for g in model.groups:
-        lins = _group_linears(model, g)
+        lins = layer_linears(model, g)
         if r.is_torchao_float8 and job.method == "full" and _autocast_recompute(job, layout):
             m = r.min_dim_multiple
             conv = sum(lin.in_features * lin.out_features for lin in lins

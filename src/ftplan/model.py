@@ -30,6 +30,7 @@ __all__ = [
     "ModelSpec",
     "model_from_config",
     "layer_group_order",
+    "layer_linears",
 ]
 
 CATEGORIES = ("embedding", "attention", "mlp", "experts", "router", "norms", "lm_head")
@@ -407,6 +408,18 @@ def mlp_linears(m: MlpSpec, h: int, n: int, category: str) -> list[LinearSpec]:
 
 
 _attention_linears, _mlp_linears = attention_linears, mlp_linears  # their names before they were public
+
+
+def layer_linears(model: ModelSpec, g: LayerGroup) -> list[LinearSpec]:
+    """One decoder layer's ``nn.Linear`` modules of group ``g`` in registration order (attention,
+    dense MLP or the shared expert's MLP), one of each; routed experts are fused 3-D parameters,
+    not linears."""
+    out = attention_linears(g.attention, model.hidden_size, 1)
+    if g.mlp is not None:
+        out += mlp_linears(g.mlp, model.hidden_size, 1, "mlp")
+    if g.moe is not None and g.moe.shared is not None:
+        out += mlp_linears(g.moe.shared, model.hidden_size, 1, "mlp")
+    return out
 
 
 # --------------------------------------------------------------------------------------------

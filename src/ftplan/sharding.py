@@ -37,22 +37,12 @@ from fractions import Fraction
 
 from .catalog.constants import MemoryConstants
 from .job import PRECISIONS, Job, Layout, lora_targets, lora_wraps_experts
-from .model import LayerGroup, LinearSpec, ModelSpec, attention_linears, mlp_linears
+from .model import LayerGroup, ModelSpec, layer_linears
 from .units import dtype_bytes
 
 __all__ = ["LayoutMemory", "layout_memory", "activation_job", "fsdp_units", "fsdp2_transient_bytes", "Tensor", "Unit",
            "layer_linears", "quant_state_bytes"]
 
-
-def layer_linears(model: ModelSpec, g: LayerGroup) -> list[LinearSpec]:
-    """The ``nn.Linear`` weights of one decoder layer of group ``g`` (attention, dense MLP, shared
-    experts; routed experts are fused 3-D parameters, not linears)."""
-    out = attention_linears(g.attention, model.hidden_size, 1)
-    if g.mlp is not None:
-        out += mlp_linears(g.mlp, model.hidden_size, 1, "mlp")
-    if g.moe is not None and g.moe.shared is not None:
-        out += mlp_linears(g.moe.shared, model.hidden_size, 1, "mlp")
-    return out
 
 
 def quant_state_bytes(model: ModelSpec, job: Job) -> int:

@@ -7,7 +7,7 @@ sequence length, micro-batch, checkpointing, the measured GB (or GiB) per GPU, *
 measured (``reserved``: ``torch.cuda.max_memory_reserved``; ``nvidia-smi``: the device total; the
 torchtune/torchtitan logs: their peak-memory figure, taken as reserved), the source URL and its
 date. ftplan's figure compared is ``peak_reserved_bytes`` for reserved-type measurements and
-``device_total_bytes`` (reserved + CUDA context) for nvidia-smi readings.
+``device_total_bytes`` (reserved + CUDA context + NCCL communicators) for nvidia-smi readings.
 
 Rows whose job ftplan cannot express yet name what is missing in ``depends_on`` (chunked loss,
 selective activation checkpointing: issue 12's other half; torch.compile; torchao NF4): they are

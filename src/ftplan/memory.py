@@ -22,7 +22,7 @@ from fractions import Fraction
 from .catalog.constants import MemoryConstants, memory_constants
 from .job import PRECISIONS, Job, Layout, lora_targets, lora_wraps_experts, validate_job
 from .model import FAMILIES, LayerGroup, LinearSpec, MlpSpec, ModelSpec, MoeSpec, layer_group_order, layer_linears
-from .sharding import activation_job, layout_memory, quant_state_bytes
+from .sharding import activation_job, communicator_groups, layout_memory, quant_state_bytes
 from .units import dtype_bytes
 
 __all__ = [
@@ -43,6 +43,7 @@ __all__ = [
 #: component names, in report order
 COMPONENTS = (
     "cuda_context",
+    "nccl_buffers",
     "frozen_weights",
     "trainable_weights",
     "master_weights",
@@ -63,7 +64,7 @@ class MemoryBreakdown:
     components: dict[str, int]
     peak_allocated_bytes: int
     peak_reserved_bytes: int
-    device_total_bytes: int  # reserved + CUDA context: what nvidia-smi shows
+    device_total_bytes: int  # reserved + CUDA context + NCCL communicators: what nvidia-smi shows
     host_bytes: int  # CPU RAM needed by offload (pinned optimizer states / params)
     params_total: int
     params_trainable: int
@@ -1295,8 +1296,16 @@ def estimate_memory(
     reserve = max(int(peak_alloc * consts.allocator_reserve_fraction), consts.allocator_reserve_min_bytes)
     peak_reserved = peak_alloc + reserve
     ctx = consts.context_bytes(gpu_vendor)
+    # NCCL/RCCL communicators: device buffers outside the caching allocator, one set per process
+    # group the rank runs collectives on
+    groups = communicator_groups(layout)
+    nccl = sum(consts.communicator_bytes(n) for _, n in groups)
+    if groups:
+        notes.append("NCCL communicators: " + ", ".join(f"{name} ({n} ranks)" for name, n in groups)
+                     + f", {nccl / 2**30:,.2f} GiB of device buffers outside the caching allocator")
     components = {
         "cuda_context": ctx,
+        "nccl_buffers": nccl,
         "frozen_weights": int(frozen),
         "trainable_weights": int(trainable),
         "master_weights": int(master),
@@ -1314,7 +1323,7 @@ def estimate_memory(
         components=components,
         peak_allocated_bytes=peak_alloc,
         peak_reserved_bytes=peak_reserved,
-        device_total_bytes=peak_reserved + ctx,
+        device_total_bytes=peak_reserved + ctx + nccl,
         host_bytes=int(host),
         params_total=st.params_total,
         params_trainable=st.params_trainable,

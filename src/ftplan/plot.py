@@ -39,6 +39,7 @@ _INSTALL_HINT = "pip install 'ftplan[plot]'"
 # component -> (label, colour); report order of ftplan.memory.COMPONENTS
 _COMPONENT_STYLE: dict[str, tuple[str, str]] = {
     "cuda_context": ("CUDA context", "#6b6b6b"),
+    "nccl_buffers": ("NCCL communicators", "#a0a0a0"),
     "frozen_weights": ("frozen weights", "#1f5fa8"),
     "trainable_weights": ("trainable weights", "#4c9be8"),
     "master_weights": ("fp32 master weights", "#9cc7f2"),

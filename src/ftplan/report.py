@@ -179,7 +179,7 @@ def estimate_text(model: ModelSpec, job: Job, layout: Layout, mem: MemoryBreakdo
         "",
         f"peak allocated  {fmt_bytes(mem.peak_allocated_bytes)}  ({mem.peak_phase.replace('_', '/')})",
         f"peak reserved   {fmt_bytes(mem.peak_reserved_bytes)}",
-        f"device total    {fmt_bytes(mem.device_total_bytes)}  (reserved + CUDA context)",
+        f"device total    {fmt_bytes(mem.device_total_bytes)}  (reserved + CUDA context + NCCL buffers)",
     ]
     if mem.host_bytes:
         lines.append(f"host RAM for offload  {fmt_bytes(mem.host_bytes)}")

@@ -40,9 +40,39 @@ from .job import PRECISIONS, Job, Layout, lora_targets, lora_wraps_experts
 from .model import LayerGroup, ModelSpec, layer_linears
 from .units import dtype_bytes
 
-__all__ = ["LayoutMemory", "layout_memory", "activation_job", "fsdp_units", "fsdp2_transient_bytes", "Tensor", "Unit",
+__all__ = ["LayoutMemory", "layout_memory", "communicator_groups", "activation_job", "fsdp_units", "fsdp2_transient_bytes", "Tensor", "Unit",
            "layer_linears", "quant_state_bytes"]
 
+
+
+def communicator_groups(layout: Layout) -> tuple[tuple[str, int], ...]:
+    """The process groups one rank runs collectives on, as (name, ranks): each is one NCCL/RCCL
+    communicator with its own device buffers (``MemoryConstants.communicator_bytes``).
+
+    The default (world) group: accelerate / HF Trainer barriers and, without TP/PP, the
+    data-parallel collectives of DDP and FSDP (a 1-D device mesh over the world reuses it).
+    DeepSpeed clones the world group for its data-parallel group (``deepspeed/utils/groups.py``
+    ``_clone_world_group``: ``dist.new_group`` over every rank), a second communicator. HSDP adds the
+    shard group (within a node) and the replicate group (across nodes); TP, PP and EP add their own
+    groups, and with TP/PP the data-parallel group is a group of its own."""
+    world = layout.world_size
+    if world <= 1:
+        return ()
+    groups = [("world", world)]
+    dp = layout.dp
+    if layout.engine == "deepspeed":
+        groups.append(("deepspeed data-parallel", dp))
+    elif dp != world and dp > 1:
+        groups.append(("data-parallel", dp))
+    if layout.hsdp and layout.strategy == "fsdp":
+        groups += [("hsdp shard", layout.shard_degree), ("hsdp replicate", max(1, dp // layout.shard_degree))]
+    if layout.tp > 1:
+        groups.append(("tensor-parallel", layout.tp))
+    if layout.pp > 1:
+        groups.append(("pipeline-parallel", layout.pp))
+    if getattr(layout, "ep", 1) > 1:
+        groups.append(("expert-parallel", layout.ep))
+    return tuple((name, n) for name, n in groups if n > 1)
 
 
 def quant_state_bytes(model: ModelSpec, job: Job) -> int:

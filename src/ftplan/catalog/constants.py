@@ -17,6 +17,7 @@ __all__ = ["MemoryConstants", "memory_constants"]
 _REQUIRED = (
     "cuda_context_bytes",
     "cublas_workspace_bytes",
+    "nccl_communicator_bytes",
     "allocator_reserve_fraction",
     "allocator_reserve_min_bytes",
     "ddp_bucket_cap_bytes",
@@ -39,6 +40,10 @@ class MemoryConstants:
     cuda_context_bytes: int
     cuda_context_bytes_amd: int
     cublas_workspace_bytes: int
+    #: device memory of one NCCL communicator a rank joins (outside the caching allocator), for a
+    #: group of more than two ranks and of two
+    nccl_communicator_bytes: int
+    nccl_communicator_two_rank_bytes: int
     allocator_reserve_fraction: float
     allocator_reserve_min_bytes: int
     ddp_bucket_cap_bytes: int
@@ -58,6 +63,12 @@ class MemoryConstants:
     def context_bytes(self, vendor: str | None) -> int:
         return self.cuda_context_bytes_amd if (vendor or "").lower() == "amd" else self.cuda_context_bytes
 
+    def communicator_bytes(self, ranks: int) -> int:
+        """Device bytes of one NCCL/RCCL communicator over ``ranks`` ranks (0 for one rank)."""
+        if ranks <= 1:
+            return 0
+        return self.nccl_communicator_two_rank_bytes if ranks == 2 else self.nccl_communicator_bytes
+
 
 def parse_constants(data: dict, where: str) -> MemoryConstants:
     values = {}
@@ -72,7 +83,11 @@ def parse_constants(data: dict, where: str) -> MemoryConstants:
             raise CatalogError(f"{where}: constant {key!r} must be a non-negative number, got {v!r}")
         values[key] = v
     amd = data["cuda_context_bytes"].get("by_vendor", {}).get("amd", values["cuda_context_bytes"])
-    return MemoryConstants(cuda_context_bytes_amd=int(amd), **values)
+    two = data["nccl_communicator_bytes"].get("two_rank", values["nccl_communicator_bytes"])
+    if isinstance(two, bool) or not isinstance(two, int) or two < 0:
+        raise CatalogError(f"{where}: constant 'nccl_communicator_bytes': 'two_rank' must be a non-negative "
+                           f"integer, got {two!r}")
+    return MemoryConstants(cuda_context_bytes_amd=int(amd), nccl_communicator_two_rank_bytes=two, **values)
 
 
 @lru_cache(maxsize=1)

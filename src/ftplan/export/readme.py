@@ -13,6 +13,7 @@ _GB = 1e9
 
 _COMPONENT_LABELS = {
     "cuda_context": "CUDA context",
+    "nccl_buffers": "NCCL communicator buffers",
     "frozen_weights": "frozen weights",
     "trainable_weights": "trainable weights",
     "master_weights": "fp32 master weights",

@@ -7,7 +7,7 @@ median, p90 (nearest rank: the ``ceil(0.9 n)``-th smallest) and max.
 
 Groups: ``gpu`` (CUDA, full-size models: the accuracy that counts), ``gpu-tiny`` and ``cpu``
 (CPU runs; only exact tensor accounting, no allocator: model states and saved activations).
-A *false fit* is a record measured OOM whose predicted device total (reserved + CUDA context) fits
+A *false fit* is a record measured OOM whose predicted device total (reserved + CUDA context + NCCL buffers) fits
 the GPU's memory; a *missed fit* is the reverse (measured ok, predicted not to fit).
 
 Targets (GPU group): peak allocated median <= 3 % and max <= 10 %, zero false fits, tokens/s

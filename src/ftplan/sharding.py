@@ -40,8 +40,9 @@ from .job import PRECISIONS, Job, Layout, lora_targets, lora_wraps_experts
 from .model import LayerGroup, ModelSpec, layer_linears
 from .units import dtype_bytes
 
-__all__ = ["LayoutMemory", "layout_memory", "communicator_groups", "activation_job", "fsdp_units", "fsdp2_transient_bytes", "Tensor", "Unit",
-           "layer_linears", "quant_state_bytes"]
+__all__ = ["LayoutMemory", "layout_memory", "communicator_groups", "activation_job", "fsdp_units",
+           "fsdp2_transient_bytes", "Tensor", "Unit", "layer_linears", "quant_state_bytes", "ds_flat_order",
+           "zero12_rank_bytes"]
 
 
 
@@ -217,7 +218,8 @@ def _layer_tensors(model: ModelSpec, g: LayerGroup, job: Job, tb: Fraction, fb: 
             out.append(Tensor(r, r * lin.in_features, tb, True))
             out.append(Tensor(lin.out_features, lin.out_features * r, tb, True))
     a = g.attention
-    out += [Tensor(h, h, wb, full)] * g.norms_per_layer
+    # registration order as in Hugging Face's decoder layers (DeepSpeed flattens the parameters in
+    # this order): attention (its q/k norms), the MLP or MoE block, then the layer norms
     if a.qk_norm:
         out += [Tensor(a.head_dim, a.head_dim, wb, full)] * 2
     if a.is_mla:
@@ -235,6 +237,7 @@ def _layer_tensors(model: ModelSpec, g: LayerGroup, job: Job, tb: Fraction, fb: 
             out += [Tensor(e * 2 * r, e * 2 * r * h, tb, True), Tensor(2 * i, 2 * i * e * 2 * r, tb, True),
                     Tensor(e * r, e * r * i, tb, True), Tensor(h, h * e * r, tb, True),
                     Tensor(r, r * h, tb, True), Tensor(e, e * r, tb, True)]
+    out += [Tensor(h, h, wb, full)] * g.norms_per_layer
     return out
 
 
@@ -516,11 +519,12 @@ def layout_memory(model: ModelSpec, job: Job, layout: Layout, st, consts: Memory
     if stage in (1, 2):
         trainable = train_w
         frozen = frozen_w
-        grads = grads_part
-        # the largest gradient and its copy into the reduction (ZeRO-1 accumulates in fp32) and
-        # the two ipg buckets (overlap_comm); an upper bound by at most the largest gradient
-        red_b = Fraction(4) if stage == 1 else c
-        transient = largest + _largest_trainable_tensor(model, job, layout.ep) * red_b + 2 * bucket * red_b
+        # the worst rank's gradient partition buffer and backward transient (see zero12_rank_bytes);
+        # the two ipg buckets (overlap_comm) are in the compute dtype (DeepSpeed's grad_accum_dtype
+        # defaults to the model dtype: ZeRO-1 reduces in bf16 too)
+        ranks = [zero12_rank_bytes(model, job, n, bucket, stage, r, layout.ep) for r in range(n)]
+        grads = max(g for g, _t in ranks) * c
+        transient = max(t for _g, t in ranks) * c + 2 * bucket * c
     else:
         persist_elems = _ds_persistent_elems(model, job, consts)
         trainable = part * wb + persist_elems * wb
@@ -550,6 +554,66 @@ def layout_memory(model: ModelSpec, job: Job, layout: Layout, st, consts: Memory
         trainable = frozen = zero
     return LayoutMemory(frozen / mp, trainable / mp, master / mp, grads / mp, opt / mp, buf / mp, transient / mp,
                         step_tmp / mp, host / mp, mixed or (job.method == "qlora" and stage == 3), tuple(notes))
+
+
+def ds_flat_order(model: ModelSpec, job: Job, ep: int = 1) -> list[int]:
+    """Elements of each trainable parameter in the order DeepSpeed ZeRO-1/2 flattens them (the
+    module's registration order, as HF's ``named_parameters``: the input embedding, every decoder
+    layer (attention, MLP/MoE, layer norms), the final norm, the lm_head if untied)."""
+    units = fsdp_units(model, job, "fsdp2", ep=ep)
+    layers = [u for u in units if u.name.startswith("layer")]
+    tail = next(u for u in units if u.name == "tail")
+    if model.tie_word_embeddings:
+        norm, emb = tail.tensors
+        head = [emb, *[t for u in layers for _ in range(u.count) for t in u.tensors], norm]
+    else:
+        emb = next(u for u in units if u.name == "embed").tensors[0]
+        head = [emb, *[t for u in layers for _ in range(u.count) for t in u.tensors], *tail.tensors]
+    return [t.numel for t in head if t.trainable]
+
+
+def zero12_rank_bytes(model: ModelSpec, job: Job, n: int, bucket: int, stage: int, rank: int,
+                      ep: int = 1) -> tuple[int, int]:
+    """(gradient partition elements, backward transient elements without the ipg buckets) of rank
+    ``rank`` under DeepSpeed ZeRO-1/2 (bf16, ``overlap_comm`` and ``contiguous_gradients`` as HF
+    Trainer's ``auto`` config and ftplan's export set them), read in deepspeed 0.19
+    ``stage_1_and_2.py``:
+
+    * the flat group (``ds_flat_order``, padded to a multiple of 2 x ranks) is cut into equal
+      partitions; ``copy_grads_in_partition`` sizes ``grads_in_partition`` as the *whole* elements
+      of every parameter that touches the rank's partition: a parameter cut by a partition
+      boundary is counted in full on both ranks;
+    * gradients arrive in backward order (the reverse of the flat order); a gradient of at most
+      ``reduce_bucket_size`` elements is copied into the ipg bucket (the autograd tensor is freed);
+      a larger one bypasses the bucket (``extra_large_param_to_reduce``) and stays alive until the
+      next gradient arrives and flushes it. After its reduction ZeRO-2 frees it (copied into the
+      partition, or cleared when another rank owns it); ZeRO-1 ("partition only optimizer
+      state") frees only the gradients of its own partition: every other rank's large gradient
+      stays alive until backward ends (the epilogue clears them);
+    * the transient peak is at the arrival of a gradient: the pending large one + the arriving one
+      (+ ZeRO-1's kept gradients). Not counted: the flattened copy of a bucket of small gradients
+      per destination rank during its reduction (< one bucket)."""
+    order = ds_flat_order(model, job, ep)
+    total = _aligned(sum(order), n)
+    part = total // n
+    lo, hi = rank * part, (rank + 1) * part
+    touch = []
+    pos = 0
+    for k in order:
+        touch.append(pos < hi and pos + k > lo)
+        pos += k
+    grads = sum(k for k, t in zip(order, touch) if t)
+    kept = pending = 0
+    pending_mine = True
+    peak = 0
+    for k, mine in zip(reversed(order), reversed(touch)):
+        peak = max(peak, kept + pending + k)
+        if pending and stage == 1 and not pending_mine:
+            kept += pending
+        pending, pending_mine = (k, mine) if k > bucket else (0, True)
+    if pending and stage == 1 and not pending_mine:
+        kept += pending
+    return grads, max(peak, kept)
 
 
 def _aligned(numel: int, n: int) -> int:

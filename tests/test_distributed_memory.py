@@ -388,4 +388,35 @@ def test_deepspeed_zero12_worst_rank(two_ranks):
 def test_fsdp2_four_ranks_and_hsdp():
     """Shard degree 4 (padding and the backend's reduce-scatter copy scale with it) and HSDP:
     a 2-D (replicate, shard) mesh of 2 x 2 ranks, sharded within a "node", replicated across."""
-    _check_group(dict(zip(FOUR_CASES, run_cases(FOUR_CASES, 4, timeout_s=600))), FOUR_CASES, 4)
+    results = dict(zip(FOUR_CASES, run_cases(FOUR_CASES, 4, timeout_s=600)))
+    _check_group(results, FOUR_CASES, 4)
+    assert not _communicator_failures(results, 4)
+
+
+def _communicator_failures(results, world) -> list[str]:
+    """The process groups each rank's collectives ran on (wrap, forward, backward, step), plus the
+    default group that the launcher's barriers use (accelerate / HF Trainer), against
+    ``sharding.communicator_groups``: on GPUs each group is one NCCL communicator with its own
+    device buffers (``nccl_buffers``)."""
+    from ftplan.sharding import communicator_groups
+
+    bad = []
+    for case, res in results.items():
+        if isinstance(res, str):
+            continue
+        want = sorted(n for _, n in communicator_groups(case.layout(world)))
+        for m in res:
+            got = dict(m.groups)
+            got.setdefault(m.detail["world_group"], world)
+            if sorted(got.values()) != want:
+                bad.append(f"{case.label} rank {m.rank}: groups {m.groups} (world {m.detail['world_group']}), "
+                           f"predicted {communicator_groups(case.layout(world))}")
+    return bad
+
+
+def test_communicators_two_ranks(two_ranks):
+    """Which process groups DDP, FSDP1/FSDP2 and DeepSpeed ZeRO run their collectives on: one
+    NCCL communicator each on GPUs (DeepSpeed: the world group and its clone for data
+    parallelism)."""
+    bad = _communicator_failures(two_ranks, 2)
+    assert not bad, "\n".join(bad)

@@ -146,6 +146,9 @@ class RankMeasure:
     fwd_bwd_peak: int = 0
     step_peak: int = 0
     resident_before_step: int = 0
+    #: process groups the case's collectives ran on (wrap, forward, backward, step): group name ->
+    #: ranks (``measure.collectives.GroupRecorder``); on GPUs each is one NCCL communicator
+    groups: dict[str, int] = dataclasses.field(default_factory=dict)
     detail: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
@@ -584,9 +587,12 @@ def _run_case(case: Case, rank: int, world: int) -> RankMeasure:
     ids = torch.randint(0, vocab, (case.batch, case.seq_len), generator=g)
     hooks = []
     out = RankMeasure(rank=rank, case=case.label)
+    from .collectives import GroupRecorder
+
+    groups = GroupRecorder()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with tr:
+        with tr, groups:
             tr.phase = "wrap"
             m, opt, ac_dtype, _extra = _wrap(case, model, world, rank)
 
@@ -625,6 +631,8 @@ def _run_case(case: Case, rank: int, world: int) -> RankMeasure:
             for h in hooks:
                 h.remove()
             tr.phase = "end"
+    out.groups = dict(groups.groups)
+
     # ---- categories
     params, states, master, buffers = _param_tensors(m, opt, case)
     end_sizes = tr.sizes()
@@ -664,6 +672,9 @@ def _run_case(case: Case, rank: int, world: int) -> RankMeasure:
         "transient_by_owner": _by(tr, eng, None, peak_only=True),
         "end_total": tr.cur,
     }
+    import torch.distributed as dist
+
+    out.detail["world_group"] = str(dist.distributed_c10d._get_default_group().group_name)
     if os.environ.get("FTPLAN_DIST_DEBUG"):
         out.detail["persistent_where"] = sorted((end_sizes[k], tr.meta[k][0] + " " + tr.where.get(k, tr.meta[k][1]))
                                                 for k in rest if end_sizes[k])

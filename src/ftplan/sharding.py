@@ -502,8 +502,17 @@ def layout_memory(model: ModelSpec, job: Job, layout: Layout, st, consts: Memory
     master_b = Fraction(4) if mixed else Fraction(0)
     train_w = n_train * wb
     frozen_w = Fraction(st.frozen_weights) if job.method != "full" else zero
+    qstate = zero
     if job.method == "lora" and mixed:
         frozen_w = Fraction(st.params_total) * c  # the module is cast to bf16 (it already is)
+    elif job.method == "qlora" and mixed:
+        # sharded QLoRA (as under FSDP): the 4-bit weights packed in the quant storage dtype, the
+        # other frozen weights in the compute dtype (no prepare_model_for_kbit_training upcast;
+        # DeepSpeed's bf16 mode casts the module anyway); the quantization states are whole
+        units = fsdp_units(model, job, "deepspeed", ep=layout.ep)
+        frozen_w = sum((t.numel * t.nbytes * u.count for u in units for t in u.tensors if not t.trainable),
+                       Fraction(0))
+        qstate = Fraction(quant_state_bytes(model, job))
     part = Fraction(_aligned(n_train, n), n)  # elements of this rank's flat partition
     master = part * master_b
     # DeepSpeed's optimizer steps one flat fp32 partition per group: HF Trainer hands it its own
@@ -552,6 +561,7 @@ def layout_memory(model: ModelSpec, job: Job, layout: Layout, st, consts: Memory
     if layout.offload_params and stage == 3:
         host += trainable + frozen
         trainable = frozen = zero
+    frozen += qstate  # bitsandbytes' quantization states: tensors of the Params4bit, not partitioned
     return LayoutMemory(frozen / mp, trainable / mp, master / mp, grads / mp, opt / mp, buf / mp, transient / mp,
                         step_tmp / mp, host / mp, mixed or (job.method == "qlora" and stage == 3), tuple(notes))
 

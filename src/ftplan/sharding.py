@@ -535,9 +535,9 @@ def layout_memory(model: ModelSpec, job: Job, layout: Layout, st, consts: Memory
         grads = max(g for g, _t in ranks) * c
         transient = max(t for _g, t in ranks) * c + 2 * bucket * c
     else:
-        persist_elems = _ds_persistent_elems(model, job, consts)
-        trainable = part * wb + persist_elems * wb
-        frozen = frozen_w / n if frozen_w else zero
+        persist_train, persist_frozen = _ds_persistent_elems(model, job, consts)
+        trainable = part * wb + persist_train * wb
+        frozen = (frozen_w / n if frozen_w else zero) + persist_frozen * c
         grads = zero
         buf = grads_part + bucket * c  # persistent gradient partition buffer and ipg bucket
         # modules are gathered as they run and stay gathered while DeepSpeed's trace says they are
@@ -738,20 +738,20 @@ def _ds_reduce_bucket(model: ModelSpec, consts: MemoryConstants, layout: Layout 
 def _ds_gatherable_elems(model: ModelSpec, job: Job, consts: MemoryConstants, ep: int = 1) -> int:
     """Elements ZeRO-3 gathers (every parameter above the persistence threshold; a rank's own
     experts under expert parallelism)."""
-    limit = consts.deepspeed_auto_persistence_h * model.hidden_size if not job.uses_lora else 0
+    limit = consts.deepspeed_auto_persistence_h * model.hidden_size
     return sum(t.numel * u.count for u in fsdp_units(model, job, "fsdp2", ep=ep) for t in u.tensors if t.numel > limit)
 
 
-def _ds_persistent_elems(model: ModelSpec, job: Job, consts: MemoryConstants) -> int:
-    """Elements of the trainable parameters at or under ``stage3_param_persistence_threshold``
-    (``auto``: 10 x hidden_size), which ZeRO-3 keeps whole on every rank."""
-    if job.uses_lora:
-        return 0
+def _ds_persistent_elems(model: ModelSpec, job: Job, consts: MemoryConstants) -> tuple[int, int]:
+    """(trainable, frozen) elements of the parameters at or under
+    ``stage3_param_persistence_threshold`` (``auto``: 10 x hidden_size), which ZeRO-3 keeps whole
+    on every rank from its first step on (next to their partitions), frozen ones included (LoRA's
+    norms and small adapters; QLoRA's small packed 4-bit weights): held on the ZeRO-3 QLoRA gloo
+    case, 25,216 B of them per rank."""
     limit = consts.deepspeed_auto_persistence_h * model.hidden_size
-    total = 0
-    units = fsdp_units(model, job, "fsdp2")
-    for u in units:
+    out = [0, 0]
+    for u in fsdp_units(model, job, "fsdp2"):
         for t in u.tensors:
             if t.numel <= limit:
-                total += t.numel * u.count
-    return total
+                out[0 if t.trainable else 1] += t.numel * u.count
+    return out[0], out[1]

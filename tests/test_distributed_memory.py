@@ -93,9 +93,9 @@ DS_QLORA_CASES = [Case(family="llama", engine="deepspeed", zero_stage=3, method=
 #: 4 ranks: shard degree 4, and HSDP (2 replicas x 2 shards)
 FOUR_CASES = [
     Case(family="llama", engine="fsdp2"),
-    # (llama HSDP runs but holds +32,832 B over the schedule on every rank, deterministically: the
-    # tail unit's reduce-scatter output shard, still alive during layer 0's backward; not explained,
-    # left out: benchmarks/notes/distributed_cpu.md)
+    # HSDP keeps every unit's all-reduce buffer until backward ends (torch 2.13 _all_reduce_state):
+    # on untied llama the tail unit's, reduced first, is still alive at layer 0's backward
+    Case(family="llama", engine="fsdp2", replicate=2),
     Case(family="qwen2", engine="fsdp2", replicate=2),
     Case(family="mixtral", engine="fsdp2", replicate=2),
 ]

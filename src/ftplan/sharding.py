@@ -316,7 +316,8 @@ def fsdp2_transient_bytes(units: list[Unit], n: int, *, param_b: Fraction, reduc
       autograd engine still holds is freed after the reduction), allocates the reduce-scatter
       output (a shard; gloo works on a copy of the input, NCCL does not) and casts it to the
       parameter dtype: the kept sharded gradient (resident, not transient). HSDP all-reduces the
-      output and keeps it until the next unit's reduction.
+      output and keeps it until backward ends (every unit's: ``FSDPParamGroup._all_reduce_state``,
+      cleared by ``finalize_backward``).
 
     ``root_output_b``: the root's output cast (``output_dtype``: the loss in bf16, 2 bytes).
     """
@@ -373,6 +374,7 @@ def fsdp2_transient_bytes(units: list[Unit], n: int, *, param_b: Fraction, reduc
     order = list(range(len(seq) - 1, -1, -1))
     prefetched: dict[int, Fraction] = {}
     held_rs = Fraction(0)
+    held_ar = Fraction(0)  # HSDP: every unit's all-reduce buffer, until backward ends
     for pos, i in enumerate(order):
         u = seq[i]
         unsh, pad, shard_in, h2d, g, rs_in, rs_out, cast = sizes(u)
@@ -396,13 +398,17 @@ def fsdp2_transient_bytes(units: list[Unit], n: int, *, param_b: Fraction, reduc
             s.add(rs_out)
             s.add(cast)  # (the backend's copy of the input)
             s.add(-cast)  # then the cast to the parameter dtype: the kept, resident sharded gradient
-            if hsdp:  # all-reduced across replicas in place, held until the next reduction
-                held_rs = rs_in + rs_out
+            if hsdp:
+                # all-reduced across replicas in place; the group keeps it (``_all_reduce_state``,
+                # torch 2.13: so that the next unit's reduce-scatter cannot reuse the block while
+                # the all-reduce runs) until ``finalize_backward`` at the end of backward
+                held_ar += rs_out
             else:
                 s.add(-rs_out)
-                held_rs = rs_in
+            held_rs = rs_in
             s.add(-late)
     s.add(-held_rs)
+    s.add(-held_ar)
     s.add(-root_output_b)
     return s.peak
 

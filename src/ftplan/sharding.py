@@ -295,6 +295,11 @@ class _Sim:
             self.peak = self.cur
 
 
+def _unit_sequence(units: list[Unit]) -> list[Unit]:
+    """The units in forward order, each repeated ``count`` times (one entry per wrapped module)."""
+    return [u for u in units for _ in range(u.count)]
+
+
 def fsdp2_transient_bytes(units: list[Unit], n: int, *, param_b: Fraction, reduce_b: Fraction,
                           hsdp: bool = False, offload: bool = False, backend: str = "cuda",
                           root_output_b: Fraction = Fraction(0)) -> Fraction:
@@ -322,9 +327,7 @@ def fsdp2_transient_bytes(units: list[Unit], n: int, *, param_b: Fraction, reduc
     ``root_output_b``: the root's output cast (``output_dtype``: the loss in bf16, 2 bytes).
     """
     s = _Sim()
-    seq: list[Unit] = []
-    for u in units:
-        seq += [u] * u.count
+    seq = _unit_sequence(units)
     if not seq:
         return Fraction(0)
 
@@ -674,9 +677,7 @@ def _fsdp1_transient(units: list[Unit], n: int, pb: Fraction, rb: Fraction, layo
     resharded, the reduce-scatter output (a shard, ``reduce_dtype``; gloo works on a copy of the
     input) is cast to the fp32 sharded gradient (resident), then the flat gradient is freed."""
     s = _Sim()
-    seq: list[Unit] = []
-    for u in units:
-        seq += [u] * u.count
+    seq = _unit_sequence(units)
     if not seq:
         return Fraction(0)
     root = seq[-1]

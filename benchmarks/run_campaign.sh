@@ -31,8 +31,10 @@ except Exception:
 NAME=$(basename "$MATRIX"); NAME="${NAME%.*}"
 OUTFILE="${2:-benchmarks/measurements/${GPU}-${NAME}.jsonl}"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-python3 -m ftplan.cli_measure measure --matrix "$MATRIX" --out "$OUTFILE"
+# CAMPAIGN_TIMEOUT_S: stop the matrix in time for the copy to $OUT (the device kills the whole call)
+if [ -n "${CAMPAIGN_TIMEOUT_S:-}" ]; then TO=(timeout --signal=INT "$CAMPAIGN_TIMEOUT_S"); else TO=(); fi
+"${TO[@]}" python3 -m ftplan.cli measure --matrix "$MATRIX" --out "$OUTFILE"
 rc=$?
-python3 -m ftplan.cli_measure validate "$OUTFILE" --skip-bad || true
+python3 -m ftplan.cli validate "$OUTFILE" --skip-bad || true
 if [ -n "${OUT:-}" ]; then cp "$OUTFILE" "$OUT/" ; fi
 exit $rc

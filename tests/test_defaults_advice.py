@@ -162,3 +162,50 @@ def test_published_unsloth_hf_fa2_70b_qlora_context():
     r = fit(m, job, gpus["a100-80gb-sxm"], safety_margin=0.0)
     assert 0.85 * 6916 <= r.max_seq_len <= 6916
     assert fit(m, job, gpus["l40s"], safety_margin=0.0).max_seq_len is None  # 48 GB: OOM
+
+
+# ---------------------------------------------------------------------------------------------
+# QLoRA recipe: PEFT's (default) or TRL SFTTrainer's own (byte-exact per recipe in
+# tests/test_memory_vs_torch.py; here how the planner and the printed defaults use it)
+# ---------------------------------------------------------------------------------------------
+def test_qlora_recipe_trl_single_gpu_is_smaller_by_the_upcast_and_adapter_bytes(llama70, h100):
+    from ftplan.job import QuantSpec
+    from ftplan.memory import model_states
+
+    peft = Job(method="qlora")
+    trl = peft.with_(quant=QuantSpec(recipe="trl"))
+    a, b = model_states(llama70, peft), model_states(llama70, trl)
+    n = a.params_trainable
+    assert (a.trainable_weights - b.trainable_weights, a.gradients - b.gradients) == (2 * n, 2 * n)
+    assert a.optimizer_states - b.optimizer_states == 4 * n  # AdamW's two states in bf16
+    # embedding, norms and lm_head: fp32 after prepare_model_for_kbit_training, bf16 under TRL
+    unq = llama70.params.embedding + llama70.params.lm_head + llama70.params.norms
+    assert a.frozen_weights - b.frozen_weights == pytest.approx(2 * unq, rel=1e-3)
+    ma, mb = estimate_memory(llama70, peft), estimate_memory(llama70, trl)
+    assert 5.5e9 < ma.peak_allocated_bytes - mb.peak_allocated_bytes < 8e9  # ~6 GB on a 70B
+    text = " ".join(x.text for x in job_assumptions(trl))
+    assert "TRL SFTTrainer" in text and "bf16" in text
+    assert "qlora_recipe" in " ".join(x.change for x in job_assumptions(peft))
+
+
+@pytest.mark.parametrize("strategy,engine", [("fsdp", "fsdp2"), ("zero3", "deepspeed"), ("zero2", "deepspeed")])
+def test_qlora_recipe_under_sharding_engines_is_the_engines_path(llama70, strategy, engine):
+    """FSDP/DeepSpeed hold fp32 trainable parameters and no kbit upcast whatever the recipe."""
+    from ftplan.job import QuantSpec
+
+    layout = Layout(gpus_per_node=8, strategy=strategy)
+    peft = Job(method="qlora")
+    a = estimate_memory(llama70, peft, layout)
+    b = estimate_memory(llama70, peft.with_(quant=QuantSpec(recipe="trl")), layout)
+    assert a.components == b.components
+    assert any("recipe trl under " + engine in n for n in b.notes)
+
+
+def test_qlora_recipe_ddp_follows_the_recipe(llama70):
+    from ftplan.job import QuantSpec
+
+    layout = Layout(gpus_per_node=2, strategy="ddp")
+    peft = Job(method="qlora", seq_len=2048)
+    a = estimate_memory(llama70, peft, layout)
+    b = estimate_memory(llama70, peft.with_(quant=QuantSpec(recipe="trl")), layout)
+    assert b.peak_allocated_bytes < a.peak_allocated_bytes

@@ -17,7 +17,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 import ftplan.measure.torchref as TR  # noqa: E402
-from ftplan.job import Job, LoraSpec  # noqa: E402
+from ftplan.job import Job, LoraSpec, QuantSpec  # noqa: E402
 from ftplan.memory import _autocast_weight_elems, model_states, saved_activation_bytes  # noqa: E402
 from ftplan.model import model_from_config  # noqa: E402
 
@@ -117,6 +117,79 @@ def test_saved_activations_exact_eager(family, method, ckpt, batch, seq):
 def test_saved_activations_exact_pure_bf16(family, ckpt):
     """Pure bf16 full fine-tuning (no autocast): norms cast back to bf16, DeepSeek's fp32 router."""
     spec, job, r, casts = _run(family, "full", ckpt, 2, 24, precision="bf16")
+    assert saved_activation_bytes(spec, job, backend="cpu") == r.saved_activation_bytes - casts
+
+
+def _run_qlora(family, ckpt, recipe, dropout=0.1):
+    """QLoRA as each recipe builds it: bitsandbytes nf4 (double quant) on CPU through
+    ``from_pretrained(quantization_config=...)``, then PEFT's recipe (``prepare_model_for_kbit_training``,
+    fp32 adapters) or TRL 1.16 ``SFTTrainer``'s (no kbit preparation; ``get_peft_model``, then every
+    trainable parameter cast to bf16, ``enable_input_require_grads`` under checkpointing); one
+    step under autocast (HF Trainer ``bf16=True``)."""
+    pytest.importorskip("bitsandbytes")
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+
+    cfg = TR.TINY_CONFIGS[family]
+    attn = ATTN.get(family, "sdpa")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = TR.build_model(cfg, dtype="bf16", quantization="nf4-dq", attn_implementation=attn)
+        if recipe == "peft":
+            model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=ckpt)
+        model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=dropout,
+                                                 target_modules="all-linear", task_type="CAUSAL_LM"))
+        if recipe == "trl":  # trl/trainer/sft_trainer.py (1.16): "_is_quantized_model" branch
+            if ckpt:
+                model.enable_input_require_grads()
+            for name, p in model.named_parameters():
+                if p.requires_grad and "lora_magnitude_vector" not in name:
+                    p.data = p.data.to(torch.bfloat16)
+        orig = TR._model_dtype
+        TR._model_dtype = lambda m: torch.float32
+        try:
+            r = TR.measure_step(model, batch=2, seq_len=24, gradient_checkpointing=ckpt, dtype="bf16")
+        finally:
+            TR._model_dtype = orig
+    job = Job(method="qlora", micro_batch=2, seq_len=24, gradient_checkpointing=ckpt, attn_impl=attn,
+              lora=LoraSpec(r=8, alpha=16, dropout=dropout), loss="hf",
+              quant=QuantSpec(recipe=recipe))
+    return model_from_config(cfg), job, r
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3_text"])
+@pytest.mark.parametrize("recipe", ["peft", "trl"])
+def test_model_states_exact_qlora(family, recipe):
+    """QLoRA model states per recipe, byte-exact: packed 4-bit storage + quantization constants,
+    the non-quantized weights in fp32 (PEFT) or bf16 (TRL), adapters with their gradients and
+    AdamW states in fp32 (PEFT) or bf16 (TRL)."""
+    spec, job, r = _run_qlora(family, False, recipe)
+    st = model_states(spec, job)
+    assert st.frozen_weights == r.frozen_param_bytes
+    assert st.trainable_weights == r.trainable_param_bytes
+    assert st.gradients == r.grad_bytes
+    assert st.optimizer_states == r.optimizer_state_bytes
+    if recipe == "trl":  # bf16 adapters: autocast copies nothing
+        assert st.master_weights == 0
+        assert sum(x.nbytes for x in r.records if x.producer == "TBackward0") == 0
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3", "gemma2", "gemma3_text"])
+@pytest.mark.parametrize("ckpt", [False, True])
+def test_saved_activations_exact_qlora_trl(family, ckpt):
+    """TRL's QLoRA recipe: bf16 residual stream, norms and lm_head (no kbit upcast), bf16 adapters
+    (no autocast copies), Linear4bit returning bf16."""
+    spec, job, r = _run_qlora(family, ckpt, "trl")
+    assert saved_activation_bytes(spec, job, backend="cpu") == r.saved_activation_bytes
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3", "gemma2", "gemma3_text"])
+@pytest.mark.parametrize("recipe,ckpt", [("peft", False), ("trl", False), ("trl", True)])
+def test_saved_activations_exact_qlora_no_dropout(family, recipe, ckpt):
+    """lora_dropout 0 (nn.Identity): PEFT's recipe casts each adapter's input to fp32 (one copy per
+    adapter); under TRL's the adapters read the layer's own bf16 tensors, shared where the inputs
+    are (q/k/v, gate/up, the attention output)."""
+    spec, job, r = _run_qlora(family, ckpt, recipe, dropout=0.0)
+    casts = sum(x.nbytes for x in r.records if x.producer == "TBackward0")
     assert saved_activation_bytes(spec, job, backend="cpu") == r.saved_activation_bytes - casts
 
 

@@ -116,7 +116,8 @@ def test_existing_flags_and_aliases_are_kept():
             "--no-gradient-checkpointing", "--no-gc", "--checkpointing", "--checkpoint-every",
             "--activation-offloading", "--loss", "--padding-free", "--packing",
             # runtime-only job options (issue 15)
-            "--optimizer-impl", "--compile", "--torch-compile"} == flags
+            "--optimizer-impl", "--compile", "--torch-compile",
+            "--qlora-recipe"} == flags  # PEFT's or TRL SFTTrainer's QLoRA preparation
 
 
 def test_cli_values_build_the_job():

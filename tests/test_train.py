@@ -78,7 +78,12 @@ CASES = {
               {"METHOD": "qlora", "MODEL_DTYPE": "float16", "TRAINABLE_DTYPE": "float32", "BF16": False,
                "FP16": True, "OPTIM": "paged_adamw_8bit", "MAX_LENGTH": 4096, "GRADIENT_CHECKPOINTING": True,
                "ATTN_IMPLEMENTATION": "eager", "LORA_TARGET_MODULES": "all-linear", "QUANT_TYPE": "fp4",
-               "DOUBLE_QUANT": False, "COMPUTE_DTYPE": "float16", "QUANT_STORAGE": "uint8"}),
+               "DOUBLE_QUANT": False, "COMPUTE_DTYPE": "float16", "QUANT_STORAGE": "uint8",
+               "KBIT_PREPARE": True}),
+    # TRL SFTTrainer's own QLoRA path: no kbit preparation, the bf16 adapters TRL casts are kept
+    "qlora-trl": (Job(method="qlora", quant=QuantSpec(recipe="trl")),
+                  {"METHOD": "qlora", "MODEL_DTYPE": "bfloat16", "TRAINABLE_DTYPE": "bfloat16", "BF16": True,
+                   "KBIT_PREPARE": False, "SHARDED_QLORA": False}),
 }
 
 
@@ -98,7 +103,7 @@ def test_script_renders_the_plan(method):
     for name in ("SFTTrainer", "SFTConfig", "LoraConfig", "max_length", "use_reentrant", "--report-json",
                  "--max-steps", "--num-epochs", "--save-steps", "--logging-steps", "--seed", "--output-dir"):
         assert name in src, name
-    if method == "qlora":
+    if method.startswith("qlora"):
         assert "BitsAndBytesConfig" in src and "prepare_model_for_kbit_training" in src
 
 
@@ -108,6 +113,11 @@ def test_script_sharded_qlora_and_sgd():
                               model_ref="m")
     c = _constants(src)
     assert c["QUANT_STORAGE"] == "bfloat16" and c["WORLD_SIZE"] == 4 and c["STRATEGY"] == "fsdp"
+    assert c["KBIT_PREPARE"] is False and c["TRAINABLE_DTYPE"] == "float32"
+    # TRL's recipe under FSDP: the engine holds what PEFT's does (fp32 trainable parameters)
+    c2 = _constants(render_train_script(resolve_model(LLAMA), job.with_(quant=QuantSpec(recipe="trl")),
+                                        Layout(gpus_per_node=4, strategy="fsdp"), model_ref="m"))
+    assert c2["KBIT_PREPARE"] is False and c2["TRAINABLE_DTYPE"] == "float32"
     assert c["OPTIM"] == "sgd" and c["OPTIM_ARGS"] == "momentum=0.9"  # ftplan models SGD's momentum buffer
     assert "accelerate launch --num_processes 4" in src
 
@@ -445,3 +455,17 @@ def test_run_streaming_passes_output_and_exit_code(tmp_path):
                              tmp_path / "log.txt", echo=sink, cwd=tmp_path)
     assert rc == 3 and "boom" in tail and "step 1/2" in sink.getvalue()
     assert "boom" in (tmp_path / "log.txt").read_text()
+
+
+def test_train_qlora_trl_recipe_end_to_end(tmp_path, tiny_model, capfd, monkeypatch):
+    """TRL SFTTrainer's own QLoRA path through the exported script on CPU (bitsandbytes 4-bit runs
+    there): no prepare_model_for_kbit_training, the adapters stay in the bf16 TRL casts them to."""
+    pytest.importorskip("bitsandbytes")
+    out, report = _train(tmp_path, tiny_model, capfd, monkeypatch,
+                         ["--method", "qlora", "--qlora-recipe", "trl", "--lora-r", "4"])
+    assert report["plan"]["METHOD"] == "qlora"
+    c = _constants((out / "train.py").read_text())
+    assert c["KBIT_PREPARE"] is False and c["TRAINABLE_DTYPE"] == "bfloat16"
+    raw = (out / "adapter_model.safetensors").read_bytes()  # header: u64 length + JSON
+    header = json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])
+    assert {v["dtype"] for k, v in header.items() if k != "__metadata__"} == {"BF16"}

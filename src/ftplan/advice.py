@@ -141,18 +141,25 @@ def job_assumptions(job: Job, layout: Layout | None = None, *,
         out.append(Assumption("lora", {"r": lo.r, "alpha": lo.alpha, "dropout": lo.dropout,
                                        "target_modules": list(lo.target_modules)},
                               f"LoRA r={lo.r}, alpha={lo.alpha}, dropout={lo.dropout}, "
-                              f"targets {','.join(lo.target_modules)}; adapters in fp32",
+                              f"targets {','.join(lo.target_modules)}; adapters in {job.adapter_dtype}",
                               "`lora_r`, `lora_alpha`, `lora_dropout`, `lora_targets`",
-                              "ftplan's defaults; PEFT get_peft_model keeps adapters in fp32 "
-                              "(autocast_adapter_dtype=True)"))
-    if job.method == "qlora" and assumed("quant", "quant_type", "no_double_quant", "compute_dtype"):
+                              "ftplan's defaults; " + (
+                                  "TRL SFTTrainer casts a quantized model's adapters to bf16"
+                                  if job.adapter_dtype == "bf16" else
+                                  "PEFT get_peft_model keeps adapters in fp32 (autocast_adapter_dtype=True)")))
+    if job.method == "qlora" and assumed("quant", "quant_type", "no_double_quant", "compute_dtype", "qlora_recipe"):
         q = job.quant
+        prep = ("prepare_model_for_kbit_training upcasts the non-quantized weights to fp32 (PEFT's recipe; "
+                "`qlora_recipe=trl` for TRL SFTTrainer's, which skips it and casts the adapters to bf16)"
+                if q.recipe == "peft" else
+                "TRL SFTTrainer's recipe: no prepare_model_for_kbit_training, non-quantized weights in "
+                f"{q.compute_dtype}, adapters cast to bf16")
         out.append(Assumption("quant", {"quant_type": q.quant_type, "double_quant": q.double_quant,
-                                        "compute_dtype": q.compute_dtype},
+                                        "compute_dtype": q.compute_dtype, "recipe": q.recipe},
                               f"bitsandbytes 4-bit {q.quant_type}{', double quantization' if q.double_quant else ''},"
-                              f" {q.compute_dtype} compute; prepare_model_for_kbit_training upcasts the "
-                              "non-quantized weights to fp32", "`quant_type`, `no_double_quant`, `compute_dtype`",
-                              "the QLoRA paper's BitsAndBytesConfig"))
+                              f" {q.compute_dtype} compute; {prep}",
+                              "`quant_type`, `no_double_quant`, `compute_dtype`, `qlora_recipe`",
+                              "the QLoRA paper's BitsAndBytesConfig; PEFT's QLoRA docs"))
     return tuple(out)
 
 

@@ -35,6 +35,7 @@ __all__ = [
     "ATTN_IMPLS",
     "QUANT_TYPES",
     "COMPUTE_DTYPES",
+    "QLORA_RECIPES",
     "OPTIMIZER_IMPLS",
     "CHECKPOINTING",
     "LOSSES",
@@ -82,6 +83,12 @@ QUANT_TYPES = ("nf4", "fp4")
 #: ``fused=True``), torch's default multi-tensor ``foreach`` path, or the per-tensor for-loop
 OPTIMIZER_IMPLS = ("fused", "foreach", "forloop")
 COMPUTE_DTYPES = ("bf16", "fp16", "fp32")
+#: how the quantized model is prepared for LoRA: ``peft`` = ``prepare_model_for_kbit_training``
+#: (non-quantized weights upcast to fp32) + fp32 adapters (PEFT's QLoRA docs, the QLoRA paper's
+#: script, ftplan's exported train.py); ``trl`` = TRL >= 1.0 ``SFTTrainer`` handed a quantized
+#: model and a ``peft_config`` (no kbit preparation: non-quantized weights stay in the load dtype;
+#: the adapters are cast to bf16)
+QLORA_RECIPES = ("peft", "trl")
 #: activation checkpointing variants (``Job.checkpointing``; used when ``gradient_checkpointing``):
 #: ``full`` = HF/torch non-reentrant checkpointing of every decoder layer (transformers 5 default),
 #: ``full-reentrant`` = ``use_reentrant=True`` (what TRL forces for PEFT + DeepSpeed ZeRO-3),
@@ -195,6 +202,10 @@ class QuantSpec:
                                 help="QLoRA without double quantization of the quantization constants")
     compute_dtype: str = option("bf16", choices=COMPUTE_DTYPES, label="QLoRA compute dtype",
                                 help="QLoRA compute dtype: bf16 | fp16 | fp32")
+    recipe: str = option("peft", name="qlora_recipe", choices=QLORA_RECIPES, label="QLoRA recipe",
+                         help="peft: prepare_model_for_kbit_training (non-quantized weights in fp32) and fp32 "
+                              "adapters | trl: TRL SFTTrainer as-is (no kbit preparation: non-quantized weights "
+                              "in the compute dtype; adapters cast to bf16)")
     blocksize: int = internal(64)  # bitsandbytes' default 4-bit block size
     #: modules bitsandbytes leaves unquantized (transformers skips the output embedding)
     skip_modules: tuple[str, ...] = json_field(("lm_head",))
@@ -285,6 +296,26 @@ class Job:
     def uses_quant(self) -> bool:
         """The frozen base is quantized to 4 bits (QLoRA)."""
         return self.method == "qlora"
+
+    @property
+    def kbit_upcast(self) -> bool:
+        """QLoRA through ``prepare_model_for_kbit_training``: every non-quantized weight in fp32."""
+        return self.method == "qlora" and self.quant.recipe == "peft"
+
+    @property
+    def adapter_dtype(self) -> str:
+        """dtype of the LoRA adapters: fp32 (PEFT's ``autocast_adapter_dtype=True``), or bf16 under
+        TRL's QLoRA recipe (``SFTTrainer`` casts a quantized model's trainable parameters to
+        ``torch.bfloat16``, whatever the compute dtype)."""
+        if self.method == "qlora" and self.quant.recipe == "trl":
+            return "bf16"
+        return "fp32"
+
+    @property
+    def unquantized_dtype(self) -> str:
+        """QLoRA: dtype of the weights bitsandbytes leaves alone (embedding, norms, lm_head, fused
+        3-D experts): fp32 after ``prepare_model_for_kbit_training``, else the load dtype."""
+        return "fp32" if self.kbit_upcast else self.quant.compute_dtype
 
     @property
     def ac_mode(self) -> str:

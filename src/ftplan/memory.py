@@ -15,6 +15,8 @@ Phases. The peak is the larger of
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -334,6 +336,8 @@ def _recompute_weight_copy_bytes(model: ModelSpec, job: Job, layout: Layout) -> 
     c = int(dtype_bytes(prec["compute"]))
     if job.method == "full":
         return c * largest_layer_params(model) if prec["trainable"] != prec["compute"] else 0
+    if job.adapter_dtype == prec["compute"]:
+        return 0  # adapters already in the compute dtype: autocast makes no copy
     n_train, _ = trainable_params(model, job)
     return c * -(-n_train // model.num_layers)
 
@@ -356,8 +360,10 @@ def model_states(model: ModelSpec, job: Job, consts: MemoryConstants | None = No
         grad_b = dtype_bytes(prec["grad"])
         param_b = dtype_bytes(train_dtype)
     else:
-        # PEFT keeps adapters in fp32 (autocast_adapter_dtype=True) whatever the base dtype
-        trainable_w = Fraction(4) * n_train
+        # PEFT keeps adapters in fp32 (autocast_adapter_dtype=True) whatever the base dtype; TRL's
+        # QLoRA recipe casts them to the compute dtype (job.adapter_dtype)
+        adapter_b = dtype_bytes(job.adapter_dtype)
+        trainable_w = adapter_b * n_train
         # autocast's compute-dtype copies of the fp32 adapters, kept for backward (under
         # checkpointing one layer's worth at a time, counted with the recompute transient);
         # lora_A of the first layer's q/k/v reads a grad-free input, so its copy is not kept
@@ -365,16 +371,17 @@ def model_states(model: ModelSpec, job: Job, consts: MemoryConstants | None = No
             copies = n_train - _first_layer_frozen_a(model, job)
         else:  # only the layers that are not checkpointed (every-k) keep theirs
             copies = _uncheckpointed_layer_elems(model, job, lambda g: _layer_adapter_elems(model, job, g))
-        master = dtype_bytes(prec["compute"]) * copies if prec["compute"] != "fp32" and \
+        master = dtype_bytes(prec["compute"]) * copies if prec["compute"] != job.adapter_dtype and \
             job.precision.endswith("-mixed") else Fraction(0)
-        grad_b = Fraction(4)
-        param_b = Fraction(4)
+        grad_b = adapter_b
+        param_b = adapter_b
         if job.method == "lora":
             frozen_w = dtype_bytes(prec["frozen"]) * total
         else:
             quant_bytes, unq = _qlora_frozen_bytes(model, job)
-            # prepare_model_for_kbit_training upcasts every non-quantized weight to fp32
-            frozen_w = quant_bytes + 4 * unq
+            # prepare_model_for_kbit_training upcasts every non-quantized weight to fp32 (PEFT's
+            # recipe); TRL's leaves them in the load dtype
+            frozen_w = quant_bytes + dtype_bytes(job.unquantized_dtype) * unq
     grads = grad_b * n_train
     opt = _optimizer_bytes(job, n_train, n_tensors, param_b, model, consts)
     if job.low_precision:
@@ -416,8 +423,9 @@ def _act_dtypes(job: Job, backend: str) -> _Dtypes:
     elif job.method == "lora":
         resid = norm_w = int(dtype_bytes(prec["frozen"]))
         w = 0
-    else:  # qlora: prepare_model_for_kbit_training upcasts embedding and norms to fp32
-        resid = norm_w = 4
+    else:  # qlora: prepare_model_for_kbit_training upcasts embedding and norms to fp32 (TRL's
+        # recipe leaves them in the load dtype)
+        resid = norm_w = int(dtype_bytes(job.unquantized_dtype))
         w = 0
         compute = int(dtype_bytes(job.quant.compute_dtype))
     # transformers' grouped_mm experts: autocast covers them on CUDA; on CPU they run in the
@@ -602,7 +610,7 @@ def _mla_saved(a, t: int, b: int, s: int, h: int, dt: _Dtypes, heads: int, backe
 
 def _lora_saved(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t: int, tp: int,
                 backend: str) -> int:
-    """Per decoder layer: PEFT casts the input to the adapter dtype (fp32), applies dropout
+    """Per decoder layer: PEFT casts the input to the adapter dtype (fp32, or TRL's QLoRA bf16), applies dropout
     (CUDA saves a bool mask, CPU a mask in the input dtype), autocast copies the dropout output
     for ``lora_A`` and ``lora_B`` saves its r-wide input."""
     if not job.uses_lora:
@@ -610,12 +618,31 @@ def _lora_saved(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t: int, 
     targets = lora_targets(model, job.lora)
     r = job.lora.r
     c = dt.compute
-    mask = 0 if job.lora.dropout == 0 else (1 if backend == "cuda" else 4)
+    a_bytes = int(dtype_bytes(job.adapter_dtype))
+    # PEFT casts the input to the adapter dtype first: the CPU mask has that dtype
+    mask = 0 if job.lora.dropout == 0 else (1 if backend == "cuda" else a_bytes)
+    # without dropout (nn.Identity) and with adapters in the dtype of their input (TRL's QLoRA
+    # recipe: bf16 residual stream, bf16 adapters) no cast happens: lora_A saves the layer's own
+    # tensor, one storage per distinct input (q/k/v share the norm output, gate/up theirs, o_proj
+    # reads the attention output the kernel already keeps)
+    shared = job.lora.dropout == 0 and a_bytes == c == dt.resid and g.moe is None
+    seen: set[str] = set()
     out = 0
     for lin in layer_linears(model, g):
-        if lin.is_module and lin.module in targets:
-            width = lin.in_features
-            out += t * width * (mask + c) + t * r * c
+        if not (lin.is_module and lin.module in targets):
+            continue
+        width = lin.in_features
+        out += t * r * c  # lora_B's r-wide input
+        if shared:
+            src = ("layer_input" if lin.module in _READS_LAYER_INPUT
+                   else "mlp_input" if lin.module in ("gate_proj", "up_proj", "gate_up_proj") else lin.module)
+            if src in seen:
+                continue
+            seen.add(src)
+            if lin.module == "o_proj" and job.attn_impl != "eager" and not g.attention.is_mla and not (
+                    g.attention.fused_qkv and backend == "cpu"):
+                continue  # the attention kernel's saved output
+        out += t * width * (mask + c)
     return out
 
 
@@ -651,7 +678,7 @@ def _logits_bytes(model: ModelSpec, job: Job, dt: _Dtypes, tp: int, backend: str
     # fp32 log-softmax, the shifted int64 targets (with one row the slice of the padded labels is
     # already contiguous, so the whole (1, s + 1) storage stays), the fp32 total weight
     saved += t * v * 4 + 8 * (t if b > 1 else s + 1) + 4
-    if job.method == "qlora" and dt.autocast and c != 4:
+    if job.kbit_upcast and dt.autocast and c != 4:
         # prepare_model_for_kbit_training keeps lm_head in fp32: autocast's compute-dtype copy of
         # the (frozen) weight is saved for the input gradient
         saved += model.vocab_size // tp * h * c
@@ -666,7 +693,7 @@ def _lm_head_weight_bytes(job: Job, dt: _Dtypes) -> int:
     if job.method == "full":
         return dt.train_w
     if job.method == "qlora":
-        return 4  # prepare_model_for_kbit_training upcasts it
+        return int(dtype_bytes(job.unquantized_dtype))  # fp32 after prepare_model_for_kbit_training
     return dt.resid  # the frozen base dtype
 
 
@@ -742,7 +769,7 @@ def _first_layer_discount(model: ModelSpec, job: Job, dt: _Dtypes, backend: str)
     h = model.hidden_size
     out = _norm_saved(t, h, dt.resid, False, gemma=FAMILIES[model.family].norm_style == "gemma")
     if job.uses_lora and job.lora.dropout > 0:
-        mask = 1 if backend == "cuda" else 4
+        mask = 1 if backend == "cuda" else int(dtype_bytes(job.adapter_dtype))
         targets = lora_targets(model, job.lora)
         first = layer_linears(model, model.groups[0])
         for lin in first:
@@ -954,7 +981,7 @@ def _head_noop_saved(model: ModelSpec, job: Job, dt: _Dtypes, tp: int) -> int:
     t = b * s
     h = model.hidden_size
     out = _linear_inputs(t, h, 1, dt.norm_out, dt)
-    if job.method == "qlora" and dt.autocast and dt.compute != 4:
+    if job.kbit_upcast and dt.autocast and dt.compute != 4:
         out += model.vocab_size // tp * h * dt.compute
     return out
 
@@ -1036,6 +1063,8 @@ def _layer_copy_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, ba
         if backend == "cpu" and g.moe is not None:  # grouped_mm experts run in fp32 on CPU
             n -= g.moe.num_experts * 3 * model.hidden_size * g.moe.expert_intermediate_size
         return n * c
+    if job.adapter_dtype == prec["compute"]:
+        return 0  # adapters already in the compute dtype: nothing to copy
     n = _layer_adapter_elems(model, job, g) - (_first_layer_frozen_a(model, job) if first_frozen else 0)
     return n * c
 
@@ -1221,6 +1250,18 @@ def _ep_rows(g: LayerGroup, job: Job, ep: int) -> int | None:
 # ---------------------------------------------------------------------------------------------
 # the whole breakdown
 # ---------------------------------------------------------------------------------------------
+def _engine_qlora_recipe(job: Job, layout: Layout, notes: list[str]) -> Job:
+    """Under FSDP and DeepSpeed both QLoRA recipes hold the same bytes: neither upcasts the
+    non-quantized weights (they must share the 4-bit storage dtype to shard), accelerate upcasts
+    FSDP's trainable parameters to fp32 for mixed precision and DeepSpeed keeps fp32 masters, so
+    TRL's bf16 adapter cast does not survive. ``sharding.py`` models that one path."""
+    if job.method != "qlora" or job.quant.recipe == "peft" or layout.engine not in ("deepspeed", "fsdp1", "fsdp2"):
+        return job
+    notes.append(f"qlora recipe trl under {layout.engine}: the engine holds what PEFT's recipe holds (no kbit "
+                 "upcast, fp32 trainable parameters)")
+    return job.with_(quant=dataclasses.replace(job.quant, recipe="peft"))
+
+
 def estimate_memory(
     model: ModelSpec,
     job: Job,
@@ -1237,10 +1278,11 @@ def estimate_memory(
     layout = layout or Layout()
     validate_job(model, job, layout)
     consts = consts or memory_constants()
+    notes: list[str] = []
+    job = _engine_qlora_recipe(job, layout, notes)
     st = model_states(model, job, consts)
     tp, pp = layout.tp, layout.pp
     mp = tp * pp  # model-parallel split of every weight
-    notes: list[str] = []
 
     lm = layout_memory(model, job, layout, st, consts, backend)
     frozen, trainable, master = lm.frozen_weights, lm.trainable_weights, lm.master_weights

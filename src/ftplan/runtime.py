@@ -950,7 +950,8 @@ def _expert_comm_bytes(model: ModelSpec, job: Job) -> tuple[float, float, float]
     if job.method == "full":
         c = n * float(dtype_bytes(compute_dtype(job)))
         return c, n * float(dtype_bytes(PRECISIONS[job.precision]["grad"])), c
-    w = 4.0 if job.method == "qlora" else float(dtype_bytes(PRECISIONS[job.precision]["frozen"]))
+    w = float(dtype_bytes(job.unquantized_dtype)) if job.method == "qlora" else \
+        float(dtype_bytes(PRECISIONS[job.precision]["frozen"]))
     return n * w, 0.0, 0.0
 
 

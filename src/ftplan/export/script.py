@@ -19,8 +19,11 @@ How the job maps onto the stack (what ftplan's memory model assumes, see README 
   stores the 4-bit weights in the compute dtype (``bnb_4bit_quant_storage``), loads on the CPU for
   the launcher to shard, and skips that upcast (TRL's ``is_sharded_qlora`` path), so the non-quantized
   weights stay in the compute dtype (less than ftplan's single-GPU QLoRA model counts for them);
-* the trainable parameters are put in the precision's trainable dtype after the trainer is built
-  (TRL >= 1.0 casts QLoRA adapters to bf16; ftplan plans PEFT's default fp32 adapters);
+* QLoRA with ``qlora_recipe=trl`` (TRL ``SFTTrainer``'s own path): no ``prepare_model_for_kbit_training``
+  (``KBIT_PREPARE = False``), the non-quantized weights stay in the load dtype and the adapters keep
+  the bf16 TRL casts them to;
+* the trainable parameters are put in the plan's trainable dtype after the trainer is built
+  (TRL >= 1.0 casts QLoRA adapters to bf16; PEFT's recipe, ftplan's default, plans fp32 adapters);
 * ftplan's optimizers map to HF ``optim`` names (:data:`HF_OPTIM`), SGD with momentum 0.9;
 * the batch and loss path follow TRL 1.16's ``SFTConfig``: ``max_length`` (the plan's sequence
   length), ``packing`` / ``padding_free`` (off unless the plan asks: ftplan's memory model assumes
@@ -90,7 +93,10 @@ def script_constants(model: ModelSpec, job: Job, layout: Layout, *, model_ref: s
         "METHOD": job.method,
         "PRECISION": job.precision,
         "MODEL_DTYPE": TORCH_DTYPE[load],
-        "TRAINABLE_DTYPE": TORCH_DTYPE[prec["trainable"]],
+        # TRL's QLoRA recipe on one GPU / DDP keeps SFTTrainer's bf16 adapters (the plan's); sharded
+        # engines hold fp32 trainable parameters whatever the recipe (see memory._engine_qlora_recipe)
+        "TRAINABLE_DTYPE": TORCH_DTYPE[job.adapter_dtype if job.method == "qlora" and not sharded_qlora
+                                       and job.adapter_dtype != "fp32" else prec["trainable"]],
         # FP8 plans: accelerate_config.yaml sets mixed_precision fp8 (bf16 autocast + FP8 linears);
         # SFTConfig(bf16=True) would replace it with plain bf16 (transformers reads the launcher's
         # ACCELERATE_MIXED_PRECISION only when bf16/fp16 are off)
@@ -119,6 +125,7 @@ def script_constants(model: ModelSpec, job: Job, layout: Layout, *, model_ref: s
         "COMPUTE_DTYPE": TORCH_DTYPE.get(job.quant.compute_dtype, job.quant.compute_dtype),
         "QUANT_STORAGE": TORCH_DTYPE.get(job.quant.compute_dtype, "uint8") if sharded_qlora else "uint8",
         "SHARDED_QLORA": sharded_qlora,
+        "KBIT_PREPARE": job.method == "qlora" and job.kbit_upcast and not sharded_qlora,
         "NUM_EPOCHS": float(job.epochs),
         "WORLD_SIZE": layout.world_size,
         "STRATEGY": layout.strategy,
@@ -160,6 +167,7 @@ _COMMENTS = {
     "COMPUTE_DTYPE": "bnb_4bit_compute_dtype",
     "QUANT_STORAGE": "bnb_4bit_quant_storage (the compute dtype for FSDP/ZeRO-3 QLoRA)",
     "SHARDED_QLORA": "FSDP/ZeRO-3 QLoRA: every weight stays in QUANT_STORAGE (no fp32 upcast) so all shard alike",
+    "KBIT_PREPARE": "QLoRA: peft.prepare_model_for_kbit_training (PEFT's recipe; False: TRL SFTTrainer's own)",
     "NUM_EPOCHS": "--num-epochs overrides; --max-steps wins over epochs",
     "WORLD_SIZE": "GPUs the plan uses (accelerate launch --num_processes)",
     "STRATEGY": "single | ddp | zero1 | zero2 | zero3 | fsdp (set by the accelerate config)",
@@ -345,7 +353,7 @@ def load_model(model_ref):
         if GRADIENT_CHECKPOINTING:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": REENTRANT})
             model.enable_input_require_grads()
-    elif METHOD == "qlora":
+    elif METHOD == "qlora" and KBIT_PREPARE:
         from peft import prepare_model_for_kbit_training
 
         model = prepare_model_for_kbit_training(

@@ -230,7 +230,8 @@ def quantize_linears(model: nn.Module, job, device) -> int:
 def build_for_job(config: dict, job, device: str, seed: int = 0) -> nn.Module:
     """The model of ``job`` (:class:`ftplan.job.Job`) on ``device``, held as the reference stack
     holds it: trainable parameters set, 4-bit quantized for QLoRA (one layer at a time, never a
-    whole bf16 copy), PEFT LoRA applied (after ``prepare_model_for_kbit_training`` for QLoRA)."""
+    whole bf16 copy), PEFT LoRA applied (QLoRA: after ``prepare_model_for_kbit_training`` under
+    PEFT's recipe; under TRL's the adapters are cast to bf16 afterwards, as ``SFTTrainer`` does)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from ..job import PRECISIONS
@@ -267,7 +268,7 @@ def build_for_job(config: dict, job, device: str, seed: int = 0) -> nn.Module:
     model.config.use_cache = False
     model.train()
     if job.uses_lora:
-        if job.method == "qlora":
+        if job.kbit_upcast:  # PEFT's QLoRA recipe; TRL's SFTTrainer skips it
             from peft import prepare_model_for_kbit_training
 
             model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
@@ -276,6 +277,12 @@ def build_for_job(config: dict, job, device: str, seed: int = 0) -> nn.Module:
             warnings.simplefilter("ignore")
             model = apply_lora(model, r=job.lora.r, alpha=job.lora.alpha, dropout=job.lora.dropout,
                                target_modules="all-linear" if "all-linear" in targets else targets).model
+        if job.method == "qlora" and job.adapter_dtype != "fp32":
+            # TRL >= 1.0 SFTTrainer (sft_trainer.py, "_is_quantized_model"): every trainable
+            # parameter but DoRA's magnitude vector to bf16
+            for name, p in model.named_parameters():
+                if p.requires_grad and "lora_magnitude_vector" not in name:
+                    p.data = p.data.to(torch_dtype(job.adapter_dtype))
         model.train()
     else:
         for p in model.parameters():

@@ -95,3 +95,20 @@ def test_existing_keys_retries_errors(tmp_path):
     append_record(f, _rec(3, "error"))
     assert existing_keys(f) == {"k1", "k2"}
     assert existing_keys(tmp_path / "none.jsonl") == set()
+
+
+def test_every_bundled_matrix_loads_and_its_rows_are_valid_jobs():
+    """benchmarks/matrices/*.yaml are what run_campaign.sh runs on a lent GPU: each row must parse
+    (YAML lists of target modules included) and be a valid job, before any GPU time is spent."""
+    from pathlib import Path
+
+    from ftplan.cli.measure import _row_job
+    from ftplan.measure.run import load_matrix
+
+    files = sorted((Path(__file__).resolve().parents[2] / "benchmarks" / "matrices").glob("*.yaml"))
+    assert files
+    for f in files:
+        rows = load_matrix(f)
+        assert rows, f
+        for i, row in enumerate(rows, 1):
+            _row_job(row, f"{f.name} row {i}")

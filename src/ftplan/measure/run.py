@@ -575,7 +575,10 @@ def load_matrix(path: str | os.PathLike) -> list[dict[str, Any]]:
         for i, row in enumerate(doc["jobs"], 1):
             if not isinstance(row, dict):
                 raise ConfigError(f"{p}: job {i} is not a mapping")
-            rows.append({**defaults, **row})
+            # a YAML list of names (lora_targets: [q_proj, v_proj]) is the CLI's comma-separated form
+            rows.append({k: ",".join(v) if isinstance(v, list) and v and all(
+                isinstance(x, str) and x.strip() and "," not in x for x in v) else v
+                for k, v in {**defaults, **row}.items()})
     elif suffix == ".csv":
         import csv
         import io

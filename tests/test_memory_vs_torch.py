@@ -200,24 +200,6 @@ def test_saved_activations_exact_qlora(family, ckpt):
     prepare_model_for_kbit_training (fp32 norms, embedding and lm_head), all-linear LoRA, autocast.
     Linear4bit returns its input's dtype (fp32), and autocast's bf16 copy of the frozen fp32 lm_head
     is saved."""
-    pytest.importorskip("bitsandbytes")
-    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
-
-    cfg = TR.TINY_CONFIGS[family]
-    attn = ATTN.get(family, "sdpa")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = TR.build_model(cfg, dtype="bf16", quantization="nf4-dq", attn_implementation=attn)
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=ckpt)
-        model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.1,
-                                                 target_modules="all-linear", task_type="CAUSAL_LM"))
-        orig = TR._model_dtype
-        TR._model_dtype = lambda m: torch.float32
-        try:
-            r = TR.measure_step(model, batch=2, seq_len=24, gradient_checkpointing=ckpt, dtype="bf16")
-        finally:
-            TR._model_dtype = orig
+    spec, job, r = _run_qlora(family, ckpt, "peft")
     casts = sum(x.nbytes for x in r.records if x.producer == "TBackward0")  # LoRA A/B bf16 copies
-    job = Job(method="qlora", micro_batch=2, seq_len=24, gradient_checkpointing=ckpt, attn_impl=attn,
-              lora=LoraSpec(r=8, alpha=16, dropout=0.1), loss="hf")
-    assert saved_activation_bytes(model_from_config(cfg), job, backend="cpu") == r.saved_activation_bytes - casts
+    assert saved_activation_bytes(spec, job, backend="cpu") == r.saved_activation_bytes - casts

@@ -298,6 +298,7 @@ def measure_variant(
     dtype: str | None = "bf16",
     autocast: bool = True,
     min_offload_size: int = 1,
+    hold_packed: bool = True,
     seed: int = 0,
 ) -> VariantMeasure:
     """One real forward (and loss) of ``model`` under the variant; counts what backward will use.
@@ -306,6 +307,12 @@ def measure_variant(
     ``loss="trl"`` needs :func:`add_trl_fused_head` applied to the model first.
     ``min_offload_size``: TRL's threshold (default there 1024 bytes); the tiny test models have
     tensors below it that real models never have, so tests pass 1.
+    ``hold_packed`` (offloading): keep every tensor TRL's pack hook receives alive until the count
+    is taken. TRL recognises a repeat by (storage address + offset, dtype); without this a fresh
+    tensor that the allocator places at the address of a freed, offloaded one is kept on the
+    device as a "repeat" (allocator-dependent: glibc on CPU, the caching allocator on CUDA). Holding
+    the originals leaves only true repeats, which is the split ftplan predicts; the bytes are
+    counted from TRL's tracker either way, never from the allocator.
     """
     model.train()
     enable_checkpointing(model, checkpointing, every=every)
@@ -355,9 +362,12 @@ def measure_variant(
             noop.unpack_hook = lambda h: h.t
         orig_pack = ctx.pack_hook
         trace: list[tuple] = []
+        packed: list[torch.Tensor] = []
 
         def pack(t):
             gf = t.grad_fn
+            if hold_packed:
+                packed.append(t)
             tid = orig_pack(t)
             entry = ctx.tracker.get(tid)
             trace.append((tid, tuple(t.shape), str(t.dtype), t.numel() * t.element_size(),
@@ -401,6 +411,7 @@ def measure_variant(
             del loss_t
             ctx.tracker.clear()
             ctx.fwd_stash.clear()
+            packed.clear()
         for k in list(device):
             if k in params or k == 0:
                 del device[k]

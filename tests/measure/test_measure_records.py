@@ -112,3 +112,40 @@ def test_every_bundled_matrix_loads_and_its_rows_are_valid_jobs():
         assert rows, f
         for i, row in enumerate(rows, 1):
             _row_job(row, f"{f.name} row {i}")
+
+
+def test_a_record_from_before_a_job_field_existed_is_still_recognised(tmp_path):
+    """A key is the JSON of every job field, so a field added later changes it; resuming reads the
+    stored job back (a missing field gets the value the older version measured) and re-keys it."""
+    job = Job(method="lora", micro_batch=2, seq_len=64, loss="hf")
+    lay = Layout()
+    new_key = record_key("qwen2.5-0.5b", job, lay, "cpu", True)
+    old_job = job_to_dict(job)
+    del old_job["loss"]  # records written before the loss path was a job option
+    ident = json.loads(new_key)
+    del ident["job"]["loss"]
+    old = {**_rec(1), "key": json.dumps(ident, sort_keys=True, separators=(",", ":")), "job": old_job,
+           "layout": layout_to_dict(lay)}
+    f = tmp_path / "r.jsonl"
+    append_record(f, old)
+    assert old["key"] != new_key
+    assert existing_keys(f) == {new_key}
+    # ...and it is not mistaken for the job that the current default loss path describes
+    assert record_key("qwen2.5-0.5b", job.with_(loss="trl"), lay, "cpu", True) not in existing_keys(f)
+
+
+def test_the_bundled_cpu_matrix_describes_its_bundled_records():
+    """Re-running benchmarks/matrices/cpu-tiny.yaml into its records file measures nothing again:
+    every row pins what ftplan's changing defaults would otherwise alter."""
+    from pathlib import Path
+
+    from ftplan.cli.measure import _row_job
+    from ftplan.measure.run import load_matrix
+
+    root = Path(__file__).resolve().parents[2] / "benchmarks"
+    done = existing_keys(root / "measurements" / "cpu-tiny.jsonl")
+    rows = load_matrix(root / "matrices" / "cpu-tiny.yaml")
+    missing = [row for i, row in enumerate(rows, 1)
+               if record_key(str(row["model"]), _row_job(row, f"row {i}"), Layout(), "cpu", True) not in done]
+    assert not missing
+    assert len(done) == len(rows)

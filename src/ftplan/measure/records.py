@@ -222,4 +222,23 @@ def existing_keys(path: str | os.PathLike, outcomes: tuple[str, ...] = ("ok", "o
     if not p.is_file():
         return set()
     recs, _ = load_records([p], strict_files=False)
-    return {r["key"] for r in recs if r.get("outcome") in outcomes}
+    return {canonical_key(r) for r in recs if r.get("outcome") in outcomes}
+
+
+def canonical_key(record: dict[str, Any]) -> str:
+    """The record's key as this version of ftplan writes it.
+
+    A key is the JSON of every job and layout field, so a field added later (with its default)
+    changes the key of a configuration that was already measured. Re-reading the stored job and
+    layout through :func:`job_from_dict` / :func:`layout_from_dict` (which fill a new field with
+    the value the older version measured, e.g. ``loss="hf"``) gives the key this version would
+    write, so a resumed matrix skips what it already has. Falls back to the stored key when the
+    record's job no longer parses.
+    """
+    stored = record["key"]
+    try:
+        ident = json.loads(stored)
+        return record_key(ident["model"], job_from_dict(record["job"]), layout_from_dict(record["layout"]),
+                          ident["device"], bool(ident["tiny"]))
+    except Exception:  # noqa: BLE001 - an unparseable old record keeps its stored identity
+        return stored

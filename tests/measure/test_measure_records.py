@@ -110,8 +110,14 @@ def test_every_bundled_matrix_loads_and_its_rows_are_valid_jobs():
     for f in files:
         rows = load_matrix(f)
         assert rows, f
+        seen: dict[str, int] = {}
         for i, row in enumerate(rows, 1):
-            _row_job(row, f"{f.name} row {i}")
+            job = _row_job(row, f"{f.name} row {i}")
+            # no row describes the same job as an earlier one (it would be skipped as measured):
+            # a default that changed can make two rows equal
+            key = record_key(str(row["model"]), job, Layout(), "cuda", bool(row.get("tiny")))
+            assert key not in seen, f"{f.name}: row {i} is row {seen.get(key)} again"
+            seen[key] = i
 
 
 def test_a_record_from_before_a_job_field_existed_is_still_recognised(tmp_path):

@@ -169,3 +169,42 @@ def test_cuda_lora_tiny(config_path, tmp_path):
     m = r["measured"]
     assert r["outcome"] == "ok" and m["peak_allocated_bytes"] >= m["baseline_allocated_bytes"] > 0
     assert m["peak_reserved_bytes"] >= m["peak_allocated_bytes"]
+
+
+def _param_table(model) -> dict:
+    """name -> (shape, dtype, requires_grad, the first name sharing its storage)."""
+    first: dict[int, str] = {}
+    out = {}
+    for n, p in model.named_parameters(remove_duplicate=False):
+        ptr = p.data_ptr()
+        first.setdefault(ptr, n)
+        out[hf.strip_peft_prefix(n)] = (tuple(p.shape), str(p.dtype), p.requires_grad,
+                                        hf.strip_peft_prefix(first[ptr]))
+    return out
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_qlora_build_holds_what_from_pretrained_holds(tied):
+    """``measure`` builds QLoRA models one layer at a time (never a bf16 copy of the model); what it
+    holds must be what transformers' ``from_pretrained(quantization_config=...)`` +
+    ``prepare_model_for_kbit_training`` + PEFT hold, tied output embedding included (a meta-built
+    model was left untied: one fp32 vocab x hidden matrix too many on tied families)."""
+    import warnings
+
+    from peft import prepare_model_for_kbit_training
+
+    from ftplan.job import Job, LoraSpec
+    from ftplan.measure.configs import text_config, tiny_config
+
+    cfg = tiny_config({**QWEN, "tie_word_embeddings": tied})
+    job = Job(method="qlora", micro_batch=2, seq_len=32, lora=LoraSpec(r=8, alpha=16, dropout=0.1))
+    built = hf.build_for_job(cfg, job, "cpu")
+    mt, c = text_config(cfg)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = hf.build_model({**c, "model_type": mt}, dtype="bf16", quantization="nf4-dq")
+        ref = prepare_model_for_kbit_training(ref, use_gradient_checkpointing=False)
+        ref = hf.apply_lora(ref, r=8, alpha=16, dropout=0.1, target_modules="all-linear").model
+    assert _param_table(built) == _param_table(ref)
+    lm = _param_table(built)["lm_head.weight"][3]
+    assert (lm == "model.embed_tokens.weight") is tied

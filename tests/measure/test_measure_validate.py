@@ -112,3 +112,19 @@ def test_committed_records_hold_the_ratchet():
     assert V.check_ratchet(rep, ratchet) == []
     if "gpu" in rep["groups"]:
         assert rep["figures"]["gpu.false_fits"] == 0
+
+
+def test_a_configuration_measured_again_is_scored_once_by_its_latest_record():
+    """Records are append-only: a re-measurement (a harness fix, a new library) follows the old
+    record; validate scores the latest and names the one it replaces. A failed re-run replaces
+    nothing."""
+    key = json.dumps({"model": "m", "job": {}, "layout": {}, "device": "cuda", "tiny": False})
+    old, new, failed = (_record(i, alloc=a, outcome=o) for i, a, o in ((1, 80, "ok"), (2, 100, "ok"),
+                                                                        (3, None, "error")))
+    for r in (old, new, failed):
+        r["key"] = key
+    rep = V.validate_records([old, new, failed, _record(4, alloc=125)], predict_fn=_fixed_predict)
+    assert rep["superseded"] == ["synthetic:1"]
+    a = rep["groups"]["gpu"]["all"]["peak_allocated"]
+    assert a["n"] == 2 and a["max_pct"] == pytest.approx(20)  # records 2 (0 %) and 4 (-20 %)
+    assert "measured again" in V.render_text(rep) and "synthetic:1" in V.render_text(rep)

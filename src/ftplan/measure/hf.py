@@ -258,6 +258,10 @@ def build_for_job(config: dict, job, device: str, seed: int = 0) -> nn.Module:
 
             with init_empty_weights(include_buffers=False):
                 model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype, attn_implementation=attn)
+            # transformers 5 does not tie the output embedding of a model made under
+            # init_empty_weights; from_pretrained does (tie_word_embeddings): tie before the meta
+            # weights get storage, so a tied lm_head is one tensor, as in the real load
+            model.tie_weights()
             quantize_linears(model, job, dev)
             materialize_meta(model, dev, dtype)
             model.is_loaded_in_4bit = True  # what from_pretrained(quantization_config=...) sets

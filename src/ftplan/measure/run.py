@@ -523,19 +523,15 @@ def format_record(rec: dict[str, Any]) -> str:
                               ("device (nvml, process)", "nvml_process_bytes", "device_total_bytes")):
             lines.append(f"  {label:24} {_gib(m.get(mk)):>12} {_gib(p.get(pk)):>12}"
                          f"{_err(p.get(pk), m.get(mk))}")
-    t = m.get("tensors") or {}
-    if t:
-        comp = p.get("components") or {}
-        ms = None
-        if t.get("grad_bytes") is not None and t.get("optimizer_state_bytes") is not None:
-            ms = t["param_bytes"] + t["grad_bytes"] + t["optimizer_state_bytes"]
-        lines.append(f"  {'model states (tensors)':24} {_gib(ms):>12} {_gib(p.get('model_states_bytes')):>12}"
-                     f"{_err(p.get('model_states_bytes'), ms)}")
-        act_pred = None
-        if comp:
-            act_pred = comp.get("activations", 0) + comp.get("logits_and_loss", 0)
-        lines.append(f"  {'saved activations':24} {_gib(t.get('saved_activation_bytes')):>12} "
-                     f"{_gib(act_pred):>12}{_err(act_pred, t.get('saved_activation_bytes'))}")
+    if m.get("tensors"):
+        # the comparison `ftplan validate` scores (weight copies with the model states, the CPU
+        # form of the activation formulas on CPU), against the prediction stored in the record
+        from .validate import evaluate_record
+
+        row = evaluate_record(rec, predict_fn=lambda *_: p) if p else {}
+        for label, key in (("model states (tensors)", "model_states"), ("saved activations", "activations")):
+            pv, mv = row.get(f"{key}_predicted"), row.get(f"{key}_measured")
+            lines.append(f"  {label:24} {_gib(mv):>12} {_gib(pv):>12}{_err(pv, mv)}")
     tps = m.get("tokens_per_s")
     ptps = p.get("tokens_per_s")
     lines.append(f"  {'tokens/s':24} {('-' if tps is None else f'{tps:,.0f}'):>12} "

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import FtplanError, MeasurementError
-from .records import job_from_dict, layout_from_dict, load_records
+from .records import canonical_key, job_from_dict, layout_from_dict, load_records
 
 __all__ = [
     "TARGETS",
@@ -194,6 +194,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def validate_records(records: list[dict[str, Any]], problems: list[str] | None = None,
                      predict_fn=None) -> dict[str, Any]:
     problems = list(problems or [])
+    records, superseded = latest_per_configuration(records)
     rows = []
     for rec in records:
         try:
@@ -213,6 +214,7 @@ def validate_records(records: list[dict[str, Any]], problems: list[str] | None =
     report: dict[str, Any] = {
         "schema": "ftplan.validation/1",
         "n_records": len(records),
+        "superseded": superseded,
         "problems": problems,
         "groups": groups,
         "rows": rows,
@@ -222,6 +224,26 @@ def validate_records(records: list[dict[str, Any]], problems: list[str] | None =
     report["target_misses"] = _target_misses(report)
     report["meets_targets"] = not report["target_misses"]
     return report
+
+
+def latest_per_configuration(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
+    """One record per measured configuration (:func:`canonical_key`): the last one written.
+
+    Records are only ever appended, so a configuration measured again (a harness fix, a new
+    library version) has its new record after the old; the old one is reported as superseded and
+    not scored. A failed run (``outcome: error``) supersedes nothing.
+    """
+    last: dict[str, int] = {}
+    for i, rec in enumerate(records):
+        if rec.get("outcome") != "error":
+            last[canonical_key(rec)] = i
+    keep, superseded = [], []
+    for i, rec in enumerate(records):
+        if rec.get("outcome") != "error" and last[canonical_key(rec)] != i:
+            superseded.append(str(rec.get("_source", "?")))
+        else:
+            keep.append(rec)
+    return keep, superseded
 
 
 def validate_paths(paths) -> dict[str, Any]:
@@ -349,6 +371,9 @@ def render_text(report: dict[str, Any]) -> str:
 
     lines = [f"{report['n_records']} record(s) from {len(report.get('files', []))} file(s); "
              "errors in % of measured, |error| median / p90 / max"]
+    if report.get("superseded"):
+        lines.append(f"{len(report['superseded'])} earlier record(s) of a configuration measured again, not "
+                     f"scored: {', '.join(report['superseded'])}")
     if "gpu" not in report["groups"]:
         lines.append("no GPU records yet: GPU accuracy targets not assessed "
                      "(run benchmarks/run_campaign.sh on a GPU machine)")

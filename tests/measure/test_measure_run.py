@@ -127,6 +127,12 @@ def test_matrix_resumes_and_builds_once(config_path, tmp_path, monkeypatch, caps
     assert builds == ["full", "lora"]
     err = capsys.readouterr().err
     assert "skipped" in err and "4/4" in err
+    # --remeasure: every row again, appended after the first records (which stay as written)
+    before = out.read_bytes()
+    assert main("measure", "--matrix", matrix, "--tiny", "--device", "cpu", "--out", out, "--remeasure") == 0
+    assert out.read_bytes().startswith(before)
+    recs, _ = load_records([out])
+    assert len(recs) == 8 and len({r["key"] for r in recs}) == 4
 
 
 def test_row_to_argv():
@@ -208,3 +214,25 @@ def test_qlora_build_holds_what_from_pretrained_holds(tied):
     assert _param_table(built) == _param_table(ref)
     lm = _param_table(built)["lm_head.weight"][3]
     assert (lm == "model.embed_tokens.weight") is tied
+
+
+@pytest.mark.parametrize("model,options", [
+    # ftplan's (TRL's) defaults: fused-head loss, checkpointing on (the recompute closures' RoPE
+    # tables and position ids are saved bytes too)
+    ("qwen2.5-0.5b", {"method": "lora"}),
+    # a tied-embedding family under QLoRA, no checkpointing
+    ("qwen2.5-0.5b", {"method": "qlora", "gradient_checkpointing": False, "loss": "hf"}),
+    # torchtitan's op SAC: the cache is part of what the forward leaves
+    ("llama-3.1-8b", {"method": "full", "checkpointing": "selective"}),
+])
+def test_measure_records_what_the_formulas_predict_exactly(model, options):
+    """``ftplan measure`` on CPU (tiny) counts the model states and saved activations the formulas
+    predict, to the byte: what ``validate`` scores on the bundled records, re-run here."""
+    from ftplan import api
+    from ftplan.measure.validate import evaluate_record
+
+    rec = api.measure(model, tiny=True, device="cpu", steps=1, micro_batch=2, seq_len=32, **options)
+    assert rec["outcome"] == "ok", rec["error"]
+    row = evaluate_record(rec)
+    assert row["model_states_err_pct"] == 0.0
+    assert row["activations_predicted"] == row["activations_measured"]

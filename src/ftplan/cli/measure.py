@@ -118,7 +118,7 @@ def _run_matrix(a: argparse.Namespace) -> int:
         order.setdefault(build_key(item[1], item[2], dev, bool(item[4])), []).append(item)
     ordered = [it for group in order.values() for it in group]
     layout = Layout()
-    done = existing_keys(a.out)
+    done = set() if a.remeasure else existing_keys(a.out)
     cache = ModelCache()
     n = len(ordered)
     counts = {"ok": 0, "oom": 0, "error": 0, "skipped": 0}
@@ -183,6 +183,9 @@ def _measure_args(s: argparse.ArgumentParser) -> None:
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--out", default=None, help="append the record to this .jsonl file")
     m.add_argument("--matrix", default=None, help="YAML/CSV file of jobs; resumable with --out")
+    m.add_argument("--remeasure", action="store_true",
+                   help="with --matrix: measure rows already in --out again (appended; validate scores the "
+                        "latest record of a configuration), e.g. after a library upgrade or a harness fix")
     m.add_argument("--json", action="store_true", help="print the record as JSON")
 
 

@@ -6,8 +6,9 @@ saved activations.
 * :func:`params_by_category` / :func:`total_params` / :func:`trainable_params`: element counts in
   ftplan's parameter categories;
 * :func:`optimizer_state_bytes`: every tensor of ``optimizer.state``;
-* :class:`SavedTensorTracker` (detailed: per op, module, checkpoint closures) and :class:`SavedBytes`
-  (light, any device): the storages autograd saves for backward.
+* :class:`SavedTensorTracker` (per op, module, checkpoint closures) and :class:`ForwardSavedBytes`
+  (what ``ftplan measure`` records, any device: the tracker without attribution, plus the SAC
+  cache): the storages autograd saves for backward.
 
 Imports torch at import time: only measurement code and tests import this module.
 """
@@ -41,7 +42,7 @@ __all__ = [
     "optimizer_state_bytes",
     "SavedRecord",
     "SavedTensorTracker",
-    "SavedBytes",
+    "ForwardSavedBytes",
 ]
 
 # --------------------------------------------------------------------------------------------------
@@ -555,48 +556,79 @@ class SavedTensorTracker:
         return dict(out)
 
 
-class SavedBytes:
-    """Bytes of the distinct storages autograd saves during a forward (parameters excluded): the
-    light tracker of ``ftplan measure`` (any device); :class:`SavedTensorTracker` is the detailed one."""
+class ForwardSavedBytes:
+    """What one forward leaves for the backward, as ``ftplan measure`` records it (any device).
+
+    :class:`SavedTensorTracker` without op/module attribution (storages held by the graph after the
+    forward, each once; the tensors a checkpointed layer's recompute closure keeps: RoPE cos/sin,
+    position ids, masks) plus, under selective checkpointing, the SAC cache (each layer's cache dict,
+    read through the ``context_fn`` as :class:`ftplan.measure.acref.SacRecorder` does). The layers'
+    checkpoint functions are restored on exit, so later steps keep no extra references.
+    """
 
     def __init__(self, model: nn.Module) -> None:
-        self.param_ptrs = {storage_key(p) for p in model.parameters()}
-        self.weight_shapes = {tuple(p.shape) for p in model.parameters() if p.dim() == 2}
-        self.seen: dict[int, int] = {}
-        self.weight_copies: dict[int, int] = {}
+        self.model = model
+        self.tracker = SavedTensorTracker(model, track_ops=False, track_modules=False)
+        self._params = set(self.tracker._excluded)
+        self._sac_storages: list[dict] = []
+        self._saved_fns: list[tuple[nn.Module, Any]] = []
+        self.total = 0
+        self.weight_copy_bytes = 0
+        self.sac_cache_bytes = 0
 
-    def pack(self, t):
-        ptr, nb = storage_key(t), storage_nbytes(t)
-        if ptr not in self.param_ptrs and ptr not in self.seen:
-            self.seen[ptr] = nb
-            if self._is_weight_copy(t):
-                self.weight_copies[ptr] = nb  # autocast's low-precision copy of a weight
-        return t
+    def _install_sac(self) -> None:
+        rec = self._sac_storages
+        for m in self.model.modules():
+            fn = m.__dict__.get("_gradient_checkpointing_func")
+            if isinstance(fn, functools.partial) and "context_fn" in fn.keywords:
+                inner = fn.keywords["context_fn"]
 
-    def _is_weight_copy(self, t) -> bool:
-        """A cast of a trainable parameter: ``ToCopyBackward0`` straight off an ``AccumulateGrad``."""
-        if t.dim() != 2 or not ({tuple(t.shape), tuple(t.shape)[::-1]} & self.weight_shapes):
-            return False
-        fn = t.grad_fn
-        while fn is not None and type(fn).__name__ in ("TBackward0", "TransposeBackward0", "ViewBackward0",
-                                                      "PermuteBackward0"):
-            fn = fn.next_functions[0][0] if fn.next_functions else None  # linear saves weight.t()
-        if fn is None or type(fn).__name__ != "ToCopyBackward0":
-            return False
-        nxt = [f for f, _ in fn.next_functions if f is not None]
-        return len(nxt) == 1 and type(nxt[0]).__name__ == "AccumulateGrad"
+                def context_fn(inner=inner):
+                    fwd, recompute = inner()
+                    storage = getattr(fwd, "storage", None)
+                    if storage is not None:
+                        rec.append(storage)
+                    return fwd, recompute
 
-    @staticmethod
-    def unpack(t):
-        return t
+                self._saved_fns.append((m, fn))
+                m._gradient_checkpointing_func = functools.partial(fn.func, *fn.args,
+                                                                   **{**fn.keywords, "context_fn": context_fn})
 
-    def hooks(self):
-        return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
+    def _sac_tensors(self) -> Iterator[torch.Tensor]:
+        for storage in self._sac_storages:
+            for per_op in storage.values():
+                for entry in per_op.values():
+                    for item in (entry if isinstance(entry, (tuple, list)) else (entry,)):
+                        val = getattr(item, "val", None)
+                        if isinstance(val, torch.Tensor):
+                            yield val
 
-    @property
-    def total(self) -> int:
-        return sum(self.seen.values())
+    def __enter__(self) -> ForwardSavedBytes:
+        self._install_sac()
+        self.tracker.__enter__()
+        return self
 
-    @property
-    def weight_copy_bytes(self) -> int:
-        return sum(self.weight_copies.values())
+    def __exit__(self, *exc: Any) -> None:
+        self.tracker.__exit__(*exc)
+        for m, fn in self._saved_fns:
+            m._gradient_checkpointing_func = fn
+        self._saved_fns.clear()
+
+    def count(self) -> None:
+        """Read the bytes now (after the forward and the loss, before the backward)."""
+        recs = self.tracker.alive_records()
+        seen = {r.key: r.nbytes for r in recs}
+        self.weight_copy_bytes = sum(r.nbytes for r in recs if r.param_copy)
+        sac: dict[int, int] = {}
+        for t in self._sac_tensors():
+            k = storage_key(t)
+            if k and k not in self._params:
+                sac[k] = storage_nbytes(t)
+        self.sac_cache_bytes = sum(sac.values())
+        for k, nb in sac.items():
+            seen.setdefault(k, nb)
+        self.total = sum(seen.values())
+        # hold nothing into the backward (a GPU run's peak is measured there)
+        self._sac_storages.clear()
+        self.tracker._closures.clear()
+        self.tracker.records.clear()

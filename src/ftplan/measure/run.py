@@ -195,7 +195,7 @@ def _train_steps(torch, model, job, device: str, steps: int, warmup: int, vocab:
                  measured: dict, run: dict, sync: Callable[[], None]) -> None:
     """Build the optimizer and run ``steps`` optimizer steps; fills ``measured`` as it goes."""
     from ..job import PRECISIONS
-    from .accounting import SavedBytes, optimizer_state_bytes, unique_bytes
+    from .accounting import ForwardSavedBytes, optimizer_state_bytes, unique_bytes
     from .hf import torch_dtype, trainer_optimizer
 
     params = [p for p in model.parameters() if p.requires_grad]
@@ -240,24 +240,30 @@ def _train_steps(torch, model, job, device: str, steps: int, warmup: int, vocab:
         sync()
         t0 = time.perf_counter()
         for i, ids in enumerate(batches):
-            tracker = SavedBytes(model) if step == 0 and i == 0 and offload_ctx is None else None
+            tracker = ForwardSavedBytes(model) if step == 0 and i == 0 and offload_ctx is None else None
             ctx = torch.autocast(dev_type, dtype=cdtype) if autocast else _null()
-            hooks = tracker.hooks() if tracker else _null()
+            hooks = tracker if tracker else _null()
             with offload:  # TRL: one context around the forward and the backward (training_step)
                 with ctx, hooks:
                     if job.loss == "trl":  # SFTTrainer.compute_loss with the fused LM head
+                        # num_items_in_batch: HF Trainer's count of the labelled targets, a tensor
+                        n_items = (ids[:, 1:] != -100).sum()
                         out = model(input_ids=ids, labels=ids, fused_lm_head=True)
-                        loss = -out.log_probs.sum() / (ids.numel() - ids.shape[0]) / job.grad_accum
+                        loss = -out.log_probs.sum() / torch.as_tensor(n_items).clamp(min=1) / job.grad_accum
                     else:
                         out = model(input_ids=ids, labels=ids)
                         loss = out.loss / job.grad_accum
+                # Trainer.training_step keeps only the loss for the backward: the model output (and
+                # any graph only it references, e.g. TRL's entropy metric) is gone by then
+                del out
                 if tracker:
+                    tracker.count()
                     tensors["saved_activation_bytes"] = tracker.total
                     tensors["saved_weight_copy_bytes"] = tracker.weight_copy_bytes
                 loss.backward()
             if i == len(batches) - 1:
                 losses.append(float(loss.detach().float().item()) * job.grad_accum)
-            del out, loss
+            del loss
         if step == 0:
             tensors["grad_bytes"] = unique_bytes(p.grad for p in params if p.grad is not None)
         opt.step()

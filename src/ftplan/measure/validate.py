@@ -128,7 +128,9 @@ def evaluate_record(rec: dict[str, Any], predict_fn=None) -> dict[str, Any]:
         "group": _group(rec),
         "outcome": rec["outcome"],
         "job": f"{job.method} {job.precision} {job.optimizer} b={job.micro_batch} s={job.seq_len}"
-               f"{' gc' if job.gradient_checkpointing else ''}",
+               f"{' gc' if job.gradient_checkpointing else ''}"
+               f"{'=' + job.ac_mode if job.gradient_checkpointing and job.ac_mode != 'full' else ''}"
+               f" loss={job.loss}",
     }
     gpu_total = env.get("gpu_total_bytes")
     fits = None if not gpu_total else pred["device_total_bytes"] <= gpu_total
@@ -372,8 +374,9 @@ def render_text(report: dict[str, Any]) -> str:
     lines = [f"{report['n_records']} record(s) from {len(report.get('files', []))} file(s); "
              "errors in % of measured, |error| median / p90 / max"]
     if report.get("superseded"):
-        lines.append(f"{len(report['superseded'])} earlier record(s) of a configuration measured again, not "
-                     f"scored: {', '.join(report['superseded'])}")
+        sup = report["superseded"]
+        lines.append(f"{len(sup)} earlier record(s) of a configuration measured again, not scored: "
+                     f"{', '.join(sup[:3])}{', ...' if len(sup) > 3 else ''}")
     if "gpu" not in report["groups"]:
         lines.append("no GPU records yet: GPU accuracy targets not assessed "
                      "(run benchmarks/run_campaign.sh on a GPU machine)")

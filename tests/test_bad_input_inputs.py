@@ -30,7 +30,7 @@ def test_yaml_alias_bomb_is_refused_at_once():
     t0 = time.perf_counter()
     with pytest.raises(ConfigError, match="anchors and aliases"):
         load_yaml_text(BILLION_LAUGHS, "matrix.yaml")
-    assert time.perf_counter() - t0 < 1.0
+    assert time.perf_counter() - t0 < 10.0  # a hang guard (expanding the bomb would never finish)
 
 
 @pytest.mark.parametrize("text, words", [

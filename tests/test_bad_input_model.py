@@ -116,7 +116,8 @@ def test_a_billion_layers_is_refused_fast_and_small():
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert "num_hidden_layers" in msg and f"{CONFIG_LIMITS['num_hidden_layers']:,}" in msg
-    assert time.perf_counter() - t0 < 1.0 and peak < 5 * 2**20
+    # a hang guard, not a speed target (those live in benchmarks/): the bound is the memory
+    assert time.perf_counter() - t0 < 10.0 and peak < 5 * 2**20
 
 
 @pytest.mark.parametrize("cfg", [
@@ -128,7 +129,7 @@ def test_a_billion_layers_is_refused_fast_and_small():
 def test_the_largest_layer_count_builds_few_groups_quickly(cfg):
     t0 = time.perf_counter()
     spec = model_from_config(cfg)
-    assert time.perf_counter() - t0 < 0.5
+    assert time.perf_counter() - t0 < 10.0  # a hang guard; the work bound is the group count below
     assert sum(g.count for g in spec.groups) == 4096 and len(spec.groups) <= 4
     spec.params  # noqa: B018 - finite arithmetic on the largest allowed sizes
 
@@ -293,7 +294,7 @@ def test_unknown_hub_id_offline_fails_fast_and_quietly(unreachable_hub, capfd):
     t0 = time.perf_counter()
     with pytest.raises(NotFoundError) as e:
         resolve_model("someorg/somemodel")
-    assert time.perf_counter() - t0 < 5.0  # huggingface_hub's own retries took 23-47 s
+    assert time.perf_counter() - t0 < 15.0  # huggingface_hub's own retries took 23-47 s
     msg = e.value.one_line()
     assert "someorg/somemodel" in msg and "cannot reach the Hugging Face hub" in msg
     out, err = capfd.readouterr()
@@ -307,7 +308,7 @@ def test_hf_hub_offline_uses_the_cache_only(unreachable_hub, monkeypatch, tmp_pa
     t0 = time.perf_counter()
     with pytest.raises(NotFoundError, match="HF_HUB_OFFLINE"):
         resolve_model("someorg/somemodel")
-    assert time.perf_counter() - t0 < 2.0
+    assert time.perf_counter() - t0 < 15.0  # no network retries (23-47 s)
     # a config in the local HF cache (the layout huggingface_hub writes) resolves offline
     repo = tmp_path / "hub" / "models--someorg--cached"
     commit = "0" * 40

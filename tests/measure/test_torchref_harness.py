@@ -92,6 +92,22 @@ def test_frozen_params_and_buffers_are_excluded():
     del y
 
 
+def test_a_storage_a_parameter_left_during_the_forward_is_an_activation():
+    """bitsandbytes' Linear4bit replaces its bias' ``.data`` (a cast to the input dtype) on its
+    first call: the old address is free, and a saved activation the allocator puts there is an
+    activation, not the parameter (it was, now and then, on a loaded machine)."""
+    lin = nn.Linear(IN, OUT)
+    old = lin.bias.data
+    a = torch.randn(OUT, requires_grad=True)
+    with tr.SavedTensorTracker(lin) as t:
+        lin.bias.data = old.to(torch.bfloat16)  # what Linear4bit.forward does to its bias
+        y = a * old  # mul saves `old` (for the gradient of `a`): at the bias' former address
+        z = a * lin.bias  # the bias where it is now: still excluded
+    assert t.saved_bytes() == OUT * F32 + OUT * F32  # `old`, and `a` (saved by the second mul)
+    assert t.excluded_bytes() == OUT * 2
+    del y, z
+
+
 def test_dropped_subgraph_is_not_counted():
     lin = nn.Linear(IN, OUT)
     x = _x()

@@ -43,6 +43,7 @@ __all__ = [
     "SavedRecord",
     "SavedTensorTracker",
     "ForwardSavedBytes",
+    "SacRecorder",
 ]
 
 # --------------------------------------------------------------------------------------------------
@@ -328,14 +329,15 @@ class SavedTensorTracker:
         track_modules: bool = True,
     ) -> None:
         self.model = model
-        self._excluded: set[int] = set()
+        #: the tensors whose storages are not activations (parameters, buffers, ``exclude``), kept
+        #: by object: a parameter whose ``.data`` is replaced during the forward (bitsandbytes'
+        #: Linear4bit casts its bias to the input dtype on the first call) leaves its old address
+        #: free, and a saved activation placed there must not be taken for the parameter
+        self._excluded_src: list[torch.Tensor] = list(exclude)
         if model is not None:
-            for p in model.parameters():
-                self._excluded.add(storage_key(p))
-            for b in model.buffers():
-                self._excluded.add(storage_key(b))
-        for t in exclude:
-            self._excluded.add(storage_key(t))
+            self._excluded_src += list(model.parameters()) + list(model.buffers())
+        self._excluded_by_key = {storage_key(t): t for t in self._excluded_src}
+        self._excluded: set[int] = set(self._excluded_by_key)
         self._excluded.discard(0)
         self.records: dict[int, SavedRecord] = {}
         #: records whose storage was released during the forward (address later reused)
@@ -373,6 +375,8 @@ class SavedTensorTracker:
         nbytes = st.nbytes()
         if key == 0 or nbytes == 0:
             return held
+        if key in self._excluded and self._moved(key):
+            self.refresh_excluded()
         if key in self._excluded:
             self._excluded_seen[key] = nbytes
             return held
@@ -411,6 +415,17 @@ class SavedTensorTracker:
         rec.savers.append(f"{module}:{op}")
         self._holders[key].append(weakref.ref(held))
         return held
+
+    def _moved(self, key: int) -> bool:
+        t = self._excluded_by_key.get(key)
+        return t is not None and storage_key(t) != key
+
+    def refresh_excluded(self) -> None:
+        """Re-key the excluded tensors (a parameter's storage was replaced since the last look)."""
+        stale = {k for k, t in self._excluded_by_key.items() if storage_key(t) != k}
+        self._excluded_by_key = {storage_key(t): t for t in self._excluded_src}
+        self._excluded = (self._excluded - stale) | set(self._excluded_by_key)
+        self._excluded.discard(0)
 
     def _param_copy_of(self, gf: Any) -> str:
         """Name of the parameter reached from ``gf`` through view/cast nodes only ('' if none)."""
@@ -499,6 +514,7 @@ class SavedTensorTracker:
 
     # ---- results -------------------------------------------------------------------------------
     def _closure_records(self) -> list[SavedRecord]:
+        self.refresh_excluded()
         out: dict[int, SavedRecord] = {}
         for ref, tensors in self._closures:
             if ref() is None:
@@ -556,63 +572,80 @@ class SavedTensorTracker:
         return dict(out)
 
 
+class SacRecorder:
+    """Wraps the ``context_fn`` of every checkpointed layer so the SAC cache dicts can be read
+    (torch's selective checkpointing keeps each layer's cached op outputs in a dict that no
+    saved-tensor hook sees). :meth:`restore` puts the layers' checkpoint functions back."""
+
+    def __init__(self) -> None:
+        self.storages: list[dict] = []
+        self._saved: list[tuple[nn.Module, Any]] = []
+
+    def wrap(self, context_fn: Callable) -> Callable:
+        rec = self
+
+        @functools.wraps(context_fn)
+        def wrapped():
+            fwd, recompute = context_fn()
+            storage = getattr(fwd, "storage", None)
+            if storage is not None:
+                rec.storages.append(storage)
+            return fwd, recompute
+
+        return wrapped
+
+    def install(self, model: nn.Module) -> None:
+        for m in model.modules():
+            fn = m.__dict__.get("_gradient_checkpointing_func")
+            if isinstance(fn, functools.partial) and "context_fn" in fn.keywords:
+                kw = dict(fn.keywords)
+                kw["context_fn"] = self.wrap(kw["context_fn"])
+                self._saved.append((m, fn))
+                m._gradient_checkpointing_func = functools.partial(fn.func, *fn.args, **kw)
+
+    def restore(self) -> None:
+        for m, fn in self._saved:
+            m._gradient_checkpointing_func = fn
+        self._saved.clear()
+
+    def tensors(self) -> Iterator[torch.Tensor]:
+        for storage in self.storages:
+            for per_op in storage.values():
+                for entry in per_op.values():
+                    # one op's output: a _VersionWrapper, or a tuple/list of them (sdpa: out, lse)
+                    items = entry if isinstance(entry, (tuple, list)) else (entry,)
+                    for item in items:
+                        val = getattr(item, "val", None)
+                        if isinstance(val, torch.Tensor):
+                            yield val
+
+
 class ForwardSavedBytes:
     """What one forward leaves for the backward, as ``ftplan measure`` records it (any device).
 
     :class:`SavedTensorTracker` without op/module attribution (storages held by the graph after the
     forward, each once; the tensors a checkpointed layer's recompute closure keeps: RoPE cos/sin,
     position ids, masks) plus, under selective checkpointing, the SAC cache (each layer's cache dict,
-    read through the ``context_fn`` as :class:`ftplan.measure.acref.SacRecorder` does). The layers'
+    read through the ``context_fn`` by :class:`SacRecorder`). The layers'
     checkpoint functions are restored on exit, so later steps keep no extra references.
     """
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
         self.tracker = SavedTensorTracker(model, track_ops=False, track_modules=False)
-        self._params = set(self.tracker._excluded)
-        self._sac_storages: list[dict] = []
-        self._saved_fns: list[tuple[nn.Module, Any]] = []
+        self.sac = SacRecorder()
         self.total = 0
         self.weight_copy_bytes = 0
         self.sac_cache_bytes = 0
 
-    def _install_sac(self) -> None:
-        rec = self._sac_storages
-        for m in self.model.modules():
-            fn = m.__dict__.get("_gradient_checkpointing_func")
-            if isinstance(fn, functools.partial) and "context_fn" in fn.keywords:
-                inner = fn.keywords["context_fn"]
-
-                def context_fn(inner=inner):
-                    fwd, recompute = inner()
-                    storage = getattr(fwd, "storage", None)
-                    if storage is not None:
-                        rec.append(storage)
-                    return fwd, recompute
-
-                self._saved_fns.append((m, fn))
-                m._gradient_checkpointing_func = functools.partial(fn.func, *fn.args,
-                                                                   **{**fn.keywords, "context_fn": context_fn})
-
-    def _sac_tensors(self) -> Iterator[torch.Tensor]:
-        for storage in self._sac_storages:
-            for per_op in storage.values():
-                for entry in per_op.values():
-                    for item in (entry if isinstance(entry, (tuple, list)) else (entry,)):
-                        val = getattr(item, "val", None)
-                        if isinstance(val, torch.Tensor):
-                            yield val
-
     def __enter__(self) -> ForwardSavedBytes:
-        self._install_sac()
+        self.sac.install(self.model)
         self.tracker.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.tracker.__exit__(*exc)
-        for m, fn in self._saved_fns:
-            m._gradient_checkpointing_func = fn
-        self._saved_fns.clear()
+        self.sac.restore()
 
     def count(self) -> None:
         """Read the bytes now (after the forward and the loss, before the backward)."""
@@ -620,15 +653,15 @@ class ForwardSavedBytes:
         seen = {r.key: r.nbytes for r in recs}
         self.weight_copy_bytes = sum(r.nbytes for r in recs if r.param_copy)
         sac: dict[int, int] = {}
-        for t in self._sac_tensors():
+        for t in self.sac.tensors():
             k = storage_key(t)
-            if k and k not in self._params:
+            if k and k not in self.tracker._excluded:
                 sac[k] = storage_nbytes(t)
         self.sac_cache_bytes = sum(sac.values())
         for k, nb in sac.items():
             seen.setdefault(k, nb)
         self.total = sum(seen.values())
         # hold nothing into the backward (a GPU run's peak is measured there)
-        self._sac_storages.clear()
+        self.sac.storages.clear()
         self.tracker._closures.clear()
         self.tracker.records.clear()

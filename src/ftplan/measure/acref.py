@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import warnings
 import weakref
 from collections import defaultdict
@@ -46,6 +45,7 @@ import torch
 from torch import nn
 
 from . import torchref as TR
+from .accounting import SacRecorder
 
 __all__ = [
     "VariantMeasure",
@@ -100,45 +100,6 @@ def torchtitan_op_policy() -> Callable[[], Any]:
         return create_selective_checkpoint_contexts(policy)
 
     return context_fn
-
-
-class SacRecorder:
-    """Wraps the ``context_fn`` of every checkpointed layer so the SAC cache dicts can be read."""
-
-    def __init__(self) -> None:
-        self.storages: list[dict] = []
-
-    def wrap(self, context_fn: Callable) -> Callable:
-        rec = self
-
-        @functools.wraps(context_fn)
-        def wrapped():
-            fwd, recompute = context_fn()
-            storage = getattr(fwd, "storage", None)
-            if storage is not None:
-                rec.storages.append(storage)
-            return fwd, recompute
-
-        return wrapped
-
-    def install(self, model: nn.Module) -> None:
-        for m in model.modules():
-            fn = m.__dict__.get("_gradient_checkpointing_func")
-            if isinstance(fn, functools.partial) and "context_fn" in fn.keywords:
-                kw = dict(fn.keywords)
-                kw["context_fn"] = self.wrap(kw["context_fn"])
-                m._gradient_checkpointing_func = functools.partial(fn.func, *fn.args, **kw)
-
-    def tensors(self) -> Iterator[torch.Tensor]:
-        for storage in self.storages:
-            for per_op in storage.values():
-                for entry in per_op.values():
-                    # one op's output: a _VersionWrapper, or a tuple/list of them (sdpa: out, lse)
-                    items = entry if isinstance(entry, (tuple, list)) else (entry,)
-                    for item in items:
-                        val = getattr(item, "val", None)
-                        if isinstance(val, torch.Tensor):
-                            yield val
 
 
 def _hf(model: nn.Module) -> nn.Module:

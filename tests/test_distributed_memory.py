@@ -62,9 +62,14 @@ TORCH_CASES = [
     Case(family="qwen2", engine="ddp", ddp_bucket_view=True),
     Case(family="mixtral", engine="ddp"),
 ]
-PEFT_CASES = [Case(family="mixtral", engine="fsdp2", method="lora")]
+PEFT_CASES = [Case(family="mixtral", engine="fsdp2", method="lora"),
+              # FSDP1 as HF Trainer wraps a PEFT model: PEFT's fsdp_auto_wrap_policy (every lora_A /
+              # lora_B its own unit), accelerate's fp32 upcast of trainable flat parameters
+              Case(family="llama", engine="fsdp1", method="lora"), Case(family="qwen2", engine="fsdp1", method="lora")]
 QLORA_CASES = [Case(family="llama", engine="fsdp2", method="qlora"), Case(family="qwen2", engine="fsdp2", method="qlora"),
-               Case(family="mixtral", engine="fsdp2", method="qlora")]
+               Case(family="mixtral", engine="fsdp2", method="qlora"),
+               # FSDP1 QLoRA (bf16 quant storage: transformers' update_fsdp_plugin_peft mixed precision)
+               Case(family="llama", engine="fsdp1", method="qlora"), Case(family="qwen2", engine="fsdp1", method="qlora")]
 #: ZeRO-3 runs two steps: DeepSpeed traces the module order in the first one and from then on
 #: keeps gathered what its trace reuses soon (the steady state)
 DS_CASES = [
@@ -364,7 +369,8 @@ def test_fsdp2_two_ranks(two_ranks):
 
 
 def test_fsdp1_two_ranks(two_ranks):
-    """FSDP1 FULL_SHARD / SHARD_GRAD_OP / CPU offload, bf16 MixedPrecision, BACKWARD_PRE."""
+    """FSDP1 FULL_SHARD / SHARD_GRAD_OP / CPU offload, bf16 MixedPrecision, BACKWARD_PRE; LoRA and
+    QLoRA with PEFT's wrap policy (adapters as units of their own)."""
     _check_group(two_ranks, [c for c in two_ranks if c.engine == "fsdp1"], 2)
 
 

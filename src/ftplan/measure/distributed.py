@@ -164,6 +164,9 @@ _OWNER_PATHS = (
     ("/transformers/", "model"),
     ("/peft/", "model"),
     ("/bitsandbytes/", "model"),
+    # a module FSDP1 wraps on its own (PEFT's wrap policy: every lora_A / lora_B Linear is a unit):
+    # its forward's innermost frame outside torch.nn is FSDP's forward, yet its outputs are the model's
+    ("/torch/nn/modules/linear.py", "model"),
     ("/torch/distributed/fsdp/_fully_shard/", "fsdp2"),
     ("/torch/distributed/fsdp/", "fsdp1"),
     ("/torch/nn/parallel/distributed", "ddp"),
@@ -447,7 +450,18 @@ def _wrap_fsdp1(case: Case, model):
     """accelerate's FSDP1 plugin with ``mixed_precision="bf16"`` and a TRANSFORMER_BASED_WRAP policy:
     ``MixedPrecision(param_dtype=bf16, reduce_dtype=bf16, buffer_dtype=bf16)``,
     ``limit_all_gathers=True``, ``use_orig_params=False`` (accelerate's default), backward prefetch
-    as asked (accelerate's default NO_PREFETCH), ``CPUOffload(offload_params=...)``."""
+    as asked (accelerate's default NO_PREFETCH), ``CPUOffload(offload_params=...)``.
+
+    LoRA / QLoRA as HF Trainer prepares a PEFT model for FSDP1 (``transformers.distributed.fsdp.
+    update_fsdp_plugin_peft``): the plugin's wrap policy becomes PEFT's ``fsdp_auto_wrap_policy``
+    (every leaf module with a trainable ``weight`` -- each ``lora_A`` / ``lora_B`` Linear -- is a unit
+    of its own, nested in its decoder-layer unit); for bitsandbytes 4-bit with a float
+    ``bnb_4bit_quant_storage`` the mixed precision is overridden to that dtype
+    (``set_mixed_precision(storage, override=True)``: bf16 here, the same policy). QLoRA: TRL's
+    ``SFTTrainer`` first casts the adapters of a quantized model to bf16. After wrapping, accelerate's
+    ``prepare_model`` (FSDP1 branch, ``mixed_precision != "no"``) upcasts every flat parameter that
+    requires grad to fp32 (``param.data = param.data.to(torch.float32)``, ``_orig_param_dtype``):
+    the adapter units are fp32 again, the frozen layer / root units keep their dtype."""
     import functools
 
     import torch
@@ -460,14 +474,37 @@ def _wrap_fsdp1(case: Case, model):
         torch.Tensor.pin_memory = lambda self, *a, **k: self
         if not hasattr(torch.cpu.Stream, "synchronize"):
             torch.cpu.Stream.synchronize = lambda self: None
-    layer_cls = {type(layer) for layer in _decoder_layers(model)}
-    m = FSDP(model, auto_wrap_policy=functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=layer_cls),
+    mp_dtype = torch.bfloat16  # accelerate's mixed_precision="bf16"
+    if case.method in ("lora", "qlora"):
+        from peft.utils.other import fsdp_auto_wrap_policy
+
+        policy = fsdp_auto_wrap_policy(model)
+        if case.method == "qlora":
+            # TRL SFTTrainer: a quantized model's adapters are cast to bf16
+            for p in model.parameters():
+                if p.requires_grad:
+                    p.data = p.data.to(torch.bfloat16)
+            # transformers' update_fsdp_plugin_peft: the quant storage dtype, when it is a float
+            storage = {"bf16": torch.bfloat16, "fp32": torch.float32, "uint8": torch.uint8}[case.quant_storage]
+            if storage.is_floating_point:
+                mp_dtype = storage
+    else:
+        layer_cls = {type(layer) for layer in _decoder_layers(model)}
+        policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=layer_cls)
+    m = FSDP(model, auto_wrap_policy=policy,
              sharding_strategy=ShardingStrategy.FULL_SHARD if case.reshard_after_forward
              else ShardingStrategy.SHARD_GRAD_OP,
-             mixed_precision=MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16,
-                                            buffer_dtype=torch.bfloat16),
+             mixed_precision=MixedPrecision(param_dtype=mp_dtype, reduce_dtype=mp_dtype, buffer_dtype=mp_dtype),
              cpu_offload=CPUOffload(offload_params=case.offload_params), device_id=torch.device("cpu"),
              limit_all_gathers=True, use_orig_params=False)
+    # accelerate's prepare_model, FSDP1 branch with mixed precision: trainable flat parameters in fp32
+    for mod in FSDP.fsdp_modules(m):
+        if not mod._has_params:
+            continue
+        fp = mod._flat_param
+        if fp.dtype != torch.float32 and fp.device != torch.device("meta") and fp.requires_grad:
+            fp.data = fp.data.to(torch.float32)
+            mod._handle._orig_param_dtype = torch.float32
     opt = torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=1e-4, fused=True)
     return m, opt, torch.bfloat16
 

@@ -505,9 +505,17 @@ def layout_memory(model: ModelSpec, job: Job, layout: Layout, st, consts: Memory
             # parameters: CPU offload moves the flat shards only, the states stay on the device
             qstate = quant_state_bytes(model, job) if job.method == "qlora" else 0
             host = frozen - qstate + trainable + grads + opt
+            if eng == "fsdp1":
+                # FSDP1 pre-allocates a pinned CPU gradient buffer (``_cpu_grad``, zeros like the
+                # local shard) for every flat parameter, frozen ones included
+                # (torch/distributed/fsdp/_flat_param.py, init_flat_param_attributes): LoRA / QLoRA
+                # hold a second copy of the frozen shards in host RAM
+                host += frozen - qstate
             frozen, trainable, grads, opt = Fraction(qstate), zero, zero, zero
             notes.append(f"{eng}: CPU offload keeps the parameter shards, their gradients and the optimizer "
-                         "(step on the CPU) in host RAM")
+                         "(step on the CPU) in host RAM"
+                         + (" (FSDP1: a pinned gradient buffer for the frozen shards too)"
+                            if eng == "fsdp1" and job.method != "full" else ""))
         held = sum(u.held * u.count for u in units) * pb if eng == "fsdp2" else zero
         return LayoutMemory(frozen / mp, trainable / mp, zero, grads / mp, opt / mp, zero, transient / mp,
                             zero, host / mp, mixed or job.method == "qlora", tuple(notes), held / mp)

@@ -98,7 +98,10 @@ DS_CASES = [
     Case(family="qwen2", engine="deepspeed", zero_stage=3, steps=2, reduce_bucket_size=3_000),
 ]
 #: ZeRO-3 + QLoRA (bitsandbytes nf4 in bf16 quant storage)
-DS_QLORA_CASES = [Case(family="llama", engine="deepspeed", zero_stage=3, method="qlora", steps=2)]
+#: (qwen2, tied embeddings, is not held: its step-2 forward prefetch holds 6,016 B per rank more than
+#: the formula's upper bound, in DeepSpeed's coalesced all-gather buffers; see distributed_cpu.md)
+DS_QLORA_CASES = [Case(family="llama", engine="deepspeed", zero_stage=3, method="qlora", steps=2),
+                  Case(family="mixtral", engine="deepspeed", zero_stage=3, method="qlora", steps=2)]
 #: 4 ranks: shard degree 4, and HSDP (2 replicas x 2 shards)
 FOUR_CASES = [
     Case(family="llama", engine="fsdp2"),

@@ -26,7 +26,9 @@ import published_multi_gpu as P  # noqa: E402
 #: (max 21.5 -> 21.6: FSDP1 LoRA/QLoRA's per-adapter flat parameters and nested-unit schedule, held
 #: byte-exact on CPU, lower the PEFT-docs 70B QLoRA offload row from -21.41 to -21.51 %, the
 #: documented FSDP1 CPU-offload gap: benchmarks/notes/distributed_cpu.md)
-RATCHET = {"median_abs_pct": 8.1, "max_abs_pct": 21.6, "under_5": 9}
+#: (-> 7.6 / 20.6 / 8, i.e. 7.50 / 20.55 / 8 rounded up: FSDP1 keeps the reduced gradient shards on the GPU until backward ends, CPU
+#: offload or not, held on CPU: the FSDP1 offload rows move up, e.g. Answer.AI 70B QLoRA -11.5 -> -1.7 %)
+RATCHET = {"median_abs_pct": 7.6, "max_abs_pct": 20.6, "under_5": 8}
 
 
 @pytest.fixture(scope="module")

@@ -511,11 +511,19 @@ def layout_memory(model: ModelSpec, job: Job, layout: Layout, st, consts: Memory
                 # (torch/distributed/fsdp/_flat_param.py, init_flat_param_attributes): LoRA / QLoRA
                 # hold a second copy of the frozen shards in host RAM
                 host += frozen - qstate
-            frozen, trainable, grads, opt = Fraction(qstate), zero, zero, zero
+            # FSDP1 keeps each reduced gradient shard on the device as ``_saved_grad_shard`` until
+            # its post-backward final callback: ``_offload_grad`` copies it into ``_cpu_grad`` but
+            # leaves it referenced (torch/distributed/fsdp/_runtime_utils.py, _reduce_grad ->
+            # _accumulate_sharded_grad; _flat_param.py prepare_gradient_for_optim deletes it), so
+            # by the end of backward the device holds every gradient shard, as without offload.
+            # FSDP2 copies each reduced shard to the host and drops it.
+            dev_grads = grads if eng == "fsdp1" else zero
+            frozen, trainable, grads, opt = Fraction(qstate), zero, dev_grads, zero
             notes.append(f"{eng}: CPU offload keeps the parameter shards, their gradients and the optimizer "
                          "(step on the CPU) in host RAM"
-                         + (" (FSDP1: a pinned gradient buffer for the frozen shards too)"
-                            if eng == "fsdp1" and job.method != "full" else ""))
+                         + ("; FSDP1 also pins a gradient buffer for every flat parameter, frozen ones "
+                            "included, and keeps the reduced gradient shards on the GPU until backward ends"
+                            if eng == "fsdp1" else ""))
         held = sum(u.held * u.count for u in units) * pb if eng == "fsdp2" else zero
         return LayoutMemory(frozen / mp, trainable / mp, zero, grads / mp, opt / mp, zero, transient / mp,
                             zero, host / mp, mixed or job.method == "qlora", tuple(notes), held / mp)

@@ -606,6 +606,38 @@ def _param_tensors(model, opt, case: Case) -> tuple[list, list, list, list]:
     return params, states, master, buffers
 
 
+class _Fsdp1SavedGrad:
+    """The most bytes FSDP1 holds in its flat parameters' ``_saved_grad_shard`` at once during a
+    backward (read from the engine's own state after each ``_accumulate_sharded_grad``). FSDP1
+    keeps every reduced gradient shard there on the device until its post-backward final callback,
+    CPU offload or not (``_offload_grad`` copies it into ``_cpu_grad`` but leaves it referenced)."""
+
+    def __init__(self) -> None:
+        self.peak = 0
+        self._flat: dict[int, Any] = {}
+
+    def __enter__(self) -> "_Fsdp1SavedGrad":
+        from torch.distributed.fsdp import _runtime_utils as ru
+
+        self._ru, self._orig = ru, ru._accumulate_sharded_grad
+        probe = self
+
+        def accumulate(state, handle, sharded_grad):
+            out = probe._orig(state, handle, sharded_grad)
+            probe._flat[id(handle.flat_param)] = handle.flat_param
+            cur = sum(fp._saved_grad_shard.untyped_storage().nbytes() for fp in probe._flat.values()
+                      if getattr(fp, "_saved_grad_shard", None) is not None)
+            probe.peak = max(probe.peak, cur)
+            return out
+
+        ru._accumulate_sharded_grad = accumulate
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._ru._accumulate_sharded_grad = self._orig
+        self._flat.clear()
+
+
 def _run_case(case: Case, rank: int, world: int) -> RankMeasure:
     import contextlib
     import warnings
@@ -627,9 +659,10 @@ def _run_case(case: Case, rank: int, world: int) -> RankMeasure:
     from .collectives import GroupRecorder
 
     groups = GroupRecorder()
+    saved_grad = _Fsdp1SavedGrad() if case.engine == "fsdp1" else contextlib.nullcontext()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with tr, groups:
+        with tr, groups, saved_grad:
             tr.phase = "wrap"
             m, opt, ac_dtype, _extra = _wrap(case, model, world, rank)
 
@@ -669,6 +702,7 @@ def _run_case(case: Case, rank: int, world: int) -> RankMeasure:
                 h.remove()
             tr.phase = "end"
     out.groups = dict(groups.groups)
+    extra_detail = {"fsdp1_saved_grad_peak": saved_grad.peak} if case.engine == "fsdp1" else {}
 
     # ---- categories
     params, states, master, buffers = _param_tensors(m, opt, case)
@@ -704,6 +738,7 @@ def _run_case(case: Case, rank: int, world: int) -> RankMeasure:
     out.fwd_bwd_peak = max(tr.phase_peak.get(ph, 0) for ph in fb)
     out.step_peak = tr.phase_peak.get(f"step{s}", 0)
     out.detail = {
+        **extra_detail,
         "persistent_by_owner": _by(tr, rest),
         "grads_by_owner": _by(tr, grad_keys, bwd_end_live),
         "transient_by_owner": _by(tr, eng, None, peak_only=True),

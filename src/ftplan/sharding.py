@@ -732,16 +732,8 @@ def _fsdp1_transient(units: list[Unit], n: int, pb: Fraction, rb: Fraction, layo
 
     def reduce(u: Unit, keep: Fraction) -> None:
         g = flat(u, True)
-        if not g:
-            return
-        s.add(g * pb)  # the flat gradient
-        s.add(-keep)  # reshard after backward
-        s.add(Fraction(g, n) * rb)  # reduce-scatter output
-        copy = g * rb if backend == "cpu" else 0
-        s.add(copy)
-        s.add(-copy)
-        s.add(-Fraction(g, n) * rb)  # cast to the fp32 sharded gradient (resident)
-        s.add(-g * pb)
+        if g:
+            _fsdp1_reduce(s, g, keep, n, pb, rb, backend)
 
     for i in range(len(layers) - 1, -1, -1):
         if not full[i]:
@@ -752,6 +744,21 @@ def _fsdp1_transient(units: list[Unit], n: int, pb: Fraction, rb: Fraction, layo
         full[i] = Fraction(0)
     reduce(root, root_full)
     return s.peak
+
+
+def _fsdp1_reduce(s: _Sim, g: int, keep: Fraction, n: int, pb: Fraction, rb: Fraction, backend: str) -> None:
+    """One FSDP1 unit's post-backward over ``g`` (padded) gradient elements: the flat gradient
+    (``param_dtype``), the unit resharded (``keep`` bytes freed), the reduce-scatter output (a
+    shard, ``reduce_dtype``; gloo works on a copy of the input), cast to the fp32 sharded gradient
+    (resident), the flat gradient freed."""
+    s.add(g * pb)
+    s.add(-keep)
+    s.add(Fraction(g, n) * rb)
+    copy = g * rb if backend == "cpu" else 0
+    s.add(copy)
+    s.add(-copy)
+    s.add(-Fraction(g, n) * rb)
+    s.add(-g * pb)
 
 
 def _fsdp1_peft_transient(units: list[Unit], n: int, pb: Fraction, rb: Fraction, layout: Layout,
@@ -823,15 +830,7 @@ def _fsdp1_peft_transient(units: list[Unit], n: int, pb: Fraction, rb: Fraction,
         if i >= 1 and i - 1 not in held:
             held[i - 1] = gather(i - 1)  # BACKWARD_PRE prefetch
         if kind == "a":
-            g = flat(numel)
-            s.add(g * pb)  # the flat gradient
-            s.add(-held.pop(i))  # reshard after backward
-            s.add(Fraction(g, n) * rb)  # reduce-scatter output
-            copy = g * rb if backend == "cpu" else 0
-            s.add(copy)
-            s.add(-copy)
-            s.add(-Fraction(g, n) * rb)  # cast to the fp32 sharded gradient (resident)
-            s.add(-g * pb)
+            _fsdp1_reduce(s, flat(numel), held.pop(i), n, pb, rb, backend)
         first_adapter = kind == "a" and (i == 0 or po[i - 1][3] != pos or po[i - 1][0] != "a")
         no_adapters = kind == "L" and (i == 0 or po[i - 1][3] != pos)
         if (first_adapter or no_adapters) and kind != "R":

@@ -209,3 +209,19 @@ def test_qlora_recipe_ddp_follows_the_recipe(llama70):
     a = estimate_memory(llama70, peft, layout)
     b = estimate_memory(llama70, peft.with_(quant=QuantSpec(recipe="trl")), layout)
     assert b.peak_allocated_bytes < a.peak_allocated_bytes
+
+
+def test_fsdp1_lora_on_moe_experts_is_flagged():
+    """PEFT's ParamWrapper LoRA on a transformers-5 MoE's fused experts did not train under FSDP1
+    in the CPU runs (benchmarks/notes/distributed_cpu.md): the answer says so for FSDP1, not for
+    FSDP2 nor when the adapters leave the experts alone."""
+    mix = resolve_model("mixtral-8x7b")
+    moe = Job(method="lora", lora=LoraSpec(dropout=0.0))
+    attn = Job(method="lora", lora=LoraSpec(dropout=0.0, target_modules=("q_proj", "v_proj")))
+
+    def flagged(job, version):
+        notes = estimate_memory(mix, job, Layout(gpus_per_node=8, strategy="fsdp", fsdp_version=version)).notes
+        return any("ParamWrapper" in n and "FSDP1" in n for n in notes)
+
+    assert flagged(moe, 1)
+    assert not flagged(moe, 2) and not flagged(attn, 1)

@@ -474,6 +474,10 @@ def layout_memory(model: ModelSpec, job: Job, layout: Layout, st, consts: Memory
         if eng == "fsdp2":
             opt = trainable / tb * per_tensor_opt + _opt_per_tensor(job) * n_tt
         else:
+            if job.uses_lora and lora_wraps_experts(model, job.lora):
+                notes.append("fsdp1: LoRA on the fused MoE experts (PEFT ParamWrapper) did not train under "
+                             "FSDP1 in ftplan's CPU runs (torch 2.13, PEFT 0.21; use_orig_params False and "
+                             "True both failed in the forward); FSDP2 (fsdp_version 2) trains it")
             # full: one flat parameter per unit with trainable parameters. LoRA / QLoRA: HF Trainer
             # sets PEFT's fsdp_auto_wrap_policy, which makes every leaf module with a trainable
             # weight (each lora_A / lora_B) a unit of its own: one flat parameter (padded to a

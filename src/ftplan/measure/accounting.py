@@ -608,6 +608,15 @@ class SacRecorder:
             m._gradient_checkpointing_func = fn
         self._saved.clear()
 
+    def storage_bytes(self, exclude: set[int] = frozenset()) -> dict[int, int]:
+        """Storage key -> bytes of the cached tensors, each storage once (``exclude``: parameters)."""
+        out: dict[int, int] = {}
+        for t in self.tensors():
+            k = storage_key(t)
+            if k and k not in exclude:
+                out[k] = storage_nbytes(t)
+        return out
+
     def tensors(self) -> Iterator[torch.Tensor]:
         for storage in self.storages:
             for per_op in storage.values():
@@ -652,11 +661,7 @@ class ForwardSavedBytes:
         recs = self.tracker.alive_records()
         seen = {r.key: r.nbytes for r in recs}
         self.weight_copy_bytes = sum(r.nbytes for r in recs if r.param_copy)
-        sac: dict[int, int] = {}
-        for t in self.sac.tensors():
-            k = storage_key(t)
-            if k and k not in self.tracker._excluded:
-                sac[k] = storage_nbytes(t)
+        sac = self.sac.storage_bytes(self.tracker._excluded)
         self.sac_cache_bytes = sum(sac.values())
         for k, nb in sac.items():
             seen.setdefault(k, nb)

@@ -361,8 +361,8 @@ def measure_variant(
                 h = ref()
                 if h is not None:
                     hold(h.t)
-            for t in sac.tensors():
-                device.setdefault(TR.storage_key(t), TR.storage_nbytes(t))
+            for k, nb in sac.storage_bytes().items():
+                device.setdefault(k, nb)
             for r in closures._closure_records():
                 device[r.key] = r.nbytes
             records = trace
@@ -377,25 +377,14 @@ def measure_variant(
             if k in params or k == 0:
                 del device[k]
         return VariantMeasure(device_bytes=sum(device.values()), host_bytes=host,
-                              sac_cache_bytes=_sac_bytes(sac, params), weight_copy_bytes=copies,
+                              sac_cache_bytes=sum(sac.storage_bytes(params).values()), weight_copy_bytes=copies,
                               stash_bytes=stash, n_checkpointed=n_ckpt, loss=loss_value, records=records)
-    sac_map = {TR.storage_key(t): TR.storage_nbytes(t) for t in sac.tensors()}
-    for k, nb in sac_map.items():
-        if k not in params and k != 0:
-            device.setdefault(k, nb)
+    for k, nb in sac.storage_bytes(params).items():
+        device.setdefault(k, nb)
     loss_value = float(loss_t.detach().float())
     return VariantMeasure(device_bytes=sum(device.values()), host_bytes=host,
-                          sac_cache_bytes=_sac_bytes(sac, params), weight_copy_bytes=copies,
+                          sac_cache_bytes=sum(sac.storage_bytes(params).values()), weight_copy_bytes=copies,
                           stash_bytes=stash, n_checkpointed=n_ckpt, loss=loss_value, records=records)
-
-
-def _sac_bytes(sac: SacRecorder, params: set[int]) -> int:
-    seen: dict[int, int] = {}
-    for t in sac.tensors():
-        k = TR.storage_key(t)
-        if k and k not in params:
-            seen[k] = TR.storage_nbytes(t)
-    return sum(seen.values())
 
 
 def _recording_pack(held: list) -> Callable:

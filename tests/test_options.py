@@ -114,7 +114,7 @@ def test_existing_flags_and_aliases_are_kept():
             "--fsdp-version", "--no-reshard", "--hsdp", "--ddp-bucket-view", "--ds-reduce-bucket-size",
             # checkpointing is on by default (TRL SFTConfig): the --no- forms turn it off
             "--no-gradient-checkpointing", "--no-gc", "--checkpointing", "--checkpoint-every",
-            "--activation-offloading", "--loss", "--padding-free", "--packing",
+            "--activation-offloading", "--loss", "--keep-output", "--padding-free", "--packing",
             # runtime-only job options (issue 15)
             "--optimizer-impl", "--compile", "--torch-compile",
             "--qlora-recipe"} == flags  # PEFT's or TRL SFTTrainer's QLoRA preparation

@@ -28,7 +28,13 @@ import published_multi_gpu as P  # noqa: E402
 #: documented FSDP1 CPU-offload gap: benchmarks/notes/distributed_cpu.md)
 #: (-> 7.6 / 20.6 / 8, i.e. 7.50 / 20.55 / 8 rounded up: FSDP1 keeps the reduced gradient shards on the GPU until backward ends, CPU
 #: offload or not, held on CPU: the FSDP1 offload rows move up, e.g. Answer.AI 70B QLoRA -11.5 -> -1.7 %)
-RATCHET = {"median_abs_pct": 7.6, "max_abs_pct": 20.6, "under_5": 8}
+#: (-> 5.9 / 21.9 / 6, i.e. 5.87 / 21.81 / 6 rounded up: the loss path's transient held byte-exact on
+#: CPU, tests/test_loss_peak_vs_torch.py: HF Trainer and torchtitan drop the model output before
+#: backward (-2 B per logit), transformers < 4.46 upcasts the logits in the model and Answer.AI's
+#: loop keeps that fp32 output through backward (+4 B per logit). Max |error| rises 20.6 -> 21.9 on an
+#: over-prediction (Answer.AI 7B LoRA b1, whose known over-counts, bf16 adapters of PEFT < 0.11, are
+#: listed in the row); torchtitan's two rows go from -1.3 / -1.0 to -6.4 / -7.2 %, under by > 5 % now)
+RATCHET = {"median_abs_pct": 5.9, "max_abs_pct": 21.9, "under_5": 6}
 
 
 @pytest.fixture(scope="module")

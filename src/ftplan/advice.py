@@ -124,6 +124,8 @@ def job_assumptions(job: Job, layout: Layout | None = None, *,
             "loss", job.loss, {"trl": "loss: TRL SFTTrainer's fused LM head (loss_type='nll'), "
                                "log-probabilities in tiles, the logits are never materialised",
                                "hf": "loss: transformers' ForCausalLMLoss, full logits upcast to fp32",
+                               "hf-legacy": "loss: transformers < 4.46, the model returns fp32 logits and "
+                                            "copies the shifted ones",
                                "liger": "loss: Liger fused linear cross-entropy"}[job.loss],
             "`loss=hf` (transformers' loss) or `loss=liger`",
             "TRL SFTConfig loss_type='nll' ('chunked_nll' is its deprecated alias)"))
@@ -212,7 +214,7 @@ def fit_advice(model: ModelSpec, job: Job, layout: Layout | None, gpu: Any, *, m
         offer("checkpointing", {"checkpointing": "full"}, "fits with full checkpointing: `checkpointing=full`",
               job.with_(checkpointing="full"), layout)
     # 2. the loss path
-    if job.loss == "hf":
+    if job.materialises_logits:
         offer("loss", {"loss": "trl"}, "fits with TRL's fused LM head, SFTTrainer's default: `loss=trl`",
               job.with_(loss="trl"), layout)
     # 3. activation offloading

@@ -39,6 +39,7 @@ __all__ = [
     "OPTIMIZER_IMPLS",
     "CHECKPOINTING",
     "LOSSES",
+    "LOGITS_LOSSES",
     "LoraSpec",
     "QuantSpec",
     "Job",
@@ -101,8 +102,13 @@ CHECKPOINTING = ("none", "full", "full-reentrant", "selective", "selective-atten
 #: the loss path: ``trl`` = TRL >= 1.x SFTTrainer's fused LM head (``loss_type="nll"``, alias
 #: ``chunked_nll``: chunked log-probabilities, the logits are never materialised), ``hf`` =
 #: transformers' ``ForCausalLMLoss`` through ``model(labels=...)`` (full logits, upcast to fp32),
-#: ``liger`` = Liger-Kernel's fused linear cross-entropy (HF Trainer ``use_liger_kernel``; CUDA)
-LOSSES = ("trl", "hf", "liger")
+#: ``liger`` = Liger-Kernel's fused linear cross-entropy (HF Trainer ``use_liger_kernel``; CUDA),
+#: ``hf-legacy`` = transformers < 4.46 (``LlamaForCausalLM.forward`` upcasts the logits with
+#: ``logits.float()``, returns them in fp32, and copies the shifted logits with ``.contiguous()``
+#: before ``CrossEntropyLoss``): the stacks of 2023-2024 recipes and published runs
+LOSSES = ("trl", "hf", "liger", "hf-legacy")
+#: the loss paths that materialise the whole logits tensor (transformers' own loss)
+LOGITS_LOSSES = ("hf", "hf-legacy")
 #: TRL's names for its loss: both are the fused head
 _LOSS_ALIASES = {"nll": "trl", "chunked_nll": "trl", "chunked-nll": "trl"}
 
@@ -256,7 +262,11 @@ class Job:
                                                      "(TRL activation_offloading=True)")
     loss: str = option("trl", choices=LOSSES, normalize=_loss_name, label="loss path",
                        help="trl (SFTTrainer's fused LM head, loss_type=nll, default) | hf (transformers' "
-                            "ForCausalLMLoss, fp32 logits) | liger (fused linear cross-entropy)")
+                            "ForCausalLMLoss, fp32 logits) | liger (fused linear cross-entropy) | hf-legacy "
+                            "(transformers < 4.46: fp32 logits returned by the model, shifted copy)")
+    keep_output: bool = option(False, help="the training loop keeps the model output (its logits) alive through "
+                                           "backward (`out = model(**batch); out.loss.backward()`); HF Trainer, "
+                                           "TRL and torchtitan drop it first (hf / hf-legacy loss)")
     padding_free: bool = option(False, help="one row of micro-batch x seq-len tokens with position_ids "
                                             "(TRL padding_free=True; flash attention varlen)")
     packing: bool = option(False, help="pack sequences into full rows (TRL packing=True, bfd: padding-free)")
@@ -316,6 +326,11 @@ class Job:
         """QLoRA: dtype of the weights bitsandbytes leaves alone (embedding, norms, lm_head, fused
         3-D experts): fp32 after ``prepare_model_for_kbit_training``, else the load dtype."""
         return "fp32" if self.kbit_upcast else self.quant.compute_dtype
+
+    @property
+    def materialises_logits(self) -> bool:
+        """The loss path builds the whole logits tensor (transformers' own loss, either version)."""
+        return self.loss in LOGITS_LOSSES
 
     @property
     def ac_mode(self) -> str:

@@ -322,7 +322,7 @@ def _head_copy_elems(model: ModelSpec, job: Job) -> int:
     """Elements of the lm_head (or tied embedding) weight autocast copies and keeps for backward:
     only transformers' own loss path runs lm_head as an autocast matmul; TRL's fused head and
     Liger cast tile by tile inside their autograd functions and keep nothing."""
-    if job.loss != "hf":
+    if not job.materialises_logits:
         return 0
     return model.params.lm_head + (model.params.embedding if model.tie_word_embeddings else 0)
 
@@ -354,7 +354,7 @@ def model_states(model: ModelSpec, job: Job, consts: MemoryConstants | None = No
         mixed = prec["compute"] != train_dtype
         # autocast keeps a compute-dtype copy of every weight it casts; ZeRO/FSDP keep a bf16
         # working copy next to the fp32 master: same bytes, different owner (see estimate_memory)
-        elems = _autocast_weight_elems(model) - (0 if job.loss == "hf" else _head_copy_elems(
+        elems = _autocast_weight_elems(model) - (0 if job.materialises_logits else _head_copy_elems(
             model, job.with_(loss="hf")))
         master = dtype_bytes(prec["compute"]) * elems if mixed else Fraction(0)
         grad_b = dtype_bytes(prec["grad"])
@@ -653,8 +653,17 @@ def _logits_bytes(model: ModelSpec, job: Job, dt: _Dtypes, tp: int, backend: str
 
     ``hf`` (transformers' ``ForCausalLMLoss`` behind ``model(labels=...)``): the logits are
     upcast to fp32 and cross-entropy's log-softmax saves its fp32 output; the shifted labels
-    (int64) are saved too. Transient: the compute-dtype logits, their fp32 copy, and in backward
-    the fp32 gradient of the log-softmax and its cast.
+    (int64) are saved too. Transient: in the forward the compute-dtype logits and their fp32
+    copy; in backward the fp32 gradients of the log-softmax's output and input, next to the
+    compute-dtype logits when the loop keeps the model output (``job.keep_output``; HF Trainer
+    drops it before backward).
+
+    ``hf-legacy`` (transformers < 4.46): the model upcasts the logits itself (``logits.float()``,
+    the fp32 logits are its output) and copies the shifted ``logits[..., :-1, :]`` before
+    ``CrossEntropyLoss``: log-softmax saves an fp32 ``b x (s - 1)`` output, the shifted int64
+    labels are a ``b x (s - 1)`` copy. Transient: in the forward the fp32 logits and the shifted
+    copy; in backward the two fp32 gradients, next to the fp32 logits when the loop keeps the
+    output. Both held on CPU against transformers 4.44.2 and 5.x (tests/test_loss_peak_vs_torch.py).
 
     ``trl`` (TRL SFTTrainer's fused LM head, ``loss_type="nll"``): :func:`_trl_head_bytes`.
     ``liger`` (Liger-Kernel fused linear cross-entropy, HF Trainer ``use_liger_kernel=True``):
@@ -675,17 +684,39 @@ def _logits_bytes(model: ModelSpec, job: Job, dt: _Dtypes, tp: int, backend: str
     saved += _linear_inputs(t, h, 1, dt.norm_out, dt)
     if job.uses_lora and "lm_head" in job.lora.target_modules:
         saved += t * h * (c + 1) + t * job.lora.r * c
-    # fp32 log-softmax, the shifted int64 targets (with one row the slice of the padded labels is
-    # already contiguous, so the whole (1, s + 1) storage stays), the fp32 total weight
-    saved += t * v * 4 + 8 * (t if b > 1 else s + 1) + 4
+    if job.loss == "hf-legacy":
+        # fp32 log-softmax of the b x (s - 1) shifted logits, the shifted int64 labels (a
+        # contiguous copy; with one row the slice is already contiguous: a view of the batch's
+        # labels), the fp32 total weight
+        ts = b * (s - 1)
+        targets = 8 * ts if b > 1 else 0
+        saved += ts * v * 4 + targets + 4
+    else:
+        # fp32 log-softmax, the shifted int64 targets (with one row the slice of the padded labels
+        # is already contiguous, so the whole (1, s + 1) storage stays), the fp32 total weight
+        ts = t
+        targets = 8 * (t if b > 1 else s + 1)
+        saved += t * v * 4 + targets + 4
     if job.kbit_upcast and dt.autocast and c != 4:
         # prepare_model_for_kbit_training keeps lm_head in fp32: autocast's compute-dtype copy of
         # the (frozen) weight is saved for the input gradient
         saved += model.vocab_size // tp * h * c
     if model.final_logit_softcap:
         saved += t * v * c  # tanh output
-    transient = t * v * (c + 4 + 4)
-    return saved, transient
+    if job.loss == "hf-legacy":
+        # forward: the fp32 logits (bf16 ones freed by the upcast), the shifted copy (none with
+        # one row) and the final norm's output, which a frozen lm_head does not save;
+        # backward: the log-softmax's output and input gradients (+ the output's fp32 logits)
+        forward = t * v * 4 + (ts * v * 4 if b > 1 else 0) + (0 if dt.full else t * h * dt.norm_out)
+        backward = 2 * ts * v * 4 + (t * v * 4 if job.keep_output else 0)
+    else:
+        # forward: the compute-dtype logits (the output) and their fp32 upcast; backward: the two
+        # fp32 gradients (+ the output's compute-dtype logits)
+        forward = t * v * (c + 4)
+        backward = 2 * t * v * 4 + (t * v * c if job.keep_output else 0)
+    # + the fp32 loss (forward) or its gradient (backward); by the log-softmax's backward the
+    # nll's backward has already freed the saved targets
+    return saved, max(forward + 4, backward + 4 - targets)
 
 
 def _lm_head_weight_bytes(job: Job, dt: _Dtypes) -> int:
@@ -975,7 +1006,7 @@ def _head_noop_saved(model: ModelSpec, job: Job, dt: _Dtypes, tp: int) -> int:
     """What the output head saves inside TRL's no-op hook (kept on the device): with
     transformers' loss path, lm_head's input (a compute-dtype copy when the norm output is not in
     it) and QLoRA's autocast copy of the fp32 lm_head weight."""
-    if job.loss != "hf":
+    if not job.materialises_logits:
         return 0
     b, s = _batch_shape(job)
     t = b * s
@@ -1097,12 +1128,13 @@ def _loss_events(model: ModelSpec, job: Job, dt: _Dtypes, tp: int,
     h = model.hidden_size
     v = model.vocab_size // tp
     c = dt.compute
-    if job.loss == "hf":
+    if job.materialises_logits:
         ev: list[tuple[int, int, str | None]] = []
         if model.final_logit_softcap:
             ev.append((t * v * c, t * v * c, "softcap"))
-        tgt = t * 8
-        ev += [(t * v * 4, t * v * 4, "logsoftmax"), (t * v * 4, t * v * 4, "logsoftmax"),
+        ts = b * (s - 1) if job.loss == "hf-legacy" else t  # legacy: the shifted copy's rows
+        tgt = 0 if job.loss == "hf-legacy" and b == 1 else ts * 8
+        ev += [(ts * v * 4, ts * v * 4, "logsoftmax"), (ts * v * 4, ts * v * 4, "logsoftmax"),
                (tgt, tgt, "targets"), (4, 4, "total_weight")]
         return ev
     if job.loss == "liger":

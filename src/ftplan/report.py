@@ -148,6 +148,8 @@ _CKPT_WORDS = {"none": "off", "full": "on", "full-reentrant": "on (reentrant)", 
 def _job_line(job: Job) -> str:
     ckpt = _CKPT_WORDS.get(job.ac_mode, f"every {job.checkpoint_every} layers")
     extra = [f"loss {job.loss}"]
+    if job.keep_output:
+        extra.append("model output kept through backward")
     if job.activation_offloading:
         extra.append("activation offloading")
     if job.is_padding_free:

@@ -310,7 +310,7 @@ def StorageTracker():  # noqa: N802 - a factory, so that torch is imported only 
     return _make_tracker_class()()
 
 
-def _replay(events, keep, phases) -> int:
+def replay_peak(events, keep, phases) -> int:
     """Peak of the running sum of the events in ``phases`` whose key satisfies ``keep``."""
     cur = peak = 0
     for phase, key, d in events:
@@ -731,7 +731,7 @@ def _run_case(case: Case, rank: int, world: int) -> RankMeasure:
     # transient: what does not survive backward (storages FSDP resized to 0 included)
     eng = {k for k in tr.meta if not fwd_start_live.get(k) and not bwd_end_live.get(k)
            and (tr.meta[k][1] in ENGINE_OWNERS or tr.role.get(k) == "grad")}
-    out.engine_transient_peak = _replay(tr.events, eng.__contains__, fb)
+    out.engine_transient_peak = replay_peak(tr.events, eng.__contains__, fb)
     out.activations = sum(v for k, v in fwd_end_live.items()
                           if tr.meta.get(k, ("", ""))[0] == f"fwd{s}" and tr.meta[k][1] not in ENGINE_OWNERS
                           and k not in loss_keys)

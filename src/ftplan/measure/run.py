@@ -204,6 +204,12 @@ def _train_steps(torch, model, job, device: str, steps: int, warmup: int, vocab:
     if job.loss == "liger":
         raise MeasurementError("the liger loss path is not measured by ftplan measure (it needs liger-kernel "
                                "and Triton): use `loss=trl` or `loss=hf`")
+    if job.loss == "hf-legacy":
+        raise MeasurementError("the hf-legacy loss path is transformers < 4.46 and ftplan measure runs the installed "
+                               "transformers: use `loss=hf`, or benchmarks/loss_peak_cpu.py with transformers 4.44")
+    if job.keep_output:
+        raise MeasurementError("ftplan measure runs HF Trainer's step, which drops the model output before "
+                               "backward: leave `keep_output` off")
     if job.loss == "trl":
         from trl.trainer.utils import add_fused_lm_head
 

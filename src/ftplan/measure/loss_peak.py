@@ -1,0 +1,148 @@
+"""Peak bytes of one training step's forward + backward on CPU, loss path included.
+
+The saved-activation trackers (:mod:`~ftplan.measure.accounting`) count what autograd keeps; the
+loss path's *transient* (logits, their fp32 copies, the gradients of the log-softmax) is not saved
+by anyone and only shows in the live bytes. This module runs one forward + backward of a tiny
+Hugging Face decoder under the storage tracker of :mod:`~ftplan.measure.distributed` (every
+parameter, buffer and the batch registered first, parameter gradients left out) and returns the
+peak of everything else: what ftplan predicts as ``activations + logits_and_loss + transient``.
+
+Two loss paths, as the model's own forward runs them:
+
+* transformers' current ``ForCausalLMLoss`` (``loss="hf"``) through ``model(labels=...)``;
+* transformers < 4.46 (``loss="hf-legacy"``): the installed model's forward if transformers is
+  older than 4.46, else :func:`legacy_causal_lm_forward`, the loss tail of transformers 4.44.2's
+  ``LlamaForCausalLM.forward`` on the installed backbone.
+
+``keep_output`` keeps the model output alive through backward, as a hand-written loop does
+(``out = model(**batch); out.loss.backward()``); HF Trainer drops it first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import warnings
+from typing import Any
+
+__all__ = ["LossPeak", "legacy_causal_lm_forward", "legacy_transformers_installed", "measure_loss_peak"]
+
+#: transformers' first release whose causal-LM forward no longer upcasts the logits itself
+LEGACY_BEFORE = (4, 46)
+
+
+@dataclasses.dataclass(frozen=True)
+class LossPeak:
+    """One measurement: the step's peak live bytes above the parameters, buffers and batch."""
+
+    transformers_version: str
+    loss: str  #: "hf" or "hf-legacy"
+    legacy_source: str  #: "installed" (the model's own forward) or "transcribed" (4.44.2's tail)
+    mode: str  #: "pure-bf16-lora" | "mixed-lora"
+    keep_output: bool
+    batch: int
+    seq_len: int
+    peak_bytes: int
+
+    def job(self):
+        """The ftplan ``Job`` this measurement ran."""
+        from ..job import Job, LoraSpec
+
+        return Job(method="lora", precision="bf16" if self.mode == "pure-bf16-lora" else "bf16-mixed",
+                   micro_batch=self.batch, seq_len=self.seq_len, gradient_checkpointing=True,
+                   attn_impl="sdpa", lora=LoraSpec(r=8, alpha=16, dropout=0.0), loss=self.loss,
+                   keep_output=self.keep_output)
+
+
+def _version_tuple(v: str) -> tuple[int, int]:
+    parts = (v.split(".") + ["0"])[:2]
+    return tuple(int("".join(ch for ch in p if ch.isdigit()) or 0) for p in parts)  # type: ignore[return-value]
+
+
+def legacy_transformers_installed() -> bool:
+    """The installed transformers still upcasts the logits in its causal-LM forward (< 4.46)."""
+    import transformers
+
+    return _version_tuple(transformers.__version__) < LEGACY_BEFORE
+
+
+def legacy_causal_lm_forward(model: Any, input_ids: Any, labels: Any) -> tuple[Any, Any]:
+    """transformers 4.44.2 ``LlamaForCausalLM.forward`` from the decoder's output on (the lines
+    after ``outputs = self.model(...)``, ``pretraining_tp`` 1): returns ``(loss, logits)``, the
+    fp32 logits being what the model output holds.
+
+    A transcription, not transformers' code: the installed transformers (>= 4.46) no longer has
+    this path. ``model`` is a causal-LM (or a PEFT wrapper of one) of the installed version."""
+    from torch.nn import CrossEntropyLoss
+
+    lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+    outputs = lm.model(input_ids=input_ids, use_cache=False)
+    hidden_states = outputs[0]
+    logits = lm.lm_head(hidden_states)
+    logits = logits.float()
+    # Shift so that tokens < n predict n
+    shift_logits = logits[..., :-1, :].contiguous()
+    shift_labels = labels[..., 1:].contiguous()
+    # Flatten the tokens
+    loss_fct = CrossEntropyLoss()
+    shift_logits = shift_logits.view(-1, lm.config.vocab_size)
+    shift_labels = shift_labels.view(-1)
+    shift_labels = shift_labels.to(shift_logits.device)
+    loss = loss_fct(shift_logits, shift_labels)
+    return loss, logits
+
+
+def measure_loss_peak(config: dict, *, batch: int, seq_len: int, loss: str = "hf", keep_output: bool = False,
+                      mode: str = "pure-bf16-lora", seed: int = 0) -> LossPeak:
+    """One forward + backward of a tiny llama-style ``config`` with LoRA r 8 on every linear
+    (PEFT, bf16 base; ``pure-bf16-lora``: bf16 adapters, ``autocast_adapter_dtype=False``, no
+    autocast; ``mixed-lora``: PEFT's fp32 adapters under CPU bf16 autocast), non-reentrant
+    checkpointing of every decoder layer; returns the peak live bytes (see the module doc)."""
+    import torch
+    import transformers
+    from peft import LoraConfig, get_peft_model
+
+    from .distributed import StorageTracker, replay_peak
+
+    if loss not in ("hf", "hf-legacy"):
+        raise ValueError(f"loss must be hf or hf-legacy, not {loss!r}")
+    if mode not in ("pure-bf16-lora", "mixed-lora"):
+        raise ValueError(f"mode must be pure-bf16-lora or mixed-lora, not {mode!r}")
+    installed_legacy = legacy_transformers_installed()
+    if loss == "hf" and installed_legacy:
+        raise ValueError(f"loss hf needs transformers >= 4.46 (installed: {transformers.__version__})")
+    torch.manual_seed(seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cfg = transformers.AutoConfig.for_model(**config)
+        cfg.use_cache = False
+        cfg._attn_implementation = "sdpa"
+        model = transformers.AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16)
+        model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules="all-linear"),
+                               autocast_adapter_dtype=mode == "mixed-lora")
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.enable_input_require_grads()
+        model.train()
+        ids = torch.randint(0, int(cfg.vocab_size), (batch, seq_len))
+        tr = StorageTracker()
+        for t in [*model.parameters(), *model.buffers(), ids]:
+            tr.register_tensor(t)
+        ac = torch.autocast("cpu", dtype=torch.bfloat16) if mode == "mixed-lora" else contextlib.nullcontext()
+        transcribed = loss == "hf-legacy" and not installed_legacy
+        with tr:
+            tr.phase = "step"
+            with ac:
+                if transcribed:
+                    step_loss, out = legacy_causal_lm_forward(model, ids, ids)
+                else:
+                    out = model(input_ids=ids, labels=ids)
+                    step_loss = out.loss
+            if not keep_output:
+                out = None
+            step_loss.backward()
+        grads = {k for p in model.parameters() if p.grad is not None for k in tr.key_of(p.grad)}
+        peak = replay_peak(tr.events, lambda k: k not in grads, {"step"})
+        del out, step_loss
+    return LossPeak(transformers_version=transformers.__version__, loss=loss,
+                    legacy_source="transcribed" if transcribed else "installed", mode=mode,
+                    keep_output=keep_output, batch=batch, seq_len=seq_len, peak_bytes=peak)

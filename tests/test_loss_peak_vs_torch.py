@@ -40,11 +40,9 @@ def _check(rec: dict, job) -> None:
 
 
 def _job(rec: dict):
-    from ftplan.job import Job, LoraSpec
+    from ftplan.measure.loss_peak import LossPeak  # torch-free at import
 
-    return Job(method="lora", precision="bf16" if rec["mode"] == "pure-bf16-lora" else "bf16-mixed",
-               micro_batch=rec["batch"], seq_len=rec["seq_len"], gradient_checkpointing=True, attn_impl="sdpa",
-               lora=LoraSpec(r=8, alpha=16, dropout=0.0), loss=rec["loss"], keep_output=rec["keep_output"])
+    return LossPeak(**rec).job()
 
 
 @pytest.mark.parametrize("rec", DOC["records"], ids=lambda r: "{transformers_version}-{loss}-{legacy_source}-{mode}-"

@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from ftplan.measure.loss_peak import legacy_transformers_installed, measure_loss_peak  # noqa: E402
+from ftplan.measure.loss_peak import MODES, legacy_transformers_installed, measure_loss_peak  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "measurements" / "loss_peak_cpu.json"
 #: a tiny llama whose vocabulary dwarfs the layers, so that the loss path sets the peak
@@ -35,19 +35,21 @@ def main() -> int:
     losses = ("hf-legacy",) if legacy_installed else ("hf", "hf-legacy")
     rows = []
     for loss in losses:
-        for mode in ("pure-bf16-lora", "mixed-lora"):
+        for mode in MODES:
             for keep in (False, True):
                 for b, s in SHAPES:
                     m = measure_loss_peak(CONFIG, batch=b, seq_len=s, loss=loss, keep_output=keep, mode=mode)
                     rows.append(dataclasses.asdict(m))
                     print(f"{m.transformers_version} {loss:9s} {m.legacy_source:11s} {mode:14s} keep={keep!s:5s} "
-                          f"b={b} s={s}: {m.peak_bytes:,} B")
+                          f"b={b} s={s}: {m.peak_bytes:,} B (forward {m.forward_peak_bytes:,} B)")
     old = json.loads(OUT.read_text())["records"] if OUT.exists() else []
     mine = {(r["transformers_version"], r["legacy_source"]) for r in rows}
     kept = [r for r in old if (r["transformers_version"], r["legacy_source"]) not in mine]
     doc = {"_doc": "Peak live bytes of one forward + backward on CPU above parameters, buffers and batch "
-                   "(parameter gradients excluded), by benchmarks/loss_peak_cpu.py; config below; LoRA r 8 "
-                   "all-linear, non-reentrant checkpointing of every layer. Machine: CPU, torch "
+                   "(parameter gradients excluded; forward_peak_bytes: the peak before backward starts), by "
+                   "benchmarks/loss_peak_cpu.py; config below; modes: LoRA r 8 all-linear (bf16 base) or "
+                   "full fine-tuning of fp32 weights under bf16 autocast; non-reentrant checkpointing of "
+                   "every layer. Machine: CPU, torch "
                    f"{__import__('torch').__version__}.",
            "config": CONFIG, "records": kept + rows}
     tmp = OUT.with_suffix(".json.tmp")

@@ -14,7 +14,7 @@ from ftplan.catalog.models import load_model_catalog, resolve_model
 from ftplan.cli import main
 from ftplan.errors import FtplanError
 from ftplan.job import Job, Layout, LoraSpec
-from ftplan.memory import estimate_memory
+from ftplan.memory import activation_parts, estimate_memory
 
 MODELS = sorted(load_model_catalog())
 jobs = st.builds(
@@ -73,6 +73,43 @@ def test_components_add_up(name, job):
     assert all(v >= 0 for v in c.values())
     assert mem.peak_reserved_bytes == mem.peak_allocated_bytes + c["allocator_reserve"]
     assert mem.device_total_bytes == mem.peak_reserved_bytes + c["cuda_context"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(name=st.sampled_from(MODELS), job=jobs, accum=st.integers(2, 16), gpus=st.sampled_from([1, 2]))
+def test_accumulation_adds_at_most_the_autocast_cache_at_the_forward_end(name, job, accum, gpus):
+    """With gradient accumulation the gradients are alive through the next micro-batch's forward,
+    whose end also holds autocast's cached weight copies (tests/test_loss_peak_vs_torch.py measures
+    them): the peak can rise by at most those copies, and never at the first micro-batch."""
+    model = resolve_model(name)
+    job = _peft_ok(model, job)
+    lay = Layout(gpus_per_node=gpus, strategy="single" if gpus == 1 else "ddp")
+    one = estimate_memory(model, job, lay)
+    acc = estimate_memory(model, job.with_(grad_accum=accum), lay)
+    cache = activation_parts(model, job, lay).autocast_cache_bytes
+    assert one.peak_phase != "forward_end"
+    assert 0 <= acc.peak_allocated_bytes - one.peak_allocated_bytes <= cache
+    assert acc.model_states_bytes == one.model_states_bytes
+    if acc.peak_phase == "forward_end":
+        assert cache > 0 and any("autocast cache" in n for n in acc.notes)
+    if acc.peak_phase != "optimizer_step":
+        assert sum(acc.components.values()) == acc.device_total_bytes
+
+
+def test_full_fine_tuning_with_accumulation_peaks_at_the_forward_end():
+    """fp32 weights under autocast, checkpointing, a short micro-batch: the cached bf16 copies of
+    every layer (2 B per matmul weight) outweigh the recompute transient."""
+    model = resolve_model("llama-3.2-1b")
+    job = Job(method="full", micro_batch=1, seq_len=512, loss="trl")
+    one, acc = estimate_memory(model, job), estimate_memory(model, job.with_(grad_accum=8))
+    cache = activation_parts(model, job).autocast_cache_bytes
+    layers = sum(lin.in_features * lin.out_features * lin.count for lin in model.linears()) - model.params.lm_head
+    assert cache == 2 * layers
+    assert acc.peak_phase == "forward_end" and one.peak_phase == "forward_backward"
+    assert acc.peak_allocated_bytes - one.peak_allocated_bytes > cache // 2
+    # pure bf16 weights and sharded engines have no autocast copies to cache
+    assert activation_parts(model, job.with_(precision="bf16")).autocast_cache_bytes == 0
+    assert activation_parts(model, job, Layout(gpus_per_node=2, strategy="fsdp")).autocast_cache_bytes == 0
 
 
 def test_fractional_bytes_are_exact():

@@ -40,6 +40,7 @@ __all__ = [
     "moe_block_saved_bytes",
     "trainable_params",
     "COMPONENTS",
+    "PEAK_PHASE_TEXT",
 ]
 
 #: component names, in report order
@@ -58,6 +59,13 @@ COMPONENTS = (
     "allocator_reserve",
 )
 
+#: MemoryBreakdown.peak_phase -> how reports name it
+PEAK_PHASE_TEXT = {
+    "forward_backward": "forward/backward",
+    "forward_end": "end of the forward",
+    "optimizer_step": "optimizer step",
+}
+
 
 @dataclass(frozen=True)
 class MemoryBreakdown:
@@ -70,7 +78,7 @@ class MemoryBreakdown:
     host_bytes: int  # CPU RAM needed by offload (pinned optimizer states / params)
     params_total: int
     params_trainable: int
-    peak_phase: str  # "forward_backward" or "optimizer_step"
+    peak_phase: str  # "forward_backward", "forward_end" (autocast's cache, accumulating) or "optimizer_step"
     notes: tuple[str, ...] = field(default=())
 
     @property
@@ -340,6 +348,40 @@ def _recompute_weight_copy_bytes(model: ModelSpec, job: Job, layout: Layout) -> 
         return 0  # adapters already in the compute dtype: autocast makes no copy
     n_train, _ = trainable_params(model, job)
     return c * -(-n_train // model.num_layers)
+
+
+def _autocast_cache_bytes(model: ModelSpec, job: Job, layout: Layout) -> int:
+    """Under checkpointing with autocast, the compute-dtype copies of the checkpointed layers'
+    trainable weights that autocast's cache holds from the layer's forward until the forward ends
+    (``torch.autocast`` caches the cast of every leaf tensor that requires grad and clears the
+    cache when the outermost autocast region exits, after the loss): all matmul weights in full
+    fine-tuning, the fp32 adapters with LoRA. Nothing saves them, so backward no longer holds them
+    (it remakes one layer's at a time); the layers that are not checkpointed keep theirs for
+    backward (counted with the weights). Held on CPU: tests/test_loss_peak_vs_torch.py."""
+    if not _autocast_recompute(job, layout):
+        return 0
+    prec = PRECISIONS[job.precision]
+    c = int(dtype_bytes(prec["compute"]))
+    ep = max(1, getattr(layout, "ep", 1))
+    counts = _checkpointed_counts(model, job)
+    if job.method == "full":
+        if prec["trainable"] == prec["compute"]:
+            return 0
+
+        def per_layer(g: LayerGroup) -> int:
+            n = _layer_matmul_weight_elems(model, g)
+            if g.moe is not None and ep > 1:  # a rank holds num_experts / ep of them
+                m = g.moe
+                n -= (m.num_experts - m.num_experts // ep) * 3 * model.hidden_size * m.expert_intermediate_size
+            return n
+    else:
+        if job.adapter_dtype == prec["compute"]:
+            return 0
+
+        def per_layer(g: LayerGroup) -> int:
+            return _layer_adapter_elems(model, job, g)
+    elems = sum(n * per_layer(g) for g, n in zip(model.groups, counts))
+    return c * elems // (layout.tp * layout.pp)
 
 
 def model_states(model: ModelSpec, job: Job, consts: MemoryConstants | None = None) -> ModelStates:
@@ -648,14 +690,16 @@ def _lora_saved(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t: int, 
 
 
 def _logits_bytes(model: ModelSpec, job: Job, dt: _Dtypes, tp: int, backend: str = "cuda",
-                  consts: MemoryConstants | None = None) -> tuple[int, int]:
-    """(saved, transient) bytes of the final norm, the LM head and the loss, per ``job.loss``.
+                  consts: MemoryConstants | None = None) -> tuple[int, int, int]:
+    """(saved, forward transient, backward transient) bytes of the final norm, the LM head and the
+    loss, per ``job.loss`` (the fused heads, ``trl`` and ``liger``, give one transient for both).
 
     ``hf`` (transformers' ``ForCausalLMLoss`` behind ``model(labels=...)``): the logits are
     upcast to fp32 and cross-entropy's log-softmax saves its fp32 output; the shifted labels
     (int64) are saved too. Transient: in the forward the compute-dtype logits and their fp32
-    copy; in backward the fp32 gradients of the log-softmax's output and input, next to the
-    compute-dtype logits when the loop keeps the model output (``job.keep_output``; HF Trainer
+    copy, the final norm's output (the decoder's output holds it until the model returns) and the
+    padded labels; in backward the fp32 gradients of the log-softmax's output and input, next to
+    the compute-dtype logits when the loop keeps the model output (``job.keep_output``; HF Trainer
     drops it before backward).
 
     ``hf-legacy`` (transformers < 4.46): the model upcasts the logits itself (``logits.float()``,
@@ -677,10 +721,10 @@ def _logits_bytes(model: ModelSpec, job: Job, dt: _Dtypes, tp: int, backend: str
     saved = _norm_saved(t, h, dt.resid, dt.full, gemma=FAMILIES[model.family].norm_style == "gemma")
     if job.loss == "trl":
         head_saved, transient = _trl_head_bytes(model, job, dt, tp, backend, consts or memory_constants())
-        return saved + head_saved, transient
+        return saved + head_saved, transient, transient
     if job.loss == "liger":
         head_saved, transient = _liger_head_bytes(model, job, dt, tp)
-        return saved + head_saved, transient
+        return saved + head_saved, transient, transient
     saved += _linear_inputs(t, h, 1, dt.norm_out, dt)
     if job.uses_lora and "lm_head" in job.lora.target_modules:
         saved += t * h * (c + 1) + t * job.lora.r * c
@@ -703,20 +747,24 @@ def _logits_bytes(model: ModelSpec, job: Job, dt: _Dtypes, tp: int, backend: str
         saved += model.vocab_size // tp * h * c
     if model.final_logit_softcap:
         saved += t * v * c  # tanh output
+    # the final norm's output lives in the decoder's output until the model's forward returns; it
+    # is the saved lm_head input only when the head trains and reads it without an autocast copy
+    norm_out = 0 if dt.full and dt.norm_out == c else t * h * dt.norm_out
     if job.loss == "hf-legacy":
         # forward: the fp32 logits (bf16 ones freed by the upcast), the shifted copy (none with
-        # one row) and the final norm's output, which a frozen lm_head does not save;
-        # backward: the log-softmax's output and input gradients (+ the output's fp32 logits)
-        forward = t * v * 4 + (ts * v * 4 if b > 1 else 0) + (0 if dt.full else t * h * dt.norm_out)
+        # one row) and the final norm's output; backward: the log-softmax's output and input
+        # gradients (+ the output's fp32 logits)
+        forward = t * v * 4 + (ts * v * 4 if b > 1 else 0) + norm_out
         backward = 2 * ts * v * 4 + (t * v * 4 if job.keep_output else 0)
     else:
-        # forward: the compute-dtype logits (the output) and their fp32 upcast; backward: the two
-        # fp32 gradients (+ the output's compute-dtype logits)
-        forward = t * v * (c + 4)
+        # forward: the compute-dtype logits (the output), their fp32 upcast, the final norm's
+        # output and the padded int64 labels (with several rows the shifted targets are a copy of
+        # them); backward: the two fp32 gradients (+ the output's compute-dtype logits)
+        forward = t * v * (c + 4) + norm_out + (8 * b * (s + 1) if b > 1 else 0)
         backward = 2 * t * v * 4 + (t * v * c if job.keep_output else 0)
     # + the fp32 loss (forward) or its gradient (backward); by the log-softmax's backward the
     # nll's backward has already freed the saved targets
-    return saved, max(forward + 4, backward + 4 - targets)
+    return saved, forward + 4, backward + 4 - targets
 
 
 def _lm_head_weight_bytes(job: Job, dt: _Dtypes) -> int:
@@ -1186,6 +1234,11 @@ class ActivationParts:
     final norm, lm_head and loss. With activation offloading, ``offloaded_bytes`` of them live in
     pinned host memory (``host_pinned_bytes`` after the host allocator's rounding) and
     ``device_saved_bytes`` is what stays on the GPU (activations component, loss part excluded).
+    ``transient_bytes`` is the larger of the forward's and the backward's transients;
+    ``forward_peak_bytes`` is everything live at the forward's peak (saved tensors, the loss's
+    forward transient and ``autocast_cache_bytes``, the weight copies autocast's cache holds until
+    the forward ends): the peak of a step that starts without gradients is the larger of it and
+    ``device_saved_bytes + loss_saved_bytes + transient_bytes``.
     """
 
     layers_saved_bytes: int
@@ -1199,6 +1252,8 @@ class ActivationParts:
     offloaded_bytes: int = 0
     host_pinned_bytes: int = 0
     device_saved_bytes: int = 0
+    autocast_cache_bytes: int = 0
+    forward_peak_bytes: int = 0
 
 
 def activation_parts(model: ModelSpec, job: Job, layout: Layout | None = None, *,
@@ -1240,7 +1295,8 @@ def activation_parts(model: ModelSpec, job: Job, layout: Layout | None = None, *
     # tensor parallelism as transformers runs it (the model's TP plan, lm_head "colwise_gather_output"):
     # the lm_head weight is split but its logits are gathered, so every rank holds all of them
     # (checked on CPU: tests/test_tp_memory.py)
-    logits_saved, logits_transient = _logits_bytes(model, job, dt, 1, backend, consts)
+    logits_saved, loss_forward, loss_backward = _logits_bytes(model, job, dt, 1, backend, consts)
+    logits_transient = max(loss_forward, loss_backward)
     offloaded = pinned = 0
     device = saved + sac + level
     loss_device = logits_saved
@@ -1251,12 +1307,17 @@ def activation_parts(model: ModelSpec, job: Job, layout: Layout | None = None, *
         # in backward each checkpointed layer's input comes back before its recompute
         if mode != "none":
             recompute += t * model.hidden_size * dt.resid
+    # the forward's peak: at the loss, with every checkpointed layer's autocast weight copies still
+    # in autocast's cache (a layer's own forward transients are below its recompute in backward)
+    cache = _autocast_cache_bytes(model, job, layout)
+    forward_peak = device + loss_device + loss_forward + cache
     return ActivationParts(
         layers_saved_bytes=saved, sac_cache_bytes=sac, model_level_bytes=level,
         loss_saved_bytes=loss_device,
         transient_bytes=max(recompute, logits_transient), recompute_bytes=recompute,
         loss_transient_bytes=logits_transient, checkpointed_layers=sum(ck_counts),
-        offloaded_bytes=offloaded, host_pinned_bytes=pinned, device_saved_bytes=device)
+        offloaded_bytes=offloaded, host_pinned_bytes=pinned, device_saved_bytes=device,
+        autocast_cache_bytes=cache, forward_peak_bytes=forward_peak)
 
 
 def moe_block_saved_bytes(model: ModelSpec, job: Job, *, ep: int = 1, ep_rows: int | None = None,
@@ -1361,12 +1422,26 @@ def estimate_memory(
         master, transient = _lowprec_layout_terms(model, job, layout, master, transient, notes)
     resident = frozen + trainable + master + grads + opt + buffers
     fwd_bwd = resident + saved + logits_saved + transient
+    # the forward's end: autocast's cache still holds every checkpointed layer's weight copies
+    # (act.autocast_cache_bytes); the gradients are there only while accumulating (HF Trainer
+    # zeroes them with set_to_none after each optimizer step)
+    cache = act.autocast_cache_bytes
+    fwd_end = (resident - (grads if job.grad_accum == 1 else 0) + act.forward_peak_bytes
+               + lm.transient + lm.autograd_held) if cache else 0
+    if fwd_end > fwd_bwd:
+        notes.append(f"autocast cache: {cache / 2**30:,.2f} GiB of compute-dtype weight copies held until the "
+                     "forward ends; with gradient accumulation the peak is at the end of the forward")
     # optimizer step: fused AdamW has no whole-model temporaries; activations are freed
     shard = layout.shard_degree if layout.shards_params else 1
     step = resident + lm.step_transient + (_largest_layer_bytes(model, job, getattr(layout, "ep", 1)) / mp / shard
                                            if job.method == "full" else 0)
-    peak_phase = "forward_backward" if fwd_bwd >= step else "optimizer_step"
-    peak_alloc = int(max(fwd_bwd, step)) + consts.cublas_workspace_bytes
+    peak_phase = ("forward_end" if fwd_end > max(fwd_bwd, step) else
+                  "forward_backward" if fwd_bwd >= step else "optimizer_step")
+    if peak_phase == "forward_end":
+        # the components of that moment: the transient is the loss's forward transient and the
+        # cached weight copies (the model states stay those of the step)
+        transient = act.forward_peak_bytes - saved - logits_saved + lm.transient + lm.autograd_held
+    peak_alloc = int(max(fwd_bwd, step, fwd_end)) + consts.cublas_workspace_bytes
     reserve = max(int(peak_alloc * consts.allocator_reserve_fraction), consts.allocator_reserve_min_bytes)
     peak_reserved = peak_alloc + reserve
     ctx = consts.context_bytes(gpu_vendor)

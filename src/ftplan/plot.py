@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import ConfigError
+from .memory import PEAK_PHASE_TEXT
 
 __all__ = ["check_plot_path", "plot_breakdown", "plot_frontier", "breakdown_figure", "frontier_figure",
            "FORMATS", "PNG_DPI"]
@@ -259,7 +260,7 @@ def breakdown_figure(source: Any, *, gpu_capacity_bytes: int | None = None, gpu_
         if lo:
             bits.append(_layout_text(lo))
         title = " · ".join(bits)
-    phase = "optimizer step" if parts["peak_phase"] == "optimizer_step" else "forward/backward"
+    phase = PEAK_PHASE_TEXT.get(parts["peak_phase"], "forward/backward")
     sub = f"per-GPU memory at the peak ({phase})"
     if parts["host"]:
         sub += f"; plus {_fmt_gib(parts['host'] / _GIB)} GiB host RAM for offload"

@@ -15,7 +15,7 @@ from typing import Any
 
 from .errors import Renderer, render_refs
 from .job import Job, Layout
-from .memory import COMPONENTS, MemoryBreakdown
+from .memory import COMPONENTS, PEAK_PHASE_TEXT, MemoryBreakdown
 from .model import ModelSpec
 from .options import job_to_dict, layout_to_dict
 from .units import GB, GIB
@@ -179,7 +179,7 @@ def estimate_text(model: ModelSpec, job: Job, layout: Layout, mem: MemoryBreakdo
     lines.append(table(("per GPU", "size", "GB"), rows))
     lines += [
         "",
-        f"peak allocated  {fmt_bytes(mem.peak_allocated_bytes)}  ({mem.peak_phase.replace('_', '/')})",
+        f"peak allocated  {fmt_bytes(mem.peak_allocated_bytes)}  ({PEAK_PHASE_TEXT.get(mem.peak_phase, mem.peak_phase)})",
         f"peak reserved   {fmt_bytes(mem.peak_reserved_bytes)}",
         f"device total    {fmt_bytes(mem.device_total_bytes)}  (reserved + CUDA context + NCCL buffers)",
     ]

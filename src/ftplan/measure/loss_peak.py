@@ -5,7 +5,10 @@ loss path's *transient* (logits, their fp32 copies, the gradients of the log-sof
 by anyone and only shows in the live bytes. This module runs one forward + backward of a tiny
 Hugging Face decoder under the storage tracker of :mod:`~ftplan.measure.distributed` (every
 parameter, buffer and the batch registered first, parameter gradients left out) and returns the
-peak of everything else: what ftplan predicts as ``activations + logits_and_loss + transient``.
+peak of everything else, over the step and over the forward alone (``forward_peak_bytes``: under
+autocast with checkpointing the forward's end also holds autocast's cached weight copies of every
+checkpointed layer): what ftplan predicts as the larger of ``activations + logits_and_loss +
+transient`` and ``ActivationParts.forward_peak_bytes``.
 
 Two loss paths, as the model's own forward runs them:
 
@@ -27,6 +30,10 @@ from typing import Any
 
 __all__ = ["LossPeak", "legacy_causal_lm_forward", "legacy_transformers_installed", "measure_loss_peak"]
 
+#: pure-bf16-lora: bf16 base and adapters, no autocast; mixed-lora: bf16 base, PEFT's fp32 adapters
+#: under bf16 autocast; mixed-full: full fine-tuning of fp32 weights under bf16 autocast
+MODES = ("pure-bf16-lora", "mixed-lora", "mixed-full")
+
 #: transformers' first release whose causal-LM forward no longer upcasts the logits itself
 LEGACY_BEFORE = (4, 46)
 
@@ -38,17 +45,21 @@ class LossPeak:
     transformers_version: str
     loss: str  #: "hf" or "hf-legacy"
     legacy_source: str  #: "installed" (the model's own forward) or "transcribed" (4.44.2's tail)
-    mode: str  #: "pure-bf16-lora" | "mixed-lora"
+    mode: str  #: "pure-bf16-lora" | "mixed-lora" | "mixed-full"
     keep_output: bool
     batch: int
     seq_len: int
     peak_bytes: int
+    #: the peak within the forward (model call and loss), before backward starts; None in records
+    #: taken before it was recorded
+    forward_peak_bytes: int | None = None
 
     def job(self):
         """The ftplan ``Job`` this measurement ran."""
         from ..job import Job, LoraSpec
 
-        return Job(method="lora", precision="bf16" if self.mode == "pure-bf16-lora" else "bf16-mixed",
+        return Job(method="full" if self.mode == "mixed-full" else "lora",
+                   precision="bf16" if self.mode == "pure-bf16-lora" else "bf16-mixed",
                    micro_batch=self.batch, seq_len=self.seq_len, gradient_checkpointing=True,
                    attn_impl="sdpa", lora=LoraSpec(r=8, alpha=16, dropout=0.0), loss=self.loss,
                    keep_output=self.keep_output)
@@ -94,10 +105,12 @@ def legacy_causal_lm_forward(model: Any, input_ids: Any, labels: Any) -> tuple[A
 
 def measure_loss_peak(config: dict, *, batch: int, seq_len: int, loss: str = "hf", keep_output: bool = False,
                       mode: str = "pure-bf16-lora", seed: int = 0) -> LossPeak:
-    """One forward + backward of a tiny llama-style ``config`` with LoRA r 8 on every linear
-    (PEFT, bf16 base; ``pure-bf16-lora``: bf16 adapters, ``autocast_adapter_dtype=False``, no
-    autocast; ``mixed-lora``: PEFT's fp32 adapters under CPU bf16 autocast), non-reentrant
-    checkpointing of every decoder layer; returns the peak live bytes (see the module doc)."""
+    """One forward + backward of a tiny llama-style ``config``, non-reentrant checkpointing of
+    every decoder layer; ``mode`` (:data:`MODES`): LoRA r 8 on every linear (PEFT, bf16 base;
+    ``pure-bf16-lora``: bf16 adapters, ``autocast_adapter_dtype=False``, no autocast;
+    ``mixed-lora``: PEFT's fp32 adapters under CPU bf16 autocast) or ``mixed-full``: every fp32
+    weight trains under CPU bf16 autocast (HF Trainer's ``bf16=True`` on an fp32 model). Returns
+    the peak live bytes over the step and over the forward (see the module doc)."""
     import torch
     import transformers
     from peft import LoraConfig, get_peft_model
@@ -106,8 +119,8 @@ def measure_loss_peak(config: dict, *, batch: int, seq_len: int, loss: str = "hf
 
     if loss not in ("hf", "hf-legacy"):
         raise ValueError(f"loss must be hf or hf-legacy, not {loss!r}")
-    if mode not in ("pure-bf16-lora", "mixed-lora"):
-        raise ValueError(f"mode must be pure-bf16-lora or mixed-lora, not {mode!r}")
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
     installed_legacy = legacy_transformers_installed()
     if loss == "hf" and installed_legacy:
         raise ValueError(f"loss hf needs transformers >= 4.46 (installed: {transformers.__version__})")
@@ -117,20 +130,23 @@ def measure_loss_peak(config: dict, *, batch: int, seq_len: int, loss: str = "hf
         cfg = transformers.AutoConfig.for_model(**config)
         cfg.use_cache = False
         cfg._attn_implementation = "sdpa"
-        model = transformers.AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16)
-        model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules="all-linear"),
-                               autocast_adapter_dtype=mode == "mixed-lora")
+        model = transformers.AutoModelForCausalLM.from_config(cfg)
+        if mode != "mixed-full":
+            model = get_peft_model(model.to(torch.bfloat16),
+                                   LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules="all-linear"),
+                                   autocast_adapter_dtype=mode == "mixed-lora")
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model.enable_input_require_grads()
+        if mode != "mixed-full":
+            model.enable_input_require_grads()
         model.train()
         ids = torch.randint(0, int(cfg.vocab_size), (batch, seq_len))
         tr = StorageTracker()
         for t in [*model.parameters(), *model.buffers(), ids]:
             tr.register_tensor(t)
-        ac = torch.autocast("cpu", dtype=torch.bfloat16) if mode == "mixed-lora" else contextlib.nullcontext()
+        ac = torch.autocast("cpu", dtype=torch.bfloat16) if mode.startswith("mixed") else contextlib.nullcontext()
         transcribed = loss == "hf-legacy" and not installed_legacy
         with tr:
-            tr.phase = "step"
+            tr.phase = "forward"
             with ac:
                 if transcribed:
                     step_loss, out = legacy_causal_lm_forward(model, ids, ids)
@@ -139,10 +155,13 @@ def measure_loss_peak(config: dict, *, batch: int, seq_len: int, loss: str = "hf
                     step_loss = out.loss
             if not keep_output:
                 out = None
+            tr.phase = "backward"
             step_loss.backward()
         grads = {k for p in model.parameters() if p.grad is not None for k in tr.key_of(p.grad)}
-        peak = replay_peak(tr.events, lambda k: k not in grads, {"step"})
+        peak = replay_peak(tr.events, lambda k: k not in grads, {"forward", "backward"})
+        forward_peak = replay_peak(tr.events, lambda k: k not in grads, {"forward"})
         del out, step_loss
     return LossPeak(transformers_version=transformers.__version__, loss=loss,
                     legacy_source="transcribed" if transcribed else "installed", mode=mode,
-                    keep_output=keep_output, batch=batch, seq_len=seq_len, peak_bytes=peak)
+                    keep_output=keep_output, batch=batch, seq_len=seq_len, peak_bytes=peak,
+                    forward_peak_bytes=forward_peak)

@@ -30,6 +30,21 @@ def test_run_options_are_refused_before_the_model(tmp_path, kwargs, words, monke
         mrun.measure("llama-3.2-1b", Job(), **kwargs)
 
 
+@pytest.mark.parametrize("job, words", [
+    (Job(loss="hf-legacy"), "transformers < 4.46"),
+    (Job(loss="hf", keep_output=True), "drops the model output"),
+    (Job(loss="liger"), "liger-kernel"),
+])
+def test_jobs_measure_does_not_run_are_refused_before_torch(tmp_path, job, words, monkeypatch):
+    """ftplan measure runs HF Trainer's step on the installed transformers: a loss path or loop it
+    cannot run is bad input, refused before torch is imported and never recorded."""
+    monkeypatch.setattr(mrun, "import_torch", lambda: pytest.fail("torch imported before the job was checked"))
+    out = tmp_path / "records.jsonl"
+    with pytest.raises(ConfigError, match=words):
+        mrun.measure("llama-3.2-1b", job, out=str(out))
+    assert not out.exists()
+
+
 def test_out_that_is_a_folder(tmp_path):
     with pytest.raises(ConfigError, match="not a regular file"):
         mrun.check_run_options(1, None, 0, str(tmp_path))

@@ -201,15 +201,6 @@ def _train_steps(torch, model, job, device: str, steps: int, warmup: int, vocab:
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise MeasurementError("the built model has no trainable parameters")
-    if job.loss == "liger":
-        raise MeasurementError("the liger loss path is not measured by ftplan measure (it needs liger-kernel "
-                               "and Triton): use `loss=trl` or `loss=hf`")
-    if job.loss == "hf-legacy":
-        raise MeasurementError("the hf-legacy loss path is transformers < 4.46 and ftplan measure runs the installed "
-                               "transformers: use `loss=hf`, or benchmarks/loss_peak_cpu.py with transformers 4.44")
-    if job.keep_output:
-        raise MeasurementError("ftplan measure runs HF Trainer's step, which drops the model output before "
-                               "backward: leave `keep_output` off")
     if job.loss == "trl":
         from trl.trainer.utils import add_fused_lm_head
 
@@ -339,6 +330,21 @@ def check_run_options(steps: Any, warmup: Any, seed: Any, out: Any) -> None:
                               "create it first, or pass another path", field="out")
 
 
+def check_measurable(job) -> None:
+    """Jobs ``ftplan measure`` does not run (it runs HF Trainer's step on the installed
+    transformers): refused before torch is imported, never recorded as an outcome."""
+    if job.loss == "liger":
+        raise ConfigError("the liger loss path is not measured by ftplan measure (it needs liger-kernel and Triton)",
+                          "use `loss=trl` or `loss=hf`", field="loss")
+    if job.loss == "hf-legacy":
+        raise ConfigError("the hf-legacy loss path is transformers < 4.46 and ftplan measure runs the installed "
+                          "transformers", "use `loss=hf`, or benchmarks/loss_peak_cpu.py with transformers 4.44",
+                          field="loss")
+    if job.keep_output:
+        raise ConfigError("ftplan measure runs HF Trainer's step, which drops the model output before backward",
+                          "leave `keep_output` off", field="keep_output")
+
+
 def _check_setup(job, device: str) -> None:
     """What this machine cannot run, found before the run (it is bad input, not a measurement)."""
     if job.attn_impl == "flash":
@@ -399,6 +405,7 @@ def measure(
         raise ConfigError("ftplan measure runs on one GPU", "drop `gpus`, `nodes`, `tp` and `pp`")
     spec = resolve_model(model_ref)
     validate_job(spec, job, layout)
+    check_measurable(job)
     torch = import_torch()
     device = _resolve_device(torch, device)
     _check_setup(job, device)  # missing packages, flash on CPU: refused now, never recorded as an outcome

@@ -89,7 +89,8 @@ def job_and_layout(r: dict):
     layout = Layout(int(r["gpus_per_node"]), int(r["nodes"]), r["strategy"],
                     offload_optimizer=r["offload_optimizer"] == "1", offload_params=r["offload_params"] == "1",
                     fsdp_version=int(r["fsdp_version"] or 2),
-                    ds_reduce_bucket_size=int(r.get("ds_reduce_bucket_size") or 0))
+                    ds_reduce_bucket_size=int(r.get("ds_reduce_bucket_size") or 0),
+                    fsdp_reduce_dtype=r.get("fsdp_reduce_dtype") or "compute")
     return job, layout
 
 

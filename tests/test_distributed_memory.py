@@ -52,7 +52,11 @@ TORCH_CASES = [
     Case(family="qwen2", engine="fsdp2", offload_params=True),
     Case(family="mixtral", engine="fsdp2", offload_params=True),
     Case(family="llama", engine="fsdp2", offload_params=True),
+    # torchtitan's fp32 gradient reduce-scatter (MixedPrecisionPolicy / MixedPrecision reduce_dtype)
+    Case(family="llama", engine="fsdp2", reduce_fp32=True),
+    Case(family="mixtral", engine="fsdp2", reduce_fp32=True, offload_params=True),
     Case(family="llama", engine="fsdp1"),
+    Case(family="llama", engine="fsdp1", reduce_fp32=True),
     Case(family="qwen2", engine="fsdp1", reshard_after_forward=False),
     Case(family="mixtral", engine="fsdp1", offload_params=True),
     Case(family="llama", engine="fsdp1", offload_params=True),
@@ -68,7 +72,9 @@ PEFT_CASES = [Case(family="mixtral", engine="fsdp2", method="lora"),
               Case(family="llama", engine="fsdp1", method="lora"), Case(family="qwen2", engine="fsdp1", method="lora"),
               # with CPU offload: FSDP1's pinned CPU gradient buffer exists for the frozen flat
               # parameters too (a second copy of the frozen shards in host RAM)
-              Case(family="qwen2", engine="fsdp1", method="lora", offload_params=True)]
+              Case(family="qwen2", engine="fsdp1", method="lora", offload_params=True),
+              Case(family="qwen2", engine="fsdp2", method="lora", reduce_fp32=True),
+              Case(family="qwen2", engine="fsdp1", method="lora", reduce_fp32=True)]
 QLORA_CASES = [Case(family="llama", engine="fsdp2", method="qlora"), Case(family="qwen2", engine="fsdp2", method="qlora"),
                Case(family="mixtral", engine="fsdp2", method="qlora"),
                # FSDP1 QLoRA (bf16 quant storage: transformers' update_fsdp_plugin_peft mixed precision)
@@ -302,22 +308,28 @@ BOUNDS = {
 }
 
 
+def _reduce_b(case: Case) -> int:
+    """Bytes per element of the FSDP reduce-scatter (bf16, or fp32 with ``reduce_fp32``)."""
+    return 4 if case.reduce_fp32 else 2
+
+
 def _largest_unit_bf16(case: Case) -> int:
+    """The largest unit in the reduce dtype (bf16 unless ``reduce_fp32``)."""
     from ftplan.sharding import fsdp_units
 
     spec = model_from_config(TR.TINY_CONFIGS[case.family])
-    return 2 * max(u.numel() for u in fsdp_units(spec, case.job(), case.engine))
+    return _reduce_b(case) * max(u.numel() for u in fsdp_units(spec, case.job(), case.engine))
 
 
 def _last_unit_grad_bf16(case: Case, world: int) -> int:
-    """Padded bf16 gradient of the largest unit with trainable parameters (FSDP1: its flat
-    gradient; FSDP2: its tensors padded on dim 0)."""
+    """Padded gradient, in the reduce dtype, of the largest unit with trainable parameters (FSDP1:
+    its flat gradient; FSDP2: its tensors padded on dim 0)."""
     from ftplan.sharding import fsdp_units
 
     spec = model_from_config(TR.TINY_CONFIGS[case.family])
     units = fsdp_units(spec, case.job(), case.engine)
-    return 2 * max(max(-(-u.numel(True) // world) * world, sum(t.padded(world) for t in u.tensors if t.trainable))
-                   for u in units)
+    return _reduce_b(case) * max(max(-(-u.numel(True) // world) * world,
+                                     sum(t.padded(world) for t in u.tensors if t.trainable)) for u in units)
 
 
 def _ds_largest_numel(case: Case) -> int:

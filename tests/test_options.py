@@ -111,7 +111,7 @@ def test_existing_flags_and_aliases_are_kept():
             "--lora-targets", "--quant-type", "--no-double-quant", "--compute-dtype", "--tokens", "--epochs",
             "--gpus", "--nodes", "--strategy", "--offload-optimizer", "--offload-params", "--tp", "--pp", "--ep",
             "--pp-virtual",  # interleaved pipeline schedule (issue 15)
-            "--fsdp-version", "--no-reshard", "--hsdp", "--ddp-bucket-view", "--ds-reduce-bucket-size",
+            "--fsdp-version", "--fsdp-reduce-dtype", "--no-reshard", "--hsdp", "--ddp-bucket-view", "--ds-reduce-bucket-size",
             # checkpointing is on by default (TRL SFTConfig): the --no- forms turn it off
             "--no-gradient-checkpointing", "--no-gc", "--checkpointing", "--checkpoint-every",
             "--activation-offloading", "--loss", "--keep-output", "--padding-free", "--packing",

@@ -34,7 +34,10 @@ import published_multi_gpu as P  # noqa: E402
 #: loop keeps that fp32 output through backward (+4 B per logit). Max |error| rises 20.6 -> 21.9 on an
 #: over-prediction (Answer.AI 7B LoRA b1, whose known over-counts, bf16 adapters of PEFT < 0.11, are
 #: listed in the row); torchtitan's two rows go from -1.3 / -1.0 to -6.4 / -7.2 %, under by > 5 % now)
-RATCHET = {"median_abs_pct": 5.9, "max_abs_pct": 21.9, "under_5": 6}
+#: (-> 5.5 / 21.9 / 6, i.e. 5.48 / 21.81 / 6 rounded up: torchtitan reduce-scatters gradients in fp32
+#: (mixed_precision_reduce "float32", Layout.fsdp_reduce_dtype), held on gloo for FSDP2 and FSDP1:
+#: its two rows -6.4 / -7.2 -> -5.3 / -5.7 %)
+RATCHET = {"median_abs_pct": 5.5, "max_abs_pct": 21.9, "under_5": 6}
 
 
 @pytest.fixture(scope="module")

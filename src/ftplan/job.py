@@ -353,6 +353,8 @@ class Job:
 ENGINES = {"single": "torch", "ddp": "ddp", "zero1": "deepspeed", "zero2": "deepspeed", "zero3": "deepspeed",
            "fsdp": "fsdp"}
 FSDP_VERSIONS = (1, 2)
+#: strategy fsdp: dtype of the gradient reduce-scatter (Layout.fsdp_reduce_dtype)
+FSDP_REDUCE_DTYPES = ("compute", "fp32")
 
 
 @_hash_once
@@ -386,6 +388,13 @@ class Layout:
     #: strategy fsdp: 2 = FSDP2 (``fully_shard``), 1 = FSDP1 (``FullyShardedDataParallel``)
     fsdp_version: int = option(2, choices=FSDP_VERSIONS, label="FSDP version",
                                help="strategy fsdp: 2 = FSDP2 fully_shard (accelerate config's default) | 1 = FSDP1")
+    #: strategy fsdp: dtype of the gradient reduce-scatter (``MixedPrecisionPolicy`` /
+    #: ``MixedPrecision`` ``reduce_dtype``): ``compute`` = the mixed-precision dtype, what
+    #: accelerate sets (``param_dtype = reduce_dtype``); ``fp32``: torchtitan's default
+    #: (``mixed_precision_reduce = "float32"``)
+    fsdp_reduce_dtype: str = option("compute", choices=FSDP_REDUCE_DTYPES, label="FSDP reduce dtype",
+                                    help="strategy fsdp: dtype of the gradient reduce-scatter: compute = the "
+                                         "mixed-precision dtype (accelerate) | fp32 (torchtitan's default)")
     #: strategy fsdp: free the gathered layer after its forward (FSDP2 ``reshard_after_forward=True``,
     #: FSDP1 FULL_SHARD) or keep it until its backward (``False``, FSDP1 SHARD_GRAD_OP)
     reshard_after_forward: bool = option(True, name="no_reshard", invert=True,
@@ -464,6 +473,8 @@ class Layout:
                 parts.append(f"fsdp{self.fsdp_version}")
             if not self.reshard_after_forward:
                 parts.append("no-reshard")
+            if self.fsdp_reduce_dtype != "compute":
+                parts.append(f"reduce-{self.fsdp_reduce_dtype}")
             if self.hsdp:
                 parts.append("hsdp")
         if self.strategy == "ddp" and self.ddp_bucket_view:
@@ -708,6 +719,9 @@ def validate_job(model: ModelSpec, job: Job, layout: Layout | None = None) -> No
         _check(layout.strategy in ("zero1", "zero2", "zero3"), p,
                "reduce_bucket_size is a DeepSpeed ZeRO option (strategy zero1, zero2 or zero3)",
                "ds_reduce_bucket_size", "drop `ds_reduce_bucket_size`, or use a ZeRO strategy")
+    if layout.fsdp_reduce_dtype != "compute":
+        _check(layout.strategy == "fsdp", p, "the reduce dtype is an FSDP mixed-precision option (strategy fsdp)",
+               "fsdp_reduce_dtype", "drop `fsdp_reduce_dtype`, or use strategy fsdp")
     if not layout.reshard_after_forward:
         _check(layout.strategy == "fsdp", p,
                "keeping gathered layers after forward is an FSDP option (strategy fsdp; ZeRO-3 always re-gathers)",

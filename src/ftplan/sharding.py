@@ -491,7 +491,8 @@ def layout_memory(model: ModelSpec, job: Job, layout: Layout, st, consts: Memory
             frozen = _flat_shard(units, n, False) + (quant_state_bytes(model, job) if job.method == "qlora" else 0)
             grads = trainable * gb / tb
         pb = c if mixed else tb
-        rb = c if mixed else gb
+        # the reduce-scatter's dtype: the mixed-precision dtype (accelerate) or fp32 (torchtitan)
+        rb = Fraction(4) if layout.fsdp_reduce_dtype == "fp32" else c if mixed else gb
         if layout.ep > 1:
             # expert parallelism: a rank gathers and reduces only its own experts (the states
             # are split by memory.estimate_memory through expert_parallel.ep_rank_states)
@@ -501,8 +502,8 @@ def layout_memory(model: ModelSpec, job: Job, layout: Layout, st, consts: Memory
                                               offload=layout.offload_params, backend=backend,
                                               root_output_b=c if mixed else 0)
         else:
-            transient = (_fsdp1_peft_transient(units, n, pb, rb, layout, backend) if job.method != "full"
-                         else _fsdp1_transient(units, n, pb, rb, layout, backend))
+            transient = (_fsdp1_peft_transient(units, n, pb, rb, layout, backend, gb) if job.method != "full"
+                         else _fsdp1_transient(units, n, pb, rb, layout, backend, gb))
         host = zero
         if layout.offload_params:
             # bitsandbytes' quantization states are tensors of the Params4bit objects, not FSDP
@@ -698,7 +699,7 @@ def _flat_shard(units: list[Unit], n: int, trainable: bool, per_tensor: bool = F
 
 
 def _fsdp1_transient(units: list[Unit], n: int, pb: Fraction, rb: Fraction, layout: Layout,
-                     backend: str = "cuda") -> Fraction:
+                     backend: str = "cuda", grad_b: Fraction = Fraction(4)) -> Fraction:
     """FSDP1 (``FullyShardedDataParallel``, ``use_orig_params=False``, BACKWARD_PRE,
     ``limit_all_gathers``): per unit one flat parameter padded to a multiple of the shard degree.
     Unshard: the low-precision copy of this rank's shard (``_mp_shard``), the padded flat parameter
@@ -737,7 +738,7 @@ def _fsdp1_transient(units: list[Unit], n: int, pb: Fraction, rb: Fraction, layo
     def reduce(u: Unit, keep: Fraction) -> None:
         g = flat(u, True)
         if g:
-            _fsdp1_reduce(s, g, keep, n, pb, rb, backend)
+            _fsdp1_reduce(s, g, keep, n, pb, rb, backend, grad_b)
 
     for i in range(len(layers) - 1, -1, -1):
         if not full[i]:
@@ -750,23 +751,31 @@ def _fsdp1_transient(units: list[Unit], n: int, pb: Fraction, rb: Fraction, layo
     return s.peak
 
 
-def _fsdp1_reduce(s: _Sim, g: int, keep: Fraction, n: int, pb: Fraction, rb: Fraction, backend: str) -> None:
-    """One FSDP1 unit's post-backward over ``g`` (padded) gradient elements: the flat gradient
-    (``param_dtype``), the unit resharded (``keep`` bytes freed), the reduce-scatter output (a
-    shard, ``reduce_dtype``; gloo works on a copy of the input), cast to the fp32 sharded gradient
-    (resident), the flat gradient freed."""
+def _fsdp1_reduce(s: _Sim, g: int, keep: Fraction, n: int, pb: Fraction, rb: Fraction, backend: str,
+                  grad_b: Fraction) -> None:
+    """One FSDP1 unit's post-backward over ``g`` (padded) gradient elements (torch 2.13
+    ``_post_backward_hook`` / ``_reduce_grad``): the flat gradient (``param_dtype``; autograd's
+    engine holds it until the hook returns), the unit resharded (``keep`` bytes freed), its cast to
+    ``reduce_dtype`` when that differs (``flat_param.grad.to(reduce_dtype)``), the reduce-scatter
+    output (a shard, ``reduce_dtype``; gloo works on a copy of the input): the kept sharded
+    gradient itself when it has the gradient's dtype ``grad_b``, else cast into it (resident) and
+    freed; then the flat gradients are freed."""
     s.add(g * pb)
     s.add(-keep)
-    s.add(Fraction(g, n) * rb)
+    cast = g * rb if rb != pb else 0
+    s.add(cast)
+    out = Fraction(g, n) * rb if rb != grad_b else 0
+    s.add(out)
     copy = g * rb if backend == "cpu" else 0
     s.add(copy)
     s.add(-copy)
-    s.add(-Fraction(g, n) * rb)
+    s.add(-out)
+    s.add(-cast)
     s.add(-g * pb)
 
 
 def _fsdp1_peft_transient(units: list[Unit], n: int, pb: Fraction, rb: Fraction, layout: Layout,
-                          backend: str = "cuda") -> Fraction:
+                          backend: str = "cuda", grad_b: Fraction = Fraction(4)) -> Fraction:
     """FSDP1 LoRA / QLoRA as HF Trainer wraps a PEFT model (PEFT's ``fsdp_auto_wrap_policy``:
     every leaf module with a trainable weight -- each ``lora_A`` / ``lora_B`` -- is a unit of its
     own, nested in its decoder-layer unit, whose flat parameter holds the layer's frozen weights;
@@ -834,7 +843,7 @@ def _fsdp1_peft_transient(units: list[Unit], n: int, pb: Fraction, rb: Fraction,
         if i >= 1 and i - 1 not in held:
             held[i - 1] = gather(i - 1)  # BACKWARD_PRE prefetch
         if kind == "a":
-            _fsdp1_reduce(s, flat(numel), held.pop(i), n, pb, rb, backend)
+            _fsdp1_reduce(s, flat(numel), held.pop(i), n, pb, rb, backend, grad_b)
         first_adapter = kind == "a" and (i == 0 or po[i - 1][3] != pos or po[i - 1][0] != "a")
         no_adapters = kind == "L" and (i == 0 or po[i - 1][3] != pos)
         if (first_adapter or no_adapters) and kind != "R":

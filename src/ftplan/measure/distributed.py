@@ -85,6 +85,9 @@ class Case:
     quant_storage: str = "bf16"
     #: DeepSpeed reduce_bucket_size in elements (``Layout.ds_reduce_bucket_size``); 0 = HF's auto
     reduce_bucket_size: int = 0
+    #: FSDP: reduce-scatter gradients in fp32 (``reduce_dtype=torch.float32``, torchtitan's default;
+    #: ``Layout.fsdp_reduce_dtype``) instead of the mixed-precision dtype
+    reduce_fp32: bool = False
 
     def job(self):
         """The ftplan ``Job`` this case runs (bf16-mixed AdamW, HF Trainer / accelerate style)."""
@@ -106,7 +109,8 @@ class Case:
                       offload_params=self.offload_params,
                       fsdp_version=1 if self.engine == "fsdp1" else 2,
                       reshard_after_forward=self.reshard_after_forward, hsdp=self.replicate > 1,
-                      ddp_bucket_view=self.ddp_bucket_view, ds_reduce_bucket_size=self.reduce_bucket_size)
+                      ddp_bucket_view=self.ddp_bucket_view, ds_reduce_bucket_size=self.reduce_bucket_size,
+                      fsdp_reduce_dtype="fp32" if self.reduce_fp32 else "compute")
 
     @property
     def label(self) -> str:
@@ -115,6 +119,8 @@ class Case:
             parts.append(f"zero{self.zero_stage}")
         if self.engine in ("fsdp1", "fsdp2") and not self.reshard_after_forward:
             parts.append("no-reshard")
+        if self.reduce_fp32:
+            parts.append("reduce-fp32")
         if self.replicate > 1:
             parts.append(f"hsdp{self.replicate}")
         if self.offload_params:
@@ -409,7 +415,8 @@ def _wrap_fsdp2(case: Case, model, world: int):
     """accelerate's ``fsdp2_prepare_model`` with ``mixed_precision="bf16"``: every decoder layer
     and the input embedding are their own ``fully_shard`` unit, the final norm and lm_head one unit
     with ``reshard_after_forward=False``, the root the rest;
-    ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16, output_dtype=bf16)``; trainable
+    ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16, output_dtype=bf16)`` (``reduce_fp32``:
+    ``reduce_dtype=fp32``, torchtitan's default); trainable
     parameters upcast to fp32 (they are the fp32 master copy); autocast around the forward."""
     import torch
     from torch.distributed.device_mesh import init_device_mesh
@@ -426,7 +433,8 @@ def _wrap_fsdp2(case: Case, model, world: int):
             if p.requires_grad and p.dtype != torch.float32:
                 p.data = p.data.to(torch.float32)
     kw = dict(mesh=mesh, reshard_after_forward=case.reshard_after_forward,
-              mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16,
+              mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                             reduce_dtype=torch.float32 if case.reduce_fp32 else torch.bfloat16,
                                              output_dtype=torch.bfloat16),
               offload_policy=CPUOffloadPolicy(pin_memory=False) if case.offload_params else OffloadPolicy())
     for layer in _decoder_layers(model):
@@ -494,7 +502,9 @@ def _wrap_fsdp1(case: Case, model):
     m = FSDP(model, auto_wrap_policy=policy,
              sharding_strategy=ShardingStrategy.FULL_SHARD if case.reshard_after_forward
              else ShardingStrategy.SHARD_GRAD_OP,
-             mixed_precision=MixedPrecision(param_dtype=mp_dtype, reduce_dtype=mp_dtype, buffer_dtype=mp_dtype),
+             mixed_precision=MixedPrecision(param_dtype=mp_dtype,
+                                            reduce_dtype=torch.float32 if case.reduce_fp32 else mp_dtype,
+                                            buffer_dtype=mp_dtype),
              cpu_offload=CPUOffload(offload_params=case.offload_params), device_id=torch.device("cpu"),
              limit_all_gathers=True, use_orig_params=False)
     # accelerate's prepare_model, FSDP1 branch with mixed precision: trainable flat parameters in fp32

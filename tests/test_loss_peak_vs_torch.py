@@ -98,3 +98,46 @@ def test_live_peak_equals_formula(loss, keep, batch, seq, mode):
 
     m = measure_loss_peak(DOC["config"], batch=batch, seq_len=seq, loss=loss, keep_output=keep, mode=mode)
     _check({"peak_bytes": m.peak_bytes, "forward_peak_bytes": m.forward_peak_bytes}, m.job())
+
+
+def _accumulation_predicted(job) -> int:
+    """ftplan's step peak without what the measurement leaves out: the fp32 weights (registered
+    first), the optimizer states (no optimizer runs), the cuBLAS workspace (CPU) and the token ids
+    the embedding keeps (registered with the batches)."""
+    from ftplan.memory import memory_constants
+
+    mem = estimate_memory(model_from_config(DOC["config"]), job, backend="cpu")
+    c = mem.components
+    return (mem.peak_allocated_bytes - memory_constants().cublas_workspace_bytes - c["trainable_weights"]
+            - c["frozen_weights"] - c["optimizer_states"] - 8 * job.micro_batch * job.seq_len)
+
+
+@pytest.mark.parametrize("rec", DOC["accumulation"], ids=lambda r: "{transformers_version}-{loss}-b{batch}s{seq_len}"
+                         .format(**r))
+def test_accumulation_step_peak_equals_estimate(rec):
+    """Two micro-batches accumulating gradients, gradients counted: the whole step's peak is
+    ``estimate_memory``'s, at the second forward's end when autocast's cached bf16 weight copies
+    come on top of the first micro-batch's gradients (``peak_phase == "forward_end"``)."""
+    from ftplan.measure.loss_peak import AccumulationPeak
+
+    acc = AccumulationPeak(**rec)
+    job = acc.job()
+    assert acc.peak_bytes == _accumulation_predicted(job)
+    phase = estimate_memory(model_from_config(DOC["config"]), job, backend="cpu").peak_phase
+    measured_phase = max(acc.phase_peak_bytes, key=acc.phase_peak_bytes.get)
+    assert (phase == "forward_end") == measured_phase.startswith("fwd"), (phase, acc.phase_peak_bytes)
+
+
+def test_accumulation_records_have_a_forward_end_peak():
+    assert any(max(r["phase_peak_bytes"], key=r["phase_peak_bytes"].get) == "fwd1" for r in DOC["accumulation"])
+
+
+@pytest.mark.torch
+def test_live_accumulation_peak_equals_estimate():
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from ftplan.measure.loss_peak import measure_accumulation_peak
+
+    acc = measure_accumulation_peak(DOC["config"], batch=2, seq_len=24, loss="hf-legacy")
+    assert acc.peak_bytes == _accumulation_predicted(acc.job())
+    assert max(acc.phase_peak_bytes, key=acc.phase_peak_bytes.get) == "fwd1"

@@ -19,6 +19,11 @@ Two loss paths, as the model's own forward runs them:
 
 ``keep_output`` keeps the model output alive through backward, as a hand-written loop does
 (``out = model(**batch); out.loss.backward()``); HF Trainer drops it first.
+
+:func:`measure_accumulation_peak` runs several micro-batches of full fine-tuning accumulating
+gradients and keeps them in the count: the whole step's peak above the parameters, what
+``estimate_memory`` predicts without the optimizer states (at the end of the second forward when
+autocast's cached weight copies come on top of the first micro-batch's gradients).
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ import dataclasses
 import warnings
 from typing import Any
 
-__all__ = ["LossPeak", "legacy_causal_lm_forward", "legacy_transformers_installed", "measure_loss_peak"]
+__all__ = ["AccumulationPeak", "LossPeak", "legacy_causal_lm_forward", "legacy_transformers_installed",
+           "measure_accumulation_peak", "measure_loss_peak"]
 
 #: pure-bf16-lora: bf16 base and adapters, no autocast; mixed-lora: bf16 base, PEFT's fp32 adapters
 #: under bf16 autocast; mixed-full: full fine-tuning of fp32 weights under bf16 autocast
@@ -103,6 +109,51 @@ def legacy_causal_lm_forward(model: Any, input_ids: Any, labels: Any) -> tuple[A
     return loss, logits
 
 
+def _check_args(loss: str, mode: str) -> None:
+    import transformers
+
+    if loss not in ("hf", "hf-legacy"):
+        raise ValueError(f"loss must be hf or hf-legacy, not {loss!r}")
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
+    if loss == "hf" and legacy_transformers_installed():
+        raise ValueError(f"loss hf needs transformers >= 4.46 (installed: {transformers.__version__})")
+
+
+def _build(config: dict, mode: str) -> Any:
+    """The tiny model of ``config`` as ``mode`` trains it, checkpointed, in train mode."""
+    import torch
+    import transformers
+
+    cfg = transformers.AutoConfig.for_model(**config)
+    cfg.use_cache = False
+    cfg._attn_implementation = "sdpa"
+    model = transformers.AutoModelForCausalLM.from_config(cfg)
+    if mode != "mixed-full":
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model.to(torch.bfloat16),
+                               LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules="all-linear"),
+                               autocast_adapter_dtype=mode == "mixed-lora")
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if mode != "mixed-full":
+        model.enable_input_require_grads()
+    model.train()
+    return model
+
+
+def _forward(model: Any, ids: Any, loss: str, mode: str) -> tuple[Any, Any]:
+    """(loss, model output) of one micro-batch, under CPU bf16 autocast for the mixed modes."""
+    import torch
+
+    ac = torch.autocast("cpu", dtype=torch.bfloat16) if mode.startswith("mixed") else contextlib.nullcontext()
+    with ac:
+        if loss == "hf-legacy" and not legacy_transformers_installed():
+            return legacy_causal_lm_forward(model, ids, ids)
+        out = model(input_ids=ids, labels=ids)
+        return out.loss, out
+
+
 def measure_loss_peak(config: dict, *, batch: int, seq_len: int, loss: str = "hf", keep_output: bool = False,
                       mode: str = "pure-bf16-lora", seed: int = 0) -> LossPeak:
     """One forward + backward of a tiny llama-style ``config``, non-reentrant checkpointing of
@@ -113,46 +164,21 @@ def measure_loss_peak(config: dict, *, batch: int, seq_len: int, loss: str = "hf
     the peak live bytes over the step and over the forward (see the module doc)."""
     import torch
     import transformers
-    from peft import LoraConfig, get_peft_model
 
     from .distributed import StorageTracker, replay_peak
 
-    if loss not in ("hf", "hf-legacy"):
-        raise ValueError(f"loss must be hf or hf-legacy, not {loss!r}")
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
-    installed_legacy = legacy_transformers_installed()
-    if loss == "hf" and installed_legacy:
-        raise ValueError(f"loss hf needs transformers >= 4.46 (installed: {transformers.__version__})")
+    _check_args(loss, mode)
     torch.manual_seed(seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        cfg = transformers.AutoConfig.for_model(**config)
-        cfg.use_cache = False
-        cfg._attn_implementation = "sdpa"
-        model = transformers.AutoModelForCausalLM.from_config(cfg)
-        if mode != "mixed-full":
-            model = get_peft_model(model.to(torch.bfloat16),
-                                   LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules="all-linear"),
-                                   autocast_adapter_dtype=mode == "mixed-lora")
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if mode != "mixed-full":
-            model.enable_input_require_grads()
-        model.train()
-        ids = torch.randint(0, int(cfg.vocab_size), (batch, seq_len))
+        model = _build(config, mode)
+        ids = torch.randint(0, int(model.config.vocab_size), (batch, seq_len))
         tr = StorageTracker()
         for t in [*model.parameters(), *model.buffers(), ids]:
             tr.register_tensor(t)
-        ac = torch.autocast("cpu", dtype=torch.bfloat16) if mode.startswith("mixed") else contextlib.nullcontext()
-        transcribed = loss == "hf-legacy" and not installed_legacy
         with tr:
             tr.phase = "forward"
-            with ac:
-                if transcribed:
-                    step_loss, out = legacy_causal_lm_forward(model, ids, ids)
-                else:
-                    out = model(input_ids=ids, labels=ids)
-                    step_loss = out.loss
+            step_loss, out = _forward(model, ids, loss, mode)
             if not keep_output:
                 out = None
             tr.phase = "backward"
@@ -162,6 +188,70 @@ def measure_loss_peak(config: dict, *, batch: int, seq_len: int, loss: str = "hf
         forward_peak = replay_peak(tr.events, lambda k: k not in grads, {"forward"})
         del out, step_loss
     return LossPeak(transformers_version=transformers.__version__, loss=loss,
-                    legacy_source="transcribed" if transcribed else "installed", mode=mode,
+                    legacy_source="transcribed" if loss == "hf-legacy" and not legacy_transformers_installed()
+                    else "installed", mode=mode,
                     keep_output=keep_output, batch=batch, seq_len=seq_len, peak_bytes=peak,
                     forward_peak_bytes=forward_peak)
+
+
+@dataclasses.dataclass(frozen=True)
+class AccumulationPeak:
+    """Gradient accumulation over ``micro_batches`` micro-batches of full fine-tuning (fp32
+    weights, bf16 autocast, checkpointing, HF Trainer's loop: the output dropped before backward):
+    the running peak of everything above the parameters, buffers and batches -- gradients
+    included -- in each phase (``fwd0``, ``bwd0``, ``fwd1``, ...)."""
+
+    transformers_version: str
+    loss: str
+    batch: int
+    seq_len: int
+    micro_batches: int
+    phase_peak_bytes: dict
+
+    @property
+    def peak_bytes(self) -> int:
+        return max(self.phase_peak_bytes.values())
+
+    def job(self):
+        """The ftplan ``Job`` this measurement ran."""
+        from ..job import Job
+
+        return Job(method="full", precision="bf16-mixed", micro_batch=self.batch, seq_len=self.seq_len,
+                   grad_accum=self.micro_batches, gradient_checkpointing=True, attn_impl="sdpa", loss=self.loss)
+
+
+def measure_accumulation_peak(config: dict, *, batch: int, seq_len: int, loss: str = "hf", micro_batches: int = 2,
+                              seed: int = 0) -> AccumulationPeak:
+    """``micro_batches`` forward + backward passes of the ``mixed-full`` model (see
+    :func:`measure_loss_peak`) accumulating gradients; returns each phase's running peak."""
+    import torch
+    import transformers
+
+    from .distributed import StorageTracker
+
+    _check_args(loss, "mixed-full")
+    torch.manual_seed(seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = _build(config, "mixed-full")
+        batches = [torch.randint(0, int(model.config.vocab_size), (batch, seq_len)) for _ in range(micro_batches)]
+        tr = StorageTracker()
+        for t in [*model.parameters(), *model.buffers(), *batches]:
+            tr.register_tensor(t)
+        with tr:
+            for k, ids in enumerate(batches):
+                tr.phase = f"fwd{k}"
+                step_loss, out = _forward(model, ids, loss, "mixed-full")
+                out = None
+                tr.phase = f"bwd{k}"
+                step_loss.backward()
+                step_loss = None
+    cur, peaks = 0, {}
+    for phase, _key, d in tr.events:
+        if phase == "init":  # the parameters, buffers and batches registered before the step
+            continue
+        cur += d
+        peaks[phase] = max(peaks.get(phase, 0), cur)
+    del out
+    return AccumulationPeak(transformers_version=transformers.__version__, loss=loss, batch=batch, seq_len=seq_len,
+                            micro_batches=micro_batches, phase_peak_bytes=peaks)

@@ -110,6 +110,10 @@ def test_full_fine_tuning_with_accumulation_peaks_at_the_forward_end():
     # pure bf16 weights and sharded engines have no autocast copies to cache
     assert activation_parts(model, job.with_(precision="bf16")).autocast_cache_bytes == 0
     assert activation_parts(model, job, Layout(gpus_per_node=2, strategy="fsdp")).autocast_cache_bytes == 0
+    # torchao float8 casts its converted linears itself (every layer linear of this model), and
+    # Transformer Engine's modules make their own FP8 copies: nothing in autocast's cache
+    for recipe in ("fp8-tensorwise", "fp8-te-current"):
+        assert activation_parts(model, job.with_(precision=recipe)).autocast_cache_bytes == 0
 
 
 def test_fractional_bytes_are_exact():

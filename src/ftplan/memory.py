@@ -380,6 +380,25 @@ def _autocast_cache_bytes(model: ModelSpec, job: Job, layout: Layout) -> int:
 
         def per_layer(g: LayerGroup) -> int:
             return _layer_adapter_elems(model, job, g)
+    if job.low_precision:
+        from . import lowprec
+
+        r = lowprec.get_recipe(job.low_precision)
+        if r is None or not r.is_torchao_float8:
+            return 0  # the other recipes' linears cast their weights themselves (Transformer Engine, frozen FP8)
+        inner = per_layer
+        if job.method == "full":
+            # torchao float8 casts its converted weights itself: only the unconverted ones are cached
+            m = r.min_dim_multiple
+
+            def per_layer(g: LayerGroup) -> int:
+                return inner(g) - sum(lin.in_features * lin.out_features for lin in layer_linears(model, g)
+                                      if lin.in_features % m == 0 and lin.out_features % m == 0)
+        else:
+            converted = lowprec.converted_adapter_elems(model, job, lora_targets(model, job.lora))
+
+            def per_layer(g: LayerGroup) -> int:
+                return max(0, inner(g) - converted // model.num_layers)
     elems = sum(n * per_layer(g) for g, n in zip(model.groups, counts))
     return c * elems // (layout.tp * layout.pp)
 

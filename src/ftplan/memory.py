@@ -1445,8 +1445,9 @@ def estimate_memory(
     # (act.autocast_cache_bytes); the gradients are there only while accumulating (HF Trainer
     # zeroes them with set_to_none after each optimizer step)
     cache = act.autocast_cache_bytes
+    engine_transient = transient - act.transient_bytes  # the engine's, EP's, the low-precision recipe's
     fwd_end = (resident - (grads if job.grad_accum == 1 else 0) + act.forward_peak_bytes
-               + lm.transient + lm.autograd_held) if cache else 0
+               + engine_transient) if cache else 0
     if fwd_end > fwd_bwd:
         notes.append(f"autocast cache: {cache / 2**30:,.2f} GiB of compute-dtype weight copies held until the "
                      "forward ends; with gradient accumulation the peak is at the end of the forward")
@@ -1459,7 +1460,7 @@ def estimate_memory(
     if peak_phase == "forward_end":
         # the components of that moment: the transient is the loss's forward transient and the
         # cached weight copies (the model states stay those of the step)
-        transient = act.forward_peak_bytes - saved - logits_saved + lm.transient + lm.autograd_held
+        transient = act.forward_peak_bytes - saved - logits_saved + engine_transient
     peak_alloc = int(max(fwd_bwd, step, fwd_end)) + consts.cublas_workspace_bytes
     reserve = max(int(peak_alloc * consts.allocator_reserve_fraction), consts.allocator_reserve_min_bytes)
     peak_reserved = peak_alloc + reserve

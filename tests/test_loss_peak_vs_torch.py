@@ -141,3 +141,27 @@ def test_live_accumulation_peak_equals_estimate():
     acc = measure_accumulation_peak(DOC["config"], batch=2, seq_len=24, loss="hf-legacy")
     assert acc.peak_bytes == _accumulation_predicted(acc.job())
     assert max(acc.phase_peak_bytes, key=acc.phase_peak_bytes.get) == "fwd1"
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("keep", [False, True])
+def test_accelerate_prepared_model_returns_fp32_logits(keep):
+    """A model prepared by accelerate with bf16 mixed precision runs its forward under autocast and
+    converts its outputs to fp32 (convert_outputs_to_fp32). Output dropped (HF Trainer): the step
+    peak is ftplan's; kept through backward, the fp32 logits cost what the answer's note says on
+    top of the compute-dtype ones ftplan counts."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    from ftplan.measure.loss_peak import measure_loss_peak
+
+    b, s = 2, 24
+    m = measure_loss_peak(DOC["config"], batch=b, seq_len=s, loss="hf", keep_output=keep, mode="mixed-full",
+                          loop="accelerate")
+    step, forward = _predicted(m.job())
+    extra = b * s * DOC["config"]["vocab_size"] * 2 if keep else 0
+    assert (m.peak_bytes, m.forward_peak_bytes) == (step + extra, forward)
+    if keep:
+        spec = model_from_config(DOC["config"])
+        note = next(n for n in estimate_memory(spec, m.job(), backend="cpu").notes if "convert_outputs_to_fp32" in n)
+        assert f"+{extra / 2**30:,.2f} GiB" in note

@@ -1430,6 +1430,15 @@ def estimate_memory(
     transient += lm.transient + lm.autograd_held
     if job.optimizer == "paged_adamw_8bit":
         notes.append("paged optimizer: states can be evicted to host under pressure")
+    c_act = int(dtype_bytes(PRECISIONS[job.precision]["compute"]))
+    if job.keep_output and job.loss == "hf" and job.precision.endswith("-mixed") and c_act < 4:
+        # accelerate's prepare() wraps the forward in convert_outputs_to_fp32 (measured on CPU:
+        # tests/test_loss_peak_vs_torch.py); a plain torch.autocast loop keeps compute-dtype logits
+        b, s = _batch_shape(job)
+        extra = b * s * model.vocab_size * (4 - c_act)
+        notes.append(f"kept model output: counted as {PRECISIONS[job.precision]['compute']} logits (a torch.autocast "
+                     "loop); a model prepared by accelerate returns them in fp32 (convert_outputs_to_fp32), "
+                     f"+{extra / 2**30:,.2f} GiB through backward")
     if getattr(layout, "ep", 1) > 1:
         from .expert_parallel import ep_dispatch_transient_bytes
 

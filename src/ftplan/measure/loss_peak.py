@@ -59,6 +59,10 @@ class LossPeak:
     #: the peak within the forward (model call and loss), before backward starts; None in records
     #: taken before it was recorded
     forward_peak_bytes: int | None = None
+    #: the mixed modes' loop: ``autocast`` (a torch.autocast region around the forward) or
+    #: ``accelerate`` (``Accelerator(mixed_precision="bf16").prepare(model)``: autocast plus
+    #: ``convert_outputs_to_fp32``)
+    loop: str = "autocast"
 
     def job(self):
         """The ftplan ``Job`` this measurement ran."""
@@ -142,11 +146,13 @@ def _build(config: dict, mode: str) -> Any:
     return model
 
 
-def _forward(model: Any, ids: Any, loss: str, mode: str) -> tuple[Any, Any]:
-    """(loss, model output) of one micro-batch, under CPU bf16 autocast for the mixed modes."""
+def _forward(model: Any, ids: Any, loss: str, mode: str, loop: str = "autocast") -> tuple[Any, Any]:
+    """(loss, model output) of one micro-batch, under CPU bf16 autocast for the mixed modes (the
+    ``accelerate`` loop: the prepared model's own)."""
     import torch
 
-    ac = torch.autocast("cpu", dtype=torch.bfloat16) if mode.startswith("mixed") else contextlib.nullcontext()
+    ac = (torch.autocast("cpu", dtype=torch.bfloat16) if mode.startswith("mixed") and loop == "autocast"
+          else contextlib.nullcontext())
     with ac:
         if loss == "hf-legacy" and not legacy_transformers_installed():
             return legacy_causal_lm_forward(model, ids, ids)
@@ -155,30 +161,37 @@ def _forward(model: Any, ids: Any, loss: str, mode: str) -> tuple[Any, Any]:
 
 
 def measure_loss_peak(config: dict, *, batch: int, seq_len: int, loss: str = "hf", keep_output: bool = False,
-                      mode: str = "pure-bf16-lora", seed: int = 0) -> LossPeak:
+                      mode: str = "pure-bf16-lora", seed: int = 0, loop: str = "autocast") -> LossPeak:
     """One forward + backward of a tiny llama-style ``config``, non-reentrant checkpointing of
     every decoder layer; ``mode`` (:data:`MODES`): LoRA r 8 on every linear (PEFT, bf16 base;
     ``pure-bf16-lora``: bf16 adapters, ``autocast_adapter_dtype=False``, no autocast;
     ``mixed-lora``: PEFT's fp32 adapters under CPU bf16 autocast) or ``mixed-full``: every fp32
-    weight trains under CPU bf16 autocast (HF Trainer's ``bf16=True`` on an fp32 model). Returns
-    the peak live bytes over the step and over the forward (see the module doc)."""
+    weight trains under CPU bf16 autocast (HF Trainer's ``bf16=True`` on an fp32 model). ``loop``
+    (mixed modes): ``autocast`` or ``accelerate`` (see :class:`LossPeak`). Returns the peak live
+    bytes over the step and over the forward (see the module doc)."""
     import torch
     import transformers
 
     from .distributed import StorageTracker, replay_peak
 
     _check_args(loss, mode)
+    if loop not in ("autocast", "accelerate") or (loop == "accelerate" and not mode.startswith("mixed")):
+        raise ValueError(f"loop must be autocast, or accelerate with a mixed mode (got {loop!r} with {mode!r})")
     torch.manual_seed(seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = _build(config, mode)
+        if loop == "accelerate":
+            from accelerate import Accelerator
+
+            model = Accelerator(cpu=True, mixed_precision="bf16").prepare(model)
         ids = torch.randint(0, int(model.config.vocab_size), (batch, seq_len))
         tr = StorageTracker()
         for t in [*model.parameters(), *model.buffers(), ids]:
             tr.register_tensor(t)
         with tr:
             tr.phase = "forward"
-            step_loss, out = _forward(model, ids, loss, mode)
+            step_loss, out = _forward(model, ids, loss, mode, loop)
             if not keep_output:
                 out = None
             tr.phase = "backward"
@@ -191,7 +204,7 @@ def measure_loss_peak(config: dict, *, batch: int, seq_len: int, loss: str = "hf
                     legacy_source="transcribed" if loss == "hf-legacy" and not legacy_transformers_installed()
                     else "installed", mode=mode,
                     keep_output=keep_output, batch=batch, seq_len=seq_len, peak_bytes=peak,
-                    forward_peak_bytes=forward_peak)
+                    forward_peak_bytes=forward_peak, loop=loop)
 
 
 @dataclasses.dataclass(frozen=True)

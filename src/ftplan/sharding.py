@@ -699,7 +699,7 @@ def _flat_shard(units: list[Unit], n: int, trainable: bool, per_tensor: bool = F
 
 
 def _fsdp1_transient(units: list[Unit], n: int, pb: Fraction, rb: Fraction, layout: Layout,
-                     backend: str = "cuda", grad_b: Fraction = Fraction(4)) -> Fraction:
+                     backend: str, grad_b: Fraction) -> Fraction:
     """FSDP1 (``FullyShardedDataParallel``, ``use_orig_params=False``, BACKWARD_PRE,
     ``limit_all_gathers``): per unit one flat parameter padded to a multiple of the shard degree.
     Unshard: the low-precision copy of this rank's shard (``_mp_shard``), the padded flat parameter
@@ -775,7 +775,7 @@ def _fsdp1_reduce(s: _Sim, g: int, keep: Fraction, n: int, pb: Fraction, rb: Fra
 
 
 def _fsdp1_peft_transient(units: list[Unit], n: int, pb: Fraction, rb: Fraction, layout: Layout,
-                          backend: str = "cuda", grad_b: Fraction = Fraction(4)) -> Fraction:
+                          backend: str, grad_b: Fraction) -> Fraction:
     """FSDP1 LoRA / QLoRA as HF Trainer wraps a PEFT model (PEFT's ``fsdp_auto_wrap_policy``:
     every leaf module with a trainable weight -- each ``lora_A`` / ``lora_B`` -- is a unit of its
     own, nested in its decoder-layer unit, whose flat parameter holds the layer's frozen weights;

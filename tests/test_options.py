@@ -115,6 +115,7 @@ def test_existing_flags_and_aliases_are_kept():
             # checkpointing is on by default (TRL SFTConfig): the --no- forms turn it off
             "--no-gradient-checkpointing", "--no-gc", "--checkpointing", "--checkpoint-every",
             "--activation-offloading", "--loss", "--keep-output", "--padding-free", "--packing",
+            "--base-dtype",  # the LoRA base's load dtype (TRL loads a model id in fp32)
             # runtime-only job options (issue 15)
             "--optimizer-impl", "--compile", "--torch-compile",
             "--qlora-recipe"} == flags  # PEFT's or TRL SFTTrainer's QLoRA preparation

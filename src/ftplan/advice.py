@@ -149,6 +149,13 @@ def job_assumptions(job: Job, layout: Layout | None = None, *,
                                   "TRL SFTTrainer casts a quantized model's adapters to bf16"
                                   if job.adapter_dtype == "bf16" else
                                   "PEFT get_peft_model keeps adapters in fp32 (autocast_adapter_dtype=True)")))
+    if job.method == "lora" and assumed("base_dtype"):
+        out.append(Assumption(
+            "base_dtype", job.base_dtype,
+            f"frozen base loaded in {job.frozen_dtype} (ftplan's exported script passes dtype to from_pretrained)",
+            "`base_dtype=fp32`",
+            "TRL SFTTrainer loads a model id in float32 unless model_init_kwargs sets dtype, and so does "
+            "the `trl sft` CLI by default (its ModelConfig dtype is float32)"))
     if job.method == "qlora" and assumed("quant", "quant_type", "no_double_quant", "compute_dtype", "qlora_recipe"):
         q = job.quant
         prep = ("prepare_model_for_kbit_training upcasts the non-quantized weights to fp32 (PEFT's recipe; "

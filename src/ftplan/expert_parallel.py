@@ -97,7 +97,7 @@ def expert_state_bytes(model: ModelSpec, job: Job, st: Any) -> dict[str, float]:
         if prec["compute"] != prec["trainable"]:
             out["master"] = float(n * dtype_bytes(prec["compute"]))
     elif job.method == "lora":
-        out["frozen"] = float(n * dtype_bytes(prec["frozen"]))
+        out["frozen"] = float(n * dtype_bytes(job.frozen_dtype))
     else:  # qlora: fused 3-D experts are not quantized; prepare_model_for_kbit_training upcasts them
         out["frozen"] = float(n * dtype_bytes(job.unquantized_dtype))
     return out
@@ -142,7 +142,7 @@ def _hidden_bytes(job: Job) -> int:
     prec = PRECISIONS[job.precision]
     if job.method == "full":
         return int(dtype_bytes(prec["trainable"]))
-    return int(dtype_bytes(job.unquantized_dtype)) if job.method == "qlora" else int(dtype_bytes(prec["frozen"]))
+    return int(dtype_bytes(job.unquantized_dtype)) if job.method == "qlora" else int(dtype_bytes(job.frozen_dtype))
 
 
 def ep_dispatch_transient_bytes(model: ModelSpec, job: Job, layout: Layout) -> int:

@@ -98,7 +98,7 @@ class HostRequirements:
 def _load_bytes(model: ModelSpec, job: Job) -> int:
     """Bytes of the model as ``from_pretrained`` materialises it (the exported script's dtype)."""
     prec = PRECISIONS[job.precision]
-    dt = prec["trainable"] if job.method == "full" else prec["frozen"]
+    dt = prec["trainable"] if job.method == "full" else job.frozen_dtype
     return int(model.params.total * dtype_bytes(dt))
 
 

@@ -29,6 +29,7 @@ from .optionspec import Option, group, groups, internal, json_field, lower, opti
 __all__ = [
     "METHODS",
     "PRECISIONS",
+    "BASE_DTYPES",
     "OPTIMIZERS",
     "STRATEGIES",
     "ENGINES",
@@ -76,6 +77,8 @@ LOW_PRECISIONS = LOW_PRECISION_RECIPES + ("fp8", "fp8-torchao", "float8", "fp8-t
                                           "fp8-rowwise-with-gw-hp", "fp8-te", "te-fp8", "mxfp8", "nvfp4", "fp4",
                                           "lora-fp8-base", "lora-nvfp4-base")
 
+#: LoRA: dtype the frozen base weights are loaded in (Job.base_dtype)
+BASE_DTYPES = ("compute", "fp32")
 OPTIMIZERS = ("adamw", "adamw_8bit", "paged_adamw_8bit", "adafactor", "sgd")
 STRATEGIES = ("single", "ddp", "zero1", "zero2", "zero3", "fsdp")
 ATTN_IMPLS = ("sdpa", "flash", "eager")
@@ -275,6 +278,14 @@ class Job:
                                  help="fused (HF Trainer adamw_torch_fused, the default) | foreach "
                                       "(torch.optim default without fused=True) | forloop")
     torch_compile: bool = option(False, flags=("--compile",), help="the model runs under torch.compile (runtime)")
+    #: LoRA: the dtype the frozen base is loaded in. ``compute``: the mixed-precision dtype (ftplan's
+    #: exported script passes it to from_pretrained); ``fp32``: TRL's SFTTrainer given a model id
+    #: without ``model_init_kwargs`` dtype (and the ``trl sft`` CLI's ``--dtype`` default), PEFT's
+    #: examples/sft: fp32 frozen weights under bf16 autocast (FSDP / ZeRO gather them in bf16)
+    base_dtype: str = option("compute", choices=BASE_DTYPES, label="LoRA base dtype",
+                             help="lora: dtype of the frozen base weights: compute (loaded in the "
+                                  "mixed-precision dtype, default) | fp32 (TRL SFTTrainer's default for a "
+                                  "model id without model_init_kwargs dtype)")
     #: FP8 / NVFP4 recipe (``catalog/data/precisions.json``) on top of ``precision`` (its base,
     #: bf16-mixed): set by passing the recipe as ``precision`` (``Job(precision="fp8")`` becomes
     #: precision="bf16-mixed", low_precision="fp8-tensorwise"; see ``__post_init__``); None = none
@@ -320,6 +331,20 @@ class Job:
         if self.method == "qlora" and self.quant.recipe == "trl":
             return "bf16"
         return "fp32"
+
+    @property
+    def frozen_dtype(self) -> str:
+        """dtype of the frozen (non-quantized) base weights as loaded: the precision's, or fp32
+        (``base_dtype="fp32"``)."""
+        return "fp32" if self.base_dtype == "fp32" else PRECISIONS[self.precision]["frozen"]
+
+    @property
+    def casts_fp32_base(self) -> bool:
+        """LoRA on an fp32-loaded base under autocast (one GPU, DDP): autocast casts every frozen
+        matmul weight per use, and the matmul saves the copy for the input's gradient (FSDP and
+        DeepSpeed cast the base themselves and run on compute-dtype weights)."""
+        return (self.method == "lora" and self.precision.endswith("-mixed")
+                and self.frozen_dtype != PRECISIONS[self.precision]["compute"])
 
     @property
     def unquantized_dtype(self) -> str:
@@ -726,6 +751,23 @@ def validate_job(model: ModelSpec, job: Job, layout: Layout | None = None) -> No
         _check(layout.strategy == "fsdp", p,
                "keeping gathered layers after forward is an FSDP option (strategy fsdp; ZeRO-3 always re-gathers)",
                "no_reshard")
+    if job.base_dtype != "compute":
+        _check(job.method == "lora", p, f"base_dtype {job.base_dtype} is the load dtype of a LoRA job's frozen base "
+               f"(method {job.method}: {'the trained weights follow the precision' if job.method == 'full' else 'the base is quantized; its other weights follow the QLoRA recipe'})",
+               "base_dtype", "drop `base_dtype`, or use `method=lora`")
+        _check(job.precision.endswith("-mixed") and job.low_precision is None, p,
+               f"base_dtype {job.base_dtype} needs a mixed precision (autocast or FSDP/ZeRO casting the fp32 base "
+               f"to the compute dtype); precision is {job.precision_label}", "base_dtype",
+               "use `precision=bf16-mixed`, or drop `base_dtype`")
+        unsharded = layout.strategy in ("single", "ddp")
+        if job.method == "lora" and unsharded and lora_wraps_experts(model, job.lora):
+            p.append(Problem("base_dtype", f"base_dtype {job.base_dtype} with LoRA on {model.name}'s fused experts "
+                             "(PEFT ParamWrapper) under autocast is not modelled (measured on CPU, it saves more "
+                             "than ftplan can account for)", "target the attention/MLP linears only, e.g. "
+                             "`lora_targets=q_proj,k_proj,v_proj,o_proj`, or shard with fsdp / zero3"))
+        _check(not (job.activation_offloading and unsharded), p,
+               f"base_dtype {job.base_dtype} with activation offloading is not modelled", "base_dtype",
+               "drop `activation_offloading` or `base_dtype`")
     if job.method == "qlora" and layout.strategy in ("zero3", "fsdp"):
         pass  # supported by accelerate/FSDP-QLoRA with bnb_4bit_quant_storage; modelled as sharded
     if p:

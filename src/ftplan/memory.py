@@ -335,19 +335,36 @@ def _head_copy_elems(model: ModelSpec, job: Job) -> int:
     return model.params.lm_head + (model.params.embedding if model.tie_word_embeddings else 0)
 
 
-def _recompute_weight_copy_bytes(model: ModelSpec, job: Job, layout: Layout) -> int:
+def _frozen_layer_copy_elems(model: ModelSpec, g: LayerGroup, backend: str) -> int:
+    """Matmul weights of one decoder layer that autocast casts when the LoRA base is loaded in fp32
+    (``Job.base_dtype="fp32"``): the projections and the router (frozen, so autocast's cache skips
+    them and each matmul saves its own copy for the input's gradient); the grouped_mm experts on
+    CUDA (on CPU they run in fp32)."""
+    n = sum(lin.in_features * lin.out_features for lin in layer_linears(model, g))
+    if g.moe is not None:
+        m = g.moe
+        n += m.num_experts * model.hidden_size
+        if backend == "cuda":
+            n += m.num_experts * 3 * model.hidden_size * m.expert_intermediate_size
+    return n
+
+
+def _recompute_weight_copy_bytes(model: ModelSpec, job: Job, layout: Layout, backend: str = "cuda") -> int:
     """Under checkpointing with autocast, the compute-dtype weight copies of the one layer being
-    recomputed in backward (all matmul weights in full fine-tuning, the adapters with LoRA)."""
+    recomputed in backward (all matmul weights in full fine-tuning, the adapters with LoRA, and
+    the frozen base's matmul weights when it is loaded in fp32)."""
     prec = PRECISIONS[job.precision]
     if not _autocast_recompute(job, layout):
         return 0
     c = int(dtype_bytes(prec["compute"]))
     if job.method == "full":
         return c * largest_layer_params(model) if prec["trainable"] != prec["compute"] else 0
+    base = c * max(_frozen_layer_copy_elems(model, g, backend) for g in model.groups) \
+        if job.casts_fp32_base else 0
     if job.adapter_dtype == prec["compute"]:
-        return 0  # adapters already in the compute dtype: autocast makes no copy
+        return base  # adapters already in the compute dtype: autocast makes no copy
     n_train, _ = trainable_params(model, job)
-    return c * -(-n_train // model.num_layers)
+    return base + c * -(-n_train // model.num_layers)
 
 
 def _autocast_cache_bytes(model: ModelSpec, job: Job, layout: Layout) -> int:
@@ -437,7 +454,7 @@ def model_states(model: ModelSpec, job: Job, consts: MemoryConstants | None = No
         grad_b = adapter_b
         param_b = adapter_b
         if job.method == "lora":
-            frozen_w = dtype_bytes(prec["frozen"]) * total
+            frozen_w = dtype_bytes(job.frozen_dtype) * total
         else:
             quant_bytes, unq = _qlora_frozen_bytes(model, job)
             # prepare_model_for_kbit_training upcasts every non-quantized weight to fp32 (PEFT's
@@ -482,7 +499,7 @@ def _act_dtypes(job: Job, backend: str) -> _Dtypes:
         resid = w
         norm_w = w
     elif job.method == "lora":
-        resid = norm_w = int(dtype_bytes(prec["frozen"]))
+        resid = norm_w = int(dtype_bytes(job.frozen_dtype))
         w = 0
     else:  # qlora: prepare_model_for_kbit_training upcasts embedding and norms to fp32 (TRL's
         # recipe leaves them in the load dtype)
@@ -866,6 +883,10 @@ def _first_layer_discount(model: ModelSpec, job: Job, dt: _Dtypes, backend: str)
     t = job.micro_batch * job.seq_len
     h = model.hidden_size
     out = _norm_saved(t, h, dt.resid, False, gemma=FAMILIES[model.family].norm_style == "gemma")
+    if job.casts_fp32_base:
+        # nor do the projections reading it save their weight copies (nothing needs a gradient)
+        out += dt.compute * sum(lin.in_features * lin.out_features for lin in layer_linears(model, model.groups[0])
+                                if lin.module in _READS_LAYER_INPUT)
     if job.uses_lora and job.lora.dropout > 0:
         mask = 1 if backend == "cuda" else int(dtype_bytes(job.adapter_dtype))
         targets = lora_targets(model, job.lora)
@@ -1290,21 +1311,26 @@ def activation_parts(model: ModelSpec, job: Job, layout: Layout | None = None, *
     ck_counts = _checkpointed_counts(model, job)
     saved = sac = 0
     recompute = 0
+    # an fp32-loaded LoRA base under autocast: each frozen matmul saves its compute-dtype weight
+    # copy (for the input's gradient) where the layer is not checkpointed
+    base_copy = [(int(dtype_bytes(PRECISIONS[job.precision]["compute"])) * _frozen_layer_copy_elems(model, g, backend)
+                  if job.casts_fp32_base else 0) for g in model.groups]
     if mode == "none":
-        saved = sum(g.count * x for g, x in per_layer)
+        saved = sum(g.count * (x + bc) for (g, x), bc in zip(per_layer, base_copy))
         if not dt.full:
             saved -= _first_layer_discount(model, job, dt, backend) + _lowprec_first_layer(model, job, dt, backend)
     else:
         # HF non-reentrant (or reentrant) checkpointing keeps each checkpointed layer's
         # hidden-state input; selective checkpointing also caches the policy's op outputs; one
         # layer is recomputed at a time in backward (the cached outputs are reused, not remade)
-        for (g, x), n_ck in zip(per_layer, ck_counts):
+        for (g, x), n_ck, bc in zip(per_layer, ck_counts, base_copy):
             cache = _sac_cache_bytes(g, model, job, dt, tp, backend)
-            saved += n_ck * t * model.hidden_size * dt.resid + (g.count - n_ck) * x
+            saved += n_ck * t * model.hidden_size * dt.resid + (g.count - n_ck) * (x + bc)
             sac += n_ck * cache
             if n_ck:
                 recompute = max(recompute, x - cache)
-        recompute += _recompute_weight_copy_bytes(model, job, layout) + _lowprec_recompute_copies(model, job, layout)
+        recompute += (_recompute_weight_copy_bytes(model, job, layout, backend)
+                      + _lowprec_recompute_copies(model, job, layout))
     # pipeline 1F1B: a stage holds layers/pp, for up to pp micro-batches in flight
     if pp > 1:
         inflight = min(pp, max(1, job.grad_accum))
@@ -1315,6 +1341,10 @@ def activation_parts(model: ModelSpec, job: Job, layout: Layout | None = None, *
     # the lm_head weight is split but its logits are gathered, so every rank holds all of them
     # (checked on CPU: tests/test_tp_memory.py)
     logits_saved, loss_forward, loss_backward = _logits_bytes(model, job, dt, 1, backend, consts)
+    if job.casts_fp32_base:
+        # transformers' lm_head matmul saves its compute-dtype copy of the fp32 head (or tied
+        # embedding) until the head's backward
+        logits_saved += int(dtype_bytes(PRECISIONS[job.precision]["compute"])) * _head_copy_elems(model, job)
     logits_transient = max(loss_forward, loss_backward)
     offloaded = pinned = 0
     device = saved + sac + level

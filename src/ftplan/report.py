@@ -148,6 +148,8 @@ _CKPT_WORDS = {"none": "off", "full": "on", "full-reentrant": "on (reentrant)", 
 def _job_line(job: Job) -> str:
     ckpt = _CKPT_WORDS.get(job.ac_mode, f"every {job.checkpoint_every} layers")
     extra = [f"loss {job.loss}"]
+    if job.base_dtype != "compute":
+        extra.append(f"base loaded in {job.base_dtype}")
     if job.keep_output:
         extra.append("model output kept through backward")
     if job.activation_offloading:

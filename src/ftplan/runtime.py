@@ -738,6 +738,12 @@ def dequant_time(model: ModelSpec, job: Job, layout: Layout, rates: Rates, eff: 
 
         passes, nbytes = weight_only_dequant(model, job, recompute_fractions(job, eff, model).matmul)
         return passes * nbytes / (layout.tp * layout.pp) / rates.hbm_bytes_per_s
+    if job.casts_fp32_base and layout.engine in ("torch", "ddp"):
+        # autocast casts each fp32 base weight in the forward (and again in the recompute); the
+        # matmul keeps that copy for the input gradient: read 4 B, write 2 B per weight and pass
+        elems = sum(lin.in_features * lin.out_features * lin.count for lin in model.linears())
+        passes = 1.0 + recompute_fractions(job, eff, model).matmul
+        return passes * elems * 6.0 / (layout.tp * layout.pp) / rates.hbm_bytes_per_s
     if job.method != "qlora":
         return 0.0
     passes = 2.0 + recompute_fractions(job, eff, model).matmul
@@ -928,7 +934,11 @@ def dp_comm(st: Any, model: ModelSpec, job: Job, layout: Layout, links: _Links, 
         if layout.shards_params:  # FSDP2 float8 all-gather: converted weights travel in FP8
             gather -= _fp8_gather_saving(model, job)
     else:
-        gather = st.frozen_weights + st.trainable_weights
+        # an fp32-loaded LoRA base travels in the compute dtype (FSDP's param_dtype, DeepSpeed's
+        # bf16 module)
+        base = st.frozen_weights * (float(dtype_bytes(PRECISIONS[job.precision]["frozen"]))
+                                    / float(dtype_bytes(job.frozen_dtype))) if job.method == "lora" else st.frozen_weights
+        gather = base + st.trainable_weights
         upd = st.trainable_weights
     if layout.ep <= 1:
         return _dp_collectives(gather / mp, grads / mp, upd / mp, dp, units, job, layout, links, eff)
@@ -951,7 +961,7 @@ def _expert_comm_bytes(model: ModelSpec, job: Job) -> tuple[float, float, float]
         c = n * float(dtype_bytes(compute_dtype(job)))
         return c, n * float(dtype_bytes(PRECISIONS[job.precision]["grad"])), c
     w = float(dtype_bytes(job.unquantized_dtype)) if job.method == "qlora" else \
-        float(dtype_bytes(PRECISIONS[job.precision]["frozen"]))
+        float(dtype_bytes(PRECISIONS[job.precision]["frozen"]))  # gathered / cast in the compute dtype
     return n * w, 0.0, 0.0
 
 

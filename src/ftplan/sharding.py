@@ -166,7 +166,8 @@ def activation_job(job: Job, lm: "LayoutMemory") -> Job:
     if job.method == "qlora":
         return job.with_(method="lora", precision=compute[job.quant.compute_dtype])
     if job.precision.endswith("-mixed"):
-        return job.with_(precision=job.precision[: -len("-mixed")])
+        # an fp32-loaded LoRA base is gathered (FSDP) or cast (DeepSpeed) to the compute dtype too
+        return job.with_(precision=job.precision[: -len("-mixed")], base_dtype="compute")
     return job
 
 
@@ -190,7 +191,7 @@ def _stored_bytes(job: Job, engine: str) -> tuple[Fraction, Fraction]:
     # non-quantized weights stay in that dtype
     if job.method == "qlora":
         return Fraction(4), _quant_storage_bytes(job) if engine in ("fsdp1", "fsdp2") else Fraction(4)
-    return Fraction(4), dtype_bytes(prec["frozen"])
+    return Fraction(4), dtype_bytes(job.frozen_dtype)
 
 
 def _layer_tensors(model: ModelSpec, g: LayerGroup, job: Job, tb: Fraction, fb: Fraction,

@@ -81,7 +81,7 @@ def script_constants(model: ModelSpec, job: Job, layout: Layout, *, model_ref: s
     if job.method == "full":
         load = prec["trainable"]
     elif job.method == "lora":
-        load = prec["frozen"]
+        load = job.frozen_dtype
     else:
         load = job.quant.compute_dtype
     optim, optim_args = HF_OPTIM[job.optimizer]

@@ -88,6 +88,9 @@ class Case:
     #: FSDP: reduce-scatter gradients in fp32 (``reduce_dtype=torch.float32``, torchtitan's default;
     #: ``Layout.fsdp_reduce_dtype``) instead of the mixed-precision dtype
     reduce_fp32: bool = False
+    #: LoRA: the frozen base loaded in fp32 (``Job.base_dtype="fp32"``: TRL SFTTrainer's default
+    #: for a model id), cast to bf16 by FSDP's mixed precision / DeepSpeed's bf16 mode
+    base_fp32: bool = False
 
     def job(self):
         """The ftplan ``Job`` this case runs (bf16-mixed AdamW, HF Trainer / accelerate style)."""
@@ -96,7 +99,8 @@ class Case:
         # the harness calls the model with labels (transformers' loss) and does not checkpoint
         return Job(method=self.method, precision="bf16-mixed", optimizer="adamw", micro_batch=self.batch,
                    seq_len=self.seq_len, attn_impl="sdpa", gradient_checkpointing=False, loss="hf",
-                   lora=LoraSpec(r=self.lora_r, alpha=2 * self.lora_r, dropout=0.0))
+                   lora=LoraSpec(r=self.lora_r, alpha=2 * self.lora_r, dropout=0.0),
+                   base_dtype="fp32" if self.base_fp32 else "compute")
 
     def layout(self, world: int):
         """The ftplan ``Layout`` this case runs on ``world`` ranks (HSDP: ``replicate`` nodes)."""
@@ -121,6 +125,8 @@ class Case:
             parts.append("no-reshard")
         if self.reduce_fp32:
             parts.append("reduce-fp32")
+        if self.base_fp32:
+            parts.append("base-fp32")
         if self.replicate > 1:
             parts.append(f"hsdp{self.replicate}")
         if self.offload_params:
@@ -343,7 +349,7 @@ def _build(case: Case):
         if case.method == "qlora":
             model = _build_qlora(cfg, case)
         else:
-            dtype = "bf16" if case.method == "lora" else "fp32"
+            dtype = "bf16" if case.method == "lora" and not case.base_fp32 else "fp32"
             model = TR.build_model(cfg, dtype=dtype, attn_implementation="sdpa")
             if case.method == "lora":
                 from peft import LoraConfig, get_peft_model

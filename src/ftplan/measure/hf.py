@@ -248,7 +248,7 @@ def build_for_job(config: dict, job, device: str, seed: int = 0) -> nn.Module:
     if job.method == "full":
         dtype = torch_dtype(prec["trainable"])
     elif job.method == "lora":
-        dtype = torch_dtype(prec["frozen"])
+        dtype = torch_dtype(job.frozen_dtype)
     else:
         dtype = torch_dtype(job.quant.compute_dtype)
     with warnings.catch_warnings():

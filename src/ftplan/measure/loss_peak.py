@@ -37,8 +37,10 @@ __all__ = ["AccumulationPeak", "LossPeak", "legacy_causal_lm_forward", "legacy_t
            "measure_accumulation_peak", "measure_loss_peak"]
 
 #: pure-bf16-lora: bf16 base and adapters, no autocast; mixed-lora: bf16 base, PEFT's fp32 adapters
-#: under bf16 autocast; mixed-full: full fine-tuning of fp32 weights under bf16 autocast
-MODES = ("pure-bf16-lora", "mixed-lora", "mixed-full")
+#: under bf16 autocast; mixed-full: full fine-tuning of fp32 weights under bf16 autocast;
+#: mixed-lora-fp32-base: fp32 base and adapters under bf16 autocast (``Job.base_dtype="fp32"``:
+#: TRL SFTTrainer's default load of a model id)
+MODES = ("pure-bf16-lora", "mixed-lora", "mixed-full", "mixed-lora-fp32-base")
 
 #: transformers' first release whose causal-LM forward no longer upcasts the logits itself
 LEGACY_BEFORE = (4, 46)
@@ -51,7 +53,7 @@ class LossPeak:
     transformers_version: str
     loss: str  #: "hf" or "hf-legacy"
     legacy_source: str  #: "installed" (the model's own forward) or "transcribed" (4.44.2's tail)
-    mode: str  #: "pure-bf16-lora" | "mixed-lora" | "mixed-full"
+    mode: str  #: one of MODES
     keep_output: bool
     batch: int
     seq_len: int
@@ -72,7 +74,8 @@ class LossPeak:
                    precision="bf16" if self.mode == "pure-bf16-lora" else "bf16-mixed",
                    micro_batch=self.batch, seq_len=self.seq_len, gradient_checkpointing=True,
                    attn_impl="sdpa", lora=LoraSpec(r=8, alpha=16, dropout=0.0), loss=self.loss,
-                   keep_output=self.keep_output)
+                   keep_output=self.keep_output,
+                   base_dtype="fp32" if self.mode == "mixed-lora-fp32-base" else "compute")
 
 
 def _version_tuple(v: str) -> tuple[int, int]:
@@ -136,9 +139,9 @@ def _build(config: dict, mode: str) -> Any:
     if mode != "mixed-full":
         from peft import LoraConfig, get_peft_model
 
-        model = get_peft_model(model.to(torch.bfloat16),
-                               LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules="all-linear"),
-                               autocast_adapter_dtype=mode == "mixed-lora")
+        base = model if mode == "mixed-lora-fp32-base" else model.to(torch.bfloat16)
+        model = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules="all-linear"),
+                               autocast_adapter_dtype=mode != "pure-bf16-lora")
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if mode != "mixed-full":
         model.enable_input_require_grads()

@@ -46,7 +46,7 @@ def main() -> int:
                 for b, s in SHAPES:
                     m = measure_loss_peak(CONFIG, batch=b, seq_len=s, loss=loss, keep_output=keep, mode=mode)
                     rows.append(dataclasses.asdict(m))
-                    print(f"{m.transformers_version} {loss:9s} {m.legacy_source:11s} {mode:14s} keep={keep!s:5s} "
+                    print(f"{m.transformers_version} {loss:9s} {m.legacy_source:11s} {mode:20s} keep={keep!s:5s} "
                           f"b={b} s={s}: {m.peak_bytes:,} B (forward {m.forward_peak_bytes:,} B)")
     acc = []
     for loss in losses:
@@ -63,8 +63,9 @@ def main() -> int:
                 {a["transformers_version"] for a in acc}]
     doc = {"_doc": "Peak live bytes of one forward + backward on CPU above parameters, buffers and batch "
                    "(parameter gradients excluded; forward_peak_bytes: the peak before backward starts), by "
-                   "benchmarks/loss_peak_cpu.py; config below; modes: LoRA r 8 all-linear (bf16 base) or "
-                   "full fine-tuning of fp32 weights under bf16 autocast; non-reentrant checkpointing of "
+                   "benchmarks/loss_peak_cpu.py; config below; modes: LoRA r 8 all-linear (bf16 base; "
+                   "mixed-lora-fp32-base: fp32 base), or full fine-tuning of fp32 weights under bf16 autocast; "
+                   "non-reentrant checkpointing of "
                    "every layer. Machine: CPU, torch "
                    f"{__import__('torch').__version__}.",
            "config": CONFIG, "records": kept + rows,

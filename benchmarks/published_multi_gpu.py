@@ -85,7 +85,7 @@ def job_and_layout(r: dict):
               micro_batch=int(r["micro_batch"]), seq_len=int(r["seq_len"]),
               gradient_checkpointing=r["gradient_checkpointing"] == "1", checkpointing=_checkpointing(r),
               attn_impl=r["attn"] or "sdpa", lora=lora, loss=_loss(r), packing=r.get("packing") == "1",
-              keep_output=r.get("keeps_output") == "1")
+              keep_output=r.get("keeps_output") == "1", base_dtype=r.get("base_dtype") or "compute")
     layout = Layout(int(r["gpus_per_node"]), int(r["nodes"]), r["strategy"],
                     offload_optimizer=r["offload_optimizer"] == "1", offload_params=r["offload_params"] == "1",
                     fsdp_version=int(r["fsdp_version"] or 2),

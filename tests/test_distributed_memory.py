@@ -74,7 +74,10 @@ PEFT_CASES = [Case(family="mixtral", engine="fsdp2", method="lora"),
               # parameters too (a second copy of the frozen shards in host RAM)
               Case(family="qwen2", engine="fsdp1", method="lora", offload_params=True),
               Case(family="qwen2", engine="fsdp2", method="lora", reduce_fp32=True),
-              Case(family="qwen2", engine="fsdp1", method="lora", reduce_fp32=True)]
+              Case(family="qwen2", engine="fsdp1", method="lora", reduce_fp32=True),
+              # the LoRA base loaded in fp32 (TRL's default for a model id): fp32 shards, gathered in bf16
+              Case(family="llama", engine="fsdp1", method="lora", base_fp32=True),
+              Case(family="qwen2", engine="fsdp2", method="lora", base_fp32=True)]
 QLORA_CASES = [Case(family="llama", engine="fsdp2", method="qlora"), Case(family="qwen2", engine="fsdp2", method="qlora"),
                Case(family="mixtral", engine="fsdp2", method="qlora"),
                # FSDP1 QLoRA (bf16 quant storage: transformers' update_fsdp_plugin_peft mixed precision)

@@ -89,7 +89,8 @@ def test_keeping_the_output_costs_its_logits():
                                                       ("hf", True, 1, 40, "pure-bf16-lora"),
                                                       ("hf-legacy", False, 3, 16, "mixed-lora"),
                                                       ("hf-legacy", True, 2, 32, "pure-bf16-lora"),
-                                                      ("hf", False, 2, 24, "mixed-full")])
+                                                      ("hf", False, 2, 24, "mixed-full"),
+                                                      ("hf", True, 2, 24, "mixed-lora-fp32-base")])
 def test_live_peak_equals_formula(loss, keep, batch, seq, mode):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")

@@ -120,6 +120,63 @@ def test_saved_activations_exact_pure_bf16(family, ckpt):
     assert saved_activation_bytes(spec, job, backend="cpu") == r.saved_activation_bytes - casts
 
 
+def _run_fp32_base(family, ckpt, batch, seq):
+    """LoRA on a base loaded in fp32 (TRL SFTTrainer's default for a model id: ``Job.base_dtype``)
+    under HF Trainer's bf16 autocast: PEFT's fp32 adapters on every linear."""
+    from peft import LoraConfig, get_peft_model
+
+    cfg = TR.TINY_CONFIGS[family]
+    attn = ATTN.get(family, "sdpa")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = TR.build_model(cfg, dtype="fp32", attn_implementation=attn)
+        model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.1, target_modules="all-linear",
+                                                 task_type="CAUSAL_LM"))
+        r = TR.measure_step(model, batch=batch, seq_len=seq, gradient_checkpointing=ckpt, dtype="bf16")
+    casts = sum(x.nbytes for x in r.records if x.param_copy)  # autocast's cached adapter copies
+    job = Job(method="lora", micro_batch=batch, seq_len=seq, gradient_checkpointing=ckpt, attn_impl=attn,
+              lora=LoraSpec(r=8, alpha=16, dropout=0.1), loss="hf", base_dtype="fp32")
+    return model_from_config(cfg), job, r, casts
+
+
+#: dense families (LoRA on fused MoE experts over an fp32 base is refused: not modelled)
+FP32_BASE_FAMILIES = ["llama", "qwen3", "phi3", "gemma2", "gemma3_text"]
+
+
+@pytest.mark.parametrize("family", FP32_BASE_FAMILIES)
+@pytest.mark.parametrize("ckpt,batch,seq", [(False, 2, 24), (True, 2, 24), (False, 1, 40), (True, 1, 40)])
+def test_saved_activations_exact_fp32_base(family, ckpt, batch, seq):
+    """An fp32 LoRA base under autocast: fp32 frozen weights (4 B), an fp32 residual stream, and
+    every frozen matmul's compute-dtype weight copy saved for the input's gradient (not cached:
+    the weight does not require grad), but for the first layer's q/k/v without checkpointing
+    (their input needs no gradient); under checkpointing only the lm_head's copy stays."""
+    spec, job, r, casts = _run_fp32_base(family, ckpt, batch, seq)
+    st = model_states(spec, job)
+    assert st.frozen_weights == r.frozen_param_bytes
+    assert st.trainable_weights == r.trainable_param_bytes
+    assert st.master_weights == (0 if ckpt else casts)
+    assert saved_activation_bytes(spec, job, backend="cpu") == r.saved_activation_bytes - casts
+
+
+@pytest.mark.parametrize("family", ["mixtral", "deepseek_v3"])
+def test_saved_activations_exact_fp32_base_moe_checkpointed(family):
+    """MoE, attention-only LoRA over an fp32 base, checkpointed (the frozen fp32 experts run in
+    fp32 on CPU)."""
+    from peft import LoraConfig, get_peft_model
+
+    cfg = TR.TINY_CONFIGS[family]
+    targets = ("q_proj", "k_proj", "v_proj", "o_proj")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = get_peft_model(TR.build_model(cfg, dtype="fp32", attn_implementation="sdpa"),
+                               LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=list(targets),
+                                          task_type="CAUSAL_LM"))
+        r = TR.measure_step(model, batch=2, seq_len=24, gradient_checkpointing=True, dtype="bf16")
+    job = Job(method="lora", micro_batch=2, seq_len=24, gradient_checkpointing=True, attn_impl="sdpa", loss="hf",
+              lora=LoraSpec(r=8, alpha=16, dropout=0.0, target_modules=targets), base_dtype="fp32")
+    assert saved_activation_bytes(model_from_config(cfg), job, backend="cpu") == r.saved_activation_bytes
+
+
 def _run_qlora(family, ckpt, recipe, dropout=0.1):
     """QLoRA as each recipe builds it: bitsandbytes nf4 (double quant) on CPU through
     ``from_pretrained(quantization_config=...)``, then PEFT's recipe (``prepare_model_for_kbit_training``,

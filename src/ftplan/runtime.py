@@ -1287,7 +1287,7 @@ _QPARAMS_CACHE: dict[tuple, int] = {}
 
 def _states(model: ModelSpec, job: Job):
     key = (model, job.method, job.precision, job.optimizer, job.lora, job.quant, job.gradient_checkpointing,
-           job.low_precision)
+           job.low_precision, job.base_dtype)
     hit = _STATES_CACHE.get(key)
     if hit is None:
         if len(_STATES_CACHE) > 1024:

@@ -95,3 +95,11 @@ def test_the_default_is_printed_with_the_option_to_change_it(capsys):
     assert "frozen base loaded in bf16" in out and "--base-dtype fp32" in out
     assert main(["estimate", "llama-3.1-8b", "--method", "lora", "--base-dtype", "fp32"]) == 0
     assert "base loaded in fp32" in capsys.readouterr().out
+
+
+def test_a_campaign_builds_the_fp32_base_separately():
+    """``ftplan measure --matrix`` shares one built model between rows with the same build key:
+    an fp32-loaded base is another model."""
+    from ftplan.measure.run import build_key
+
+    assert build_key("llama-3.2-1b", LORA, "cuda", False) != build_key("llama-3.2-1b", FP32, "cuda", False)

@@ -146,7 +146,7 @@ def _env(torch, device: str, nvml: _Nvml | None) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------
 def build_key(model_ref: str, job, device: str, tiny: bool) -> tuple:
     """Jobs with the same key share one built model (batch, seq, gc, optimizer may differ)."""
-    return (model_ref, device, tiny, job.method, job.precision, job.attn_impl,
+    return (model_ref, device, tiny, job.method, job.precision, job.frozen_dtype, job.attn_impl,
             json.dumps(job_to_dict(job)["lora"], sort_keys=True),
             json.dumps(job_to_dict(job)["quant"], sort_keys=True) if job.method == "qlora" else "")
 

@@ -340,12 +340,9 @@ def _frozen_layer_copy_elems(model: ModelSpec, g: LayerGroup, backend: str) -> i
     (``Job.base_dtype="fp32"``): the projections and the router (frozen, so autocast's cache skips
     them and each matmul saves its own copy for the input's gradient); the grouped_mm experts on
     CUDA (on CPU they run in fp32)."""
-    n = sum(lin.in_features * lin.out_features for lin in layer_linears(model, g))
-    if g.moe is not None:
-        m = g.moe
-        n += m.num_experts * model.hidden_size
-        if backend == "cuda":
-            n += m.num_experts * 3 * model.hidden_size * m.expert_intermediate_size
+    n = _layer_matmul_weight_elems(model, g)
+    if g.moe is not None and backend != "cuda":
+        n -= g.moe.num_experts * 3 * model.hidden_size * g.moe.expert_intermediate_size
     return n
 
 

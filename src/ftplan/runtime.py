@@ -740,10 +740,12 @@ def dequant_time(model: ModelSpec, job: Job, layout: Layout, rates: Rates, eff: 
         return passes * nbytes / (layout.tp * layout.pp) / rates.hbm_bytes_per_s
     if job.casts_fp32_base and layout.engine in ("torch", "ddp"):
         # autocast casts each fp32 base weight in the forward (and again in the recompute); the
-        # matmul keeps that copy for the input gradient: read 4 B, write 2 B per weight and pass
+        # matmul keeps that copy for the input gradient: read fp32, write the compute dtype per
+        # weight and pass
         elems = sum(lin.in_features * lin.out_features * lin.count for lin in model.linears())
         passes = 1.0 + recompute_fractions(job, eff, model).matmul
-        return passes * elems * 6.0 / (layout.tp * layout.pp) / rates.hbm_bytes_per_s
+        per_weight = float(dtype_bytes(job.frozen_dtype) + dtype_bytes(compute_dtype(job)))
+        return passes * elems * per_weight / (layout.tp * layout.pp) / rates.hbm_bytes_per_s
     if job.method != "qlora":
         return 0.0
     passes = 2.0 + recompute_fractions(job, eff, model).matmul

@@ -107,15 +107,16 @@ def test_fp4_is_not_4x_smaller_than_fp16(llama70):
 def test_nvfp4_headroom_for_70b_on_one_b200(llama70):
     """000: 'NVFP4 frees headroom for optimizer states and gradients ... larger batches and longer
     context for LoRA'. LoRA: yes - an NVFP4 base (torchao weight-only + PEFT, bf16 GEMMs) takes the
-    70B base from 131 to 40 GiB, and one B200 goes from 14.6k to 67k tokens of context (checkpointing,
-    micro-batch 1, TRL's fused loss) or from micro-batch 3 to 16 at 4k. Full fine-tuning: no - NVFP4 GEMMs (TE) keep
+    70B base from 131 to 40 GiB, and one B200 goes from 12.2k to 56k tokens of context (checkpointing,
+    micro-batch 1, TRL's fused loss) or from micro-batch 2 to 13 at 4k (the last layer's recompute,
+    with PEFT's fp32 cast of the MLP product, sets the peak). Full fine-tuning: no - NVFP4 GEMMs (TE) keep
     fp32 master weights, gradients and AdamW states (16 bytes/parameter, ~1.05 TiB for 70B); only the
     weight working copy shrinks (2 -> 1.125 bytes/parameter)."""
     b200 = load_gpus()["b200"]
     job = Job(method="lora", seq_len=4096, gradient_checkpointing=True)
     base, nv = fit(llama70, job, b200), fit(llama70, _lp(job, "nvfp4"), b200)
-    assert base.max_seq_len < 15_000 < 65_000 < nv.max_seq_len
-    assert base.max_micro_batch == 3 and nv.max_micro_batch >= 15
+    assert base.max_seq_len < 15_000 < 50_000 < nv.max_seq_len
+    assert base.max_micro_batch == 2 and nv.max_micro_batch >= 12
     full = _lp(Job(method="full", gradient_checkpointing=True), "nvfp4")
     assert full.low_precision == "nvfp4-te"
     st, st16 = model_states(llama70, full), model_states(llama70, Job(method="full"))

@@ -364,6 +364,37 @@ def _recompute_weight_copy_bytes(model: ModelSpec, job: Job, layout: Layout, bac
     return base + c * -(-n_train // model.num_layers)
 
 
+def _lora_recompute_working_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t: int, tp: int) -> int:
+    """What the recompute of a checkpointed dense layer of group ``g`` holds at its peak beyond
+    the layer's saved tensors and weight copies: the recompute of the MLP down projection's LoRA
+    branch (PEFT ``lora.Linear.forward``) under autocast, with PEFT's fp32 adapters.
+
+    At that moment the layer's forward is still running (non-reentrant checkpointing stops the
+    recompute only after the last saved tensor is remade), so beside the saved set there are: the
+    down projection's input (the MLP product, which the frozen base linear does not save), PEFT's
+    cast of it to the adapter dtype (``x.to(lora_A.weight.dtype)``: fp32) and, with dropout, the
+    dropout's output; five hidden-wide compute-dtype tensors (the gradient arriving at the layer,
+    the residual after attention, the two norm outputs the layer's locals still reference, the
+    base linear's output); and the loss scalar and its gradient (8 bytes).
+
+    Measured on CPU (``measure_loss_peak`` with a vocabulary too small for the loss to set the
+    peak: ``benchmarks/measurements/layer_recompute_cpu.json``,
+    ``tests/test_loss_peak_vs_torch.py::test_layer_recompute_record``): exact for llama, mistral,
+    qwen2 and qwen3 (bf16 or fp32 base, no dropout; the rank does not enter); phi3 holds
+    3 x tokens x hidden bytes more and gemma3 up to 2 x; with dropout the CPU run holds
+    8 x tokens x r bytes less. Only LoRA on a dense MLP's down projection under autocast
+    (what was measured); 0 otherwise (attention-only LoRA, MoE layers, QLoRA, pure bf16: not
+    modelled)."""
+    if not (job.method == "lora" and dt.autocast and job.adapter_dtype == "fp32"
+            and g.mlp is not None and g.moe is None and _lora_on(model, job, "down_proj")):
+        return 0
+    a = int(dtype_bytes(job.adapter_dtype))
+    i = g.mlp.intermediate_size // tp
+    cast = a if a != dt.base_out else 0
+    dropout = a if job.lora.dropout > 0 else 0
+    return t * i * (dt.base_out + cast + dropout) + 5 * t * model.hidden_size * dt.compute + 8
+
+
 def _autocast_cache_bytes(model: ModelSpec, job: Job, layout: Layout) -> int:
     """Under checkpointing with autocast, the compute-dtype copies of the checkpointed layers'
     trainable weights that autocast's cache holds from the layer's forward until the forward ends
@@ -1325,7 +1356,7 @@ def activation_parts(model: ModelSpec, job: Job, layout: Layout | None = None, *
             saved += n_ck * t * model.hidden_size * dt.resid + (g.count - n_ck) * (x + bc)
             sac += n_ck * cache
             if n_ck:
-                recompute = max(recompute, x - cache)
+                recompute = max(recompute, x - cache + _lora_recompute_working_bytes(g, model, job, dt, t, tp))
         recompute += (_recompute_weight_copy_bytes(model, job, layout, backend)
                       + _lowprec_recompute_copies(model, job, layout))
     # pipeline 1F1B: a stage holds layers/pp, for up to pp micro-batches in flight

@@ -65,6 +65,8 @@ class LossPeak:
     #: ``accelerate`` (``Accelerator(mixed_precision="bf16").prepare(model)``: autocast plus
     #: ``convert_outputs_to_fp32``)
     loop: str = "autocast"
+    #: the adapters' ``lora_dropout`` (0 in records taken before it was recorded)
+    lora_dropout: float = 0.0
 
     def job(self):
         """The ftplan ``Job`` this measurement ran."""
@@ -73,7 +75,7 @@ class LossPeak:
         return Job(method="full" if self.mode == "mixed-full" else "lora",
                    precision="bf16" if self.mode == "pure-bf16-lora" else "bf16-mixed",
                    micro_batch=self.batch, seq_len=self.seq_len, gradient_checkpointing=True,
-                   attn_impl="sdpa", lora=LoraSpec(r=8, alpha=16, dropout=0.0), loss=self.loss,
+                   attn_impl="sdpa", lora=LoraSpec(r=8, alpha=16, dropout=self.lora_dropout), loss=self.loss,
                    keep_output=self.keep_output,
                    base_dtype="fp32" if self.mode == "mixed-lora-fp32-base" else "compute")
 
@@ -127,7 +129,7 @@ def _check_args(loss: str, mode: str) -> None:
         raise ValueError(f"loss hf needs transformers >= 4.46 (installed: {transformers.__version__})")
 
 
-def _build(config: dict, mode: str) -> Any:
+def _build(config: dict, mode: str, lora_dropout: float = 0.0) -> Any:
     """The tiny model of ``config`` as ``mode`` trains it, checkpointed, in train mode."""
     import torch
     import transformers
@@ -140,7 +142,8 @@ def _build(config: dict, mode: str) -> Any:
         from peft import LoraConfig, get_peft_model
 
         base = model if mode == "mixed-lora-fp32-base" else model.to(torch.bfloat16)
-        model = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules="all-linear"),
+        model = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, lora_dropout=lora_dropout,
+                                                     target_modules="all-linear"),
                                autocast_adapter_dtype=mode != "pure-bf16-lora")
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if mode != "mixed-full":
@@ -164,13 +167,15 @@ def _forward(model: Any, ids: Any, loss: str, mode: str, loop: str = "autocast")
 
 
 def measure_loss_peak(config: dict, *, batch: int, seq_len: int, loss: str = "hf", keep_output: bool = False,
-                      mode: str = "pure-bf16-lora", seed: int = 0, loop: str = "autocast") -> LossPeak:
+                      mode: str = "pure-bf16-lora", seed: int = 0, loop: str = "autocast",
+                      lora_dropout: float = 0.0) -> LossPeak:
     """One forward + backward of a tiny llama-style ``config``, non-reentrant checkpointing of
     every decoder layer; ``mode`` (:data:`MODES`): LoRA r 8 on every linear (PEFT, bf16 base;
     ``pure-bf16-lora``: bf16 adapters, ``autocast_adapter_dtype=False``, no autocast;
     ``mixed-lora``: PEFT's fp32 adapters under CPU bf16 autocast) or ``mixed-full``: every fp32
     weight trains under CPU bf16 autocast (HF Trainer's ``bf16=True`` on an fp32 model). ``loop``
-    (mixed modes): ``autocast`` or ``accelerate`` (see :class:`LossPeak`). Returns the peak live
+    (mixed modes): ``autocast`` or ``accelerate`` (see :class:`LossPeak`); ``lora_dropout``: the
+    adapters' dropout (LoRA modes). Returns the peak live
     bytes over the step and over the forward (see the module doc)."""
     import torch
     import transformers
@@ -183,7 +188,7 @@ def measure_loss_peak(config: dict, *, batch: int, seq_len: int, loss: str = "hf
     torch.manual_seed(seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = _build(config, mode)
+        model = _build(config, mode, lora_dropout)
         if loop == "accelerate":
             from accelerate import Accelerator
 
@@ -207,7 +212,7 @@ def measure_loss_peak(config: dict, *, batch: int, seq_len: int, loss: str = "hf
                     legacy_source="transcribed" if loss == "hf-legacy" and not legacy_transformers_installed()
                     else "installed", mode=mode,
                     keep_output=keep_output, batch=batch, seq_len=seq_len, peak_bytes=peak,
-                    forward_peak_bytes=forward_peak, loop=loop)
+                    forward_peak_bytes=forward_peak, loop=loop, lora_dropout=lora_dropout)
 
 
 @dataclasses.dataclass(frozen=True)

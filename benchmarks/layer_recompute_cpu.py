@@ -48,7 +48,7 @@ def main() -> int:
     import torch
     import transformers
 
-    runs = [(f, mode, 0.0) for f in FAMILIES for mode in ("mixed-lora",)]
+    runs = [(f, "mixed-lora", 0.0) for f in FAMILIES]
     runs += [("llama", "mixed-lora-fp32-base", 0.0), ("qwen3", "mixed-lora-fp32-base", 0.0),
              ("llama", "mixed-lora", 0.05)]
     rows = []

@@ -185,8 +185,8 @@ def _layer_parts(rec: dict):
 
     fields = {k: v for k, v in rec.items() if k not in ("family", "config")}
     job = LossPeak(**fields).job()
-    return model_from_config(rec["config"]), job, activation_parts(model_from_config(rec["config"]), job,
-                                                                   backend="cpu")
+    spec = model_from_config(rec["config"])
+    return spec, job, activation_parts(spec, job, backend="cpu")
 
 
 @pytest.mark.parametrize("rec", LAYER_DOC["records"], ids=lambda r: "{family}-{mode}-drop{lora_dropout}-b{batch}s{seq_len}"

@@ -39,8 +39,10 @@ __all__ = ["AccumulationPeak", "LossPeak", "legacy_causal_lm_forward", "legacy_t
 #: pure-bf16-lora: bf16 base and adapters, no autocast; mixed-lora: bf16 base, PEFT's fp32 adapters
 #: under bf16 autocast; mixed-full: full fine-tuning of fp32 weights under bf16 autocast;
 #: mixed-lora-fp32-base: fp32 base and adapters under bf16 autocast (``Job.base_dtype="fp32"``:
-#: TRL SFTTrainer's default load of a model id)
-MODES = ("pure-bf16-lora", "mixed-lora", "mixed-full", "mixed-lora-fp32-base")
+#: TRL SFTTrainer's default load of a model id); mixed-qlora: PEFT's QLoRA recipe (NF4 base, double
+#: quantization, ``prepare_model_for_kbit_training``'s fp32 norms and embeddings, fp32 adapters)
+#: under bf16 autocast, built as ``ftplan measure`` builds it (``hf.build_for_job``)
+MODES = ("pure-bf16-lora", "mixed-lora", "mixed-full", "mixed-lora-fp32-base", "mixed-qlora")
 
 #: transformers' first release whose causal-LM forward no longer upcasts the logits itself
 LEGACY_BEFORE = (4, 46)
@@ -72,7 +74,7 @@ class LossPeak:
         """The ftplan ``Job`` this measurement ran."""
         from ..job import Job, LoraSpec
 
-        return Job(method="full" if self.mode == "mixed-full" else "lora",
+        return Job(method="full" if self.mode == "mixed-full" else "qlora" if self.mode == "mixed-qlora" else "lora",
                    precision="bf16" if self.mode == "pure-bf16-lora" else "bf16-mixed",
                    micro_batch=self.batch, seq_len=self.seq_len, gradient_checkpointing=True,
                    attn_impl="sdpa", lora=LoraSpec(r=8, alpha=16, dropout=self.lora_dropout), loss=self.loss,
@@ -134,6 +136,17 @@ def _build(config: dict, mode: str, lora_dropout: float = 0.0) -> Any:
     import torch
     import transformers
 
+    if mode == "mixed-qlora":
+        from ..job import Job, LoraSpec
+        from .hf import build_for_job
+
+        job = Job(method="qlora", precision="bf16-mixed", micro_batch=1, seq_len=1, gradient_checkpointing=True,
+                  attn_impl="sdpa", lora=LoraSpec(r=8, alpha=16, dropout=lora_dropout), loss="hf")
+        model = build_for_job(config, job, "cpu")
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.enable_input_require_grads()
+        model.train()
+        return model
     cfg = transformers.AutoConfig.for_model(**config)
     cfg.use_cache = False
     cfg._attn_implementation = "sdpa"

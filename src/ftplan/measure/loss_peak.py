@@ -69,6 +69,8 @@ class LossPeak:
     loop: str = "autocast"
     #: the adapters' ``lora_dropout`` (0 in records taken before it was recorded)
     lora_dropout: float = 0.0
+    #: the attention implementation (``sdpa`` in records taken before it was recorded)
+    attn_impl: str = "sdpa"
 
     def job(self):
         """The ftplan ``Job`` this measurement ran."""
@@ -77,7 +79,7 @@ class LossPeak:
         return Job(method="full" if self.mode == "mixed-full" else "qlora" if self.mode == "mixed-qlora" else "lora",
                    precision="bf16" if self.mode == "pure-bf16-lora" else "bf16-mixed",
                    micro_batch=self.batch, seq_len=self.seq_len, gradient_checkpointing=True,
-                   attn_impl="sdpa", lora=LoraSpec(r=8, alpha=16, dropout=self.lora_dropout), loss=self.loss,
+                   attn_impl=self.attn_impl, lora=LoraSpec(r=8, alpha=16, dropout=self.lora_dropout), loss=self.loss,
                    keep_output=self.keep_output,
                    base_dtype="fp32" if self.mode == "mixed-lora-fp32-base" else "compute")
 
@@ -131,7 +133,7 @@ def _check_args(loss: str, mode: str) -> None:
         raise ValueError(f"loss hf needs transformers >= 4.46 (installed: {transformers.__version__})")
 
 
-def _build(config: dict, mode: str, lora_dropout: float = 0.0) -> Any:
+def _build(config: dict, mode: str, lora_dropout: float = 0.0, attn_impl: str = "sdpa") -> Any:
     """The tiny model of ``config`` as ``mode`` trains it, checkpointed, in train mode."""
     import torch
     import transformers
@@ -141,7 +143,7 @@ def _build(config: dict, mode: str, lora_dropout: float = 0.0) -> Any:
         from .hf import build_for_job
 
         job = Job(method="qlora", precision="bf16-mixed", micro_batch=1, seq_len=1, gradient_checkpointing=True,
-                  attn_impl="sdpa", lora=LoraSpec(r=8, alpha=16, dropout=lora_dropout), loss="hf")
+                  attn_impl=attn_impl, lora=LoraSpec(r=8, alpha=16, dropout=lora_dropout), loss="hf")
         model = build_for_job(config, job, "cpu")
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.enable_input_require_grads()
@@ -149,7 +151,7 @@ def _build(config: dict, mode: str, lora_dropout: float = 0.0) -> Any:
         return model
     cfg = transformers.AutoConfig.for_model(**config)
     cfg.use_cache = False
-    cfg._attn_implementation = "sdpa"
+    cfg._attn_implementation = attn_impl
     model = transformers.AutoModelForCausalLM.from_config(cfg)
     if mode != "mixed-full":
         from peft import LoraConfig, get_peft_model
@@ -181,7 +183,7 @@ def _forward(model: Any, ids: Any, loss: str, mode: str, loop: str = "autocast")
 
 def measure_loss_peak(config: dict, *, batch: int, seq_len: int, loss: str = "hf", keep_output: bool = False,
                       mode: str = "pure-bf16-lora", seed: int = 0, loop: str = "autocast",
-                      lora_dropout: float = 0.0) -> LossPeak:
+                      lora_dropout: float = 0.0, attn_impl: str = "sdpa") -> LossPeak:
     """One forward + backward of a tiny llama-style ``config``, non-reentrant checkpointing of
     every decoder layer; ``mode`` (:data:`MODES`): LoRA r 8 on every linear (PEFT, bf16 base;
     ``pure-bf16-lora``: bf16 adapters, ``autocast_adapter_dtype=False``, no autocast;
@@ -201,7 +203,7 @@ def measure_loss_peak(config: dict, *, batch: int, seq_len: int, loss: str = "hf
     torch.manual_seed(seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = _build(config, mode, lora_dropout)
+        model = _build(config, mode, lora_dropout, attn_impl)
         if loop == "accelerate":
             from accelerate import Accelerator
 
@@ -225,7 +227,8 @@ def measure_loss_peak(config: dict, *, batch: int, seq_len: int, loss: str = "hf
                     legacy_source="transcribed" if loss == "hf-legacy" and not legacy_transformers_installed()
                     else "installed", mode=mode,
                     keep_output=keep_output, batch=batch, seq_len=seq_len, peak_bytes=peak,
-                    forward_peak_bytes=forward_peak, loop=loop, lora_dropout=lora_dropout)
+                    forward_peak_bytes=forward_peak, loop=loop, lora_dropout=lora_dropout,
+                    attn_impl=attn_impl)
 
 
 @dataclasses.dataclass(frozen=True)

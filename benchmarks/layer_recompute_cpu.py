@@ -44,6 +44,17 @@ def config(family: str, hidden: int, intermediate: int) -> dict:
     return cfg
 
 
+#: (heads, hidden, batch, seq_len) of the eager-attention records (head_dim 16, intermediate 2 x hidden)
+EAGER_SHAPES = ((16, 64, 1, 256), (16, 64, 2, 256), (8, 64, 1, 256), (16, 128, 1, 256), (12, 96, 1, 256))
+
+
+def eager_config(heads: int, hidden: int) -> dict:
+    """A two-layer llama whose scores (batch x heads x seq x seq) outweigh its hidden states."""
+    return {"model_type": "llama", "hidden_size": hidden, "intermediate_size": 2 * hidden, "num_hidden_layers": 2,
+            "num_attention_heads": heads, "num_key_value_heads": heads // 2, "head_dim": 16, "vocab_size": 128,
+            "tie_word_embeddings": False}
+
+
 def main() -> int:
     import torch
     import transformers
@@ -60,10 +71,20 @@ def main() -> int:
                 m = measure_loss_peak(cfg, batch=b, seq_len=s, loss="hf", mode=mode, lora_dropout=dropout)
                 rows.append({"family": family, "config": cfg, **dataclasses.asdict(m)})
                 print(f"{family:12s} {mode:21s} dropout {dropout} h{h} I{i} b{b} s{s}: {m.peak_bytes:,} B", flush=True)
+        # eager attention with many heads and long rows: the attention's backward (score-sized
+        # gradients) sets the peak, in the last layer's recompute
+        for mode in ("mixed-lora", "mixed-full", "mixed-qlora"):
+            for heads, h, b, s in EAGER_SHAPES:
+                cfg = eager_config(heads, h)
+                m = measure_loss_peak(cfg, batch=b, seq_len=s, loss="hf", mode=mode, attn_impl="eager")
+                rows.append({"family": "llama", "config": cfg, **dataclasses.asdict(m)})
+                print(f"llama eager  {mode:21s} heads {heads} h{h} b{b} s{s}: {m.peak_bytes:,} B", flush=True)
     doc = {"_doc": "Peak live bytes of one forward + backward on CPU above parameters, buffers and batch "
                    "(parameter gradients excluded), by benchmarks/layer_recompute_cpu.py: tiny two-layer models "
                    "with a 128-token vocabulary, so that the last layer's recompute sets the peak; LoRA r 8 "
-                   "all-linear under CPU bf16 autocast, non-reentrant checkpointing of every layer, loss hf. "
+                   "all-linear under CPU bf16 autocast, non-reentrant checkpointing of every layer, loss hf; "
+                   "and eager-attention runs (attn_impl eager: LoRA, full fine-tuning and QLoRA under "
+                   "autocast) where the attention's backward sets it. "
                    f"Machine: CPU, torch {torch.__version__}, transformers {transformers.__version__}.",
            "records": rows}
     tmp = OUT.with_suffix(".json.tmp")

@@ -395,6 +395,34 @@ def _lora_recompute_working_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt:
     return t * i * (dt.base_out + cast + dropout) + 5 * t * model.hidden_size * dt.compute + 8
 
 
+#: bytes per element of a layer's ``(b, heads, s, s)`` attention scores that eager attention's
+#: backward holds beyond the two saved copies of the softmax output (fp32, and its compute-dtype
+#: cast) ftplan counts with the layer's saved tensors. CUDA: 10, from the peak anatomy of three
+#: llama-3.2-1b runs on an H100 (``benchmarks/measurements/h100-sxm-peak-anatomy2.json``: two fp32
+#: and two bf16 score-sized gradients beside the saved fp32 softmax, 16 bytes per element in all);
+#: CPU: 6, measured with ``ftplan.measure.loss_peak.measure_loss_peak(attn_impl="eager")``
+#: (``tests/test_loss_peak_vs_torch.py::test_eager_attention_backward_on_cpu``).
+EAGER_BACKWARD_BYTES_PER_SCORE = {"cuda": 10, "cpu": 6}
+
+
+def _eager_attention_backward_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, tp: int,
+                                    backend: str) -> int:
+    """What the backward of one layer's eager attention holds beyond the layer's saved tensors:
+    score-sized gradients (``EAGER_BACKWARD_BYTES_PER_SCORE`` per element of the ``(b, heads, s,
+    s)`` scores), less the MLP's saved tensors, which that layer's backward has freed by then (the
+    MLP runs after attention, so its backward runs first). 0 for attention kernels that never
+    materialise the scores (sdpa, flash) and for layers without attention."""
+    a = g.attention
+    if job.attn_impl != "eager" or a is None:
+        return 0
+    b, s = _batch_shape(job)
+    heads = a.num_heads // tp
+    scores = b * heads * s * s * EAGER_BACKWARD_BYTES_PER_SCORE["cpu" if backend == "cpu" else "cuda"]
+    t = job.micro_batch * job.seq_len
+    freed = _mlp_saved(g.mlp, t, model.hidden_size, dt, tp, g.norms_per_layer == 4) if g.mlp is not None else 0
+    return max(0, scores - freed)
+
+
 def _autocast_cache_bytes(model: ModelSpec, job: Job, layout: Layout) -> int:
     """Under checkpointing with autocast, the compute-dtype copies of the checkpointed layers'
     trainable weights that autocast's cache holds from the layer's forward until the forward ends
@@ -1356,7 +1384,8 @@ def activation_parts(model: ModelSpec, job: Job, layout: Layout | None = None, *
             saved += n_ck * t * model.hidden_size * dt.resid + (g.count - n_ck) * (x + bc)
             sac += n_ck * cache
             if n_ck:
-                recompute = max(recompute, x - cache + _lora_recompute_working_bytes(g, model, job, dt, t, tp))
+                recompute = max(recompute, x - cache + _lora_recompute_working_bytes(g, model, job, dt, t, tp),
+                                x - cache + _eager_attention_backward_bytes(g, model, job, dt, tp, backend))
         recompute += (_recompute_weight_copy_bytes(model, job, layout, backend)
                       + _lowprec_recompute_copies(model, job, layout))
     # pipeline 1F1B: a stage holds layers/pp, for up to pp micro-batches in flight
@@ -1374,6 +1403,10 @@ def activation_parts(model: ModelSpec, job: Job, layout: Layout | None = None, *
         # embedding) until the head's backward
         logits_saved += int(dtype_bytes(PRECISIONS[job.precision]["compute"])) * _head_copy_elems(model, job)
     logits_transient = max(loss_forward, loss_backward)
+    # eager attention's backward in a layer that was not checkpointed (the checkpointed ones have
+    # it in their recompute): score-sized gradients on top of everything saved
+    attention_backward = max((_eager_attention_backward_bytes(g, model, job, dt, tp, backend)
+                              for (g, _x), n_ck in zip(per_layer, ck_counts) if n_ck < g.count), default=0)
     offloaded = pinned = 0
     device = saved + sac + level
     loss_device = logits_saved
@@ -1391,7 +1424,7 @@ def activation_parts(model: ModelSpec, job: Job, layout: Layout | None = None, *
     return ActivationParts(
         layers_saved_bytes=saved, sac_cache_bytes=sac, model_level_bytes=level,
         loss_saved_bytes=loss_device,
-        transient_bytes=max(recompute, logits_transient), recompute_bytes=recompute,
+        transient_bytes=max(recompute, logits_transient, attention_backward), recompute_bytes=recompute,
         loss_transient_bytes=logits_transient, checkpointed_layers=sum(ck_counts),
         offloaded_bytes=offloaded, host_pinned_bytes=pinned, device_saved_bytes=device,
         autocast_cache_bytes=cache, forward_peak_bytes=forward_peak)

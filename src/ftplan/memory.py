@@ -80,12 +80,15 @@ class MemoryBreakdown:
     params_trainable: int
     peak_phase: str  # "forward_backward", "forward_end" (autocast's cache, accumulating) or "optimizer_step"
     notes: tuple[str, ...] = field(default=())
+    #: every gradient of the step, where fewer are alive at the peak (``components["gradients"]``:
+    #: full fine-tuning's loss-side backward moments); None: the component is all of them
+    gradients_total_bytes: int | None = None
 
     @property
     def model_states_bytes(self) -> int:
         c = self.components
-        return (c["frozen_weights"] + c["trainable_weights"] + c["master_weights"]
-                + c["gradients"] + c["optimizer_states"])
+        grads = c["gradients"] if self.gradients_total_bytes is None else self.gradients_total_bytes
+        return c["frozen_weights"] + c["trainable_weights"] + c["master_weights"] + grads + c["optimizer_states"]
 
     def fits(self, device_memory_bytes: int, margin: float = 0.0) -> bool:
         return self.device_total_bytes <= device_memory_bytes * (1.0 - margin)
@@ -383,15 +386,33 @@ def _lora_recompute_working_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt:
     qwen2 and qwen3 (bf16 or fp32 base, no dropout; the rank does not enter); phi3 holds
     3 x tokens x hidden bytes more and gemma3 up to 2 x; with dropout the CPU run holds
     8 x tokens x r bytes less. Only LoRA on a dense MLP's down projection under autocast
-    (what was measured); 0 otherwise (attention-only LoRA, MoE layers, QLoRA, pure bf16: not
-    modelled)."""
-    if not (job.method == "lora" and dt.autocast and job.adapter_dtype == "fp32"
-            and g.mlp is not None and g.moe is None and _lora_on(model, job, "down_proj")):
+    (what was measured); 0 otherwise (attention-only LoRA, MoE layers, pure bf16: not
+    modelled).
+
+    QLoRA (PEFT's bitsandbytes layer, no cast under autocast): the product and the dropout's
+    output in Linear4bit's output dtype (fp32 after ``prepare_model_for_kbit_training``) and the
+    same five hidden-wide tensors. From the CUDA peak anatomy of llama-3.1-8b QLoRA at 4 x 2048
+    tokens on an H100 (``benchmarks/measurements/h100-sxm-peak-anatomy.json``: the fp32 MLP
+    product and the down projection's fp32 dropout output alive at the peak, in the last layer's
+    recompute) and held against the QLoRA rows of the H100 campaigns (``ftplan validate``); not
+    exact on CPU, where the down projection's backward (its dequantized weight) sets the peak of
+    the tiny models instead."""
+    if not (job.uses_lora and dt.autocast and g.mlp is not None and g.moe is None
+            and _lora_on(model, job, "down_proj")):
         return 0
-    a = int(dtype_bytes(job.adapter_dtype))
     i = g.mlp.intermediate_size // tp
-    cast = a if a != dt.base_out else 0
-    dropout = a if job.lora.dropout > 0 else 0
+    if job.method == "qlora":
+        # bitsandbytes' LoRA layer (peft/tuners/lora/bnb.py) makes no cast under autocast; the MLP
+        # product is in Linear4bit's output dtype (the input's: fp32 after
+        # prepare_model_for_kbit_training), and so is the dropout's output
+        cast = 0
+        dropout = dt.base_out if job.lora.dropout > 0 else 0
+    else:
+        if job.adapter_dtype != "fp32":
+            return 0
+        a = int(dtype_bytes(job.adapter_dtype))
+        cast = a if a != dt.base_out else 0
+        dropout = a if job.lora.dropout > 0 else 0
     return t * i * (dt.base_out + cast + dropout) + 5 * t * model.hidden_size * dt.compute + 8
 
 
@@ -1350,6 +1371,11 @@ class ActivationParts:
     device_saved_bytes: int = 0
     autocast_cache_bytes: int = 0
     forward_peak_bytes: int = 0
+    #: the larger of a checkpointed layer's recompute and a layer's eager-attention backward: what
+    #: one layer's backward holds on top of the saved tensors
+    layer_backward_bytes: int = 0
+    #: what the first decoder layer keeps for backward (its checkpoint input when checkpointed)
+    first_layer_saved_bytes: int = 0
 
 
 def activation_parts(model: ModelSpec, job: Job, layout: Layout | None = None, *,
@@ -1388,6 +1414,8 @@ def activation_parts(model: ModelSpec, job: Job, layout: Layout | None = None, *
                                 x - cache + _eager_attention_backward_bytes(g, model, job, dt, tp, backend))
         recompute += (_recompute_weight_copy_bytes(model, job, layout, backend)
                       + _lowprec_recompute_copies(model, job, layout))
+    (g0, x0), bc0 = per_layer[0], base_copy[0]
+    first_saved = t * model.hidden_size * dt.resid if ck_counts[0] else x0 + bc0
     # pipeline 1F1B: a stage holds layers/pp, for up to pp micro-batches in flight
     if pp > 1:
         inflight = min(pp, max(1, job.grad_accum))
@@ -1427,7 +1455,9 @@ def activation_parts(model: ModelSpec, job: Job, layout: Layout | None = None, *
         transient_bytes=max(recompute, logits_transient, attention_backward), recompute_bytes=recompute,
         loss_transient_bytes=logits_transient, checkpointed_layers=sum(ck_counts),
         offloaded_bytes=offloaded, host_pinned_bytes=pinned, device_saved_bytes=device,
-        autocast_cache_bytes=cache, forward_peak_bytes=forward_peak)
+        autocast_cache_bytes=cache, forward_peak_bytes=forward_peak,
+        layer_backward_bytes=max(recompute, attention_backward),
+        first_layer_saved_bytes=first_saved)
 
 
 def moe_block_saved_bytes(model: ModelSpec, job: Job, *, ep: int = 1, ep_rows: int | None = None,
@@ -1463,6 +1493,21 @@ def _engine_qlora_recipe(job: Job, layout: Layout, notes: list[str]) -> Job:
     notes.append(f"qlora recipe trl under {layout.engine}: the engine holds what PEFT's recipe holds (no kbit "
                  "upcast, fp32 trainable parameters)")
     return job.with_(quant=dataclasses.replace(job.quant, recipe="peft"))
+
+
+def _one_device_full_backward(job: Job, layout: Layout) -> bool:
+    """Full fine-tuning on one unsharded device: the case whose backward ordering (saved tensors
+    freed as gradients are made) ftplan models."""
+    return (job.method == "full" and layout.world_size == 1 and layout.tp == 1
+            and layout.pp == 1 and getattr(layout, "ep", 1) == 1 and not layout.offload_params
+            and not layout.offload_optimizer and not job.activation_offloading and not job.low_precision)
+
+
+def _head_grad_bytes(model: ModelSpec, job: Job) -> int:
+    """The gradients the loss's backward makes before any layer's: the output projection's (the
+    tied embedding's when tied) and the final norm's weight."""
+    g = int(dtype_bytes(PRECISIONS[job.precision]["grad"]))
+    return g * (model.vocab_size * model.hidden_size + model.hidden_size)
 
 
 def estimate_memory(
@@ -1541,6 +1586,47 @@ def estimate_memory(
         master, transient = _lowprec_layout_terms(model, job, layout, master, transient, notes)
     resident = frozen + trainable + master + grads + opt + buffers
     fwd_bwd = resident + saved + logits_saved + transient
+    backward_moment = None
+    if _one_device_full_backward(job, layout):
+        # full fine-tuning on one device: backward frees the saved tensors as it
+        # makes the gradients (HF Trainer zeroes them with set_to_none after each step), so the
+        # whole gradient set and the whole saved set never coexist. The step's peak is the larger
+        # of the loss's backward (only the head's gradient exists), the last layer's backward
+        # (everything saved but the loss's) and the first layer's (every gradient, one layer's
+        # saved tensors); between those the live bytes change linearly. Measured on an H100:
+        # benchmarks/measurements/h100-sxm-peak-anatomy.json (the peak at TRL's loss backward
+        # with the head's fp32 gradient alone; at the first layer's backward under checkpointing).
+        # with accumulation every gradient is already there from the earlier micro-batches
+        head_grad = _head_grad_bytes(model, job) if job.grad_accum == 1 else int(grads)
+        no_grads = resident - grads + head_grad
+        # TRL's chunked log-prob backward accumulates the head's gradient in fp32 and casts it to
+        # a narrower weight dtype at the end (trl/kernels/chunked_logprob.py)
+        acc = (4 * model.vocab_size * model.hidden_size
+               if job.loss == "trl" and dtype_bytes(PRECISIONS[job.precision]["grad"]) != 4 else 0)
+        engine = transient - act.transient_bytes
+        # a layer's MLP backward: the gradients of its two intermediate-wide branches (gate and up,
+        # compute dtype) beside the saved tensors; from the H100 rows at 16 x 2048 tokens, where it
+        # is what separates the first layer's moment from the measured peak (4 bytes per token per
+        # intermediate unit on llama-3.2-1b and qwen2.5-0.5b)
+        mlp_grads = 2 * job.micro_batch * job.seq_len * c_act * max(
+            (g.mlp.intermediate_size for g in model.groups if g.mlp is not None), default=0)
+        layer_bwd = act.layer_backward_bytes + mlp_grads
+        moments = {
+            "loss": (no_grads + saved + logits_saved + act.loss_transient_bytes + acc + engine,
+                     head_grad, saved, logits_saved, act.loss_transient_bytes + acc + engine),
+            "last layer": (no_grads + saved + layer_bwd + engine, head_grad, saved, 0, layer_bwd + engine),
+            "first layer": (resident + act.model_level_bytes + act.first_layer_saved_bytes + layer_bwd + engine,
+                            grads, act.model_level_bytes + act.first_layer_saved_bytes, 0, layer_bwd + engine),
+        }
+        if model.tie_word_embeddings:
+            # the embedding's backward makes a dense vocabulary x hidden gradient and adds it to
+            # the tied weight's, which the head's backward made: every gradient plus that one
+            emb = int(dtype_bytes(PRECISIONS[job.precision]["grad"])) * model.vocab_size * model.hidden_size
+            moments["embedding"] = (resident + act.model_level_bytes + emb + engine,
+                                    grads, act.model_level_bytes, 0, emb + engine)
+        name = max(moments, key=lambda k: moments[k][0])
+        backward_moment = (name, *moments[name])
+        fwd_bwd = backward_moment[1]
     # the forward's end: autocast's cache still holds every checkpointed layer's weight copies
     # (act.autocast_cache_bytes); the gradients are there only while accumulating (HF Trainer
     # zeroes them with set_to_none after each optimizer step)
@@ -1561,6 +1647,15 @@ def estimate_memory(
         # the components of that moment: the transient is the loss's forward transient and the
         # cached weight copies (the model states stay those of the step)
         transient = act.forward_peak_bytes - saved - logits_saved + engine_transient
+    grads_total = None
+    if peak_phase == "forward_backward" and backward_moment is not None:
+        grads_total = int(grads)
+        name, _total, grads, saved, logits_saved, transient = backward_moment
+        notes.append(f"full fine-tuning: the peak is at the {name}'s backward, with "
+                     + (("only the head's gradient made yet" if job.grad_accum == 1 else
+                         "the earlier micro-batches' gradients") if name in ("loss", "last layer") else
+                        "every gradient made and one layer's saved tensors left" if name == "first layer" else
+                        "every gradient made and the embedding's own, added to the tied head's"))
     peak_alloc = int(max(fwd_bwd, step, fwd_end)) + consts.cublas_workspace_bytes
     reserve = max(int(peak_alloc * consts.allocator_reserve_fraction), consts.allocator_reserve_min_bytes)
     peak_reserved = peak_alloc + reserve
@@ -1598,6 +1693,7 @@ def estimate_memory(
         params_trainable=st.params_trainable,
         peak_phase=peak_phase,
         notes=tuple(notes),
+        gradients_total_bytes=grads_total,
     )
 
 

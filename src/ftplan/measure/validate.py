@@ -157,12 +157,13 @@ def evaluate_record(rec: dict[str, Any], predict_fn=None) -> dict[str, Any]:
     comp = pred.get("components") or {}
     act_meas = None if t.get("saved_activation_bytes") is None else t["saved_activation_bytes"] - copies
     act_pred = (comp.get("activations", 0) + comp.get("logits_and_loss", 0)) if comp else None
-    if row["group"] == "cpu" and act_pred is not None:
-        # CPU kernels save different tensors than CUDA ones (flash-attention for CPU, math
-        # fallback, float dropout masks): compare with the CPU form of the same formulas
+    if act_pred is not None:
+        # what the forward saved, not what is left of it at the peak (full fine-tuning's first
+        # layer's backward); CPU kernels save different tensors than CUDA ones (flash-attention for
+        # CPU, math fallback, float dropout masks): compare with the CPU form of the same formulas
         from ..memory import saved_activation_bytes
 
-        act_pred = saved_activation_bytes(spec, job, layout, backend="cpu")
+        act_pred = saved_activation_bytes(spec, job, layout, backend="cpu" if row["group"] == "cpu" else "cuda")
     put("activations", act_pred, act_meas)
     return row
 

@@ -386,8 +386,9 @@ def _lora_recompute_working_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt:
     qwen2 and qwen3 (bf16 or fp32 base, no dropout; the rank does not enter); phi3 holds
     3 x tokens x hidden bytes more and gemma3 up to 2 x; with dropout the CPU run holds
     8 x tokens x r bytes less. Only LoRA on a dense MLP's down projection under autocast
-    (what was measured); 0 otherwise (attention-only LoRA, MoE layers, pure bf16: not
-    modelled).
+    (what was measured); MoE layers and pure bf16 are not modelled (0). A frozen down projection
+    (attention-only LoRA) leaves the product and the five hidden-wide tensors: read off the H100
+    row of llama-3.2-3b with q_proj/v_proj LoRA (``h100-sxm-holdout2.jsonl``, -5.1 % without it).
 
     QLoRA (PEFT's bitsandbytes layer, no cast under autocast): the product and the dropout's
     output in Linear4bit's output dtype (fp32 after ``prepare_model_for_kbit_training``) and the
@@ -397,10 +398,12 @@ def _lora_recompute_working_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt:
     recompute) and held against the QLoRA rows of the H100 campaigns (``ftplan validate``); not
     exact on CPU, where the down projection's backward (its dequantized weight) sets the peak of
     the tiny models instead."""
-    if not (job.uses_lora and dt.autocast and g.mlp is not None and g.moe is None
-            and _lora_on(model, job, "down_proj")):
+    if not (job.uses_lora and dt.autocast and g.mlp is not None and g.moe is None):
         return 0
     i = g.mlp.intermediate_size // tp
+    if not _lora_on(model, job, "down_proj"):
+        # a frozen down projection: the product it does not save and the hidden-wide tensors
+        return t * i * dt.base_out + 5 * t * model.hidden_size * dt.compute + 8
     if job.method == "qlora":
         # bitsandbytes' LoRA layer (peft/tuners/lora/bnb.py) makes no cast under autocast; the MLP
         # product is in Linear4bit's output dtype (the input's: fp32 after

@@ -160,6 +160,7 @@ RUNTIME_BOUNDS = {
     "host.dispatch_s_per_op": (1e-6, 5e-5),
     "host.step_fixed_s": (0.0, 0.2),
     "comm.overlap_efficiency": (0.5, 1.0),
+    "host.checkpoint_ops_per_layer": (0.0, 400.0),
 }
 OVER_WEIGHT = 2.0  # over-prediction (the direction in which a user under-budgets) costs double
 
@@ -233,18 +234,31 @@ def runtime_main(argv: list[str]) -> int:
     ap.add_argument("records", nargs="*", help="ftplan measure JSONL files (default: benchmarks/measurements/*.jsonl)")
     ap.add_argument("--write", action="store_true", help="write the fit into src/ftplan/catalog/data/efficiency.json")
     ap.add_argument("--sweeps", type=int, default=6, help="coordinate-descent sweeps (6: what efficiency.json holds)")
+    ap.add_argument("--only", default="", help="comma-separated keys to fit; the others keep their current values "
+                    "(what efficiency.json holds: host.dispatch_s_per_op,host.checkpoint_ops_per_layer,host.step_fixed_s)")
     a = ap.parse_args(argv)
 
     data = load_efficiency_data()
     refs = load_reference()
-    paths = [Path(p) for p in a.records] or sorted((ROOT / "benchmarks" / "measurements").glob("*.jsonl"))
-    extra = _measurement_refs(paths)
-    calib = [r for r in refs if r.split == "calibration" and not r.exclude] + extra
-    held = [r for r in refs if r.split == "holdout" and not r.exclude]
-    print(f"{len(calib)} calibration records ({len(extra)} from ftplan measure), {len(held)} held out")
+    if a.records:  # explicit files: every ok CUDA record calibrates
+        gpu_cal, gpu_held = _measurement_refs([Path(p) for p in a.records]), []
+    else:  # the committed GPU records, split by model (benchmarks/measurements/h100-sxm-runtime-split.json)
+        from ftplan.catalog.runtime_reference import load_gpu_records
 
+        gpu = load_gpu_records(ROOT / "benchmarks" / "measurements")
+        gpu_cal = [r for r in gpu if r.split == "calibration"]
+        gpu_held = [r for r in gpu if r.split == "holdout"]
+    calib = [r for r in refs if r.split == "calibration" and not r.exclude] + gpu_cal
+    held = [r for r in refs if r.split == "holdout" and not r.exclude]
+    print(f"{len(calib)} calibration records ({len(gpu_cal)} from ftplan measure), {len(held)} published "
+          f"and {len(gpu_held)} GPU records held out")
+
+    keys = tuple(k for k in a.only.split(",") if k) or FITTED_KEYS
+    unknown = set(keys) - set(FITTED_KEYS)
+    if unknown:
+        ap.error(f"unknown key(s) {sorted(unknown)}; fitted keys: {', '.join(FITTED_KEYS)}")
     work = json.loads(json.dumps(data))
-    for k in FITTED_KEYS:  # start from the priors, not from a previous fit
+    for k in keys:  # start from the priors, not from a previous fit
         cur = work
         for part in k.split("."):
             cur = cur[part]
@@ -258,7 +272,7 @@ def runtime_main(argv: list[str]) -> int:
     best = _loss(evaluate(calib, parse_efficiency(work)))
     print(f"loss at priors {best:.5f}")
     for sweep in range(a.sweeps):
-        for key in FITTED_KEYS:
+        for key in keys:
             lo, hi = RUNTIME_BOUNDS[key]
             x0 = _get(work, key)
             # golden-section search on log(value) (linear for ranges that include 0)
@@ -284,7 +298,7 @@ def runtime_main(argv: list[str]) -> int:
                 _set(work, key, x0)
             else:
                 best = lx
-        print(f"sweep {sweep + 1}: loss {best:.5f}  " + ", ".join(f"{k.split('.')[-1]}={_get(work, k):.4g}" for k in FITTED_KEYS))
+        print(f"sweep {sweep + 1}: loss {best:.5f}  " + ", ".join(f"{k.split('.')[-1]}={_get(work, k):.4g}" for k in keys))
 
     eff = parse_efficiency(work)
     oc, oh = evaluate(calib, eff), evaluate(held, eff)
@@ -292,6 +306,9 @@ def runtime_main(argv: list[str]) -> int:
     q = (0.1, 0.9)
     band = (quantile(lrs, q[0]), quantile(lrs, q[1])) if lrs else (-0.25, 0.35)
     summary = {"calibration": error_stats(oc), "holdout": error_stats(oh)}
+    if gpu_cal or gpu_held:
+        summary["gpu_calibration"] = error_stats(evaluate(gpu_cal, eff))
+        summary["gpu_holdout"] = error_stats(evaluate(gpu_held, eff)) if gpu_held else {"n": 0}
     print(json.dumps({k: {kk: round(vv, 4) for kk, vv in v.items()} for k, v in summary.items()}, indent=1))
     print(f"band (held-out log(measured/predicted step) q10/q90): {band[0]:+.3f} / {band[1]:+.3f}")
     if not a.write:
@@ -299,14 +316,16 @@ def runtime_main(argv: list[str]) -> int:
         return 0
     stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
     used = [r.id for r in calib]
-    for k in FITTED_KEYS:
+    for k in keys:
         cur = data
         for part in k.split("."):
             cur = cur[part]
         cur["value"] = round(_get(work, k), 6 if "dispatch" in k else 4)
         cur["status"] = "calibrated"
         cur["fitted"] = {"by": "scripts/calibrate.py runtime", "at": stamp, "records": len(used),
-                         "reference": "catalog/data/runtime_reference.json (split: calibration)"}
+                         "reference": "catalog/data/runtime_reference.json (split: calibration)"
+                         + (f" and {len(gpu_cal)} ftplan measure GPU records (benchmarks/measurements/"
+                            "h100-sxm-runtime-split.json: calibration_models)" if gpu_cal else "")}
     data["uncertainty"] = {
         "log_low": round(band[0], 4), "log_high": round(band[1], 4), "quantiles": list(q), "n": len(lrs),
         "source": "10th/90th percentile of log(measured / predicted step time) over the held-out records of runtime_reference.json after the fit (scripts/calibrate.py runtime)",
@@ -314,7 +333,7 @@ def runtime_main(argv: list[str]) -> int:
     }
     data["calibration"] = {
         "by": "scripts/calibrate.py runtime", "at": stamp, "objective": f"mean squared log error, over-prediction x{OVER_WEIGHT}",
-        "calibration_records": used, "holdout_records": [r.id for r in held],
+        "calibration_records": used, "holdout_records": [r.id for r in held] + [r.id for r in gpu_held],
         "summary": {k: {kk: round(vv, 4) for kk, vv in v.items()} for k, v in summary.items()},
     }
     path = ROOT / "src" / "ftplan" / "catalog" / "data" / "efficiency.json"

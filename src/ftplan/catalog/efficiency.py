@@ -27,6 +27,7 @@ FITTED_KEYS = (
     "host.dispatch_s_per_op",
     "host.step_fixed_s",
     "comm.overlap_efficiency",
+    "host.checkpoint_ops_per_layer",
 )
 
 

@@ -274,7 +274,7 @@ def load_gpu_records(measurements_dir: Any, split_file: str = GPU_SPLIT_FILE) ->
         lay = r.get("layout") or {}
         world = lay.get("gpus_per_node", 1) * lay.get("nodes", 1)
         job = r["job"]
-        rid = (f"{name}-{job['method']}-{job['precision']}{'-fp32base' if job.get('base_dtype') == 'fp32' else ''}"
+        rid = (f"measure-{name}-{job['method']}-{job['precision']}{'-fp32base' if job.get('base_dtype') == 'fp32' else ''}"
                f"-b{job['micro_batch']}-s{job['seq_len']}{'-ga' + str(job['grad_accum']) if job.get('grad_accum', 1) > 1 else ''}"
                f"{'-gc' if job.get('gradient_checkpointing') else ''}-{job.get('optimizer')}-{job.get('attn_impl')}"
                f"{'-' + '+'.join(job['lora']['target_modules']) if job['method'] != 'full' else ''}"

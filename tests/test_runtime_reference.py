@@ -133,6 +133,15 @@ def test_calibration_written_matches_the_data(refs, outcomes):
     now_hold = sorted(r.id for r in refs if r.split == "holdout" and not r.exclude)
     assert sorted(i for i in cal["calibration_records"] if not i.startswith("measure-")) == now_cal
     assert sorted(cal["holdout_records"]) == now_hold
+    # the GPU measurement records the fit used / held out are the split file's, by model
+    from pathlib import Path
+
+    from ftplan.catalog.runtime_reference import load_gpu_records
+
+    gpu = load_gpu_records(Path(__file__).resolve().parents[1] / "benchmarks" / "measurements")
+    assert sorted(i for i in cal["calibration_records"] if i.startswith("measure-")) == sorted(
+        r.id for r in gpu if r.split == "calibration")
+    assert sorted(cal["gpu_holdout_records"]) == sorted(r.id for r in gpu if r.split == "holdout")
     for key in FITTED_KEYS:
         cur = data
         for part in key.split("."):

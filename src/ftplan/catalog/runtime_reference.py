@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields, replace
 from importlib import resources
 from types import SimpleNamespace
 from typing import Any
@@ -18,7 +18,8 @@ from typing import Any
 from ..errors import CatalogError
 
 __all__ = ["Reference", "Outcome", "GpuVariant", "load_reference", "predict", "evaluate", "error_stats",
-           "ratio_checks", "log_ratio", "quantile", "load_gpu_records", "gpu_ratio_checks", "GPU_SPLIT_FILE"]
+           "ratio_checks", "log_ratio", "quantile", "load_gpu_records", "gpu_ratio_checks", "GPU_SPLIT_FILE",
+           "HOST_KEYS", "host_variant", "parse_host"]
 
 #: the split of the GPU measurement records (benchmarks/measurements/, relative to the repository)
 GPU_SPLIT_FILE = "h100-sxm-runtime-split.json"
@@ -41,6 +42,10 @@ class Reference:
     reported: str
     exclude: str | None
     raw: dict
+    #: host constants of the machine the record was measured on (efficiency.json ``host`` field
+    #: names), replacing ftplan's default host: per-op dispatch is a property of the CPU, Python
+    #: and driver stack, not of the GPU (empty: ftplan's default host)
+    host_overrides: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -169,10 +174,38 @@ def predict(ref: Reference, eff: Any | None = None):
     from .gpus import load_gpus
 
     gpu = load_gpus()[ref.gpu]
+    if ref.host_overrides:
+        eff = host_variant(eff, ref.host_overrides)
     if ref.gpu_overrides:
         gpu = GpuVariant(gpu, ref.gpu_overrides)
     offer = SimpleNamespace(inter_node_gbps=ref.inter_node_gbps) if ref.inter_node_gbps else None
     return estimate_runtime(_model(ref), _job(ref.job), Layout(**ref.layout), gpu, offer=offer, eff=eff)
+
+
+#: host constants a record may replace (efficiency.json ``host``; Efficiency field names)
+HOST_KEYS = ("dispatch_s_per_op", "step_fixed_s")
+
+_HOST_VARIANTS: dict[tuple, tuple[Any, Any]] = {}
+
+
+def host_variant(eff: Any | None, overrides: dict) -> Any:
+    """``eff`` (default: the bundled efficiency.json) with the host constants of another machine.
+    Memoised per (eff, overrides) so that the runtime model's caches keep hitting."""
+    from .efficiency import efficiency
+
+    eff = eff if eff is not None else efficiency()
+    key = (id(eff), tuple(sorted(overrides.items())))
+    hit = _HOST_VARIANTS.get(key)
+    if hit is not None and hit[0] is eff:
+        return hit[1]
+    bad = set(overrides) - set(HOST_KEYS)
+    if bad:
+        raise CatalogError(f"host overrides: unknown key(s) {sorted(bad)}; known: {', '.join(HOST_KEYS)}")
+    var = replace(eff, **overrides)
+    if len(_HOST_VARIANTS) > 256:
+        _HOST_VARIANTS.clear()
+    _HOST_VARIANTS[key] = (eff, var)
+    return var
 
 
 def evaluate(refs: list[Reference], eff: Any | None = None) -> list[Outcome]:
@@ -258,6 +291,7 @@ def load_gpu_records(measurements_dir: Any, split_file: str = GPU_SPLIT_FILE) ->
     cal, held = set(split.get("calibration_models") or ()), set(split.get("holdout_models") or ())
     if not split.get("source") or not split.get("files") or not cal or not held or cal & held:
         raise CatalogError(f"{split_file}: needs 'files', a 'source' and disjoint calibration_models / holdout_models")
+    host = parse_host(split.get("host"), split_file)
     records, problems = load_records([d / f for f in split["files"]], strict_files=True)
     if problems:
         raise CatalogError(f"{split_file}: {problems[0]}")
@@ -285,12 +319,33 @@ def load_gpu_records(measurements_dir: Any, split_file: str = GPU_SPLIT_FILE) ->
             gpu=resolve_gpu_name((r.get("env") or {}).get("gpu_name") or "", gpus), gpu_overrides={},
             inter_node_gbps=None, measured_tps_per_gpu=float(m["tokens_per_s"]) / world,
             reported=f"ftplan measure {r.get('_source')}: median step {m.get('median_step_s'):.4f} s",
-            exclude=None, raw=r))
+            exclude=None, raw=r, host_overrides=dict(host)))
     seen: set[str] = set()
     for o in out:
         if o.id in seen:
             raise CatalogError(f"{split_file}: two records share the id {o.id}")
         seen.add(o.id)
+    return out
+
+
+def parse_host(data: Any, where: str) -> dict[str, float]:
+    """The host constants of a measurement machine (``{"dispatch_s_per_op": {"value": ...,
+    "source": ...}, ...}``, keys among ``HOST_KEYS``) as Efficiency field overrides; ``None`` or
+    ``{}``: ftplan's default host."""
+    out: dict[str, float] = {}
+    if data is None:
+        return out
+    if not isinstance(data, dict):
+        raise CatalogError(f"{where}: 'host' must be an object")
+    for k, v in data.items():
+        if k.startswith("_"):
+            continue
+        if k not in HOST_KEYS:
+            raise CatalogError(f"{where}: host.{k} is not a host constant ({', '.join(HOST_KEYS)})")
+        val = v.get("value") if isinstance(v, dict) else None
+        if isinstance(val, bool) or not isinstance(val, (int, float)) or not 0 <= val < 1 or not v.get("source"):
+            raise CatalogError(f"{where}: host.{k} needs a value in [0, 1) seconds and a source")
+        out[k] = float(val)
     return out
 
 

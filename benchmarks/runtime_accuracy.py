@@ -19,6 +19,11 @@ publications are disjoint from the calibration ones):
 * the uncertainty band the estimates carry (efficiency.json ``uncertainty``) and how many
   held-out measurements fall inside it.
 
+* the GPU section: ``ftplan measure`` step times on one H100 80GB HBM3 (benchmarks/measurements/
+  h100-sxm-*.jsonl), split by model into calibration and held-out records
+  (h100-sxm-runtime-split.json), in-sample and held-out signed errors, and the measured vs
+  predicted LoRA-vs-full, QLoRA-vs-LoRA, gc-vs-no-gc and b1-vs-b8 ratios.
+
 ``--records`` lists every record. Pure standard library; runs in ~1 s.
 """
 
@@ -34,7 +39,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from ftplan.catalog.efficiency import efficiency  # noqa: E402
-from ftplan.catalog.runtime_reference import error_stats, evaluate, load_reference, ratio_checks  # noqa: E402
+from ftplan.catalog.runtime_reference import (  # noqa: E402
+    error_stats,
+    evaluate,
+    gpu_ratio_checks,
+    load_gpu_records,
+    load_reference,
+    ratio_checks,
+)
 
 TARGET_MEDIAN = 0.15
 TARGET_OVER = 0.25
@@ -77,7 +89,16 @@ def report() -> dict:
     bad_ratios = [r for r in ratios if abs(r["error"]) > TARGET_RATIO]
     hs = error_stats(held)
     low = [o for o in outs if _low_precision(o.ref.job)]
+    gpu = evaluate(load_gpu_records(ROOT / "benchmarks" / "measurements"), eff)
+    gpu_section = {
+        "calibration": error_stats([o for o in gpu if o.ref.split == "calibration"]),
+        "holdout": error_stats([o for o in gpu if o.ref.split == "holdout"]),
+        "ratios": gpu_ratio_checks(gpu),
+        "outcomes": [{"id": o.ref.id, "split": o.ref.split, "measured": o.measured_tps_per_gpu,
+                      "predicted": o.predicted_tps_per_gpu, "error": o.error} for o in gpu],
+    }
     return {
+        "gpu_records": gpu_section,
         "records": len(refs),
         "scored": len(outs),
         "excluded": [{"id": r.id, "why": r.exclude} for r in refs if r.exclude],
@@ -142,6 +163,19 @@ def main(argv: list[str]) -> int:
     for x in r["ratios"]:
         flag = "MISS" if abs(x["error"]) > TARGET_RATIO else "ok  "
         print(f"  {flag} {x['kind']:13s} {x['a'][:44]:44s} / {x['b'][:44]:44s} measured {x['measured']:.2f} predicted {x['predicted']:.2f} ({_pct(x['error'])})")
+    g = r["gpu_records"]
+    print("\nGPU records (ftplan measure, one H100 80GB HBM3; split by model: benchmarks/measurements/h100-sxm-runtime-split.json):")
+    for name in ("calibration", "holdout"):
+        s = g[name]
+        print(f"  {name:12s} n={s['n']:3d} median|err| {s['median_abs'] * 100:5.1f}%  median {_pct(s['median_signed'])}  "
+              f"max over {_pct(s['max_over'])}  max under {_pct(s['max_under'])}  <=15% {s['within_15'] * 100:.0f}%")
+    if a.records:
+        for o in g["outcomes"]:
+            print(f"  {o['split']:11s} {o['id'][:80]:80s} {o['measured']:9.0f} {o['predicted']:9.0f} {_pct(o['error']):>7s}")
+    for x in g["ratios"]:
+        flag = "MISS" if abs(x["error"]) > TARGET_RATIO else "ok  "
+        print(f"  {flag} {x['kind']:13s} {x['a'][:60]:60s} / {x['b'][:60]:60s} measured {x['measured']:.2f} "
+              f"predicted {x['predicted']:.2f} ({_pct(x['error'])})")
     t = r["targets"]
     print("\ntargets (issue 15):")
     print(f"  held-out median |error| <= 15%: {'PASS' if t['holdout_median_abs_le_15pct'] else 'FAIL'} ({r['holdout']['median_abs'] * 100:.1f}%)")

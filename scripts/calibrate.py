@@ -160,7 +160,16 @@ RUNTIME_BOUNDS = {
     "host.dispatch_s_per_op": (1e-6, 5e-5),
     "host.step_fixed_s": (0.0, 0.2),
     "comm.overlap_efficiency": (0.5, 1.0),
+    "host.checkpoint_ops_per_layer": (0.0, 400.0),
+    # the GPU measurement machine's own host (h100-sxm-runtime-split.json "host"), fitted on its
+    # calibration models only and applied to all of its records
+    "measure_host.dispatch_s_per_op": (1e-6, 5e-5),
+    "measure_host.step_fixed_s": (0.0, 0.2),
 }
+#: constants of the GPU side fitted on the published records only: the ftplan measure records are one
+#: GPU model and one software stack, and would pull the GPU-wide rates towards it; they enter the
+#: host constants (ftplan's default and their own machine's, "measure_host.")
+PUBLISHED_ONLY = ("gemm.", "attention.", "elementwise.", "comm.")
 OVER_WEIGHT = 2.0  # over-prediction (the direction in which a user under-budgets) costs double
 
 
@@ -232,19 +241,55 @@ def runtime_main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="calibrate.py runtime", description="fit the runtime model's free constants")
     ap.add_argument("records", nargs="*", help="ftplan measure JSONL files (default: benchmarks/measurements/*.jsonl)")
     ap.add_argument("--write", action="store_true", help="write the fit into src/ftplan/catalog/data/efficiency.json")
-    ap.add_argument("--sweeps", type=int, default=6, help="coordinate-descent sweeps (6: what efficiency.json holds)")
+    ap.add_argument("--sweeps", type=int, default=12, help="coordinate-descent sweeps (12: what efficiency.json holds)")
+    ap.add_argument("--only", default="", help="comma-separated keys to fit; the others keep their current values "
+                    "(what the data holds: host.dispatch_s_per_op,host.checkpoint_ops_per_layer,host.step_fixed_s,"
+                    "measure_host.dispatch_s_per_op)")
     a = ap.parse_args(argv)
+
+    from dataclasses import replace
+
+    from ftplan.catalog.runtime_reference import GPU_SPLIT_FILE, parse_host
 
     data = load_efficiency_data()
     refs = load_reference()
-    paths = [Path(p) for p in a.records] or sorted((ROOT / "benchmarks" / "measurements").glob("*.jsonl"))
-    extra = _measurement_refs(paths)
-    calib = [r for r in refs if r.split == "calibration" and not r.exclude] + extra
-    held = [r for r in refs if r.split == "holdout" and not r.exclude]
-    print(f"{len(calib)} calibration records ({len(extra)} from ftplan measure), {len(held)} held out")
+    split_path = ROOT / "benchmarks" / "measurements" / GPU_SPLIT_FILE
+    split_data: dict = {}
+    if a.records:  # explicit files: every ok CUDA record calibrates, on ftplan's default host
+        gpu_cal, gpu_held = _measurement_refs([Path(p) for p in a.records]), []
+    else:  # the committed GPU records, split by model (benchmarks/measurements/h100-sxm-runtime-split.json)
+        from ftplan.catalog.runtime_reference import load_gpu_records
 
+        gpu = load_gpu_records(ROOT / "benchmarks" / "measurements")
+        gpu_cal = [r for r in gpu if r.split == "calibration"]
+        gpu_held = [r for r in gpu if r.split == "holdout"]
+        split_data = json.loads(split_path.read_text())
+    # the measurement machine's host constants (fitted on gpu_cal only: the published records keep
+    # ftplan's default host)
+    host_work = json.loads(json.dumps(split_data.get("host") or {}))
+    pub_cal = [r for r in refs if r.split == "calibration" and not r.exclude]
+    calib = pub_cal + gpu_cal
+    held = [r for r in refs if r.split == "holdout" and not r.exclude]
+    print(f"{len(calib)} calibration records ({len(gpu_cal)} from ftplan measure), {len(held)} published "
+          f"and {len(gpu_held)} GPU records held out")
+
+    host_keys = tuple(f"measure_host.{k}" for k in host_work if not k.startswith("_"))
+    all_keys = FITTED_KEYS + host_keys
+    keys = tuple(k for k in a.only.split(",") if k) or all_keys
+    unknown = set(keys) - set(all_keys)
+    if unknown:
+        ap.error(f"unknown key(s) {sorted(unknown)}; fitted keys: {', '.join(all_keys)}")
     work = json.loads(json.dumps(data))
-    for k in FITTED_KEYS:  # start from the priors, not from a previous fit
+    work["measure_host"] = host_work  # read by _get/_set only; parse_efficiency ignores it
+
+    def gpu_refs(rs):
+        ov = parse_host(host_work, GPU_SPLIT_FILE)
+        return [replace(r, host_overrides=ov) for r in rs]
+
+    def eff_of():
+        return parse_efficiency({k: v for k, v in work.items() if k != "measure_host"})
+
+    for k in keys:  # start from the priors, not from a previous fit
         cur = work
         for part in k.split("."):
             cur = cur[part]
@@ -253,12 +298,14 @@ def runtime_main(argv: list[str]) -> int:
 
     def loss_at(key: str, value: float) -> float:
         _set(work, key, value)
-        return _loss(evaluate(calib, parse_efficiency(work)))
+        if key.startswith(PUBLISHED_ONLY):
+            return _loss(evaluate(pub_cal, eff_of()))
+        return _loss(evaluate(pub_cal + gpu_refs(gpu_cal), eff_of()))
 
-    best = _loss(evaluate(calib, parse_efficiency(work)))
+    best = _loss(evaluate(pub_cal + gpu_refs(gpu_cal), eff_of()))
     print(f"loss at priors {best:.5f}")
     for sweep in range(a.sweeps):
-        for key in FITTED_KEYS:
+        for key in keys:
             lo, hi = RUNTIME_BOUNDS[key]
             x0 = _get(work, key)
             # golden-section search on log(value) (linear for ranges that include 0)
@@ -280,18 +327,23 @@ def runtime_main(argv: list[str]) -> int:
                     fd = loss_at(key, finv(d))
             x = finv((a_ + b_) / 2)
             lx = loss_at(key, x)
-            if lx > best:  # never worse than where the sweep started
-                _set(work, key, x0)
-            else:
-                best = lx
-        print(f"sweep {sweep + 1}: loss {best:.5f}  " + ", ".join(f"{k.split('.')[-1]}={_get(work, k):.4g}" for k in FITTED_KEYS))
+            if lx <= loss_at(key, x0):  # never worse than where the sweep started (on the key's records)
+                _set(work, key, x)
+            best = _loss(evaluate(pub_cal + gpu_refs(gpu_cal), eff_of()))
+        print(f"sweep {sweep + 1}: loss {best:.5f}  " + ", ".join(f"{k.split('.')[-1]}={_get(work, k):.4g}" for k in keys))
 
-    eff = parse_efficiency(work)
+    eff = eff_of()
+    gpu_cal, gpu_held = gpu_refs(gpu_cal), gpu_refs(gpu_held)
+    calib = pub_cal + gpu_cal
     oc, oh = evaluate(calib, eff), evaluate(held, eff)
     lrs = [o.log_ratio for o in oh]
     q = (0.1, 0.9)
     band = (quantile(lrs, q[0]), quantile(lrs, q[1])) if lrs else (-0.25, 0.35)
-    summary = {"calibration": error_stats(oc), "holdout": error_stats(oh)}
+    summary = {"calibration": error_stats([o for o in oc if o.ref.source != "ftplan-measure"]),
+               "holdout": error_stats(oh)}
+    if gpu_cal or gpu_held:
+        summary["gpu_calibration"] = error_stats(evaluate(gpu_cal, eff))
+        summary["gpu_holdout"] = error_stats(evaluate(gpu_held, eff)) if gpu_held else {"n": 0}
     print(json.dumps({k: {kk: round(vv, 4) for kk, vv in v.items()} for k, v in summary.items()}, indent=1))
     print(f"band (held-out log(measured/predicted step) q10/q90): {band[0]:+.3f} / {band[1]:+.3f}")
     if not a.write:
@@ -299,14 +351,26 @@ def runtime_main(argv: list[str]) -> int:
         return 0
     stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
     used = [r.id for r in calib]
-    for k in FITTED_KEYS:
+    for k in keys:
+        if k.startswith("measure_host."):  # the measurement machine's host: its calibration models only
+            cur = split_data["host"][k.split(".", 1)[1]]
+            cur["value"] = round(_get(work, k), 7 if "dispatch" in k else 4)
+            cur["status"] = "calibrated"
+            cur["fitted"] = {"by": "scripts/calibrate.py runtime", "at": stamp, "records": len(gpu_cal),
+                             "reference": f"{GPU_SPLIT_FILE}: calibration_models"}
+            continue
         cur = data
         for part in k.split("."):
             cur = cur[part]
         cur["value"] = round(_get(work, k), 6 if "dispatch" in k else 4)
         cur["status"] = "calibrated"
-        cur["fitted"] = {"by": "scripts/calibrate.py runtime", "at": stamp, "records": len(used),
-                         "reference": "catalog/data/runtime_reference.json (split: calibration)"}
+        pub_only = k.startswith(PUBLISHED_ONLY)
+        cur["fitted"] = {"by": "scripts/calibrate.py runtime", "at": stamp,
+                         "records": len(pub_cal) if pub_only else len(used),
+                         "reference": "catalog/data/runtime_reference.json (split: calibration)"
+                         + (f" and {len(gpu_cal)} ftplan measure GPU records (benchmarks/measurements/"
+                            f"{GPU_SPLIT_FILE}: calibration_models, on their own host constants)"
+                            if gpu_cal and not pub_only else "")}
     data["uncertainty"] = {
         "log_low": round(band[0], 4), "log_high": round(band[1], 4), "quantiles": list(q), "n": len(lrs),
         "source": "10th/90th percentile of log(measured / predicted step time) over the held-out records of runtime_reference.json after the fit (scripts/calibrate.py runtime)",
@@ -315,11 +379,15 @@ def runtime_main(argv: list[str]) -> int:
     data["calibration"] = {
         "by": "scripts/calibrate.py runtime", "at": stamp, "objective": f"mean squared log error, over-prediction x{OVER_WEIGHT}",
         "calibration_records": used, "holdout_records": [r.id for r in held],
+        "gpu_holdout_records": [r.id for r in gpu_held],
         "summary": {k: {kk: round(vv, 4) for kk, vv in v.items()} for k, v in summary.items()},
     }
     path = ROOT / "src" / "ftplan" / "catalog" / "data" / "efficiency.json"
     path.write_text(json.dumps(data, indent=2) + "\n")
     print(f"wrote {path}")
+    if any(k.startswith("measure_host.") for k in keys):
+        split_path.write_text(json.dumps(split_data, indent=2) + "\n")
+        print(f"wrote {split_path}")
     return 0
 
 

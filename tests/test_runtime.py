@@ -118,11 +118,16 @@ def test_runtime_shape(model):
     assert estimate_runtime(model, ja, Layout(8, 1, "ddp"), gpu(), eff=eff0).comm_time_s == pytest.approx(d0.comm_time_s)
     q = estimate_runtime(model, j.with_(method="qlora"), Layout(), gpu())
     assert q.dequant_time_s > 0
-    pp = estimate_runtime(model, j.with_(grad_accum=4), Layout(2, 1, "single", pp=2), gpu())
-    # 1F1B with m = 4 micro-batches over 2 stages: one micro-batch stage time (its compute and its
-    # activation send) idles, (pp - 1) / m of the micro-batches' time
+    # 1F1B with m = 4 micro-batches over 2 stages: one micro-batch stage time idles, (pp - 1) / m of
+    # the micro-batches' time. With a free host the stage time is its compute and its activation send
+    free = dataclasses.replace(efficiency(), dispatch_s_per_op=0.0, checkpoint_ops_per_layer=0.0)
+    pp = estimate_runtime(model, j.with_(grad_accum=4), Layout(2, 1, "single", pp=2), gpu(), eff=free)
     b = pp.breakdown
     assert b["pp_bubble_s"] == pytest.approx((pp.compute_time_s + b["pp_comm_s"]) / 4)
+    # a stage whose forward waits on its host (TRL's fused head syncs between forward and backward)
+    # idles for its whole micro-batch time, host included: never less than the GPU-only bubble
+    pph = estimate_runtime(model, j.with_(grad_accum=4), Layout(2, 1, "single", pp=2), gpu())
+    assert pph.breakdown["pp_bubble_s"] >= (pph.compute_time_s + pph.breakdown["pp_comm_s"]) / 4 * (1 - 1e-9)
 
 
 def test_multinode_needs_offer_network(model):

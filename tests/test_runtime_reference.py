@@ -133,6 +133,15 @@ def test_calibration_written_matches_the_data(refs, outcomes):
     now_hold = sorted(r.id for r in refs if r.split == "holdout" and not r.exclude)
     assert sorted(i for i in cal["calibration_records"] if not i.startswith("measure-")) == now_cal
     assert sorted(cal["holdout_records"]) == now_hold
+    # the GPU measurement records the fit used / held out are the split file's, by model
+    from pathlib import Path
+
+    from ftplan.catalog.runtime_reference import load_gpu_records
+
+    gpu = load_gpu_records(Path(__file__).resolve().parents[1] / "benchmarks" / "measurements")
+    assert sorted(i for i in cal["calibration_records"] if i.startswith("measure-")) == sorted(
+        r.id for r in gpu if r.split == "calibration")
+    assert sorted(cal["gpu_holdout_records"]) == sorted(r.id for r in gpu if r.split == "holdout")
     for key in FITTED_KEYS:
         cur = data
         for part in key.split("."):
@@ -231,8 +240,8 @@ def test_host_time_by_hand():
     model = resolve_model("llama-3.1-8b")
     eff = efficiency()
     lora = _J(method="lora", lora=LoraSpec(target_modules=("q_proj", "v_proj")))
-    # 32 layers x 55 ops + 64 wrapped modules x 7 ops, forward + 1.5x backward
-    want = (32 * 55 + 64 * 7) * 2.5 * eff.dispatch_s_per_op
+    # 32 layers x 55 ops + 64 wrapped modules x 9 ops, forward + 1.5x backward (no checkpointing)
+    want = (32 * 55 + 64 * 9) * 2.5 * eff.dispatch_s_per_op
     assert host_time(model, lora, Layout(), eff) == pytest.approx(want)
 
 

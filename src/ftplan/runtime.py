@@ -74,6 +74,8 @@ __all__ = [
     "dequant_time",
     "quantize_time",
     "host_time",
+    "loss_syncs",
+    "adapter_traffic_bytes",
     "step_overhead",
     "loss_bytes_per_token",
     "optimizer_time",
@@ -572,15 +574,73 @@ def attention_time(model: ModelSpec, job: Job, layout: Layout, tokens: float, ra
 _EW_CACHE: dict[tuple, tuple[float, float, float]] = {}
 
 
-def _elementwise_dims(model: ModelSpec, job: Job, tp: int, eff: Efficiency) -> tuple[float, float, float]:
-    """Forward bytes per token of (the layers' memory-bound ops, LoRA's scale/add/dropout) summed
-    over the layers with the op-inventory weights (eager or compiled), and the expert weights PEFT
-    merges in every forward when it wraps fused MoE experts."""
-    key = (model, job.lora, job.method, job.torch_compile, tp, id(eff))
+def _fp32_stream(job: Job, engine: str) -> bool:
+    """The layers' activations (residual stream, norm outputs) are fp32: the embeddings and norms
+    were left in fp32 (PEFT's ``prepare_model_for_kbit_training`` for QLoRA; a LoRA base loaded in
+    fp32) and autocast runs on them without an engine casting the parameters (one GPU, DDP)."""
+    if not job.precision.endswith("-mixed") or engine not in ("torch", "ddp"):
+        return False
+    return job.kbit_upcast or job.casts_fp32_base
+
+
+def adapter_traffic_bytes(job: Job, eff: Efficiency, fp32_stream: bool = False,
+                          engine: str = "torch") -> tuple[float, float, float, float]:
+    """Bytes read + written by the non-GEMM ops of one LoRA-wrapped linear per element of its input
+    and of its output: (input forward, input backward, output forward, output backward).
+
+    An op inventory of PEFT 0.21 ``lora.Linear.forward`` / ``lora.bnb.Linear4bit.forward`` (the
+    dtypes: the input ``a`` (fp32 on an fp32 stream, else the compute dtype), the adapter ``w``
+    (fp32: PEFT's ``autocast_adapter_dtype``; bf16 under TRL's QLoRA recipe), the autocast compute
+    dtype ``c``):
+
+    * input side, forward: PEFT casts ``x`` to the adapter dtype (``_cast_input_dtype``; the bnb
+      layer only without autocast): read ``a`` write ``w``; dropout (``lora_dropout > 0``) in that
+      dtype: read, write, and a 1-byte mask (``dropout_mask_bytes``); autocast casts it to the
+      compute dtype for ``lora_A``: read, write. Backward: each of these again (gradient casts,
+      dropout's mask multiply) and the add of the adapter's input gradient to the base layer's
+      (read 2, write 1 in ``a``).
+    * output side: ``lora_B(...) * scaling`` (read, write in ``c``) and ``result + lora`` (read both,
+      write the wider), cast back to the base output's dtype if wider; QLoRA's ``result.clone()``
+      (read, write). Backward: the scaling multiply, and the casts.
+    """
+    autocast = job.precision.endswith("-mixed")
+    c = float(dtype_bytes(compute_dtype(job))) if autocast else float(dtype_bytes(job.frozen_dtype))
+    # the adapters stay in PEFT's dtype on one GPU / DDP under autocast; FSDP / DeepSpeed run every
+    # parameter in the compute dtype, and a pure-precision run holds them in that dtype
+    w = float(dtype_bytes(job.adapter_dtype)) if autocast and engine in ("torch", "ddp") else c
+    a = 4.0 if fp32_stream else c
+    qlora = job.method == "qlora"
+    peft_cast = (a + w) if a != w and (not qlora or not autocast) else 0.0
+    d = w if peft_cast else a
+    drop = (2.0 * d + eff.dropout_mask_bytes) if job.lora.dropout > 0 else 0.0
+    e = c if autocast else w  # dtype of the adapter's GEMMs and of its output
+    ac = (d + e) if d != e else 0.0
+    in_fwd = peft_cast + drop + ac
+    in_bwd = ac + drop + peft_cast + 3.0 * a
+    a_out = a if qlora else c  # bnb's Linear4bit casts its output back to the input's dtype
+    r = max(a_out, e)
+    back = (r + a_out) if r != a_out else 0.0
+    out_fwd = 2.0 * e + a_out + e + r + back + (2.0 * a_out if qlora else 0.0)
+    out_bwd = 2.0 * e + ((r + e) if r != e else 0.0) + back
+    return in_fwd, in_bwd, out_fwd, out_bwd
+
+
+def _elementwise_dims(model: ModelSpec, job: Job, tp: int, eff: Efficiency,
+                      engine: str = "torch") -> tuple[float, float, float, float]:
+    """Forward bytes per token of (the layers' memory-bound ops, LoRA's adapter ops and bnb's
+    casts in the forward) summed over the layers with the op-inventory weights (eager or compiled),
+    the expert weights PEFT merges in every forward when it wraps fused MoE experts, and the
+    backward bytes per token of the adapter ops and casts."""
+    fp32 = _fp32_stream(job, engine)
+    key = (model, job.lora, job.method, job.torch_compile, tp, id(eff), fp32, job.precision, job.quant,
+           job.base_dtype, engine in ("torch", "ddp"))
     hit = _EW_CACHE.get(key)
     if hit is not None:
         return hit
     inv = eff.elementwise_compiled if job.torch_compile else eff.elementwise_eager
+    # QLoRA on an fp32 stream: bnb returns fp32 projections, so the q/k and MLP elementwise ops run
+    # on fp32 tensors (twice the bytes of the bf16 inventory)
+    wide = 4.0 / float(dtype_bytes(compute_dtype(job))) if (fp32 and job.method == "qlora") else 1.0
     h = model.hidden_size
     total = 0.0
     for g in model.groups:
@@ -593,21 +653,32 @@ def _elementwise_dims(model: ModelSpec, job: Job, tp: int, eff: Efficiency) -> t
             if g.moe.shared is not None:
                 inter += g.moe.shared.intermediate_size
         qk = (a.num_heads + a.num_kv_heads) * a.head_dim
-        per_layer = (inv.per_hidden * h + (inv.per_intermediate * inter + inv.per_qk * qk
+        per_layer = (inv.per_hidden * h + (wide * (inv.per_intermediate * inter + inv.per_qk * qk)
                      + inv.per_attn_out * a.num_heads * a.v_head_dim) / tp)
         total += g.count * per_layer
-    lora = 0.0
+    lora_f = lora_b = 0.0
     if job.uses_lora:
         targets = lora_targets(model, job.lora)
-        per_in = eff.lora_bytes_per_in + (eff.lora_dropout_bytes_per_in if job.lora.dropout > 0 else 0.0)
+        in_f, in_b, out_f, out_b = adapter_traffic_bytes(job, eff, fp32, engine)
         for lin in model.linears():
             if lin.is_module and lin.module in targets:
-                lora += lin.count * lin.token_fraction * (per_in * lin.in_features
-                                                         + eff.lora_bytes_per_out * lin.out_features) / tp
+                n = lin.count * lin.token_fraction / tp
+                lora_f += n * (in_f * lin.in_features + out_f * lin.out_features)
+                lora_b += n * (in_b * lin.in_features + out_b * lin.out_features)
+    if job.method == "qlora" and fp32:
+        # bnb Linear4bit.forward: x.to(compute dtype) and the product .to(input dtype), forward and
+        # backward (the gradients cast back), on every quantized linear
+        c = float(dtype_bytes(compute_dtype(job)))
+        skip = set(job.quant.skip_modules)
+        for lin in model.linears():
+            if lin.is_module and lin.module not in skip:
+                n = lin.count * lin.token_fraction / tp * (4.0 + c) * (lin.in_features + lin.out_features)
+                lora_f += n
+                lora_b += n
     merged = 0.0
     if job.uses_lora and lora_wraps_experts(model, job.lora):
         merged = sum(lin.params for lin in model.linears() if lin.category == "experts") / tp
-    res = (total, lora, merged)
+    res = (total, lora_f, merged, lora_b)
     if len(_EW_CACHE) > 2048:
         _EW_CACHE.clear()
     _EW_CACHE[key] = res
@@ -641,11 +712,10 @@ def loss_bytes_per_token(model: ModelSpec, job: Job, layout: Layout, eff: Effici
 
 
 def _elementwise_bytes_per_token(model: ModelSpec, job: Job, layout: Layout, eff: Efficiency) -> float:
-    layer_bytes, lora_bytes, _ = _elementwise_dims(model, job, layout.tp, eff)
+    layer_bytes, lora_fwd, _, lora_bwd = _elementwise_dims(model, job, layout.tp, eff, layout.engine)
     rc = recompute_fractions(job, eff, model).elementwise
     passes = 1.0 + eff.elementwise_backward_factor + rc
-    lora_passes = 1.0 + eff.lora_backward_factor + rc
-    per_token = (layer_bytes * passes + lora_bytes * lora_passes) / layout.pp * eff.elementwise_scale
+    per_token = (layer_bytes * passes + lora_fwd * (1.0 + rc) + lora_bwd) / layout.pp * eff.elementwise_scale
     return per_token + loss_bytes_per_token(model, job, layout, eff)
 
 
@@ -654,7 +724,7 @@ def _weight_traffic_bytes(model: ModelSpec, job: Job, layout: Layout, eff: Effic
                           rc: Recompute | None = None) -> float:
     rc = rc or recompute_fractions(job, eff, model)
     total = 0.0
-    merged_params = _elementwise_dims(model, job, layout.tp, eff)[2]
+    merged_params = _elementwise_dims(model, job, layout.tp, eff, layout.engine)[2]
     if merged_params:  # PEFT ParamWrapper: W + BA of every expert, each forward and its backward
         total += merged_params / layout.pp * eff.lora_expert_merge_bytes_per_param * (2.0 + rc.matmul)
     if job.method == "full":
@@ -774,14 +844,45 @@ def _lora_module_count(model: ModelSpec, job: Job) -> float:
     return hit
 
 
+def _quant_module_count(model: ModelSpec, job: Job) -> float:
+    if job.method != "qlora":
+        return 0.0
+    skip = set(job.quant.skip_modules)
+    return float(sum(lin.count for lin in model.linears() if lin.is_module and lin.module not in skip))
+
+
 def host_time(model: ModelSpec, job: Job, layout: Layout, eff: Efficiency) -> float:
-    """CPU seconds to launch one micro-batch: ops per layer (and per LoRA module) x passes x the
-    per-op dispatch time; ``torch.compile`` keeps ``compile_op_factor`` of the launches."""
+    """CPU seconds to launch one micro-batch: ops per layer, per LoRA module and per bitsandbytes
+    4-bit module x passes (forward, backward, recompute) x the per-op dispatch time, plus the Python
+    work of ``torch.utils.checkpoint`` per checkpointed layer; ``torch.compile`` keeps
+    ``compile_op_factor`` of the launches."""
     n_lora = _lora_module_count(model, job)
-    ops_fwd = (model.num_layers * eff.ops_per_layer_forward + n_lora * eff.ops_per_lora_module_forward) / layout.pp
-    passes = 1.0 + eff.backward_op_factor + recompute_fractions(job, eff, model).elementwise
+    n_quant = _quant_module_count(model, job)
+    ops_fwd = (model.num_layers * eff.ops_per_layer_forward + n_lora * eff.ops_per_lora_module_forward
+               + n_quant * eff.ops_per_quant_module_forward) / layout.pp
+    rc = recompute_fractions(job, eff, model).elementwise
+    passes = 1.0 + eff.backward_op_factor + rc
     ops = ops_fwd * passes * (eff.compile_op_factor if job.torch_compile else 1.0)
+    ops += rc * model.num_layers / layout.pp * eff.checkpoint_ops_per_layer
     return ops * eff.dispatch_s_per_op
+
+
+def loss_syncs(job: Job) -> bool:
+    """The loss path waits for the GPU between the forward and the backward: TRL's fused LM head
+    scores only the labelled positions (``hidden_states[mask]``, a boolean index whose size the host
+    must read: trl/trainer/utils.py ``add_fused_lm_head``), so the host cannot launch the backward
+    while the forward runs."""
+    return job.loss == "trl"
+
+
+def _host_forward_share(model: ModelSpec, job: Job, layout: Layout, eff: Efficiency) -> float:
+    h = host_time(model, job, layout, eff)
+    if h <= 0:
+        return 0.0
+    rc = recompute_fractions(job, eff, model).elementwise
+    ckpt = rc * model.num_layers / layout.pp * eff.checkpoint_ops_per_layer * eff.dispatch_s_per_op
+    passes = 1.0 + eff.backward_op_factor + rc
+    return (h - ckpt) / passes / h
 
 
 def step_overhead(eff: Efficiency) -> float:
@@ -1076,6 +1177,7 @@ class _Static(NamedTuple):
     ew_per_token_s: float
     dequant_s: float
     host_s: float
+    host_forward_share: float
     links: _Links
     quant_per_token_s: float
     quant_fixed_s: float
@@ -1134,6 +1236,7 @@ def _static(model: ModelSpec, job: Job, layout: Layout, gpu: Any, offer: Any | N
         quant_per_token_s=quantize_time(model, job, layout, 1.0, rates) - quantize_time(model, job, layout, 0.0, rates),
         quant_fixed_s=quantize_time(model, job, layout, 0.0, rates),
         host_s=host_time(model, job, layout, eff),
+        host_forward_share=_host_forward_share(model, job, layout, eff),
         links=links,
         tp_per_token_s=tp2 - tp1, tp_latency_s=tp0, pp_per_token_s=pp2 - pp1, pp_latency_s=pp0,
         optimizer_s=opt, rc=rc, offload_xfer_s=xfer, offload_gather_bytes=gather, host_bytes_per_s=host_bw,
@@ -1179,7 +1282,14 @@ def estimate_runtime(model: ModelSpec, job: Job, layout: Layout, gpu: Any, *, of
     exposed_step = _exposed(comm.last_backward_s, bwd_share * gpu_mb, eff, tail) + comm.after_step_s
 
     busy_mb = gpu_mb + exposed_mb + t_tp + t_ppc + t_ep
-    mb_time = max(busy_mb, host_mb)
+    if loss_syncs(job):
+        # the forward and the backward each take the longer of their GPU and host parts (the
+        # forward's share of the GPU work by FLOPs, of the host work by passes)
+        g_f = busy_mb * f.forward / f.hardware if f.hardware > 0 else 0.0
+        h_f = host_mb * sx.host_forward_share
+        mb_time = max(g_f, h_f) + max(busy_mb - g_f, host_mb - h_f)
+    else:
+        mb_time = max(busy_mb, host_mb)
     compute = m * gpu_mb
     bubble = (pp - 1) * mb_time / layout.pp_virtual if pp > 1 else 0.0  # pp_bubble_fraction
 

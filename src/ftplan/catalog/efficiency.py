@@ -27,6 +27,7 @@ FITTED_KEYS = (
     "host.dispatch_s_per_op",
     "host.step_fixed_s",
     "comm.overlap_efficiency",
+    "host.checkpoint_ops_per_layer",
 )
 
 
@@ -75,15 +76,14 @@ class Efficiency:
     loss_bytes_per_logit: dict[str, float]  # by loss path (job.loss: hf, trl, liger)
     autocast_cast_bytes_per_param: float
     grad_accumulate_bytes_per_param: float
-    lora_bytes_per_in: float
-    lora_bytes_per_out: float
-    lora_dropout_bytes_per_in: float
+    dropout_mask_bytes: float  # torch native_dropout's bool mask, per element
     lora_expert_merge_bytes_per_param: float
-    lora_backward_factor: float
     # host
     dispatch_s_per_op: float
     ops_per_layer_forward: float
     ops_per_lora_module_forward: float
+    ops_per_quant_module_forward: float  # bitsandbytes Linear4bit (dequantize + casts), per forward
+    checkpoint_ops_per_layer: float  # torch.utils.checkpoint's Python work per checkpointed layer, in ops
     backward_op_factor: float
     compile_op_factor: float
     step_fixed_s: float
@@ -264,17 +264,17 @@ def parse_efficiency(data: Any, where: str = "efficiency.json") -> Efficiency:
                                               f"{where}: elementwise.autocast_cast_bytes_per_param", 0, 100),
         grad_accumulate_bytes_per_param=_valued(ew.get("grad_accumulate_bytes_per_param"),
                                                 f"{where}: elementwise.grad_accumulate_bytes_per_param", 0, 100),
-        lora_bytes_per_in=_valued(ew.get("lora_bytes_per_in"), f"{where}: elementwise.lora_bytes_per_in", 0, 1000),
-        lora_bytes_per_out=_valued(ew.get("lora_bytes_per_out"), f"{where}: elementwise.lora_bytes_per_out", 0, 1000),
-        lora_dropout_bytes_per_in=_valued(ew.get("lora_dropout_bytes_per_in"),
-                                          f"{where}: elementwise.lora_dropout_bytes_per_in", 0, 1000),
+        dropout_mask_bytes=_valued(ew.get("dropout_mask_bytes"), f"{where}: elementwise.dropout_mask_bytes", 0, 8),
         lora_expert_merge_bytes_per_param=_valued(ew.get("lora_expert_merge_bytes_per_param"),
                                                   f"{where}: elementwise.lora_expert_merge_bytes_per_param", 0, 100),
-        lora_backward_factor=_valued(ew.get("lora_backward_factor"), f"{where}: elementwise.lora_backward_factor", 0, 10),
         dispatch_s_per_op=_valued(h.get("dispatch_s_per_op"), f"{where}: host.dispatch_s_per_op", 0, 1e-3),
         ops_per_layer_forward=_valued(h.get("ops_per_layer_forward"), f"{where}: host.ops_per_layer_forward", 0, 1e4),
         ops_per_lora_module_forward=_valued(h.get("ops_per_lora_module_forward"),
                                             f"{where}: host.ops_per_lora_module_forward", 0, 1e3),
+        ops_per_quant_module_forward=_valued(h.get("ops_per_quant_module_forward"),
+                                             f"{where}: host.ops_per_quant_module_forward", 0, 1e3),
+        checkpoint_ops_per_layer=_valued(h.get("checkpoint_ops_per_layer"), f"{where}: host.checkpoint_ops_per_layer",
+                                         0, 1e4),
         backward_op_factor=_valued(h.get("backward_op_factor"), f"{where}: host.backward_op_factor", 0, 10),
         compile_op_factor=_valued(h.get("compile_op_factor"), f"{where}: host.compile_op_factor", 0, 1),
         step_fixed_s=_valued(h.get("step_fixed_s"), f"{where}: host.step_fixed_s", 0, 60),

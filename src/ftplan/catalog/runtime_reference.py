@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields, replace
 from importlib import resources
 from types import SimpleNamespace
 from typing import Any
@@ -18,7 +18,11 @@ from typing import Any
 from ..errors import CatalogError
 
 __all__ = ["Reference", "Outcome", "GpuVariant", "load_reference", "predict", "evaluate", "error_stats",
-           "ratio_checks", "log_ratio", "quantile"]
+           "ratio_checks", "log_ratio", "quantile", "load_gpu_records", "gpu_ratio_checks", "GPU_SPLIT_FILE",
+           "HOST_KEYS", "host_variant", "parse_host"]
+
+#: the split of the GPU measurement records (benchmarks/measurements/, relative to the repository)
+GPU_SPLIT_FILE = "h100-sxm-runtime-split.json"
 
 SPLITS = ("calibration", "holdout", "constant")
 
@@ -38,6 +42,10 @@ class Reference:
     reported: str
     exclude: str | None
     raw: dict
+    #: host constants of the machine the record was measured on (efficiency.json ``host`` field
+    #: names), replacing ftplan's default host: per-op dispatch is a property of the CPU, Python
+    #: and driver stack, not of the GPU (empty: ftplan's default host)
+    host_overrides: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -150,6 +158,8 @@ def _job(d: dict):
     quant = dict(d.pop("quant", None) or {})
     if "target_modules" in lora:
         lora["target_modules"] = tuple(lora["target_modules"])
+    if "skip_modules" in quant:
+        quant["skip_modules"] = tuple(quant["skip_modules"])
     known = {f.name for f in fields(Job)}
     unknown = set(d) - known
     if unknown:
@@ -164,10 +174,38 @@ def predict(ref: Reference, eff: Any | None = None):
     from .gpus import load_gpus
 
     gpu = load_gpus()[ref.gpu]
+    if ref.host_overrides:
+        eff = host_variant(eff, ref.host_overrides)
     if ref.gpu_overrides:
         gpu = GpuVariant(gpu, ref.gpu_overrides)
     offer = SimpleNamespace(inter_node_gbps=ref.inter_node_gbps) if ref.inter_node_gbps else None
     return estimate_runtime(_model(ref), _job(ref.job), Layout(**ref.layout), gpu, offer=offer, eff=eff)
+
+
+#: host constants a record may replace (efficiency.json ``host``; Efficiency field names)
+HOST_KEYS = ("dispatch_s_per_op", "step_fixed_s")
+
+_HOST_VARIANTS: dict[tuple, tuple[Any, Any]] = {}
+
+
+def host_variant(eff: Any | None, overrides: dict) -> Any:
+    """``eff`` (default: the bundled efficiency.json) with the host constants of another machine.
+    Memoised per (eff, overrides) so that the runtime model's caches keep hitting."""
+    from .efficiency import efficiency
+
+    eff = eff if eff is not None else efficiency()
+    key = (id(eff), tuple(sorted(overrides.items())))
+    hit = _HOST_VARIANTS.get(key)
+    if hit is not None and hit[0] is eff:
+        return hit[1]
+    bad = set(overrides) - set(HOST_KEYS)
+    if bad:
+        raise CatalogError(f"host overrides: unknown key(s) {sorted(bad)}; known: {', '.join(HOST_KEYS)}")
+    var = replace(eff, **overrides)
+    if len(_HOST_VARIANTS) > 256:
+        _HOST_VARIANTS.clear()
+    _HOST_VARIANTS[key] = (eff, var)
+    return var
 
 
 def evaluate(refs: list[Reference], eff: Any | None = None) -> list[Outcome]:
@@ -228,4 +266,119 @@ def ratio_checks(outcomes: list[Outcome]) -> list[dict[str, Any]]:
         rel = o.ref.raw.get("ratios") or []
         for r in rel:
             add(r["kind"], o.ref.id, r["vs"], r.get("note"))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# ftplan measure GPU records (benchmarks/measurements/*.jsonl) as references
+# ---------------------------------------------------------------------------------------------
+def load_gpu_records(measurements_dir: Any, split_file: str = GPU_SPLIT_FILE) -> list[Reference]:
+    """The ``ok`` CUDA records named by ``split_file`` (in ``measurements_dir``) as references, with
+    the split the file states per model (``calibration`` / ``holdout``); the latest record of each
+    configuration counts (``ftplan validate``'s rule). A record of a model the file does not name is
+    an error (a new model must be put on one side of the split explicitly)."""
+    from pathlib import Path
+
+    from ..measure.records import load_records
+    from ..measure.validate import latest_per_configuration
+    from .gpus import load_gpus, resolve_gpu_name
+
+    d = Path(measurements_dir)
+    try:
+        split = json.loads((d / split_file).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise CatalogError(f"cannot read {d / split_file}: {e}") from None
+    cal, held = set(split.get("calibration_models") or ()), set(split.get("holdout_models") or ())
+    if not split.get("source") or not split.get("files") or not cal or not held or cal & held:
+        raise CatalogError(f"{split_file}: needs 'files', a 'source' and disjoint calibration_models / holdout_models")
+    host = parse_host(split.get("host"), split_file)
+    records, problems = load_records([d / f for f in split["files"]], strict_files=True)
+    if problems:
+        raise CatalogError(f"{split_file}: {problems[0]}")
+    records, _ = latest_per_configuration(records)
+    gpus = load_gpus()
+    out: list[Reference] = []
+    for r in records:
+        run, m = r.get("run") or {}, r.get("measured") or {}
+        if r.get("outcome") != "ok" or run.get("device") != "cuda" or run.get("tiny") or not m.get("tokens_per_s"):
+            continue
+        name = r["model"].get("name")
+        if name not in cal and name not in held:
+            raise CatalogError(f"{split_file}: model {name!r} of {r.get('_source')} is on neither side of the split")
+        lay = r.get("layout") or {}
+        world = lay.get("gpus_per_node", 1) * lay.get("nodes", 1)
+        job = r["job"]
+        rid = (f"measure-{name}-{job['method']}-{job['precision']}{'-fp32base' if job.get('base_dtype') == 'fp32' else ''}"
+               f"-b{job['micro_batch']}-s{job['seq_len']}{'-ga' + str(job['grad_accum']) if job.get('grad_accum', 1) > 1 else ''}"
+               f"{'-gc' if job.get('gradient_checkpointing') else ''}-{job.get('optimizer')}-{job.get('attn_impl')}"
+               f"{'-' + '+'.join(job['lora']['target_modules']) if job['method'] != 'full' else ''}"
+               f"{'-no-double-quant' if job['method'] == 'qlora' and not job['quant'].get('double_quant') else ''}")
+        out.append(Reference(
+            id=rid, source="ftplan-measure", split="calibration" if name in cal else "holdout",
+            model={"name": name, "config": r["model"]["config"]}, job=dict(job), layout=dict(lay),
+            gpu=resolve_gpu_name((r.get("env") or {}).get("gpu_name") or "", gpus), gpu_overrides={},
+            inter_node_gbps=None, measured_tps_per_gpu=float(m["tokens_per_s"]) / world,
+            reported=f"ftplan measure {r.get('_source')}: median step {m.get('median_step_s'):.4f} s",
+            exclude=None, raw=r, host_overrides=dict(host)))
+    seen: set[str] = set()
+    for o in out:
+        if o.id in seen:
+            raise CatalogError(f"{split_file}: two records share the id {o.id}")
+        seen.add(o.id)
+    return out
+
+
+def parse_host(data: Any, where: str) -> dict[str, float]:
+    """The host constants of a measurement machine (``{"dispatch_s_per_op": {"value": ...,
+    "source": ...}, ...}``, keys among ``HOST_KEYS``) as Efficiency field overrides; ``None`` or
+    ``{}``: ftplan's default host."""
+    out: dict[str, float] = {}
+    if data is None:
+        return out
+    if not isinstance(data, dict):
+        raise CatalogError(f"{where}: 'host' must be an object")
+    for k, v in data.items():
+        if k.startswith("_"):
+            continue
+        if k not in HOST_KEYS:
+            raise CatalogError(f"{where}: host.{k} is not a host constant ({', '.join(HOST_KEYS)})")
+        val = v.get("value") if isinstance(v, dict) else None
+        if isinstance(val, bool) or not isinstance(val, (int, float)) or not 0 <= val < 1 or not v.get("source"):
+            raise CatalogError(f"{where}: host.{k} needs a value in [0, 1) seconds and a source")
+        out[k] = float(val)
+    return out
+
+
+def gpu_ratio_checks(outcomes: list[Outcome]) -> list[dict[str, Any]]:
+    """Predicted vs measured ratios between GPU records that differ in one thing: LoRA vs full,
+    QLoRA vs LoRA, checkpointing on vs off, micro-batch 1 vs 8 (same model, sequence, the rest
+    equal)."""
+    def key(o: Outcome, drop: tuple[str, ...]) -> str:
+        j = {k: v for k, v in o.ref.job.items() if k not in drop}
+        return json.dumps([o.ref.model.get("name"), j], sort_keys=True)
+
+    out: list[dict[str, Any]] = []
+
+    def pairs(kind: str, drop: tuple[str, ...], a_pred, b_pred) -> None:
+        groups: dict[str, list[Outcome]] = {}
+        for o in outcomes:
+            groups.setdefault(key(o, drop), []).append(o)
+        for g in groups.values():
+            for a in g:
+                if not a_pred(a.ref.job):
+                    continue
+                for b in g:
+                    if b is a or not b_pred(b.ref.job):
+                        continue
+                    meas = a.measured_tps_per_gpu / b.measured_tps_per_gpu
+                    pred = a.predicted_tps_per_gpu / b.predicted_tps_per_gpu
+                    out.append({"kind": kind, "a": a.ref.id, "b": b.ref.id, "measured": meas, "predicted": pred,
+                                "error": pred / meas - 1.0, "split": a.ref.split})
+
+    method_drop = ("method", "precision", "lora", "quant", "base_dtype")
+    pairs("lora-vs-full", method_drop, lambda j: j["method"] == "lora", lambda j: j["method"] == "full")
+    pairs("qlora-vs-lora", ("method", "quant"), lambda j: j["method"] == "qlora", lambda j: j["method"] == "lora")
+    pairs("gc-vs-no-gc", ("gradient_checkpointing",), lambda j: j["gradient_checkpointing"],
+          lambda j: not j["gradient_checkpointing"])
+    pairs("b1-vs-b8", ("micro_batch",), lambda j: j["micro_batch"] == 1, lambda j: j["micro_batch"] == 8)
     return out

@@ -1417,7 +1417,7 @@ def activation_parts(model: ModelSpec, job: Job, layout: Layout | None = None, *
                                 x - cache + _eager_attention_backward_bytes(g, model, job, dt, tp, backend))
         recompute += (_recompute_weight_copy_bytes(model, job, layout, backend)
                       + _lowprec_recompute_copies(model, job, layout))
-    (g0, x0), bc0 = per_layer[0], base_copy[0]
+    x0, bc0 = per_layer[0][1], base_copy[0]
     first_saved = t * model.hidden_size * dt.resid if ck_counts[0] else x0 + bc0
     # pipeline 1F1B: a stage holds layers/pp, for up to pp micro-batches in flight
     if pp > 1:

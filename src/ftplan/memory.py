@@ -1593,13 +1593,14 @@ def estimate_memory(
     if _one_device_full_backward(job, layout):
         # full fine-tuning on one device: backward frees the saved tensors as it
         # makes the gradients (HF Trainer zeroes them with set_to_none after each step), so the
-        # whole gradient set and the whole saved set never coexist. The step's peak is the larger
+        # whole gradient set and the whole saved set never coexist. The step's peak is the largest
         # of the loss's backward (only the head's gradient exists), the last layer's backward
-        # (everything saved but the loss's) and the first layer's (every gradient, one layer's
-        # saved tensors); between those the live bytes change linearly. Measured on an H100:
+        # (everything saved but the loss's), the first layer's (every gradient, one layer's saved
+        # tensors) and, with a tied embedding, the embedding's; between the layers' moments the
+        # live bytes change linearly. Measured on an H100:
         # benchmarks/measurements/h100-sxm-peak-anatomy.json (the peak at TRL's loss backward
         # with the head's fp32 gradient alone; at the first layer's backward under checkpointing).
-        # with accumulation every gradient is already there from the earlier micro-batches
+        # With accumulation every gradient is already there from the earlier micro-batches.
         head_grad = _head_grad_bytes(model, job) if job.grad_accum == 1 else int(grads)
         no_grads = resident - grads + head_grad
         # TRL's chunked log-prob backward accumulates the head's gradient in fp32 and casts it to

@@ -81,15 +81,17 @@ def test_accumulation_adds_at_most_the_autocast_cache_at_the_forward_end(name, j
     """With gradient accumulation the gradients are alive through the next micro-batch's forward,
     whose end also holds autocast's cached weight copies (tests/test_loss_peak_vs_torch.py measures
     them): the peak can rise by at most those copies (and, for full fine-tuning on one GPU, by the
-    gradients a single micro-batch has not made yet at its loss's backward), never at the first
-    micro-batch."""
+    gradients a single micro-batch has not made yet at its loss's backward)."""
     model = resolve_model(name)
     job = _peft_ok(model, job)
     lay = Layout(gpus_per_node=gpus, strategy="single" if gpus == 1 else "ddp")
     one = estimate_memory(model, job, lay)
     acc = estimate_memory(model, job.with_(grad_accum=accum), lay)
     cache = activation_parts(model, job, lay).autocast_cache_bytes
-    assert one.peak_phase != "forward_end"
+    # one micro-batch: the forward's end (autocast's cached copies of every checkpointed layer, no
+    # gradients yet) can top full fine-tuning's backward moments on one GPU (long rows), never
+    # the summed gradients of the other layouts
+    assert one.peak_phase != "forward_end" or (job.method == "full" and gpus == 1)
     # full fine-tuning on one GPU: with one micro-batch only the head's gradient exists at the
     # loss's backward; with accumulation they all do (from the earlier micro-batches)
     grads_not_made = 0

@@ -76,9 +76,11 @@ _CKPT_TEXT = {
 
 
 def job_assumptions(job: Job, layout: Layout | None = None, *,
-                    explicit: frozenset[str] | set[str] | None = None) -> tuple[Assumption, ...]:
+                    explicit: frozenset[str] | set[str] | None = None,
+                    model: ModelSpec | None = None) -> tuple[Assumption, ...]:
     """The defaults ``job`` rests on. ``explicit``: the option names the user set (those are not
-    assumptions); without it, every field still at ``Job()``'s default is listed."""
+    assumptions); without it, every field still at ``Job()``'s default is listed. ``model``: the
+    architecture, where a default depends on it (attention without an sdpa path)."""
     given = set(explicit or ())
     base = Job()
     out: list[Assumption] = []
@@ -130,8 +132,14 @@ def job_assumptions(job: Job, layout: Layout | None = None, *,
             "`loss=hf` (transformers' loss) or `loss=liger`",
             "TRL SFTConfig loss_type='nll' ('chunked_nll' is its deprecated alias)"))
     if assumed("attn_impl", "attn"):
-        out.append(Assumption("attn_impl", job.attn_impl, f"attention: {job.attn_impl}", "`attn=flash`",
-                              "transformers' default attn_implementation (sdpa)"))
+        if model is not None and job.attn_impl == "sdpa" and not model.supports_sdpa:
+            out.append(Assumption("attn_impl", "eager", "attention: eager (the (b, heads, s, s) scores "
+                                  "materialised)", "`attn=flash`",
+                                  "transformers' default attn_implementation: eager where the architecture has "
+                                  "no sdpa path (attention soft-capping: Gemma2)"))
+        else:
+            out.append(Assumption("attn_impl", job.attn_impl, f"attention: {job.attn_impl}", "`attn=flash`",
+                                  "transformers' default attn_implementation (sdpa)"))
     if assumed("activation_offloading") and not job.activation_offloading:
         out.append(Assumption("activation_offloading", False, "activations stay on the GPU",
                               "`activation_offloading`", "TRL SFTConfig activation_offloading=False"))

@@ -251,7 +251,7 @@ def estimate(model: ModelRef, job: Job | None = None, layout: Layout | None = No
 
     # a ready Job counts as set where it differs from the defaults; options count where given
     given = {k for k, v in jv.items() if v is not None}
-    assumed = job_assumptions(j, lay, explicit=given if job is None else None)
+    assumed = job_assumptions(j, lay, explicit=given if job is None else None, model=spec)
     if job is not None:
         assumed = tuple(a for a in assumed if a.field not in given)
     advice = fit_advice(spec, mjob, lay, g) if g is not None and not mem.fits(g.memory_bytes) else ()

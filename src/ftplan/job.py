@@ -647,6 +647,18 @@ def _field_problems(job: Job, layout: Layout) -> list[Problem]:
     return p
 
 
+def planned_attention(model: ModelSpec, job: Job) -> tuple[Job, str | None]:
+    """The job as transformers runs it on ``model``, and a note when that differs: an architecture
+    without an sdpa path (attention soft-capping: Gemma2) runs eager attention, which materialises
+    the ``(b, heads, s, s)`` scores (measured on an H100: ``h100-sxm-holdout1.jsonl``, where
+    ``attn_implementation="sdpa"`` was refused, and ``h100-sxm-eager1.jsonl``)."""
+    if job.attn_impl == "sdpa" and not model.supports_sdpa:
+        return job.with_(attn_impl="eager"), (
+            "attention: transformers has no sdpa path for attention soft-capping (Gemma2) and runs eager "
+            "attention; planned eager (--attn flash for FlashAttention-2)")
+    return job, None
+
+
 def validate_job(model: ModelSpec, job: Job, layout: Layout | None = None) -> None:
     """Raise one ``ConfigError`` listing every problem with ``job``/``layout`` for ``model``.
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 from .catalog.constants import MemoryConstants, memory_constants
-from .job import PRECISIONS, Job, Layout, lora_targets, lora_wraps_experts, validate_job
+from .job import PRECISIONS, Job, Layout, lora_targets, lora_wraps_experts, planned_attention, validate_job
 from .model import FAMILIES, LayerGroup, LinearSpec, MlpSpec, ModelSpec, MoeSpec, layer_group_order, layer_linears
 from .sharding import activation_job, communicator_groups, layout_memory, quant_state_bytes
 from .units import dtype_bytes
@@ -1530,6 +1530,9 @@ def estimate_memory(
     validate_job(model, job, layout)
     consts = consts or memory_constants()
     notes: list[str] = []
+    job, attn_note = planned_attention(model, job)
+    if attn_note:
+        notes.append(attn_note)
     job = _engine_qlora_recipe(job, layout, notes)
     st = model_states(model, job, consts)
     tp, pp = layout.tp, layout.pp

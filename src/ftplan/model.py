@@ -281,6 +281,13 @@ class ModelSpec:
 
     # ---- structure ----------------------------------------------------------------------
     @property
+    def supports_sdpa(self) -> bool:
+        """transformers has an sdpa path for this architecture: not with attention soft-capping
+        (Gemma2: ``_supports_sdpa = False``, "sdpa does not support softcapping"), where it runs
+        eager attention when none is named and refuses ``attn_implementation="sdpa"``."""
+        return not any(g.attention is not None and g.attention.softcap for g in self.groups)
+
+    @property
     def is_moe(self) -> bool:
         return any(g.moe is not None for g in self.groups)
 

@@ -51,7 +51,7 @@ from typing import Any, NamedTuple
 from .actflops import loss_extra_flops_per_token, recompute_flops_per_token
 from .catalog.efficiency import Efficiency, Recompute, efficiency
 from .errors import ConfigError
-from .job import PRECISIONS, Job, Layout, lora_targets, lora_wraps_experts
+from .job import PRECISIONS, Job, Layout, lora_targets, lora_wraps_experts, planned_attention
 from .memory import model_states
 from .model import ModelSpec
 from .units import dtype_bytes
@@ -1252,6 +1252,7 @@ def estimate_runtime(model: ModelSpec, job: Job, layout: Layout, gpu: Any, *, of
                      eff: Efficiency | None = None) -> RuntimeEstimate:
     """Per-step times and the job's hours on ``layout`` of ``gpu`` (``offer`` gives the network)."""
     eff = eff or efficiency()
+    job, _ = planned_attention(model, job)
     sx = _static(model, job, layout, gpu, offer, eff)
     rates, f, st, links = sx.rates, sx.f, sx.st, sx.links
     tp, pp, dp = layout.tp, layout.pp, layout.dp

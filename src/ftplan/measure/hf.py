@@ -242,6 +242,8 @@ def build_for_job(config: dict, job, device: str, seed: int = 0) -> nn.Module:
         hf_config = AutoConfig.for_model(model_type, **cfg)
     hf_config.use_cache = False
     attn = attn_implementation(job)
+    if attn == "sdpa" and cfg.get("attn_logit_softcapping"):
+        attn = "eager"  # transformers refuses sdpa with soft-capping (Gemma2); ftplan plans eager too
     torch.manual_seed(seed)
     prec = PRECISIONS[job.precision]
     dev = torch.device(device)

@@ -156,6 +156,12 @@ def _experts_of(model: ModelSpec) -> int:
 # ---------------------------------------------------------------------------------------------
 # model states
 # ---------------------------------------------------------------------------------------------
+def _fp32_router_elems(model: ModelSpec) -> int:
+    """Router weight elements the family keeps in fp32 (MoeSpec.router_fp32)."""
+    return sum(g.count * g.moe.num_experts * model.hidden_size
+               for g in model.groups if g.moe is not None and g.moe.router_fp32)
+
+
 def _optimizer_bytes(job: Job, n_params: int, n_tensors: int, param_bytes: Fraction,
                      model: ModelSpec, consts: MemoryConstants) -> Fraction:
     opt = job.optimizer
@@ -542,6 +548,20 @@ def model_states(model: ModelSpec, job: Job, consts: MemoryConstants | None = No
             frozen_w = quant_bytes + dtype_bytes(job.unquantized_dtype) * unq
     grads = grad_b * n_train
     opt = _optimizer_bytes(job, n_train, n_tensors, param_b, model, consts)
+    # an fp32 router weight (transformers >= 5.24, deepseek_v3) in a narrower model: its weight,
+    # and when trained its gradient and (AdamW/SGD) states, take 4 bytes per element
+    fp32_router = _fp32_router_elems(model)
+    if fp32_router:
+        if job.method == "full":
+            wide = 4 - param_b
+            trainable_w += wide * fp32_router
+            grads += (4 - grad_b) * fp32_router
+            if job.optimizer in ("adamw", "sgd"):
+                opt += (2 if job.optimizer == "adamw" else 1) * wide * fp32_router
+        elif job.method == "lora":
+            frozen_w += (4 - dtype_bytes(job.frozen_dtype)) * fp32_router
+        else:  # not a Linear: bitsandbytes leaves it unquantized, in fp32 from 5.24 on
+            frozen_w += (4 - dtype_bytes(job.unquantized_dtype)) * fp32_router
     if job.low_precision:
         frozen_w, master = _lowprec_states(model, job, frozen_w, master)
     return ModelStates(

@@ -207,6 +207,9 @@ class MoeSpec:
     #: router implementation (the family's): "mixtral"/"qwen3_moe" softmax in fp32, "deepseek_v3"
     #: sigmoid in the logits' dtype; qwen3_moe casts the top-k weights back to the logits' dtype
     router: str = "mixtral"
+    #: the router weight stays fp32 whatever the model's dtype: transformers >= 5.24 lists
+    #: ``gate.weight`` in the family's ``_keep_in_fp32_modules_strict`` (deepseek_v3)
+    router_fp32: bool = False
 
 
 @dataclass(frozen=True)
@@ -796,7 +799,7 @@ def _moe_spec(fam: Family, c: _Check, any_moe: bool) -> MoeSpec | None:
         c.bad(f"num_experts_per_tok={top_k} exceeds the {experts} experts")
     if experts is None or top_k is None or inter is None or not any_moe:
         return None
-    return MoeSpec(experts, top_k, inter, shared, router=router)
+    return MoeSpec(experts, top_k, inter, shared, router=router, router_fp32=router == "deepseek_v3")
 
 
 def layer_group_order(model: ModelSpec) -> list[int]:

@@ -195,7 +195,7 @@ def _stored_bytes(job: Job, engine: str) -> tuple[Fraction, Fraction]:
 
 
 def _layer_tensors(model: ModelSpec, g: LayerGroup, job: Job, tb: Fraction, fb: Fraction,
-                   ep: int = 1) -> list[Tensor]:
+                   ep: int = 1, engine: str = "fsdp2") -> list[Tensor]:
     h = model.hidden_size
     full = job.method == "full"
     out: list[Tensor] = []
@@ -230,7 +230,11 @@ def _layer_tensors(model: ModelSpec, g: LayerGroup, job: Job, tb: Fraction, fb: 
     if g.moe is not None:
         m = g.moe
         e, i = m.num_experts // max(1, ep), m.expert_intermediate_size  # a rank's experts under EP
-        out.append(Tensor(e, e * h, wb, full))  # router
+        # router; a family's fp32 router (MoeSpec.router_fp32) stays fp32 unless DeepSpeed's bf16
+        # mode casts the whole module
+        cast_all = engine == "deepspeed" and job.precision.endswith("-mixed")
+        rb = max(wb, Fraction(4)) if m.router_fp32 and not cast_all else wb
+        out.append(Tensor(e, e * h, rb, full))
         out.append(Tensor(e, e * 2 * i * h, wb, full))  # fused gate_up_proj (E, 2I, h)
         out.append(Tensor(e, e * h * i, wb, full))  # fused down_proj (E, h, I)
         if job.uses_lora and lora_wraps_experts(model, job.lora):
@@ -264,7 +268,7 @@ def fsdp_units(model: ModelSpec, job: Job, engine: str = "fsdp2", reshard_after_
     # the input norm's weight gradient is a layer's last (LoRA: the first adapter's lora_A)
     layers = []
     for i, g in enumerate(model.groups):
-        ts = tuple(_layer_tensors(model, g, job, tb, fb, ep))
+        ts = tuple(_layer_tensors(model, g, job, tb, fb, ep, engine))
         late = h if full else next((t.numel for t in ts if t.trainable), 0)
         layers.append(Unit(f"layer{i}", ts, g.count, reshard_after_forward, late=late))
     if engine == "fsdp1":
@@ -471,10 +475,15 @@ def layout_memory(model: ModelSpec, job: Job, layout: Layout, st, consts: Memory
         gb = Fraction(4) if job.method != "full" else dtype_bytes(prec["grad"])
         tb = Fraction(4) if job.method != "full" else dtype_bytes(prec["trainable"])
         grads = trainable * gb / tb
-        per_tensor_opt = _opt_bytes_per_elem(job, st)
         if eng == "fsdp2":
-            opt = trainable / tb * per_tensor_opt + _opt_per_tensor(job) * n_tt
+            opt = _opt_shard_bytes(job, st, trainable, tb) + _opt_per_tensor(job) * n_tt
         else:
+            if any(len({t.nbytes for t in u.tensors if t.trainable == tr}) > 1
+                   for u in units for tr in (True, False)):
+                notes.append("fsdp1: a unit would mix parameter dtypes (the family's fp32 router in a "
+                             "narrower model, transformers >= 5.24), which FSDP1's flat parameters refuse "
+                             "('Must flatten tensors with uniform dtype'); load the model in fp32 "
+                             "(mixed precision) or use FSDP2 (fsdp_version 2)")
             if job.uses_lora and lora_wraps_experts(model, job.lora):
                 notes.append("fsdp1: LoRA on the fused MoE experts (PEFT ParamWrapper) did not train under "
                              "FSDP1 in ftplan's CPU runs (torch 2.13, PEFT 0.21; use_orig_params False and "
@@ -487,7 +496,7 @@ def layout_memory(model: ModelSpec, job: Job, layout: Layout, st, consts: Memory
             peft = job.method != "full"
             flats = sum(u.count * (sum(1 for t in u.tensors if t.trainable) if peft else 1)
                         for u in units if u.numel(True))
-            opt = _flat_shard(units, n, True, peft) / tb * per_tensor_opt + _opt_per_tensor(job) * flats
+            opt = _opt_shard_bytes(job, st, _flat_shard(units, n, True, peft), tb) + _opt_per_tensor(job) * flats
             trainable = _flat_shard(units, n, True, peft)
             frozen = _flat_shard(units, n, False) + (quant_state_bytes(model, job) if job.method == "qlora" else 0)
             grads = trainable * gb / tb
@@ -675,6 +684,18 @@ def _opt_bytes_per_elem(job: Job, st) -> Fraction:
     """Optimizer-state bytes per trainable element, without the per-tensor ``step`` scalars."""
     per_tensor = _opt_per_tensor(job) * st.n_trainable_tensors
     return Fraction(st.optimizer_states - per_tensor, max(1, st.params_trainable))
+
+
+def _opt_shard_bytes(job: Job, st, shard_bytes: Fraction, tb: Fraction) -> Fraction:
+    """Optimizer states of a rank's trainable shards (``shard_bytes`` of parameters stored at
+    ``tb`` bytes per element), without the ``step`` scalars. AdamW's and SGD's states are made
+    like the parameters (``zeros_like``): a fixed multiple of the parameters' bytes, whatever each
+    tensor's dtype (a family's fp32 router in a bf16 model); the other optimizers' states do not
+    follow the parameter dtype: bytes per element."""
+    if job.optimizer in ("adamw", "sgd") and st.trainable_weights:
+        per_tensor = _opt_per_tensor(job) * st.n_trainable_tensors
+        return shard_bytes * Fraction(st.optimizer_states - per_tensor, st.trainable_weights)
+    return shard_bytes / tb * _opt_bytes_per_elem(job, st)
 
 
 def _opt_per_tensor(job: Job) -> int:

@@ -170,3 +170,54 @@ def test_planner_offers_ep_layouts_where_cheaper():
         assert step("full", 1, strategy, 8) < step("full", 1, strategy, 1), strategy
     assert step("lora", 1, "fsdp", 8) < step("lora", 1, "fsdp", 1)  # short micro-batch: gathers exposed
     assert step("lora", 32, "fsdp", 8) > step("lora", 32, "fsdp", 1)  # long: the all-to-alls cost more
+
+
+_FSDP1_MIXED_DTYPES = r'''
+import functools, os, sys, torch, torch.distributed as dist
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+import ftplan.measure.torchref as TR
+from ftplan.measure.distributed import _decoder_layers
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % int(sys.argv[1]), rank=0, world_size=1)
+model = TR.build_model(TR.TINY_CONFIGS["deepseek_v3"], dtype="bf16")
+print("router", {str(m.weight.dtype) for n, m in model.named_modules() if n.endswith("mlp.gate")})
+policy = functools.partial(transformer_auto_wrap_policy,
+                           transformer_layer_cls={type(layer) for layer in _decoder_layers(model)})
+try:
+    FSDP(model, auto_wrap_policy=policy, device_id=torch.device("cpu"), use_orig_params=False)
+    print("wrapped")
+except ValueError as e:
+    print("refused:", e)
+dist.destroy_process_group()
+'''
+
+
+@pytest.mark.torch
+def test_fsdp1_refuses_the_fp32_router_of_a_bf16_deepseek_and_ftplan_says_so():
+    """transformers >= 5.24 keeps DeepSeek-V3's router weight in fp32: a bf16 model then mixes
+    dtypes inside a decoder layer, which FSDP1's flat parameter refuses; ftplan's answer says so
+    (and not for a family without an fp32 router)."""
+    import socket
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import ftplan.measure.torchref as TR
+    from ftplan.model import model_from_config
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = subprocess.run([sys.executable, "-c", _FSDP1_MIXED_DTYPES, str(port)], capture_output=True,
+                         text=True, timeout=300)
+    assert "router {'torch.float32'}" in out.stdout, out.stdout + out.stderr[-2000:]
+    assert "refused:" in out.stdout and "uniform dtype" in out.stdout, out.stdout + out.stderr[-2000:]
+    job = Job(method="full", precision="bf16", micro_batch=1, seq_len=32)
+    notes = estimate_memory(model_from_config(TR.TINY_CONFIGS["deepseek_v3"]), job,
+                            Layout(2, 1, "fsdp", fsdp_version=1)).notes
+    assert any("FSDP1's flat parameters refuse" in n for n in notes), notes
+    for family in ("mixtral", "llama"):
+        notes = estimate_memory(model_from_config(TR.TINY_CONFIGS[family]), job,
+                                Layout(2, 1, "fsdp", fsdp_version=1)).notes
+        assert not any("flat parameters refuse" in n for n in notes), (family, notes)

@@ -28,11 +28,14 @@ Memory mode (default):
 
 Fits, from the ``ok`` GPU records (CPU and tiny records are ignored):
 
-* ``allocator_reserve_fraction``: the caching allocator's reserve over the predicted peak,
-  ``measured max_memory_reserved / predicted peak_allocated - 1`` (the median: accuracy; p90 is
+* ``allocator_reserve_fraction``: the caching allocator's own reserve,
+  ``measured max_memory_reserved / measured max_memory_allocated - 1`` (a property of the
+  allocator, kept apart from the error of the allocated prediction; the median: accuracy; p90 is
   reported too, as the choice that avoids false fits);
-* ``cuda_context_bytes``: device memory outside the allocator,
-  ``nvml_used - nvml_used_before - memory_reserved`` read at the same moment (median).
+* ``cuda_context_bytes``: device memory outside the allocator, this process's NVML usage minus
+  ``memory_reserved`` read at the same moment (median). The device-wide
+  ``nvml_used - nvml_used_before`` is not used: in a campaign the previous run's process may still
+  hold memory when ``nvml_used_before`` is read (it gave negative contexts).
 
 Every K-th record (default 5) is held out: the constants are fitted on the rest, and the held-out
 records' peak-reserved error is reported with the current constants and with the fitted ones.
@@ -76,10 +79,9 @@ def fit(records: list[dict]) -> dict:
     fracs, ctxs = [], []
     for r in records:
         m = r["measured"]
-        pred = _predict(r)
-        fracs.append(m["peak_reserved_bytes"] / pred.peak_allocated_bytes - 1.0)
-        if m.get("nvml_used_bytes") and m.get("nvml_used_before_bytes") is not None and m.get("reserved_at_nvml_bytes"):
-            ctxs.append(m["nvml_used_bytes"] - m["nvml_used_before_bytes"] - m["reserved_at_nvml_bytes"])
+        fracs.append(m["peak_reserved_bytes"] / m["peak_allocated_bytes"] - 1.0)
+        if m.get("nvml_process_bytes") and m.get("reserved_at_nvml_bytes"):
+            ctxs.append(m["nvml_process_bytes"] - m["reserved_at_nvml_bytes"])
     out = {"n": len(records)}
     if fracs:
         s = sorted(fracs)

@@ -39,7 +39,11 @@ import published_multi_gpu as P  # noqa: E402
 #: its two rows -6.4 / -7.2 -> -5.3 / -5.7 %)
 #: (19 rows: the PEFT docs' 70B LoRA FSDP1 row is expressible with base_dtype fp32 (PEFT's example loads
 #: the base in fp32): +1.9 %; median 5.48 -> 5.45, max and count unchanged)
-RATCHET = {"median_abs_pct": 5.5, "max_abs_pct": 21.9, "under_5": 6}
+#: (-> 5.51 / 21.9 / 6: the CUDA context is now the one measured on the H100 (762 MiB, 88 records,
+#: was the literature 512 MiB): the six nvidia-smi rows move up 0.24 GiB, three under-predictions
+#: shrink (PEFT 70B QLoRA offload -20.4 -> -19.1, ZeRO-3 QLoRA -6.2 -> -5.5, ZeRO-3 LoRA -9.1 -> -8.7)
+#: and philschmid's over-prediction grows +5.5 -> +6.6; the median row changes, 5.4999 -> 5.5009)
+RATCHET = {"median_abs_pct": 5.51, "max_abs_pct": 21.9, "under_5": 6}
 
 
 @pytest.fixture(scope="module")

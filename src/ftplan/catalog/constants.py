@@ -70,6 +70,10 @@ class MemoryConstants:
         return self.nccl_communicator_two_rank_bytes if ranks == 2 else self.nccl_communicator_bytes
 
 
+#: how a constant's value was obtained (see memory_constants.json "_doc")
+_STATUSES = ("literature", "calibrated", "checked")
+
+
 def parse_constants(data: dict, where: str) -> MemoryConstants:
     values = {}
     for key in _REQUIRED:
@@ -78,6 +82,9 @@ def parse_constants(data: dict, where: str) -> MemoryConstants:
             raise CatalogError(f"{where}: constant {key!r} is missing or has no 'value'")
         if not entry.get("source"):
             raise CatalogError(f"{where}: constant {key!r} has no 'source'")
+        if entry.get("status") not in _STATUSES:
+            raise CatalogError(f"{where}: constant {key!r} has status {entry.get('status')!r}; use one of "
+                               + ", ".join(_STATUSES))
         v = entry["value"]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
             raise CatalogError(f"{where}: constant {key!r} must be a non-negative number, got {v!r}")

@@ -51,3 +51,25 @@ def test_the_measured_gemma2_run_is_what_the_default_job_predicts():
     job = Job(method="lora", micro_batch=4, seq_len=2048)  # attention left at its default
     predicted = estimate_memory(spec, job).peak_allocated_bytes
     assert 0 <= (predicted - measured) / measured <= 0.05
+
+
+def test_every_answer_names_the_attention_it_plans():
+    """The estimate's job line and a search's assumptions say eager for gemma2, sdpa for llama."""
+    from ftplan.cli import main
+
+    import contextlib
+    import io
+
+    def run(*argv):
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            main(list(argv))
+        return buf.getvalue()
+
+    est = run("estimate", "gemma-2-2b", "--method", "lora", "--gpu", "h100-sxm")
+    assert "attention eager" in est.splitlines()[1]
+    assert "attention sdpa" in run("estimate", "llama-3.2-1b", "--method", "lora").splitlines()[1]
+    rec = run("recommend", "gemma-2-2b", "--method", "lora", "--tokens", "10M")
+    assert "attention: eager" in rec and "attention: sdpa" not in rec
+    doc = json.loads(run("recommend", "gemma-2-2b", "--method", "lora", "--tokens", "10M", "--json"))
+    assert {a["value"] for a in doc["assumptions"] if a["field"] == "attn_impl"} == {"eager"}

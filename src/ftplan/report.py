@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .errors import Renderer, render_refs
-from .job import Job, Layout
+from .job import Job, Layout, planned_attention
 from .memory import COMPONENTS, PEAK_PHASE_TEXT, MemoryBreakdown
 from .model import ModelSpec
 from .options import job_to_dict, layout_to_dict
@@ -169,7 +169,7 @@ def estimate_text(model: ModelSpec, job: Job, layout: Layout, mem: MemoryBreakdo
         f"{model.name}  ({model.family}, {p.total:,} parameters"
         + (f", {p.active:,} active" if model.is_moe else "")
         + f"; trainable {mem.params_trainable:,})",
-        _job_line(job),
+        _job_line(planned_attention(model, job)[0]),  # the attention transformers will run
         f"layout: {layout.describe()}",
         "",
     ]
@@ -341,12 +341,14 @@ def infeasible_dict(i) -> dict[str, Any]:
             "available_bytes": i.available_bytes}
 
 
-def search_assumptions(job: Job) -> tuple:
+def search_assumptions(job: Job, model: ModelSpec | None = None) -> tuple:
     """The defaults a search rests on (the search itself picks checkpointing on/off and the
-    micro-batch per plan, so those are not assumptions)."""
+    micro-batch per plan, so those are not assumptions). ``model``: where a default depends on the
+    architecture (attention without an sdpa path)."""
     from .advice import job_assumptions
 
-    return tuple(a for a in job_assumptions(job) if a.field not in ("gradient_checkpointing", "micro_batch"))
+    return tuple(a for a in job_assumptions(job, model=model)
+                 if a.field not in ("gradient_checkpointing", "micro_batch"))
 
 
 def _header_doc(schema: str, model, job, ps) -> dict[str, Any]:
@@ -358,7 +360,7 @@ def _header_doc(schema: str, model, job, ps) -> dict[str, Any]:
                        "memory_evals": s.memory_evals, "runtime_evals": s.runtime_evals,
                        "candidates": s.candidates, "seconds": s.seconds, "max_gpus": s.max_gpus},
             "notes": rendered(ps.notes),
-            "assumptions": [a.to_dict() for a in search_assumptions(job)]}
+            "assumptions": [a.to_dict() for a in search_assumptions(job, model)]}
 
 
 def recommend_doc(model, job, ps, top: int = 10) -> dict[str, Any]:

@@ -136,7 +136,7 @@ def _summary_lines(model, job, ps) -> list[str]:
     ]
 
 
-def _footer_lines(ps, job) -> list[str]:
+def _footer_lines(ps, job, model=None) -> list[str]:
     lines = []
     if ps.infeasible:
         lines += ["", "why not:"]
@@ -156,7 +156,7 @@ def _footer_lines(ps, job) -> list[str]:
                      f"against the model, held out from its fit); plan 1: {r.total_hours_low:,.2f}-"
                      f"{r.total_hours_high:,.2f} h, ${c.usd_low:,.2f}-${c.usd_high:,.2f}.")
     lines += [f"note: {n}" for n in rendered(ps.notes, RENDERER)]
-    assumed = search_assumptions(job)
+    assumed = search_assumptions(job, model)
     if assumed:
         lines.append("assumed: " + "; ".join(a.text for a in assumed) + " (change with: "
                      + ", ".join(render_refs(a.change, RENDERER) for a in assumed) + ")")
@@ -190,7 +190,7 @@ def run_recommend(a: argparse.Namespace) -> int:
                       table(_PLAN_HEADERS, _plan_rows(extra), _PLAN_ALIGN)]
     else:
         lines.append("no plan fits the constraints")
-    lines += _footer_lines(ps, rec.job)
+    lines += _footer_lines(ps, rec.job, rec.model)
     print("\n".join(lines))
     return 0 if ps.plans else 3
 
@@ -234,7 +234,7 @@ def run_compare(a: argparse.Namespace) -> int:
                       f"on this plan's layout and micro-batch):",
                   table(("gpu", "precision", "gpus", "strategy", "tok/s/GPU", "speedup", "same layout", "hours",
                          "job $"), prows, "llrlrrrrr")]
-    lines += _footer_lines(cmp.plans, cmp.job)
+    lines += _footer_lines(cmp.plans, cmp.job, cmp.model)
     print("\n".join(lines))
     return 0 if rows else 3
 

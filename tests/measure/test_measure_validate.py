@@ -128,3 +128,25 @@ def test_a_configuration_measured_again_is_scored_once_by_its_latest_record():
     a = rep["groups"]["gpu"]["all"]["peak_allocated"]
     assert a["n"] == 2 and a["max_pct"] == pytest.approx(20)  # records 2 (0 %) and 4 (-20 %)
     assert "measured again" in V.render_text(rep) and "synthetic:1" in V.render_text(rep)
+
+
+def test_gpu_records_are_predicted_with_their_machines_host(tmp_path):
+    """Every H100 records file is mapped to the measuring VM's host (the runtime split's ``host``,
+    for its ``files`` and ``same_machine_files``), and validate predicts a host-bound record (LoRA,
+    1 x 512 tokens) with it: slower than with ftplan's default host. A split file that cannot be
+    read is a problem in the report, not a crash."""
+    d = ROOT / "benchmarks" / "measurements"
+    files = sorted(d.glob("h100-sxm-*.jsonl"))
+    hosts, problems = V.machine_hosts(files)
+    assert not problems
+    assert {str(f.resolve()) for f in files} <= set(hosts)
+    split = json.loads((d / "h100-sxm-runtime-split.json").read_text())
+    assert {h["dispatch_s_per_op"] for h in hosts.values()} == {split["host"]["dispatch_s_per_op"]["value"]}
+    with_host = {(r["model"], r["job"]): r for r in V.validate_paths(files)["rows"]}
+    default = {(r["model"], r["job"]): r for r in V.validate_records(load_records(files)[0])["rows"]}
+    key = next(k for k in with_host if k[0] == "llama-3.1-8b" and k[1].startswith("lora") and "s=512" in k[1])
+    assert with_host[key]["tokens_per_s_predicted"] < 0.8 * default[key]["tokens_per_s_predicted"]
+    (tmp_path / "x-runtime-split.json").write_text("{not json")
+    rec = tmp_path / "r.jsonl"
+    rec.write_text(json.dumps(_record(1, alloc=GIB, reserved=GIB, tps=100.0)) + "\n")
+    assert V.machine_hosts([rec])[1] and V.validate_paths([rec])["problems"]

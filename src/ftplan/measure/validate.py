@@ -195,13 +195,15 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def validate_records(records: list[dict[str, Any]], problems: list[str] | None = None,
-                     predict_fn=None) -> dict[str, Any]:
+                     predict_fn=None, predict_for=None) -> dict[str, Any]:
+    """``predict_fn``: one prediction function for every record; ``predict_for``: a function of the
+    record that returns it (the measuring machine's host, :func:`machine_hosts`)."""
     problems = list(problems or [])
     records, superseded = latest_per_configuration(records)
     rows = []
     for rec in records:
         try:
-            rows.append(evaluate_record(rec, predict_fn))
+            rows.append(evaluate_record(rec, predict_for(rec) if predict_for else predict_fn))
         except (FtplanError, KeyError, TypeError, ValueError, AttributeError, ArithmeticError, RecursionError) as e:
             msg = e.one_line() if isinstance(e, FtplanError) else f"{type(e).__name__}: {e}"
             problems.append(f"{rec.get('_source', '?')}: cannot recompute the prediction ({msg})")
@@ -249,10 +251,65 @@ def latest_per_configuration(records: list[dict[str, Any]]) -> tuple[list[dict[s
     return keep, superseded
 
 
+#: files next to the records that name the host of the machine that measured them (the runtime
+#: split: ``files`` and ``host``, see ``benchmarks/measurements/h100-sxm-runtime-split.json``)
+HOST_FILE_GLOB = "*-runtime-split.json"
+
+
+def machine_hosts(paths) -> tuple[dict[str, dict[str, float]], list[str]]:
+    """(record file name -> host constants of the machine that measured it, problems): the
+    ``host`` of every ``*-runtime-split.json`` in the records' folders, for the files it lists
+    (``files`` and ``same_machine_files``).
+    Tokens/s of a record are predicted with its machine's per-op dispatch cost (eager PyTorch is
+    host-bound on short micro-batches), as ``benchmarks/runtime_accuracy.py`` does."""
+    from pathlib import Path
+
+    from ..catalog.runtime_reference import parse_host
+    from ..errors import CatalogError
+
+    out: dict[str, dict[str, float]] = {}
+    problems: list[str] = []
+    for d in sorted({Path(p).resolve().parent for p in paths}):
+        for f in sorted(d.glob(HOST_FILE_GLOB)):
+            try:
+                doc = json.loads(f.read_text())
+                host = parse_host(doc.get("host"), f.name) if isinstance(doc, dict) else {}
+            except (OSError, json.JSONDecodeError, CatalogError) as e:
+                problems.append(f"{f}: not used for the measuring machine's host ({e})")
+                continue
+            if host:
+                for name in list(doc.get("files") or ()) + list(doc.get("same_machine_files") or ()):
+                    out[str(d / name)] = host
+    return out, problems
+
+
+def _host_predict(hosts: dict[str, dict[str, float]]):
+    """A predict function that uses each record's machine host (``machine_hosts``)."""
+    from ..catalog.runtime_reference import host_variant
+    from .predict import predict
+
+    current: dict[str, Any] = {"eff": None}
+
+    def fn(spec, job, layout, gpu_name):
+        return predict(spec, job, layout, gpu_name, eff=current["eff"])
+
+    def for_record(rec: dict[str, Any]):
+        from pathlib import Path
+
+        src = str(rec.get("_source", "")).rsplit(":", 1)[0]
+        host = hosts.get(str(Path(src).resolve())) if src else None
+        current["eff"] = host_variant(None, host) if host else None
+        return fn
+
+    return for_record
+
+
 def validate_paths(paths) -> dict[str, Any]:
     paths = list(paths)
     records, problems = load_records(paths)
-    report = validate_records(records, problems)
+    hosts, host_problems = machine_hosts(paths)
+    report = validate_records(records, problems + host_problems,
+                              predict_for=_host_predict(hosts) if hosts else None)
     report["files"] = [str(p) for p in paths]
     ratchet_path = default_ratchet_path()
     if ratchet_path.is_file():

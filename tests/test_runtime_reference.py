@@ -395,19 +395,22 @@ def test_invariants(model, gpu, method, seq, mb, ga, gc, strategy, n):
     # checkpointing never makes a step faster
     if not gc:
         assert estimate_runtime(m, job.with_(gradient_checkpointing=True), lay, g).step_time_s >= r.step_time_s
-    # LoRA is never slower per token than full fine-tuning on the same layout (rank 16, all linear
-    # layers) for models of hidden size >= 4096, or when the step is host-bound. Below that the
-    # adapters' memory-bound skinny GEMMs and scale/add passes (PEFT runs them unfused; their
-    # traffic grows with the number of wrapped modules and the tokens) can cost as much as the
-    # weight-gradient FLOPs they save (which shrink with the hidden size): a grid over these models,
-    # GPUs and layouts gives LoRA/full tokens/s >= 1.012 at hidden 4096, >= 0.958 at 3072, >= 0.937
-    # at 2048 and >= 0.814 at 896 (Qwen2.5-0.5B, MI300X, FSDP, seq 4096); so below 4096 it is bounded
-    # at 0.75. In host-bound steps PEFT's extra launches per module cost more than the work saved
-    # (down to 0.56 for Qwen2.5-0.5B at micro-batch 1 x 256 tokens), so those are left out
+    # LoRA is not much slower per token than full fine-tuning on the same layout (rank 16, all
+    # linear layers). It can be slower: PEFT runs the adapters unfused (skinny GEMMs, scale and add
+    # passes on every wrapped module, fp32 adapters under autocast), which costs HBM traffic that
+    # grows with the tokens while the weight-gradient FLOPs it saves shrink with the hidden size;
+    # measured on the H100 (h100-sxm-campaign1/throughput1.jsonl), llama-3.1-8b LoRA at 1 x 2048
+    # tokens with checkpointing ran at 0.74x the tokens/s of pure-bf16 full fine-tuning. A grid over
+    # these models, GPUs (the L40S's low HBM bandwidth is the worst), layouts, micro-batches 1-16 and
+    # sequences 256-4096 gives LoRA/full tokens/s >= 0.908 at hidden 4096, >= 0.862 at 3072, >= 0.828
+    # at 2048 and >= 0.724 at 896 (Qwen2.5-0.5B, L40S, 16 x 1024, checkpointing): bounded at 0.85
+    # from hidden 4096 and 0.7 below. In host-bound steps PEFT's extra launches per module cost more
+    # than the work saved (down to 0.56 for Qwen2.5-0.5B at micro-batch 1 x 256 tokens), so those are
+    # left out
     if method == "full":
         lo = estimate_runtime(m, job.with_(method="lora"), lay, g)
         if not lo.host_bound:
-            floor = 1.0 if m.hidden_size >= 4096 else 0.75
+            floor = 0.85 if m.hidden_size >= 4096 else 0.7
             assert lo.tokens_per_s >= r.tokens_per_s * floor * (1 - 1e-9)
     # QLoRA never faster than LoRA (it adds dequantization; FSDP moves 4-bit weights though)
     if method == "qlora" and strategy not in ("fsdp",):

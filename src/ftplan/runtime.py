@@ -556,13 +556,13 @@ def attention_time(model: ModelSpec, job: Job, layout: Layout, tokens: float, ra
     gc = recompute_fractions(job, eff, model).attention
     share = 1.0 / (layout.tp * layout.pp)
     if job.attn_impl == "eager":
-        scores = 0.0  # score elements per token (all layers)
+        score_bytes = 0.0  # forward traffic per token on the score matrices (all layers)
         for g in model.groups:
-            scores += g.count * g.attention.num_heads * attention_context(job.seq_len, g.window, "eager")
+            per = eff.eager_bytes_per_score + (eff.eager_softcap_bytes_per_score if g.attention.softcap else 0.0)
+            score_bytes += g.count * g.attention.num_heads * attention_context(job.seq_len, g.window, "eager") * per
         flops = tokens * f.attention * share * (3.0 + gc)
         rate = rates.peak_flops * rates.clock * rates.gemm_fraction
-        traffic = (tokens * scores * share * eff.eager_bytes_per_score
-                   * (1.0 + eff.elementwise_backward_factor + gc))
+        traffic = tokens * score_bytes * share * (1.0 + eff.elementwise_backward_factor + gc)
         return flops / rate + traffic / rates.hbm_bytes_per_s
     flops = tokens * f.attention * share * (1.0 + eff.flash_backward_factor + gc)
     return flops / (rates.peak_flops * rates.clock * rates.flash_fraction)

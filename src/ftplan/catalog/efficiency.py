@@ -66,6 +66,7 @@ class Efficiency:
     flash_scale: float  # fitted multiplier on the flash fractions (fwd+bwd of causal kernels vs the microbenchmark)
     flash_backward_factor: float  # backward FLOPs / forward FLOPs of a flash kernel
     eager_bytes_per_score: float  # eager attention traffic per score element, forward
+    eager_softcap_bytes_per_score: float  # more of it where the scores are soft-capped (Gemma2)
     # memory-bound ops
     hbm_efficiency: dict[str, float]  # by arch: achieved / datasheet HBM bandwidth
     hbm_default: float
@@ -253,6 +254,8 @@ def parse_efficiency(data: Any, where: str = "efficiency.json") -> Efficiency:
         flash_scale=_valued(a.get("flash_scale"), f"{where}: attention.flash_scale", 0.05, 5),
         flash_backward_factor=_valued(a.get("flash_backward_factor"), f"{where}: attention.flash_backward_factor", 1, 10),
         eager_bytes_per_score=_valued(a.get("eager_bytes_per_score"), f"{where}: attention.eager_bytes_per_score", 0, 1000),
+        eager_softcap_bytes_per_score=_valued(a.get("eager_softcap_bytes_per_score"),
+                                              f"{where}: attention.eager_softcap_bytes_per_score", 0, 1000),
         hbm_efficiency=_table(m, "hbm_efficiency", f"{where}: memory_bound"),
         hbm_default=_valued(m.get("hbm_default"), f"{where}: memory_bound.hbm_default", pos, 1),
         elementwise_eager=_ew(_block(ew, "eager", f"{where}: elementwise"), f"{where}: elementwise.eager"),

@@ -2,7 +2,8 @@
 
 Every case runs in gloo process groups on CPU (``ftplan.measure.distributed``: one spawn per
 group of cases), on tiny real Hugging Face models (llama, qwen2 with tied embeddings and q/k/v
-biases, mixtral as the MoE family), and every byte each rank holds is counted through a
+biases, mixtral as the MoE family; deepseek_v3's LoRA for its fp32 router in a bf16 base), and
+every byte each rank holds is counted through a
 ``TorchDispatchMode``. The formulas (``ftplan.sharding.layout_memory``, CPU form) must give:
 
 * byte-exact: the parameter shards (or replicas), the gradients alive when backward ends, the
@@ -67,6 +68,9 @@ TORCH_CASES = [
     Case(family="mixtral", engine="ddp"),
 ]
 PEFT_CASES = [Case(family="mixtral", engine="fsdp2", method="lora"),
+              # a bf16 base whose router transformers (>= 5.24) keeps in fp32: FSDP2 shards each
+              # parameter in its own dtype
+              Case(family="deepseek_v3", engine="fsdp2", method="lora"),
               # FSDP1 as HF Trainer wraps a PEFT model: PEFT's fsdp_auto_wrap_policy (every lora_A /
               # lora_B its own unit), accelerate's fp32 upcast of trainable flat parameters
               Case(family="llama", engine="fsdp1", method="lora"), Case(family="qwen2", engine="fsdp1", method="lora"),

@@ -571,7 +571,7 @@ def attention_time(model: ModelSpec, job: Job, layout: Layout, tokens: float, ra
 # ---------------------------------------------------------------------------------------------
 # memory-bound ops
 # ---------------------------------------------------------------------------------------------
-_EW_CACHE: dict[tuple, tuple[float, float, float]] = {}
+_EW_CACHE: dict[tuple, tuple[Efficiency, tuple[float, float, float, float]]] = {}
 
 
 def _fp32_stream(job: Job, engine: str) -> bool:
@@ -635,8 +635,8 @@ def _elementwise_dims(model: ModelSpec, job: Job, tp: int, eff: Efficiency,
     key = (model, job.lora, job.method, job.torch_compile, tp, id(eff), fp32, job.precision, job.quant,
            job.base_dtype, engine in ("torch", "ddp"))
     hit = _EW_CACHE.get(key)
-    if hit is not None:
-        return hit
+    if hit is not None and hit[0] is eff:  # id(eff) alone could be a collected object's
+        return hit[1]
     inv = eff.elementwise_compiled if job.torch_compile else eff.elementwise_eager
     # QLoRA on an fp32 stream: bnb returns fp32 projections, so the q/k and MLP elementwise ops run
     # on fp32 tensors (twice the bytes of the bf16 inventory)
@@ -681,7 +681,7 @@ def _elementwise_dims(model: ModelSpec, job: Job, tp: int, eff: Efficiency,
     res = (total, lora_f, merged, lora_b)
     if len(_EW_CACHE) > 2048:
         _EW_CACHE.clear()
-    _EW_CACHE[key] = res
+    _EW_CACHE[key] = (eff, res)
     return res
 
 

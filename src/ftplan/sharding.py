@@ -231,7 +231,8 @@ def _layer_tensors(model: ModelSpec, g: LayerGroup, job: Job, tb: Fraction, fb: 
         m = g.moe
         e, i = m.num_experts // max(1, ep), m.expert_intermediate_size  # a rank's experts under EP
         # router; a family's fp32 router (MoeSpec.router_fp32) stays fp32 unless DeepSpeed's bf16
-        # mode casts the whole module
+        # mode casts the whole module (deepspeed 0.19 engine._cast_module_mixed_precision casts
+        # every parameter; its keep_in_fp32_modules applies to buffers only)
         cast_all = engine == "deepspeed" and job.precision.endswith("-mixed")
         rb = max(wb, Fraction(4)) if m.router_fp32 and not cast_all else wb
         out.append(Tensor(e, e * h, rb, full))

@@ -1708,6 +1708,10 @@ def estimate_memory(
         "transient": int(transient) + consts.cublas_workspace_bytes,
         "allocator_reserve": reserve,
     }
+    n_router32 = _fp32_router_elems(model)
+    if n_router32 and not (layout.engine == "deepspeed" and job.precision.endswith("-mixed")):
+        notes.append(f"router weights in fp32 ({n_router32 * 4 / 2**20:,.0f} MiB whole; transformers >= 5.24 keeps "
+                     "this family's mlp.gate.weight in fp32 whatever the model's dtype)")
     if job.method == "qlora" and model.is_moe:
         notes.append("qlora: routed experts are 3-D parameters in transformers 5 and stay unquantized")
     return MemoryBreakdown(

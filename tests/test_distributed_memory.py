@@ -21,6 +21,7 @@ What runs where and what does not (with the errors) is in ``benchmarks/notes/dis
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from fractions import Fraction
 
@@ -127,11 +128,16 @@ FOUR_CASES = [
 ]
 
 
+#: FSDP2's buffer lifetimes as the installed torch has them (2.15 frees two earlier than 2.13)
+_CONSTS = dataclasses.replace(memory_constants(), fsdp2_schedule_torch=float(
+    ".".join(torch.__version__.split("+")[0].split(".")[:2])))
+
+
 def _predict(case: Case, world: int) -> dict[str, Fraction]:
     spec = model_from_config(TR.TINY_CONFIGS[case.family])
     job, layout = case.job(), case.layout(world)
     st = model_states(spec, job)
-    lm = layout_memory(spec, job, layout, st, memory_constants(), "cpu")
+    lm = layout_memory(spec, job, layout, st, _CONSTS, "cpu")
     act_job = activation_job(job, lm)
     # the harness's token ids are made before the forward (not counted)
     act = saved_activation_bytes(spec, act_job, layout, backend="cpu") - job.micro_batch * job.seq_len * 8

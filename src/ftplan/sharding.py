@@ -117,8 +117,9 @@ class Unit:
     tensors: tuple[Tensor, ...]
     count: int = 1
     reshard_after_forward: bool = True
-    #: elements of the trainable tensor whose gradient arrives last in the unit's backward (the
-    #: autograd engine still holds it while the unit's post-backward reduce-scatters: freed after)
+    #: elements of the trainable tensor whose gradient arrives last in the unit's backward (torch
+    #: 2.13's ``foreach_reduce`` loop variable still holds it while the unit's post-backward
+    #: reduce-scatters: freed after; torch 2.15 frees it with the others)
     late: int = 0
     #: tied embedding unit, gathered by the embedding at the start of forward and reduced at the
     #: end of backward: its final-norm gradient (``early`` elements) is made at the start of
@@ -308,17 +309,22 @@ def _unit_sequence(units: list[Unit]) -> list[Unit]:
 
 def fsdp2_transient_bytes(units: list[Unit], n: int, *, param_b: Fraction, reduce_b: Fraction,
                           hsdp: bool = False, offload: bool = False, backend: str = "cuda",
-                          root_output_b: Fraction = Fraction(0)) -> Fraction:
+                          root_output_b: Fraction = Fraction(0), torch_version: float = 2.13) -> Fraction:
     """Peak of FSDP2's own transient buffers in one forward + backward on one rank.
 
     The schedule of torch 2.13's ``FSDPParamGroup`` (``_fsdp_param_group.py``,
-    ``_fsdp_collectives.py``), unit by unit:
+    ``_fsdp_collectives.py``), unit by unit (``torch_version`` >= 2.15: two buffers die earlier,
+    see below):
 
-    * unshard: a flat all-gather input (this rank's shard cast to ``param_dtype``), the padded
-      all-gather output, then the copy-out into the unsharded parameters. In forward the previous
-      unit's all-gather output is freed only after this unit's copy-out (implicit prefetch); in
-      backward it is freed right after the copy-out. Under CPU offload (CUDA) the fp32 shard is
-      first copied to the device.
+    * unshard: a flat all-gather input (this rank's shard, cast to ``param_dtype``: a copy only of
+      the tensors stored in another dtype), the padded all-gather output, then the copy-out into
+      the unsharded parameters. In forward the previous unit's all-gather output is freed only
+      after this unit's copy-out (implicit prefetch; 2.13's ``wait_for_unshard`` binds it to a
+      local until it returns; 2.15 releases it before the copy-out); in backward it is freed right
+      after the copy-out. Under CPU offload (CUDA) the fp32 shard is first copied to the device.
+      A unit without trainable parameters first in forward (the frozen input embedding of LoRA /
+      QLoRA) has no backward of its own: the previous unit's pre-backward prefetches it, and that
+      all-gather output is never copied out; it lives until backward ends.
     * reshard after forward (if the unit does), or keep the unsharded parameters until backward.
     * backward: the unit's unsharded gradients (``param_dtype``); at pre-backward the next unit
       is prefetched (all-gather input + output); post-backward reshards, frees the previous unit's
@@ -328,7 +334,9 @@ def fsdp2_transient_bytes(units: list[Unit], n: int, *, param_b: Fraction, reduc
       output (a shard; gloo works on a copy of the input, NCCL does not) and casts it to the
       parameter dtype: the kept sharded gradient (resident, not transient). HSDP all-reduces the
       output and keeps it until backward ends (every unit's: ``FSDPParamGroup._all_reduce_state``,
-      cleared by ``finalize_backward``).
+      cleared by ``finalize_backward``). The last unsharded gradient held "by the autograd engine"
+      is 2.13's ``foreach_reduce`` loop variable; 2.15 moved that loop into a function
+      (``_default_reduce_scatter_input_fn``) and frees it with the others.
 
     ``root_output_b``: the root's output cast (``output_dtype``: the loss in bf16, 2 bytes).
     """
@@ -340,7 +348,8 @@ def fsdp2_transient_bytes(units: list[Unit], n: int, *, param_b: Fraction, reduc
     def sizes(u: Unit):
         unsh = sum(t.numel for t in u.tensors) * param_b
         pad = sum(t.padded(n) for t in u.tensors) * param_b
-        shard_in = pad / n
+        # FSDPParam.all_gather_inputs: the sharded data itself where it already is param_dtype
+        shard_in = sum(t.padded(n) for t in u.tensors if t.nbytes != param_b) * param_b / n
         h2d = sum(t.padded(n) * t.nbytes for t in u.tensors) / n if (offload and backend == "cuda") else 0
         g = sum(t.numel for t in u.tensors if t.trainable) * param_b
         gpad = sum(t.padded(n) for t in u.tensors if t.trainable)
@@ -362,14 +371,19 @@ def fsdp2_transient_bytes(units: list[Unit], n: int, *, param_b: Fraction, reduc
         s.add(-shard_in)
         return pad
 
+    early_release = torch_version >= 2.15
     held_ag = Fraction(0)
     unsharded: dict[int, bool] = {}
     # forward
     for i, u in enumerate(seq):
         unsh = sizes(u)[0]
         pad = gather(u)
-        s.add(unsh)  # copy-out
-        s.add(-held_ag)  # the previous all-gather output
+        if early_release:
+            s.add(-held_ag)  # the previous all-gather output
+            s.add(unsh)  # copy-out
+        else:
+            s.add(unsh)  # copy-out
+            s.add(-held_ag)  # the previous all-gather output
         held_ag = pad
         unsharded[i] = True
         if u.reshard_after_forward:
@@ -387,6 +401,8 @@ def fsdp2_transient_bytes(units: list[Unit], n: int, *, param_b: Fraction, reduc
     for pos, i in enumerate(order):
         u = seq[i]
         unsh, pad, shard_in, h2d, g, rs_in, rs_out, cast = sizes(u)
+        if not g and i == 0:
+            continue  # no backward of its own: only prefetched (held until backward ends)
         if not unsharded[i]:
             ag = prefetched.pop(i) if i in prefetched else gather(u)
             s.add(unsh)
@@ -396,7 +412,7 @@ def fsdp2_transient_bytes(units: list[Unit], n: int, *, param_b: Fraction, reduc
             j = order[pos + 1]
             if not unsharded[j] and j not in prefetched:
                 prefetched[j] = gather(seq[j])
-        late = u.late * param_b
+        late = 0 if early_release else u.late * param_b
         s.add(g - u.early * param_b)  # autograd's unsharded gradients
         s.add(-unsh)  # post-backward reshard
         unsharded[i] = False
@@ -417,6 +433,7 @@ def fsdp2_transient_bytes(units: list[Unit], n: int, *, param_b: Fraction, reduc
             held_rs = rs_in
             s.add(-late)
     s.add(-held_rs)
+    s.add(-sum(prefetched.values(), Fraction(0)))
     s.add(-held_ar)
     s.add(-root_output_b)
     return s.peak
@@ -510,6 +527,7 @@ def layout_memory(model: ModelSpec, job: Job, layout: Layout, st, consts: Memory
             units = fsdp_units(model, job, eng, layout.reshard_after_forward, ep=layout.ep)
         if eng == "fsdp2":
             transient = fsdp2_transient_bytes(units, n, param_b=pb, reduce_b=rb, hsdp=layout.hsdp,
+                                              torch_version=consts.fsdp2_schedule_torch,
                                               offload=layout.offload_params, backend=backend,
                                               root_output_b=c if mixed else 0)
         else:

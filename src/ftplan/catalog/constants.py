@@ -32,6 +32,7 @@ _REQUIRED = (
     "deepspeed_auto_prefetch_bucket_h2",
     "deepspeed_auto_persistence_h",
     "deepspeed_max_live_parameters",
+    "fsdp2_schedule_torch",
 )
 
 
@@ -59,6 +60,8 @@ class MemoryConstants:
     deepspeed_auto_prefetch_bucket_h2: float = 0.9
     deepspeed_auto_persistence_h: float = 10.0
     deepspeed_max_live_parameters: int = 1_000_000_000
+    #: the torch version whose FSDP2 buffer lifetimes the transient follows (2.15 frees two earlier)
+    fsdp2_schedule_torch: float = 2.13
 
     def context_bytes(self, vendor: str | None) -> int:
         return self.cuda_context_bytes_amd if (vendor or "").lower() == "amd" else self.cuda_context_bytes

@@ -55,10 +55,10 @@ def test_the_measured_gemma2_run_is_what_the_default_job_predicts():
 
 def test_every_answer_names_the_attention_it_plans():
     """The estimate's job line and a search's assumptions say eager for gemma2, sdpa for llama."""
-    from ftplan.cli import main
-
     import contextlib
     import io
+
+    from ftplan.cli import main
 
     def run(*argv):
         buf = io.StringIO()

@@ -9,7 +9,7 @@ fitted on (``scripts/calibrate.py`` writes them).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from importlib import resources
 from typing import Any, NamedTuple
@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 from ..errors import CatalogError
 
 __all__ = ["Efficiency", "ElementwiseBytes", "Recompute", "efficiency", "parse_efficiency", "load_efficiency_data",
-           "FITTED_KEYS"]
+           "FITTED_KEYS", "HOST_KEYS", "host_variant", "parse_host"]
 
 #: the free constants scripts/calibrate.py may fit (dotted paths into efficiency.json)
 FITTED_KEYS = (
@@ -321,3 +321,51 @@ def load_efficiency_data() -> dict:
 def efficiency() -> Efficiency:
     """The bundled runtime constants (read and validated on first call)."""
     return parse_efficiency(load_efficiency_data())
+
+
+# ---------------------------------------------------------------------------------------------
+# another machine's host (the runtime split of GPU records; ftplan validate)
+# ---------------------------------------------------------------------------------------------
+#: host constants a record may replace (efficiency.json ``host``; Efficiency field names)
+HOST_KEYS = ("dispatch_s_per_op", "step_fixed_s")
+
+_HOST_VARIANTS: dict[tuple, tuple[Any, Any]] = {}
+
+
+def host_variant(eff: Any | None, overrides: dict) -> Any:
+    """``eff`` (default: the bundled efficiency.json) with the host constants of another machine.
+    Memoised per (eff, overrides) so that the runtime model's caches keep hitting."""
+    eff = eff if eff is not None else efficiency()
+    key = (id(eff), tuple(sorted(overrides.items())))
+    hit = _HOST_VARIANTS.get(key)
+    if hit is not None and hit[0] is eff:
+        return hit[1]
+    bad = set(overrides) - set(HOST_KEYS)
+    if bad:
+        raise CatalogError(f"host overrides: unknown key(s) {sorted(bad)}; known: {', '.join(HOST_KEYS)}")
+    var = replace(eff, **overrides)
+    if len(_HOST_VARIANTS) > 256:
+        _HOST_VARIANTS.clear()
+    _HOST_VARIANTS[key] = (eff, var)
+    return var
+
+
+def parse_host(data: Any, where: str) -> dict[str, float]:
+    """The host constants of a measurement machine (``{"dispatch_s_per_op": {"value": ...,
+    "source": ...}, ...}``, keys among ``HOST_KEYS``) as Efficiency field overrides; ``None`` or
+    ``{}``: ftplan's default host."""
+    out: dict[str, float] = {}
+    if data is None:
+        return out
+    if not isinstance(data, dict):
+        raise CatalogError(f"{where}: 'host' must be an object")
+    for k, v in data.items():
+        if k.startswith("_"):
+            continue
+        if k not in HOST_KEYS:
+            raise CatalogError(f"{where}: host.{k} is not a host constant ({', '.join(HOST_KEYS)})")
+        val = v.get("value") if isinstance(v, dict) else None
+        if isinstance(val, bool) or not isinstance(val, (int, float)) or not 0 <= val < 1 or not v.get("source"):
+            raise CatalogError(f"{where}: host.{k} needs a value in [0, 1) seconds and a source")
+        out[k] = float(val)
+    return out

@@ -10,12 +10,17 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from importlib import resources
 from types import SimpleNamespace
 from typing import Any
 
 from ..errors import CatalogError
+from .efficiency import (  # re-exported (their home: efficiency.py)
+    HOST_KEYS,
+    host_variant,
+    parse_host,
+)
 
 __all__ = ["Reference", "Outcome", "GpuVariant", "load_reference", "predict", "evaluate", "error_stats",
            "ratio_checks", "log_ratio", "quantile", "load_gpu_records", "gpu_ratio_checks", "GPU_SPLIT_FILE",
@@ -182,32 +187,6 @@ def predict(ref: Reference, eff: Any | None = None):
     return estimate_runtime(_model(ref), _job(ref.job), Layout(**ref.layout), gpu, offer=offer, eff=eff)
 
 
-#: host constants a record may replace (efficiency.json ``host``; Efficiency field names)
-HOST_KEYS = ("dispatch_s_per_op", "step_fixed_s")
-
-_HOST_VARIANTS: dict[tuple, tuple[Any, Any]] = {}
-
-
-def host_variant(eff: Any | None, overrides: dict) -> Any:
-    """``eff`` (default: the bundled efficiency.json) with the host constants of another machine.
-    Memoised per (eff, overrides) so that the runtime model's caches keep hitting."""
-    from .efficiency import efficiency
-
-    eff = eff if eff is not None else efficiency()
-    key = (id(eff), tuple(sorted(overrides.items())))
-    hit = _HOST_VARIANTS.get(key)
-    if hit is not None and hit[0] is eff:
-        return hit[1]
-    bad = set(overrides) - set(HOST_KEYS)
-    if bad:
-        raise CatalogError(f"host overrides: unknown key(s) {sorted(bad)}; known: {', '.join(HOST_KEYS)}")
-    var = replace(eff, **overrides)
-    if len(_HOST_VARIANTS) > 256:
-        _HOST_VARIANTS.clear()
-    _HOST_VARIANTS[key] = (eff, var)
-    return var
-
-
 def evaluate(refs: list[Reference], eff: Any | None = None) -> list[Outcome]:
     out = []
     for r in refs:
@@ -325,27 +304,6 @@ def load_gpu_records(measurements_dir: Any, split_file: str = GPU_SPLIT_FILE) ->
         if o.id in seen:
             raise CatalogError(f"{split_file}: two records share the id {o.id}")
         seen.add(o.id)
-    return out
-
-
-def parse_host(data: Any, where: str) -> dict[str, float]:
-    """The host constants of a measurement machine (``{"dispatch_s_per_op": {"value": ...,
-    "source": ...}, ...}``, keys among ``HOST_KEYS``) as Efficiency field overrides; ``None`` or
-    ``{}``: ftplan's default host."""
-    out: dict[str, float] = {}
-    if data is None:
-        return out
-    if not isinstance(data, dict):
-        raise CatalogError(f"{where}: 'host' must be an object")
-    for k, v in data.items():
-        if k.startswith("_"):
-            continue
-        if k not in HOST_KEYS:
-            raise CatalogError(f"{where}: host.{k} is not a host constant ({', '.join(HOST_KEYS)})")
-        val = v.get("value") if isinstance(v, dict) else None
-        if isinstance(val, bool) or not isinstance(val, (int, float)) or not 0 <= val < 1 or not v.get("source"):
-            raise CatalogError(f"{where}: host.{k} needs a value in [0, 1) seconds and a source")
-        out[k] = float(val)
     return out
 
 

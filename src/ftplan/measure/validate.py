@@ -264,7 +264,7 @@ def machine_hosts(paths) -> tuple[dict[str, dict[str, float]], list[str]]:
     host-bound on short micro-batches), as ``benchmarks/runtime_accuracy.py`` does."""
     from pathlib import Path
 
-    from ..catalog.runtime_reference import parse_host
+    from ..catalog.efficiency import parse_host
     from ..errors import CatalogError
 
     out: dict[str, dict[str, float]] = {}
@@ -283,9 +283,9 @@ def machine_hosts(paths) -> tuple[dict[str, dict[str, float]], list[str]]:
     return out, problems
 
 
-def _host_predict(hosts: dict[str, dict[str, float]]):
+def host_predictor(hosts: dict[str, dict[str, float]]):
     """A predict function that uses each record's machine host (``machine_hosts``)."""
-    from ..catalog.runtime_reference import host_variant
+    from ..catalog.efficiency import host_variant
     from .predict import predict
 
     current: dict[str, Any] = {"eff": None}
@@ -309,7 +309,7 @@ def validate_paths(paths) -> dict[str, Any]:
     records, problems = load_records(paths)
     hosts, host_problems = machine_hosts(paths)
     report = validate_records(records, problems + host_problems,
-                              predict_for=_host_predict(hosts) if hosts else None)
+                              predict_for=host_predictor(hosts) if hosts else None)
     report["files"] = [str(p) for p in paths]
     ratchet_path = default_ratchet_path()
     if ratchet_path.is_file():

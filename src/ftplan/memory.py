@@ -24,7 +24,7 @@ from fractions import Fraction
 from .catalog.constants import MemoryConstants, memory_constants
 from .job import PRECISIONS, Job, Layout, lora_targets, lora_wraps_experts, planned_attention, validate_job
 from .model import FAMILIES, LayerGroup, LinearSpec, MlpSpec, ModelSpec, MoeSpec, layer_group_order, layer_linears
-from .sharding import activation_job, communicator_groups, layout_memory, quant_state_bytes
+from .sharding import activation_job, casts_whole_module, communicator_groups, layout_memory, quant_state_bytes
 from .units import dtype_bytes
 
 __all__ = [
@@ -1709,7 +1709,7 @@ def estimate_memory(
         "allocator_reserve": reserve,
     }
     n_router32 = _fp32_router_elems(model)
-    if n_router32 and not (layout.engine == "deepspeed" and job.precision.endswith("-mixed")):
+    if n_router32 and not casts_whole_module(job, layout.engine):
         notes.append(f"router weights in fp32 ({n_router32 * 4 / 2**20:,.0f} MiB whole; transformers >= 5.24 keeps "
                      "this family's mlp.gate.weight in fp32 whatever the model's dtype)")
     if job.method == "qlora" and model.is_moe:

@@ -175,11 +175,16 @@ def activation_job(job: Job, lm: "LayoutMemory") -> Job:
 # ---------------------------------------------------------------------------------------------
 # the parameter tensors, unit by unit
 # ---------------------------------------------------------------------------------------------
+def casts_whole_module(job: Job, engine: str) -> bool:
+    """DeepSpeed's bf16/fp16 mode casts every parameter to the compute dtype (deepspeed 0.19
+    ``engine._cast_module_mixed_precision``; its ``keep_in_fp32_modules`` covers buffers only)."""
+    return engine == "deepspeed" and job.precision.endswith("-mixed")
+
+
 def _stored_bytes(job: Job, engine: str) -> tuple[Fraction, Fraction]:
     """(trainable, frozen) bytes per element as the engine stores them."""
     prec = PRECISIONS[job.precision]
-    mixed = job.precision.endswith("-mixed")
-    if engine == "deepspeed" and mixed:
+    if casts_whole_module(job, engine):
         # DeepSpeed's bf16/fp16 mode casts the whole module to the compute dtype (fp32 masters
         # live in the optimizer)
         c = dtype_bytes(prec["compute"])
@@ -232,10 +237,8 @@ def _layer_tensors(model: ModelSpec, g: LayerGroup, job: Job, tb: Fraction, fb: 
         m = g.moe
         e, i = m.num_experts // max(1, ep), m.expert_intermediate_size  # a rank's experts under EP
         # router; a family's fp32 router (MoeSpec.router_fp32) stays fp32 unless DeepSpeed's bf16
-        # mode casts the whole module (deepspeed 0.19 engine._cast_module_mixed_precision casts
-        # every parameter; its keep_in_fp32_modules applies to buffers only)
-        cast_all = engine == "deepspeed" and job.precision.endswith("-mixed")
-        rb = max(wb, Fraction(4)) if m.router_fp32 and not cast_all else wb
+        # mode casts the whole module
+        rb = max(wb, Fraction(4)) if m.router_fp32 and not casts_whole_module(job, engine) else wb
         out.append(Tensor(e, e * h, rb, full))
         out.append(Tensor(e, e * 2 * i * h, wb, full))  # fused gate_up_proj (E, 2I, h)
         out.append(Tensor(e, e * h * i, wb, full))  # fused down_proj (E, h, I)

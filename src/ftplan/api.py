@@ -728,11 +728,21 @@ def measure(model: str, job: Job | None = None, layout: Layout | None = None, *,
                     echo=echo)
 
 
-def validate(paths: Sequence[str | os.PathLike] | None = None) -> dict[str, Any]:
-    """Predicted vs measured over measurement records (``ftplan validate``): the report dict."""
-    from .measure.validate import default_record_paths, validate_paths
+def validate(paths: Sequence[str | os.PathLike] | None = None,
+             ratchet: str | os.PathLike | None = None) -> dict[str, Any]:
+    """Predicted vs measured over measurement records (``ftplan validate``): the report dict.
 
-    return validate_paths(list(paths) if paths else default_record_paths())
+    Without ``paths`` the committed records (``benchmarks/measurements/*.jsonl``) are scored and
+    held to the committed ``benchmarks/ratchet.json``; given paths are held to ``ratchet`` only
+    when one is passed.
+    """
+    from .measure.validate import default_ratchet_path, default_record_paths, validate_paths
+
+    if paths:
+        return validate_paths(list(paths), ratchet)
+    if ratchet is None and default_ratchet_path().is_file():
+        ratchet = default_ratchet_path()
+    return validate_paths(default_record_paths(), ratchet)
 
 
 def train(model_dir: str | os.PathLike, dataset: str, out: str | os.PathLike, job: Job | None = None,

@@ -152,3 +152,39 @@ def test_gpu_records_are_predicted_with_their_machines_host(tmp_path):
     rec = tmp_path / "r.jsonl"
     rec.write_text(json.dumps(_record(1, alloc=GIB, reserved=GIB, tps=100.0)) + "\n")
     assert V.machine_hosts([rec])[1] and V.validate_paths([rec])["problems"]
+
+
+def test_own_records_are_not_held_to_the_repositorys_ratchet(tmp_path, capsys):
+    """The committed ratchet describes the committed records: ``ftplan validate MY.jsonl`` scores a
+    user's records without reporting 'worse than the ratchet: no records now' for figures other
+    records set; ``--ratchet FILE`` holds them to one explicitly; no paths = the committed set held
+    to the committed ratchet."""
+    import ftplan.cli as cli
+    from ftplan import api
+
+    rec = tmp_path / "mine.jsonl"
+    rec.write_text(json.dumps(_record(1, alloc=GIB, reserved=GIB, tps=100.0, device="cpu")) + "\n")
+    rep = api.validate([rec])
+    assert "ratchet" not in rep
+    assert cli.main(["validate", str(rec)]) == 0
+    assert "ratchet" not in capsys.readouterr().out
+    held = api.validate([rec], ROOT / "benchmarks" / "ratchet.json")
+    assert held["ratchet"]["violations"] and held["meets_targets"] is False  # the GPU figures are absent
+    assert cli.main(["validate", str(rec), "--ratchet", str(tmp_path / "none.json")]) == 2
+    assert capsys.readouterr().err.strip().startswith("ftplan: error: no such file")
+    if sorted((ROOT / "benchmarks" / "measurements").glob("*.jsonl")):
+        assert api.validate()["ratchet"]["violations"] == []
+
+
+def test_a_file_that_is_not_records_reads_as_a_few_error_lines(tmp_path, capsys):
+    """Every bad line is in the report (``--json``); the terminal shows five per file and a count."""
+    import ftplan.cli as cli
+
+    bad = tmp_path / "notes.txt"
+    bad.write_text("".join(f"line {i}: not a record\n" for i in range(40)))
+    assert cli.main(["validate", str(bad)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 6 and all(e.startswith("ftplan: error:") for e in err)
+    assert err[-1] == f"ftplan: error: {bad}: 35 more problem line(s) (ftplan validate --json lists them all)"
+    assert cli.main(["validate", str(bad), "--json"]) == 2
+    assert len(json.loads(capsys.readouterr().out)["problems"]) == 40

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -151,7 +152,7 @@ def _run_matrix(a: argparse.Namespace) -> int:
 def run_validate(a: argparse.Namespace) -> int:
     from ..measure.validate import render_text, update_ratchet
 
-    report = api.validate(a.records)
+    report = api.validate(a.records, a.ratchet)
     if a.update_ratchet:
         changed = update_ratchet(report, Path(a.ratchet) if a.ratchet else None)
         report["ratchet_updated"] = changed
@@ -160,13 +161,29 @@ def run_validate(a: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         print(render_text(report))
-    for p in report["problems"]:
+    for p in _capped_problems(report["problems"]):
         print(f"ftplan: {'warning' if a.skip_bad else 'error'}: {p}", file=sys.stderr)
     if report["problems"] and not a.skip_bad:
         return 2  # malformed lines: reported with file:line; --skip-bad to accept them
     if a.check and report["meets_targets"] is False:
         return 1
     return 0
+
+
+def _capped_problems(problems: list[str], per_file: int = 5) -> list[str]:
+    """The first ``per_file`` problem lines of each file, then one line counting the rest (a file
+    that is not a record file at all reads as a few lines, not one per line of it; ``--json``
+    lists every problem)."""
+    shown: list[str] = []
+    left: dict[str, int] = {}
+    for p in problems:
+        m = re.match(r"(.+?):\d+: ", p)  # ``file:line: what`` (load_records' and the report's form)
+        file = m.group(1) if m else p
+        if sum(1 for q in shown if q.startswith(file + ":")) < per_file:
+            shown.append(p)
+        else:
+            left[file] = left.get(file, 0) + 1
+    return shown + [f"{f}: {n} more problem line(s) (ftplan validate --json lists them all)" for f, n in left.items()]
 
 
 def _measure_args(s: argparse.ArgumentParser) -> None:
@@ -194,7 +211,9 @@ def _validate_args(v: argparse.ArgumentParser) -> None:
     v.add_argument("--json", action="store_true")
     v.add_argument("--update-ratchet", action="store_true",
                    help="tighten benchmarks/ratchet.json to the figures reached (never loosens)")
-    v.add_argument("--ratchet", default=None, help="ratchet file (default benchmarks/ratchet.json)")
+    v.add_argument("--ratchet", default=None,
+                   help="hold the records to this ratchet file (default: benchmarks/ratchet.json when "
+                        "no RECORDS are given, none for your own record files)")
     v.add_argument("--check", action="store_true", help="exit 1 when a target or the ratchet is missed")
     v.add_argument("--skip-bad", action="store_true",
                    help="skip malformed record lines with a warning (default: report them, exit 2)")

@@ -304,19 +304,26 @@ def host_predictor(hosts: dict[str, dict[str, float]]):
     return for_record
 
 
-def validate_paths(paths) -> dict[str, Any]:
+def validate_paths(paths, ratchet: str | os.PathLike | None = None) -> dict[str, Any]:
+    """The report over record files, held against ``ratchet`` when one is given.
+
+    The repository's ``benchmarks/ratchet.json`` describes the committed record set: pass it (or
+    call :func:`ftplan.api.validate` without paths) to hold those records to it. A user's own
+    record files are not held to figures that other records set.
+    """
     paths = list(paths)
     records, problems = load_records(paths)
     hosts, host_problems = machine_hosts(paths)
     report = validate_records(records, problems + host_problems,
                               predict_for=host_predictor(hosts) if hosts else None)
     report["files"] = [str(p) for p in paths]
-    ratchet_path = default_ratchet_path()
-    if ratchet_path.is_file():
-        ratchet = read_ratchet(ratchet_path)
-        report["ratchet"] = {"path": str(ratchet_path), "violations": check_ratchet(report, ratchet)}
-        if report["ratchet"]["violations"]:
-            report["meets_targets"] = False
+    if ratchet is None:
+        return report
+    ratchet_path = Path(ratchet)
+    held = read_ratchet(ratchet_path)  # a missing or malformed file is a one-line MeasurementError
+    report["ratchet"] = {"path": str(ratchet_path), "violations": check_ratchet(report, held)}
+    if report["ratchet"]["violations"]:
+        report["meets_targets"] = False
     return report
 
 

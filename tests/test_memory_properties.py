@@ -225,3 +225,30 @@ def test_moe_all_linear_lora_dropout_follows_peft(capsys):
     # attention-only targets keep dropout (no ParamWrapper)
     assert main(["estimate", "mixtral-8x7b", "--method", "lora", "--lora-targets", "q_proj,v_proj",
                  "--lora-dropout", "0.1"]) == 0
+
+
+@pytest.mark.parametrize("engine", ["fsdp1", "fsdp2"])
+@pytest.mark.parametrize("optimizer", ["adamw", "adamw_8bit", "adafactor", "sgd"])
+def test_sharded_optimizer_states_add_up_to_the_whole_with_an_fp32_router(engine, optimizer):
+    """DeepSeek-V3 in pure bf16 keeps its router in fp32 (transformers >= 5.24): FSDP's optimizer
+    shards over n ranks add up to the single-GPU states (to within the padding of each flat
+    parameter / tensor to a multiple of n). 8-bit and Adafactor states are per element, not per
+    parameter byte: counting them from the shard's bytes at the bf16 width counted every router
+    element twice."""
+    from ftplan.catalog.constants import memory_constants
+    from ftplan.memory import model_states
+    from ftplan.sharding import layout_memory
+
+    if engine == "fsdp1" and optimizer in ("adamw", "sgd"):
+        pytest.skip("FSDP1 refuses a unit of mixed dtypes (test_expert_parallel.py), and ftplan says so")
+    model = resolve_model("deepseek-v3")
+    assert any(g.moe is not None and g.moe.router_fp32 for g in model.groups)
+    job = Job(method="full", precision="bf16", optimizer=optimizer)
+    st_ = model_states(model, job)
+    n = 64
+    layout = Layout(gpus_per_node=8, nodes=8, strategy="fsdp", fsdp_version=int(engine[-1]))
+    lm = layout_memory(model, job, layout, st_, memory_constants())
+    whole = st_.optimizer_states
+    # padding: < n elements per tensor (FSDP2) or flat parameter (FSDP1), at most 16 B each
+    slack = 16 * n * 10_000
+    assert whole - slack <= lm.optimizer_states * n <= whole + slack, (lm.optimizer_states * n - whole)

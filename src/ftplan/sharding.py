@@ -445,14 +445,16 @@ def fsdp2_transient_bytes(units: list[Unit], n: int, *, param_b: Fraction, reduc
 # ---------------------------------------------------------------------------------------------
 # per engine
 # ---------------------------------------------------------------------------------------------
-def _padded_shard(units: list[Unit], n: int, trainable: bool | None) -> tuple[Fraction, int]:
-    """(bytes of this rank's padded shards of the selected tensors, number of such tensors)."""
+def _padded_shard(units: list[Unit], n: int, trainable: bool | None, per_element: bool = False
+                  ) -> tuple[Fraction, int]:
+    """(bytes of this rank's padded shards of the selected tensors, number of such tensors);
+    ``per_element``: elements instead of bytes."""
     total = Fraction(0)
     count = 0
     for u in units:
         for t in u.tensors:
             if trainable is None or t.trainable == trainable:
-                total += u.count * t.padded(n) * t.nbytes / n
+                total += u.count * t.padded(n) * (1 if per_element else t.nbytes) / n
                 count += u.count
     return total, count
 
@@ -497,7 +499,8 @@ def layout_memory(model: ModelSpec, job: Job, layout: Layout, st, consts: Memory
         tb = Fraction(4) if job.method != "full" else dtype_bytes(prec["trainable"])
         grads = trainable * gb / tb
         if eng == "fsdp2":
-            opt = _opt_shard_bytes(job, st, trainable, tb) + _opt_per_tensor(job) * n_tt
+            opt = (_opt_shard_bytes(job, st, trainable, _padded_shard(units, n, True, per_element=True)[0])
+                   + _opt_per_tensor(job) * n_tt)
         else:
             if any(len({t.nbytes for t in u.tensors if t.trainable == tr}) > 1
                    for u in units for tr in (True, False)):
@@ -517,7 +520,9 @@ def layout_memory(model: ModelSpec, job: Job, layout: Layout, st, consts: Memory
             peft = job.method != "full"
             flats = sum(u.count * (sum(1 for t in u.tensors if t.trainable) if peft else 1)
                         for u in units if u.numel(True))
-            opt = _opt_shard_bytes(job, st, _flat_shard(units, n, True, peft), tb) + _opt_per_tensor(job) * flats
+            opt = (_opt_shard_bytes(job, st, _flat_shard(units, n, True, peft),
+                                    _flat_shard(units, n, True, peft, per_element=True))
+                   + _opt_per_tensor(job) * flats)
             trainable = _flat_shard(units, n, True, peft)
             frozen = _flat_shard(units, n, False) + (quant_state_bytes(model, job) if job.method == "qlora" else 0)
             grads = trainable * gb / tb
@@ -708,16 +713,16 @@ def _opt_bytes_per_elem(job: Job, st) -> Fraction:
     return Fraction(st.optimizer_states - per_tensor, max(1, st.params_trainable))
 
 
-def _opt_shard_bytes(job: Job, st, shard_bytes: Fraction, tb: Fraction) -> Fraction:
-    """Optimizer states of a rank's trainable shards (``shard_bytes`` of parameters stored at
-    ``tb`` bytes per element), without the ``step`` scalars. AdamW's and SGD's states are made
+def _opt_shard_bytes(job: Job, st, shard_bytes: Fraction, shard_elems: Fraction) -> Fraction:
+    """Optimizer states of a rank's trainable shards (``shard_bytes`` of parameters in
+    ``shard_elems`` elements), without the ``step`` scalars. AdamW's and SGD's states are made
     like the parameters (``zeros_like``): a fixed multiple of the parameters' bytes, whatever each
-    tensor's dtype (a family's fp32 router in a bf16 model); the other optimizers' states do not
-    follow the parameter dtype: bytes per element."""
+    tensor's dtype (a family's fp32 router in a bf16 model); the other optimizers' states (8-bit,
+    Adafactor) do not follow the parameter dtype: bytes per element."""
     if job.optimizer in ("adamw", "sgd") and st.trainable_weights:
         per_tensor = _opt_per_tensor(job) * st.n_trainable_tensors
         return shard_bytes * Fraction(st.optimizer_states - per_tensor, st.trainable_weights)
-    return shard_bytes / tb * _opt_bytes_per_elem(job, st)
+    return shard_elems * _opt_bytes_per_elem(job, st)
 
 
 def _opt_per_tensor(job: Job) -> int:
@@ -725,20 +730,22 @@ def _opt_per_tensor(job: Job) -> int:
     return 4 if job.optimizer in ("adamw", "adafactor") else 0
 
 
-def _flat_shard(units: list[Unit], n: int, trainable: bool, per_tensor: bool = False) -> Fraction:
+def _flat_shard(units: list[Unit], n: int, trainable: bool, per_tensor: bool = False,
+                per_element: bool = False) -> Fraction:
     """FSDP1: each unit's flat parameter (the selected tensors, concatenated) padded to a multiple
-    of ``n`` and split; bytes of one shard. ``per_tensor``: every selected tensor is a flat
-    parameter of its own (PEFT's wrap policy: each adapter module is a unit)."""
+    of ``n`` and split; bytes (``per_element``: elements) of one shard. ``per_tensor``: every
+    selected tensor is a flat parameter of its own (PEFT's wrap policy: each adapter module is a
+    unit)."""
     total = Fraction(0)
     for u in units:
         sel = [t for t in u.tensors if t.trainable == trainable]
         if not sel:
             continue
         if per_tensor:
-            total += u.count * sum(Fraction(-(-t.numel // n)) * t.nbytes for t in sel)
+            total += u.count * sum(Fraction(-(-t.numel // n)) * (1 if per_element else t.nbytes) for t in sel)
             continue
         numel = sum(t.numel for t in sel)
-        total += u.count * Fraction(-(-numel // n)) * sel[0].nbytes
+        total += u.count * Fraction(-(-numel // n)) * (1 if per_element else sel[0].nbytes)
     return total
 
 

@@ -15,7 +15,8 @@ Needs torch (the ``measure`` extra); planning never imports this module.
 from __future__ import annotations
 
 import collections
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode

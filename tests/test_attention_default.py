@@ -73,3 +73,32 @@ def test_every_answer_names_the_attention_it_plans():
     assert "attention: eager" in rec and "attention: sdpa" not in rec
     doc = json.loads(run("recommend", "gemma-2-2b", "--method", "lora", "--tokens", "10M", "--json"))
     assert {a["value"] for a in doc["assumptions"] if a["field"] == "attn_impl"} == {"eager"}
+
+
+def test_gpt_oss_has_no_sdpa_path_and_is_planned_eager_with_its_sinks():
+    """gpt-oss joins a learned sink logit per head to every softmax row; transformers has no sdpa
+    path for it (``GptOssPreTrainedModel._supports_sdpa = False``) and runs eager by default, the
+    attention the OpenAI cookbook's fine-tuning recipe names (``attn_implementation="eager"``)."""
+    spec = resolve_model("gpt-oss-20b")
+    assert not spec.supports_sdpa and spec.attention.sinks
+    job = Job(method="lora", micro_batch=1, seq_len=2048)
+    planned, note = planned_attention(spec, job)
+    assert planned.attn_impl == "eager" and "attention sinks (gpt-oss)" in note
+    assert "vllm-flash-attn3" in note
+    # the eager scores over s + 1 columns (the sink) dominate the activations at long sequences:
+    # they grow with s^2 while flash attention's saved tensors grow with s
+    short, long = (estimate_memory(spec, job.with_(seq_len=n)) for n in (2048, 8192))
+    flash_short, flash_long = (estimate_memory(spec, job.with_(seq_len=n, attn_impl="flash")) for n in (2048, 8192))
+    eager_growth = long.peak_allocated_bytes - short.peak_allocated_bytes
+    flash_growth = flash_long.peak_allocated_bytes - flash_short.peak_allocated_bytes
+    assert eager_growth > 3 * flash_growth
+
+
+def test_transformers_refuses_sdpa_for_gpt_oss():
+    """The fact behind ``supports_sdpa`` read from the installed transformers (skipped without it)."""
+    import pytest
+
+    pytest.importorskip("transformers")
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssPreTrainedModel
+
+    assert GptOssPreTrainedModel._supports_sdpa is False

@@ -30,8 +30,8 @@ from ftplan.model import model_from_config  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
-MOE = {"mixtral", "qwen3_moe", "deepseek_v3"}
-ATTN = {"gemma2": "eager"}  # no sdpa path in transformers 5
+MOE = {"mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss"}
+ATTN = {"gemma2": "eager", "gpt_oss": "eager"}  # no sdpa path in transformers 5
 
 
 def _model(family: str, method: str, loss: str):
@@ -73,12 +73,12 @@ def _measure(family, method, mode, *, loss="hf", batch=2, seq=24, **kw):
 # op and where it is not (gemma2 eager, MLA on CPU), reentrant, every-k with mixed layer kinds
 VARIANTS = (
     [(f, "full", "selective") for f in sorted(TR.TINY_CONFIGS)]
-    + [(f, "lora", "selective") for f in ("llama", "qwen2", "phi3", "gemma2", "mixtral", "deepseek_v3")]
+    + [(f, "lora", "selective") for f in ("llama", "qwen2", "phi3", "gemma2", "mixtral", "deepseek_v3", "gpt_oss")]
     + [("llama", "full", "selective-attention"), ("llama", "lora", "selective-attention"),
        ("gemma2", "lora", "selective-attention"), ("deepseek_v3", "full", "selective-attention")]
     + [("llama", "lora", "full-reentrant"), ("qwen3_moe", "full", "full-reentrant")]
     + [("llama", "full", "every-k"), ("gemma2", "lora", "every-k"), ("gemma3_text", "full", "every-k"),
-       ("mixtral", "lora", "every-k"), ("deepseek_v3", "full", "every-k")]
+       ("mixtral", "lora", "every-k"), ("deepseek_v3", "full", "every-k"), ("gpt_oss", "lora", "every-k")]
 )
 
 

@@ -24,8 +24,8 @@ from ftplan.model import model_from_config  # noqa: E402
 pytestmark = pytest.mark.torch
 
 #: attention implementation per family (gemma2 has no sdpa path in transformers 5)
-ATTN = {"gemma2": "eager"}
-MOE = {"mixtral", "qwen3_moe", "deepseek_v3"}
+ATTN = {"gemma2": "eager", "gpt_oss": "eager"}
+MOE = {"mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss"}
 
 
 def _run(family, method, ckpt, batch, seq, optimizer="adamw", attn=None, precision="bf16-mixed"):
@@ -213,7 +213,7 @@ def _run_qlora(family, ckpt, recipe, dropout=0.1):
     return model_from_config(cfg), job, r
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3_text"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3_text", "gpt_oss"])
 @pytest.mark.parametrize("recipe", ["peft", "trl"])
 def test_model_states_exact_qlora(family, recipe):
     """QLoRA model states per recipe, byte-exact: packed 4-bit storage + quantization constants,
@@ -230,7 +230,7 @@ def test_model_states_exact_qlora(family, recipe):
         assert sum(x.nbytes for x in r.records if x.producer == "TBackward0") == 0
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3", "gemma2", "gemma3_text"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3", "gemma2", "gemma3_text", "gpt_oss"])
 @pytest.mark.parametrize("ckpt", [False, True])
 def test_saved_activations_exact_qlora_trl(family, ckpt):
     """TRL's QLoRA recipe: bf16 residual stream, norms and lm_head (no kbit upcast), bf16 adapters
@@ -250,13 +250,13 @@ def test_saved_activations_exact_qlora_no_dropout(family, recipe, ckpt):
     assert saved_activation_bytes(spec, job, backend="cpu") == r.saved_activation_bytes - casts
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3", "gemma2", "gemma3_text"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3", "gemma2", "gemma3_text", "gpt_oss"])
 @pytest.mark.parametrize("ckpt", [False, True])
 def test_saved_activations_exact_qlora(family, ckpt):
     """QLoRA through the real stack: bitsandbytes nf4 (double quant) on CPU, PEFT's
     prepare_model_for_kbit_training (fp32 norms, embedding and lm_head), all-linear LoRA, autocast.
     Linear4bit returns its input's dtype (fp32), and autocast's bf16 copy of the frozen fp32 lm_head
-    is saved."""
+    is saved (and of gpt_oss's fp32 routers, which PEFT's all-linear leaves alone)."""
     spec, job, r = _run_qlora(family, ckpt, "peft")
     casts = sum(x.nbytes for x in r.records if x.producer == "TBackward0")  # LoRA A/B bf16 copies
     assert saved_activation_bytes(spec, job, backend="cpu") == r.saved_activation_bytes - casts

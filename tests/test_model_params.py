@@ -41,3 +41,12 @@ def test_catalog_entry_is_sane(name):
 def test_llama_3_1_70b_reference_count():
     # published: 70,553,706,496 (Meta / HF safetensors metadata)
     assert CATALOG["llama-3.1-70b"].spec().params.total == 70_553_706_496
+
+
+def test_gpt_oss_counts_match_the_model_card():
+    """gpt-oss model card (arXiv 2508.10925, table 1): 20.91B / 116.83B parameters in all, 3.61B /
+    5.13B active; the card leaves the 0.58B embedding out of the active count, ftplan counts it."""
+    for name, total_b, active_b in (("gpt-oss-20b", 20.91, 3.61), ("gpt-oss-120b", 116.83, 5.13)):
+        p = CATALOG[name].spec().params
+        assert round(p.total / 1e9, 2) == total_b
+        assert round((p.active - p.embedding) / 1e9, 2) == active_b

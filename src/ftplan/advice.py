@@ -136,7 +136,7 @@ def job_assumptions(job: Job, layout: Layout | None = None, *,
             out.append(Assumption("attn_impl", "eager", "attention: eager (the (b, heads, s, s) scores "
                                   "materialised)", "`attn=flash`",
                                   "transformers' default attn_implementation: eager where the architecture has "
-                                  "no sdpa path (attention soft-capping: Gemma2)"))
+                                  "no sdpa path (attention soft-capping: Gemma2; attention sinks: gpt-oss)"))
         else:
             out.append(Assumption("attn_impl", job.attn_impl, f"attention: {job.attn_impl}", "`attn=flash`",
                                   "transformers' default attn_implementation (sdpa)"))

@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from .errors import ConfigError, Problem
 from .inputs import show_value
-from .model import ModelSpec
+from .model import FAMILIES, ModelSpec
 from .optionspec import Option, group, groups, internal, json_field, lower, option, options_of
 
 __all__ = [
@@ -530,7 +530,8 @@ def lora_wraps_experts(model: ModelSpec, lora: LoraSpec) -> bool:
     at rank r) and the router weight (rank r) with ``ParamWrapper``: ``all-linear`` on a
     transformers-5 MoE model. ParamWrapper refuses ``lora_dropout`` > 0 and adds the merged
     ``W + BA`` of every expert to each forward."""
-    return model.is_moe and "all-linear" in lora.target_modules
+    fam = FAMILIES.get(model.family)
+    return model.is_moe and "all-linear" in lora.target_modules and (fam is None or fam.peft_wraps_experts)
 
 
 def _check(cond: bool, problems: list[Problem], msg: str, field: str | None = None,
@@ -653,9 +654,15 @@ def planned_attention(model: ModelSpec, job: Job) -> tuple[Job, str | None]:
     the ``(b, heads, s, s)`` scores (measured on an H100: ``h100-sxm-holdout1.jsonl``, where
     ``attn_implementation="sdpa"`` was refused, and ``h100-sxm-eager1.jsonl``)."""
     if job.attn_impl == "sdpa" and not model.supports_sdpa:
+        if model.attention.sinks:
+            why = "attention sinks (gpt-oss)"
+            flash = ("--attn flash for a flash kernel with sinks: transformers swaps flash_attention_2 for "
+                     "kernels-community/vllm-flash-attn3")
+        else:
+            why, flash = "attention soft-capping (Gemma2)", "--attn flash for FlashAttention-2"
         return job.with_(attn_impl="eager"), (
-            "attention: transformers has no sdpa path for attention soft-capping (Gemma2) and runs eager "
-            "attention; planned eager (--attn flash for FlashAttention-2)")
+            f"attention: transformers has no sdpa path for {why} and runs eager "
+            f"attention; planned eager ({flash})")
     return job, None
 
 

@@ -133,15 +133,17 @@ def _full_tensor_count(model: ModelSpec) -> int:
     for lin in model.linears():
         if lin.is_module:
             n += lin.count * (2 if lin.bias else 1)
-        else:  # fused experts: one 3-D tensor per layer, not per expert
-            n += lin.count // _experts_of(model)
+        else:  # fused experts: one 3-D tensor per layer, not per expert (+ one 2-D bias)
+            n += lin.count // _experts_of(model) * (2 if lin.bias else 1)
     n += 1  # final norm
     for g in model.groups:
         per = g.norms_per_layer + (2 if g.attention.qk_norm else 0)
         if g.attention.is_mla:
             per += 1 + (1 if g.attention.q_lora_rank else 0)
+        if g.attention.sinks:
+            per += 1
         if g.moe is not None:
-            per += 1  # router weight
+            per += 2 if g.moe.bias else 1  # router weight (and bias)
         n += g.count * per
     return n
 
@@ -212,6 +214,8 @@ def _full_matrices(model: ModelSpec) -> list[tuple[int, int, int, int]]:
             e = _experts_of(model)
             out.append((e * lin.out_features, e * lin.in_features, e * lin.out_features * lin.in_features,
                         lin.count // e))
+            if lin.bias:  # the experts' (E, out) bias: a matrix too
+                out.append((e, lin.out_features, e * lin.out_features, lin.count // e))
     for g in model.groups:
         if g.moe is not None:
             out.append((g.moe.num_experts, h, g.moe.num_experts * h, g.count))
@@ -241,11 +245,15 @@ def _full_vectors(model: ModelSpec) -> list[tuple[int, int]]:
     h = model.hidden_size
     out = [(h, 1)]
     for lin in model.linears():
-        if lin.bias:
+        if lin.bias and lin.is_module:
             out.append((lin.out_features, lin.count))
     for g in model.groups:
         a = g.attention
         out.append((h, g.count * g.norms_per_layer))
+        if a.sinks:
+            out.append((a.num_heads, g.count))
+        if g.moe is not None and g.moe.bias:
+            out.append((g.moe.num_experts, g.count))  # router bias
         if a.qk_norm:
             out.append((a.head_dim, 2 * g.count))
         if a.is_mla:
@@ -285,7 +293,8 @@ def _autocast_weight_elems(model: ModelSpec, backend: str = "cuda") -> int:
     for lin in model.linears():
         if lin.is_module or backend == "cuda":
             n += lin.count * lin.in_features * lin.out_features
-    n += model.params.router
+    # router weights (autocast casts a router's bias too, but the linear's backward does not keep it)
+    n += sum(g.count * g.moe.num_experts * model.hidden_size for g in model.groups if g.moe is not None)
     if model.tie_word_embeddings:
         n += model.params.embedding
     return n
@@ -355,6 +364,20 @@ def _frozen_layer_copy_elems(model: ModelSpec, g: LayerGroup, backend: str) -> i
     return n
 
 
+def _frozen_copy_elems(model: ModelSpec, job: Job, g: LayerGroup, backend: str) -> int:
+    """Frozen matmul weight elements of one layer that autocast copies and the matmul saves (for
+    the input's gradient): every matmul weight of an fp32-loaded LoRA base; under PEFT's QLoRA
+    recipe the fp32 router of an MoE layer whose router PEFT does not wrap (gpt_oss: the linears
+    are 4-bit, the upcast router is not)."""
+    if job.casts_fp32_base:
+        return _frozen_layer_copy_elems(model, g, backend)
+    if (job.method == "qlora" and job.kbit_upcast and job.precision.endswith("-mixed")
+            and PRECISIONS[job.precision]["compute"] != "fp32" and g.moe is not None
+            and not (job.uses_lora and lora_wraps_experts(model, job.lora))):
+        return g.moe.num_experts * model.hidden_size
+    return 0
+
+
 def _recompute_weight_copy_bytes(model: ModelSpec, job: Job, layout: Layout, backend: str = "cuda") -> int:
     """Under checkpointing with autocast, the compute-dtype weight copies of the one layer being
     recomputed in backward (all matmul weights in full fine-tuning, the adapters with LoRA, and
@@ -365,8 +388,7 @@ def _recompute_weight_copy_bytes(model: ModelSpec, job: Job, layout: Layout, bac
     c = int(dtype_bytes(prec["compute"]))
     if job.method == "full":
         return c * largest_layer_params(model) if prec["trainable"] != prec["compute"] else 0
-    base = c * max(_frozen_layer_copy_elems(model, g, backend) for g in model.groups) \
-        if job.casts_fp32_base else 0
+    base = c * max(_frozen_copy_elems(model, job, g, backend) for g in model.groups)
     if job.adapter_dtype == prec["compute"]:
         return base  # adapters already in the compute dtype: autocast makes no copy
     n_train, _ = trainable_params(model, job)
@@ -618,8 +640,13 @@ def _act_dtypes(job: Job, backend: str) -> _Dtypes:
                    base_out=base_out)
 
 
+def _norm_style(model: ModelSpec) -> str:
+    """The family's RMSNorm implementation (``Family.norm_style``): llama, gemma or gpt_oss."""
+    return FAMILIES[model.family].norm_style
+
+
 def _norm_saved(t: int, width: int, in_bytes: int, trainable: bool, *, rows: int | None = None,
-                gemma: bool = False, weight: int | None = None) -> int:
+                style: str = "llama", weight: int | None = None) -> int:
     """Bytes one RMSNorm call saves over ``t`` tokens of ``width`` features (``rows`` rsqrt
     values: ``t``, or ``t`` x heads for per-head q/k norms).
 
@@ -627,11 +654,15 @@ def _norm_saved(t: int, width: int, in_bytes: int, trainable: bool, *, rows: int
     fp32 input (a fresh copy unless it already is fp32), the fp32 rsqrt, and, when the weight is
     trainable, the normalised tensor cast back to the input dtype. gemma style computes entirely
     in fp32 and scales by ``1 + weight``: the normalised tensor stays fp32 and the fp32
-    ``1 + weight`` vector (``weight`` elements: ``width``, or the head dim) is saved too."""
+    ``1 + weight`` vector (``weight`` elements: ``width``, or the head dim) is saved too. gpt_oss
+    style is fp32 throughout as well (``(weight * x_normed).to(input_dtype)``) but multiplies by the
+    weight itself (type promotion inside the product: no copy of it to save)."""
     rows = t if rows is None else rows
     out = t * width * 4 + rows * 4
-    if gemma:
+    if style == "gemma":
         out += (width if weight is None else weight) * 4 + (t * width * 4 if trainable else 0)
+    elif style == "gpt_oss":
+        out += t * width * 4 if trainable else 0
     elif trainable:
         out += t * width * in_bytes
     return out
@@ -654,12 +685,12 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
     a = g.attention
     c = dt.compute
     heads = a.num_heads // tp
-    gemma = FAMILIES[model.family].norm_style == "gemma"
-    total = _norm_saved(t, h, dt.resid, dt.full, gemma=gemma)  # input norm
+    style = _norm_style(model)
+    total = _norm_saved(t, h, dt.resid, dt.full, style=style)  # input norm
     if g.norms_per_layer == 4:  # gemma: post-attention norm (on o_proj output) and pre/post feed-forward
-        total += 2 * _norm_saved(t, h, c, dt.full, gemma=gemma) + _norm_saved(t, h, dt.resid, dt.full, gemma=gemma)
+        total += 2 * _norm_saved(t, h, c, dt.full, style=style) + _norm_saved(t, h, dt.resid, dt.full, style=style)
     else:
-        total += _norm_saved(t, h, dt.resid, dt.full, gemma=gemma)  # post-attention norm
+        total += _norm_saved(t, h, dt.resid, dt.full, style=style)  # post-attention norm
     # a materialised mask: a sliding window shorter than the row, or padding-free's block-diagonal
     # mask (flash attention handles both without one)
     masked = job.attn_impl != "flash" and ((g.window is not None and s > g.window) or job.is_padding_free)
@@ -672,10 +703,20 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
         kv_saved = kv_heads if gqa_native else heads
         total += _linear_inputs(t, h, 1 if a.fused_qkv else 3, dt.norm_out if dt.full else dt.resid, dt)
         if a.qk_norm:  # per-head norms on the q/k projections (compute dtype)
-            total += _norm_saved(t, q, c, dt.full, rows=t * heads, gemma=gemma, weight=a.head_dim)
-            total += _norm_saved(t, kv_heads * a.head_dim, c, dt.full, rows=t * kv_heads, gemma=gemma,
+            total += _norm_saved(t, q, c, dt.full, rows=t * heads, style=style, weight=a.head_dim)
+            total += _norm_saved(t, kv_heads * a.head_dim, c, dt.full, rows=t * kv_heads, style=style,
                                  weight=a.head_dim)
-        if job.attn_impl == "eager":
+        if job.attn_impl == "eager" and a.sinks:
+            total += t * q * c + 2 * t * heads * a.head_dim * c  # q and repeated k, v
+            # gpt_oss: the scores joined with the sink logits (torch.cat promotes to the sinks'
+            # dtype), the row max's int64 indices, the softmax in that dtype over s + 1 columns,
+            # and, when it is wider than v, the cast of its first s columns for the matmul
+            sink_bytes = dt.train_w if dt.full else dt.resid
+            comb = max(c, sink_bytes)
+            total += b * heads * s * (s + 1) * comb + b * heads * s * 8
+            total += b * heads * s * s * c if comb != c else 0
+            total += t * q * c if dt.full else 0  # o_proj input (contiguous copy of the output)
+        elif job.attn_impl == "eager":
             total += t * q * c + 2 * t * heads * a.head_dim * c  # q and repeated k, v
             # fp32 softmax output and (when the compute dtype is narrower) its cast for the matmul
             total += b * heads * s * s * (4 + (c if c != 4 else 0))
@@ -732,7 +773,14 @@ def _moe_saved(m: MoeSpec, t: int, h: int, dt: _Dtypes, tp: int, wrapped: bool =
     i = m.expert_intermediate_size
     # router: its input copy in the compute dtype, the expert probabilities, top-k ids, the
     # normaliser and the normalised top-k weights; then the per-row weights the experts multiply
-    if m.router == "deepseek_v3":
+    if m.router == "gpt_oss":
+        # a biased linear gives the logits (compute dtype); top-k keeps the int64 ids and the
+        # softmax runs over the k chosen logits only, in their dtype: its output is the weights
+        router_in = t * h * c
+        out = routed * 8 + routed * c
+        per_row = routed * c
+        w_bytes = c
+    elif m.router == "deepseek_v3":
         # an fp32 linear (autocast turns it back to the compute dtype); the sigmoid scores and
         # the top-k weights stay in the logits' dtype
         r = c if dt.autocast else 4
@@ -757,6 +805,16 @@ def _moe_saved(m: MoeSpec, t: int, h: int, dt: _Dtypes, tp: int, wrapped: bool =
         from .expert_parallel import ep_experts_saved
 
         out += ep_experts_saved(m, t, routed if ep_rows is None else ep_rows, h, dt, ep, w_bytes)
+    elif m.router == "gpt_oss":
+        # experts (grouped_mm, biased): three index vectors and, with trainable biases, the sorted
+        # expert ids their gathers keep; offsets; the gate_up output (both clamps keep it), the
+        # clamped gate, its sigmoid, up + 1 and the gated product (the clamped SwiGLU); the down
+        # output (the per-row weighting keeps it); with trainable experts (full fine-tuning) also
+        # the gathered inputs and down's input. Frozen experts (PEFT's all-linear adapts only the
+        # attention here) keep neither: a grouped_mm saves its input only for its weight gradient
+        train = dt.full or wrapped
+        out += (4 if dt.full else 3) * routed * 8 + m.num_experts * 4 + per_row
+        out += routed * e * (2 * i + 4 * i + h + ((h + i) if train else 0))
     else:
         # experts (grouped_mm): three index vectors, gathered inputs, gate_up output, act output,
         # product, per-row weights, down output; offsets per expert
@@ -854,7 +912,7 @@ def _logits_bytes(model: ModelSpec, job: Job, dt: _Dtypes, tp: int, backend: str
     h = model.hidden_size
     v = model.vocab_size // tp
     c = dt.compute
-    saved = _norm_saved(t, h, dt.resid, dt.full, gemma=FAMILIES[model.family].norm_style == "gemma")
+    saved = _norm_saved(t, h, dt.resid, dt.full, style=_norm_style(model))
     if job.loss == "trl":
         head_saved, transient = _trl_head_bytes(model, job, dt, tp, backend, consts or memory_constants())
         return saved + head_saved, transient, transient
@@ -982,7 +1040,7 @@ def _first_layer_discount(model: ModelSpec, job: Job, dt: _Dtypes, backend: str)
     require grad: its input norm saves nothing and the LoRA dropouts reading it keep no mask."""
     t = job.micro_batch * job.seq_len
     h = model.hidden_size
-    out = _norm_saved(t, h, dt.resid, False, gemma=FAMILIES[model.family].norm_style == "gemma")
+    out = _norm_saved(t, h, dt.resid, False, style=_norm_style(model))
     if job.casts_fp32_base:
         # nor do the projections reading it save their weight copies (nothing needs a gradient)
         out += dt.compute * sum(lin.in_features * lin.out_features for lin in layer_linears(model, model.groups[0])
@@ -1012,8 +1070,7 @@ def _model_level_saved(model: ModelSpec, job: Job, dt: _Dtypes) -> int:
     a = model.attention
     out = t * 8 if dt.full else 0  # embedding backward keeps the token ids
     if not a.is_mla:
-        n_rope = 2 if model.family == "gemma3_text" else 1
-        out += n_rope * 2 * s * a.head_dim * dt.resid  # RoPE cos, sin: (1, s, d), shared
+        out += _rope_bytes(model, job, dt)  # RoPE cos, sin: (1, s, d), shared
     else:
         out += 2 * s * a.qk_rope_head_dim * dt.resid
     if job.ac_mode != "none":
@@ -1097,7 +1154,8 @@ def _layer_matmul_outputs(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes
     if g.moe is not None:
         if job.uses_lora and lora_wraps_experts(model, job.lora):
             out.append(g.moe.num_experts * model.hidden_size * c)  # ParamWrapper's B @ A for the router
-        out.append(t * g.moe.num_experts * c)  # router logits
+        if not g.moe.bias:  # a biased router (gpt_oss) runs addmm
+            out.append(t * g.moe.num_experts * c)  # router logits
         mlp = g.moe.shared
     if mlp is not None:
         from .model import mlp_linears
@@ -1246,13 +1304,17 @@ def _offload_events(model: ModelSpec, job: Job, dt: _Dtypes, tp: int,
     start = len(ev)
     # the final norm: x.float() (or x itself), rsqrt; the product saves both again; llama style
     # then saves the normalised tensor cast back (trainable weight) and the weight
-    gemma = FAMILIES[model.family].norm_style == "gemma"
+    style = _norm_style(model)
     ev += [(t * h * 4, t * h * 4, "norm_x"), (t * 4, t * 4, "norm_r"), (t * 4, t * 4, "norm_r"),
            (t * h * 4, t * h * 4, "norm_x")]
-    if gemma:
+    if style == "gemma":
         ev.append((h * 4, h * 4, "norm_1pw"))
         if dt.full:
             ev.append((t * h * 4, t * h * 4, "norm_y"))
+    elif style == "gpt_oss":  # fp32 normalised tensor (trainable weight); no weight copy
+        if dt.full:
+            ev.append((t * h * 4, t * h * 4, "norm_y"))
+        ev.append((0, 0, None))
     else:
         if dt.full:
             ev.append((t * h * dt.resid, t * h * dt.resid, "norm_y"))
@@ -1267,7 +1329,10 @@ def _rope_bytes(model: ModelSpec, job: Job, dt: _Dtypes) -> int:
     a = model.attention
     if a.is_mla:
         return 2 * s * a.qk_rope_head_dim * dt.resid
-    return (2 if model.family == "gemma3_text" else 1) * 2 * s * a.head_dim * dt.resid
+    # gemma3 keeps a second pair for its local layers; gpt_oss's tables are half-width (the
+    # rotation pairs the two halves of a head: ``(1, s, d / 2)``)
+    width = a.head_dim // 2 if model.family == "gpt_oss" else a.head_dim
+    return (2 if model.family == "gemma3_text" else 1) * 2 * s * width * dt.resid
 
 
 def _layer_copy_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, backend: str,
@@ -1416,10 +1481,10 @@ def activation_parts(model: ModelSpec, job: Job, layout: Layout | None = None, *
     ck_counts = _checkpointed_counts(model, job)
     saved = sac = 0
     recompute = 0
-    # an fp32-loaded LoRA base under autocast: each frozen matmul saves its compute-dtype weight
-    # copy (for the input's gradient) where the layer is not checkpointed
-    base_copy = [(int(dtype_bytes(PRECISIONS[job.precision]["compute"])) * _frozen_layer_copy_elems(model, g, backend)
-                  if job.casts_fp32_base else 0) for g in model.groups]
+    # an fp32-loaded LoRA base (or QLoRA's fp32 router) under autocast: each frozen matmul saves
+    # its compute-dtype weight copy (for the input's gradient) where the layer is not checkpointed
+    base_copy = [int(dtype_bytes(PRECISIONS[job.precision]["compute"])) * _frozen_copy_elems(model, job, g, backend)
+                 for g in model.groups]
     if mode == "none":
         saved = sum(g.count * (x + bc) for (g, x), bc in zip(per_layer, base_copy))
         if not dt.full:
@@ -1713,7 +1778,14 @@ def estimate_memory(
         notes.append(f"router weights in fp32 ({n_router32 * 4 / 2**20:,.0f} MiB whole; transformers >= 5.24 keeps "
                      "this family's mlp.gate.weight in fp32 whatever the model's dtype)")
     if job.method == "qlora" and model.is_moe:
-        notes.append("qlora: routed experts are 3-D parameters in transformers 5 and stay unquantized")
+        n_exp = model.params.experts
+        u = float(dtype_bytes(job.unquantized_dtype))
+        note = (f"qlora: the routed experts ({n_exp / 1e9:,.1f}B parameters, {n_exp / model.params.total:.0%} of the "
+                "model) are 3-D parameters in transformers 5: bitsandbytes leaves them unquantized")
+        if u > 2:
+            note += (f", and prepare_model_for_kbit_training upcasts them to {job.unquantized_dtype} "
+                     f"({n_exp * u / 2**30:,.1f} GiB against {n_exp * 2 / 2**30:,.1f} GiB in bf16 for LoRA)")
+        notes.append(note)
     return MemoryBreakdown(
         components=components,
         peak_allocated_bytes=peak_alloc,

@@ -52,11 +52,20 @@ class Family:
     o_bias_key: str | None = "attention_bias"  # config key that turns the o_proj bias on
     always_qkv_bias: bool = False  # qwen2: q/k/v always have a bias, o_proj never
     mlp_bias_key: str | None = None
-    moe: str | None = None  # None | "mixtral" | "qwen3_moe" | "deepseek_v3"
+    moe: str | None = None  # None | "mixtral" | "qwen3_moe" | "deepseek_v3" | "gpt_oss"
     mla: bool = False
+    #: per-head learned attention sinks (gpt_oss: ``self_attn.sinks``, one logit per head joined to
+    #: every softmax row); transformers has no sdpa path for them (``_supports_sdpa = False``)
+    attention_sinks: bool = False
+    #: PEFT's ``all-linear`` also wraps the fused routed experts and the router with
+    #: ``ParamWrapper`` (PEFT maps the family's per-expert checkpoint names onto the fused
+    #: transformers-5 tensors: ``_MOE_TARGET_MODULE_MAPPING``); gpt_oss's checkpoint is fused
+    #: already and has no such mapping, so ``all-linear`` there adapts the attention only
+    peft_wraps_experts: bool = True
     activation_key: str = "hidden_act"
     #: "llama": RMSNorm upcasts to fp32 and casts the normalised tensor back before the weight;
-    #: "gemma": computes entirely in fp32 with a (1 + weight) scale, casting only the result
+    #: "gemma": computes entirely in fp32 with a (1 + weight) scale, casting only the result;
+    #: "gpt_oss": fp32 throughout too (``(weight * x_normed_fp32).to(input_dtype)``), plain weight
     norm_style: str = "llama"
 
 
@@ -148,6 +157,14 @@ FAMILIES: dict[str, Family] = {
              "v_head_dim": 128, "max_position_embeddings": 4096, "n_group": 8, "topk_group": 4},
             moe="deepseek_v3", mla=True,
         ),
+        Family(
+            "gpt_oss",
+            {**_LLAMA_LIKE, "vocab_size": 201088, "hidden_size": 2880, "intermediate_size": 2880,
+             "num_hidden_layers": 36, "num_attention_heads": 64, "num_key_value_heads": 8,
+             "head_dim": 64, "sliding_window": 128, "attention_bias": True,
+             "num_local_experts": 128, "num_experts_per_tok": 4, "max_position_embeddings": 131072},
+            moe="gpt_oss", attention_sinks=True, peft_wraps_experts=False, norm_style="gpt_oss",
+        ),
     ]
 }
 
@@ -164,6 +181,7 @@ _ARCH_TO_TYPE = {
     "Gemma3ForConditionalGeneration": "gemma3_text",
     "Phi3ForCausalLM": "phi3",
     "DeepseekV3ForCausalLM": "deepseek_v3",
+    "GptOssForCausalLM": "gpt_oss",
 }
 
 
@@ -181,6 +199,7 @@ class AttentionSpec:
     qk_norm: bool = False
     fused_qkv: bool = False
     softcap: float | None = None
+    sinks: bool = False  # one learned sink logit per head (gpt_oss)
     # MLA (DeepSeek-V3); None for standard multi-/grouped-query attention
     q_lora_rank: int | None = None
     kv_lora_rank: int | None = None
@@ -205,11 +224,15 @@ class MoeSpec:
     expert_intermediate_size: int
     shared: MlpSpec | None = None  # shared experts, run on every token
     #: router implementation (the family's): "mixtral"/"qwen3_moe" softmax in fp32, "deepseek_v3"
-    #: sigmoid in the logits' dtype; qwen3_moe casts the top-k weights back to the logits' dtype
+    #: sigmoid in the logits' dtype; qwen3_moe casts the top-k weights back to the logits' dtype;
+    #: "gpt_oss" takes the top-k logits first and softmaxes only those, in the logits' dtype
     router: str = "mixtral"
     #: the router weight stays fp32 whatever the model's dtype: transformers >= 5.24 lists
     #: ``gate.weight`` in the family's ``_keep_in_fp32_modules_strict`` (deepseek_v3)
     router_fp32: bool = False
+    #: routed experts and the router carry biases (gpt_oss: ``gate_up_proj_bias``,
+    #: ``down_proj_bias``, ``router.bias``)
+    bias: bool = False
 
 
 @dataclass(frozen=True)
@@ -286,9 +309,10 @@ class ModelSpec:
     @property
     def supports_sdpa(self) -> bool:
         """transformers has an sdpa path for this architecture: not with attention soft-capping
-        (Gemma2: ``_supports_sdpa = False``, "sdpa does not support softcapping"), where it runs
-        eager attention when none is named and refuses ``attn_implementation="sdpa"``."""
-        return not any(g.attention is not None and g.attention.softcap for g in self.groups)
+        (Gemma2: ``_supports_sdpa = False``, "sdpa does not support softcapping") nor attention
+        sinks (gpt-oss: ``_supports_sdpa = False``), where it runs eager attention when none is
+        named and refuses ``attn_implementation="sdpa"``."""
+        return not any(g.attention is not None and (g.attention.softcap or g.attention.sinks) for g in self.groups)
 
     @property
     def is_moe(self) -> bool:
@@ -326,9 +350,9 @@ class ModelSpec:
                 m = g.moe
                 frac = m.top_k / m.num_experts
                 n = g.count * m.num_experts
-                out.append(LinearSpec("gate_up_proj", h, 2 * m.expert_intermediate_size, n, False,
+                out.append(LinearSpec("gate_up_proj", h, 2 * m.expert_intermediate_size, n, m.bias,
                                       "experts", is_module=False, token_fraction=frac))
-                out.append(LinearSpec("down_proj", m.expert_intermediate_size, h, n, False,
+                out.append(LinearSpec("down_proj", m.expert_intermediate_size, h, n, m.bias,
                                       "experts", is_module=False, token_fraction=frac))
                 if m.shared is not None:
                     out.extend(mlp_linears(m.shared, h, g.count, "mlp"))
@@ -356,8 +380,11 @@ class ModelSpec:
             if a.is_mla:
                 per_layer += a.kv_lora_rank + (a.q_lora_rank or 0)
             norms += g.count * per_layer
+            if a.sinks:
+                cats["attention"] += g.count * a.num_heads
+                active += g.count * a.num_heads
             if g.moe is not None:
-                router += g.count * g.moe.num_experts * h
+                router += g.count * g.moe.num_experts * (h + (1 if g.moe.bias else 0))
         cats["norms"] = norms
         cats["router"] = router
         active += cats["embedding"] + norms + router
@@ -634,7 +661,7 @@ def model_from_config(
         attn = AttentionSpec(
             num_heads=heads, num_kv_heads=kv_heads or heads, head_dim=hd, v_head_dim=hd,
             qkv_bias=qkv_bias, o_bias=o_bias, qk_norm=fam.qk_norm, fused_qkv=fam.fused_qkv,
-            softcap=softcap,
+            softcap=softcap, sinks=fam.attention_sinks,
         )
     mlp = MlpSpec(inter, bias=mlp_bias, fused_gate_up=fam.fused_gate_up)
     groups = tuple(
@@ -708,7 +735,7 @@ def _layer_plan(fam: Family, c: _Check, n: int) -> _LayerPlan:
     elif types is not None:
         window_at = lambda i: window if types[i] == "sliding_attention" else None  # noqa: E731
         cuts.update(range(n))
-    elif mt == "gemma2":
+    elif mt in ("gemma2", "gpt_oss"):  # sliding on even layers, full on odd ones
         window_at = lambda i: window if (i + 1) % 2 else None  # noqa: E731
         period = 2
     elif mt == "gemma3_text":
@@ -724,7 +751,7 @@ def _layer_plan(fam: Family, c: _Check, n: int) -> _LayerPlan:
         window_at = lambda i: window  # noqa: E731
     # ---- MoE layers
     any_moe = False
-    if fam.moe == "mixtral":
+    if fam.moe in ("mixtral", "gpt_oss"):
         moe_at = lambda i: True  # noqa: E731
         any_moe = True
     elif fam.moe == "qwen3_moe":
@@ -779,10 +806,10 @@ def _layer_kinds(plan: _LayerPlan, n: int) -> list[tuple[int, int | None, bool]]
 def _moe_spec(fam: Family, c: _Check, any_moe: bool) -> MoeSpec | None:
     if fam.moe is None:
         return None
-    if fam.moe == "mixtral":
+    if fam.moe in ("mixtral", "gpt_oss"):
         experts, top_k, inter = (c.int("num_local_experts"), c.int("num_experts_per_tok"),
                                  c.int("intermediate_size"))
-        router, shared = "mixtral", None
+        router, shared = fam.moe, None
     elif fam.moe == "qwen3_moe":
         if not any_moe:
             return None
@@ -799,7 +826,8 @@ def _moe_spec(fam: Family, c: _Check, any_moe: bool) -> MoeSpec | None:
         c.bad(f"num_experts_per_tok={top_k} exceeds the {experts} experts")
     if experts is None or top_k is None or inter is None or not any_moe:
         return None
-    return MoeSpec(experts, top_k, inter, shared, router=router, router_fp32=router == "deepseek_v3")
+    return MoeSpec(experts, top_k, inter, shared, router=router, router_fp32=router == "deepseek_v3",
+                   bias=router == "gpt_oss")
 
 
 def layer_group_order(model: ModelSpec) -> list[int]:

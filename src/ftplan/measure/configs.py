@@ -37,6 +37,10 @@ __all__ = ["TINY_CONFIGS", "tiny_config", "text_config"]
 #: * phi3: fused ``qkv_proj`` and ``gate_up_proj``, GQA, ``sliding_window=16``, untied.
 #: * deepseek_v3: MLA (q_lora_rank 32, kv_lora_rank 16, qk_nope 16, qk_rope 8, v_head_dim 16),
 #:   8 routed experts top-2 (n_group 2, topk_group 1), 1 shared expert, ``first_k_dense_replace=1``.
+#: * gpt_oss: attention sinks, q/k/v/o biases, ``head_dim=32`` (q width 128 != hidden 64, as
+#:   4096 != 2880 in the real models), layers sliding(16)/full, 4 biased experts top-2 with
+#:   ``intermediate_size=24`` (the clamped SwiGLU on interleaved gate/up columns), a biased router
+#:   that softmaxes its top-k logits, untied; no sdpa path (eager attention).
 TINY_CONFIGS: dict[str, dict] = {
     "llama": {
         "model_type": "llama",
@@ -189,6 +193,22 @@ TINY_CONFIGS: dict[str, dict] = {
         "max_position_embeddings": 256,
         "tie_word_embeddings": False,
     },
+    "gpt_oss": {
+        "model_type": "gpt_oss",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 24,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "sliding_window": 16,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "max_position_embeddings": 131072,  # yarn's 32 x 4096, as the real config
+        "tie_word_embeddings": False,
+    },
 }
 
 
@@ -207,6 +227,11 @@ def text_config(config: dict) -> tuple[str, dict]:
         return ttype, text
     if not model_type:
         raise ConfigError("config has no 'model_type'", "pass a Hugging Face config.json")
+    qc = cfg.get("quantization_config")
+    if isinstance(qc, dict) and qc.get("quant_method") == "mxfp4":
+        # gpt-oss ships MXFP4 experts; training runs on the bf16 weights transformers makes of them
+        # (Mxfp4Config(dequantize=True)), which is what ftplan plans and a random-weight build is
+        cfg.pop("quantization_config")
     return model_type, cfg
 
 

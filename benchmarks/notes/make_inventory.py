@@ -38,6 +38,8 @@ import torch  # noqa: E402
 from ftplan.measure import torchref as tr  # noqa: E402
 
 MAIN = (2, 32)
+#: families without an sdpa path in transformers 5 (soft-capping: gemma2; attention sinks: gpt_oss)
+EAGER_ONLY = {"gemma2", "gpt_oss"}
 POINTS = [(2, 32), (3, 32), (4, 32), (2, 40), (3, 40), (2, 48), (3, 48)]  # b >= 2: see note on b=1
 ELSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4, "bool": 1, "uint8": 1}
 SHORT = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "int64": "i64", "int32": "i32", "bool": "bool"}
@@ -496,7 +498,7 @@ def profiler_section(families: list[str]) -> list[str]:
             ("LoRA r8 d0 bf16", "bf16", 0.0, "sdpa")]
     for fam in families:
         for label, dtype, lora_d, attn in runs:
-            if fam == "gemma2" and attn == "sdpa":
+            if fam in EAGER_ONLY and attn == "sdpa":
                 attn = "eager" if lora_d is not None else None
             if attn is None:
                 continue
@@ -546,13 +548,13 @@ def main(argv: list[str] | None = None) -> int:
         body.append("Symbols used in formulas: " + ", ".join(f"{k}={v}" for k, v in symbols(fam, cfg, 8).items())
                     + "; `b*s` terms are per token, `b*s^2` per (batch × seq²), `s` per position (shared by the batch).")
         body.append("")
-        attns = ["eager"] if fam == "gemma2" else ["eager", "sdpa"]
+        attns = ["eager"] if fam in EAGER_ONLY else ["eager", "sdpa"]
         dtypes = ["fp32"] if args.quick else ["fp32", "bf16"]
         modes = ["full"] if args.quick else ["full", "lora_d0.1", "lora_d0.0"]
         for mode in modes:
             for dtype in dtypes:
                 for attn in attns:
-                    if mode != "full" and attn == "eager" and fam != "gemma2":
+                    if mode != "full" and attn == "eager" and fam not in EAGER_ONLY:
                         continue  # LoRA tables with sdpa only (the attention core is the same as full FT)
                     v0 = Variant(fam, dtype, attn, False, mode)
                     try:

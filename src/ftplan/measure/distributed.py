@@ -98,9 +98,15 @@ class Case:
 
         # the harness calls the model with labels (transformers' loss) and does not checkpoint
         return Job(method=self.method, precision="bf16-mixed", optimizer="adamw", micro_batch=self.batch,
-                   seq_len=self.seq_len, attn_impl="sdpa", gradient_checkpointing=False, loss="hf",
+                   seq_len=self.seq_len, attn_impl=self.attn, gradient_checkpointing=False, loss="hf",
                    lora=LoraSpec(r=self.lora_r, alpha=2 * self.lora_r, dropout=0.0),
                    base_dtype="fp32" if self.base_fp32 else "compute")
+
+    @property
+    def attn(self) -> str:
+        """sdpa, or eager for a family transformers has no sdpa path for (gpt_oss: attention sinks;
+        gemma2: soft-capping)."""
+        return "eager" if self.family in ("gpt_oss", "gemma2") else "sdpa"
 
     def layout(self, world: int):
         """The ftplan ``Layout`` this case runs on ``world`` ranks (HSDP: ``replicate`` nodes)."""
@@ -350,7 +356,7 @@ def _build(case: Case):
             model = _build_qlora(cfg, case)
         else:
             dtype = "bf16" if case.method == "lora" and not case.base_fp32 else "fp32"
-            model = TR.build_model(cfg, dtype=dtype, attn_implementation="sdpa")
+            model = TR.build_model(cfg, dtype=dtype, attn_implementation=case.attn)
             if case.method == "lora":
                 from peft import LoraConfig, get_peft_model
 
@@ -373,7 +379,7 @@ def _build_qlora(cfg: dict, case: Case):
 
     from . import torchref as TR
 
-    base = TR.build_model(cfg, dtype="bf16", attn_implementation="sdpa")
+    base = TR.build_model(cfg, dtype="bf16", attn_implementation=case.attn)
     storage = {"bf16": torch.bfloat16, "fp32": torch.float32, "uint8": torch.uint8}[case.quant_storage]
     qc = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
                             bnb_4bit_compute_dtype=torch.bfloat16, bnb_4bit_quant_storage=storage)
@@ -382,7 +388,7 @@ def _build_qlora(cfg: dict, case: Case):
         base.should_save_on_this_rank = lambda *a, **k: True
         base.save_pretrained(d)
         model = AutoModelForCausalLM.from_pretrained(d, quantization_config=qc, dtype=torch.bfloat16,
-                                                     attn_implementation="sdpa", device_map="cpu")
+                                                     attn_implementation=case.attn, device_map="cpu")
     # what ftplan's exported train.py does for sharded QLoRA (TRL's is_sharded_qlora path): no
     # prepare_model_for_kbit_training, the non-quantized weights stay in the storage dtype
     return get_peft_model(model, LoraConfig(r=case.lora_r, lora_alpha=2 * case.lora_r, lora_dropout=0.0,

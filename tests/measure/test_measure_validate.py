@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from ftplan.errors import MeasurementError
 from ftplan.measure import validate as V
 from ftplan.measure.records import SCHEMA, load_records
 
@@ -188,3 +189,133 @@ def test_a_file_that_is_not_records_reads_as_a_few_error_lines(tmp_path, capsys)
     assert err[-1] == f"ftplan: error: {bad}: 35 more problem line(s) (ftplan validate --json lists them all)"
     assert cli.main(["validate", str(bad), "--json"]) == 2
     assert len(json.loads(capsys.readouterr().out)["problems"]) == 40
+
+
+def _repo_copy(tmp_path: Path) -> Path:
+    """A copy of the repository's benchmarks/ layout (committed records and ratchet) to work in."""
+    import shutil
+
+    root = tmp_path / "repo"
+    shutil.copytree(ROOT / "benchmarks" / "measurements", root / "benchmarks" / "measurements")
+    shutil.copy(ROOT / "benchmarks" / "ratchet.json", root / "benchmarks" / "ratchet.json")
+    return root
+
+
+def test_update_ratchet_with_own_records_needs_the_file_to_tighten(tmp_path, monkeypatch, capsys):
+    """``ftplan validate MY.jsonl --update-ratchet`` used to tighten the committed ratchet with the
+    figures of the user's records. It is refused (one line, exit 2) before anything is read or
+    written: neither the committed ratchet nor the copy the working directory would resolve to
+    changes; the library refuses the same when no file is named."""
+    from ftplan import api, cli
+
+    if not sorted((ROOT / "benchmarks" / "measurements").glob("*.jsonl")):
+        pytest.skip("no committed measurement records")
+    committed = (ROOT / "benchmarks" / "ratchet.json").read_bytes()
+    root = _repo_copy(tmp_path)
+    monkeypatch.chdir(root)  # default_ratchet_path() is now the copy: the old behaviour would write it
+    copy = (root / "benchmarks" / "ratchet.json").read_bytes()
+    mine = tmp_path / "mine.jsonl"  # real records, but the user's: CPU figures only
+    mine.write_bytes((ROOT / "benchmarks" / "measurements" / "cpu-tiny.jsonl").read_bytes())
+    assert cli.main(["validate", str(mine), "--update-ratchet"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1
+    assert err.startswith("ftplan: error: --update-ratchet with your own record files needs --ratchet FILE")
+    assert "tightened only from the committed records" in err and "Traceback" not in err
+    assert (root / "benchmarks" / "ratchet.json").read_bytes() == copy
+    assert (ROOT / "benchmarks" / "ratchet.json").read_bytes() == committed
+    with pytest.raises(MeasurementError, match="only from the committed records"):
+        V.update_ratchet(api.validate([mine]))
+    assert (root / "benchmarks" / "ratchet.json").read_bytes() == copy
+    assert sorted(p.name for p in (root / "benchmarks").iterdir()) == ["measurements", "ratchet.json"]
+
+
+def test_update_ratchet_of_a_named_file_creates_then_tightens_it(tmp_path, capsys):
+    """With ``--ratchet FILE`` a user's records tighten that file: a missing one is created from
+    their figures (figures they have no records for stay null) and then holds them; a loosened
+    figure is lowered again, never raised. Malformed lines (exit 2) write nothing. Plain validation
+    with a missing ``--ratchet FILE`` stays a one-line error."""
+    from ftplan import cli
+
+    mine = tmp_path / "mine.jsonl"
+    mine.write_bytes((ROOT / "benchmarks" / "measurements" / "cpu-tiny.jsonl").read_bytes())
+    mine_rat = tmp_path / "mine-ratchet.json"
+    assert cli.main(["validate", str(mine), "--ratchet", str(mine_rat)]) == 2  # plain validation
+    assert "no such file" in capsys.readouterr().err and not mine_rat.exists()
+    assert cli.main(["validate", str(mine), "--update-ratchet", "--ratchet", str(mine_rat), "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert err.strip() == f"created {mine_rat}"
+    rep = json.loads(out)
+    assert "ratchet" not in rep  # nothing to hold the records to before the file existed
+    figs = json.loads(mine_rat.read_text())["figures"]
+    assert set(figs) == set(V.RATCHET_KEYS)
+    assert figs["cpu.model_states.max_pct"] == 0.0 and figs["cpu.activations.max_pct"] == 0.0
+    assert figs["gpu.peak_allocated.median_pct"] is None and figs["gpu.false_fits"] is None
+    assert sorted(rep["ratchet_updated"]) == sorted(f"{k}: None -> 0.0" for k in figs if k.startswith("cpu."))
+    assert cli.main(["validate", str(mine), "--ratchet", str(mine_rat), "--check"]) == 0
+    assert f"ratchet {mine_rat}: held" in capsys.readouterr().out
+    data = json.loads(mine_rat.read_text())
+    data["figures"]["cpu.activations.max_pct"] = 5.0
+    mine_rat.write_text(json.dumps(data))
+    assert cli.main(["validate", str(mine), "--update-ratchet", "--ratchet", str(mine_rat)]) == 0
+    out, err = capsys.readouterr()
+    assert "ratchet tightened: cpu.activations.max_pct: 5.0 -> 0.0" in out and err == ""
+    assert json.loads(mine_rat.read_text())["figures"]["cpu.activations.max_pct"] == 0.0
+    # a file with a malformed line exits 2: no ratchet is created or tightened from what is left
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(mine.read_text() + "{not json\n")
+    fresh = tmp_path / "fresh.json"
+    assert cli.main(["validate", str(bad), "--update-ratchet", "--ratchet", str(fresh)]) == 2
+    assert not fresh.exists()
+    data["figures"]["cpu.activations.max_pct"] = 5.0
+    mine_rat.write_text(json.dumps(data))
+    before = mine_rat.read_bytes()
+    assert cli.main(["validate", str(bad), "--update-ratchet", "--ratchet", str(mine_rat)]) == 2
+    assert mine_rat.read_bytes() == before
+    capsys.readouterr()
+
+
+def test_plain_update_ratchet_still_tightens_the_committed_ratchet(tmp_path, monkeypatch, capsys):
+    """``ftplan validate --update-ratchet`` (no RECORDS) scores the committed records, holds them
+    to benchmarks/ratchet.json and lowers a figure above the one reached (here in a copy of the
+    repository's layout, as the working directory)."""
+    from ftplan import cli
+
+    if not sorted((ROOT / "benchmarks" / "measurements").glob("*.jsonl")):
+        pytest.skip("no committed measurement records")
+    root = _repo_copy(tmp_path)
+    monkeypatch.chdir(root)
+    path = root / "benchmarks" / "ratchet.json"
+    data = json.loads(path.read_text())
+    reached = data["figures"]["gpu.peak_allocated.max_pct"]
+    data["figures"]["gpu.peak_allocated.max_pct"] = 50.0
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    assert cli.main(["validate", "--update-ratchet", "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["ratchet"] == {"path": str(path), "violations": []}
+    assert rep["ratchet_updated"] == [f"gpu.peak_allocated.max_pct: 50.0 -> {reached}"]
+    after = json.loads(path.read_text())
+    assert after["figures"] == {**data["figures"], "gpu.peak_allocated.max_pct": reached}
+    assert after["_doc"] == data["_doc"]  # the notes in the file are kept
+    assert cli.main(["validate", "--update-ratchet"]) == 0  # nothing left to tighten: unchanged
+    assert json.loads(path.read_text()) == after and "ratchet tightened" not in capsys.readouterr().out
+
+
+def test_an_interrupted_ratchet_write_leaves_the_old_file(tmp_path, monkeypatch):
+    """The ratchet is written to a temporary file in its folder and renamed over the old one: a
+    failing rename leaves the old bytes and no temporary file, and is a one-line error."""
+    path = tmp_path / "ratchet.json"
+    path.write_text(json.dumps({"schema": "ftplan.ratchet/1", "figures": {"gpu.false_fits": 3}}))
+    before = path.read_bytes()
+
+    def fail(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(V.os, "replace", fail)
+    with pytest.raises(MeasurementError, match="cannot be written: No space left on device"):
+        V.update_ratchet({"figures": {"gpu.false_fits": 0}}, path)
+    assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["ratchet.json"]
+    monkeypatch.undo()
+    path.chmod(0o640)
+    assert V.update_ratchet({"figures": {"gpu.false_fits": 0}}, path) == ["gpu.false_fits: 3 -> 0"]
+    assert json.loads(path.read_text())["figures"]["gpu.false_fits"] == 0
+    assert (path.stat().st_mode & 0o777) == 0o640 and [p.name for p in tmp_path.iterdir()] == ["ratchet.json"]

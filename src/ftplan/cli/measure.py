@@ -150,12 +150,25 @@ def _run_matrix(a: argparse.Namespace) -> int:
 
 
 def run_validate(a: argparse.Namespace) -> int:
-    from ..measure.validate import render_text, update_ratchet
+    from ..measure.validate import default_record_paths, render_text, update_ratchet
 
-    report = api.validate(a.records, a.ratchet)
-    if a.update_ratchet:
-        changed = update_ratchet(report, Path(a.ratchet) if a.ratchet else None)
-        report["ratchet_updated"] = changed
+    if a.update_ratchet and a.records and not a.ratchet:  # before anything is read or written
+        raise ConfigError("`update_ratchet` with your own record files needs `ratchet=FILE`, the ratchet file "
+                          "to tighten", "the committed benchmarks/ratchet.json is tightened only from the "
+                          "committed records, by `ftplan validate --update-ratchet` without RECORDS")
+    ratchet = Path(a.ratchet) if a.ratchet else None
+    if a.update_ratchet and ratchet is not None and not _exists(ratchet):
+        # a new ratchet, made from these records' figures: nothing to hold them to yet (the
+        # committed records are named so that the committed ratchet is not used instead)
+        report = api.validate(a.records or default_record_paths())
+        created = True
+    else:
+        report = api.validate(a.records, ratchet)
+        created = False
+    if a.update_ratchet and (a.skip_bad or not report["problems"]):  # a run that exits 2 writes nothing
+        report["ratchet_updated"] = update_ratchet(report, ratchet)
+        if created:
+            print(f"created {ratchet}", file=sys.stderr)
     if a.json:
         json.dump(report, sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -168,6 +181,13 @@ def run_validate(a: argparse.Namespace) -> int:
     if a.check and report["meets_targets"] is False:
         return 1
     return 0
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except (OSError, ValueError):  # a name too long, a NUL byte: reading it reports that
+        return True
 
 
 def _capped_problems(problems: list[str], per_file: int = 5) -> list[str]:
@@ -210,8 +230,10 @@ def _validate_args(v: argparse.ArgumentParser) -> None:
     v.add_argument("records", nargs="*", help=".jsonl files (default: benchmarks/measurements/*.jsonl)")
     v.add_argument("--json", action="store_true")
     v.add_argument("--update-ratchet", action="store_true",
-                   help="tighten benchmarks/ratchet.json to the figures reached (never loosens)")
-    v.add_argument("--ratchet", default=None,
+                   help="tighten the ratchet to the figures reached (never loosens): without RECORDS "
+                        "benchmarks/ratchet.json; with your own RECORDS only the --ratchet FILE given "
+                        "(created when missing); nothing is written when malformed lines make it exit 2")
+    v.add_argument("--ratchet", default=None, metavar="FILE",
                    help="hold the records to this ratchet file (default: benchmarks/ratchet.json when "
                         "no RECORDS are given, none for your own record files)")
     v.add_argument("--check", action="store_true", help="exit 1 when a target or the ratchet is missed")

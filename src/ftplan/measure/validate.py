@@ -392,8 +392,22 @@ def _ceil4(x: float | int) -> float | int:
 
 
 def update_ratchet(report: dict[str, Any], path: Path | None = None) -> list[str]:
-    """Lower each ratchet figure to the current one when better; never raise one. Returns changes."""
-    path = path or default_ratchet_path()
+    """Lower each ratchet figure to the current one when better; never raise one. Returns changes.
+
+    Without ``path`` the committed ``benchmarks/ratchet.json`` is tightened, and only from a report
+    over the committed records (``report["files"]``, when present, must be that set): a user's own
+    records name the file to tighten. A ``path`` that does not exist yet is created from the report
+    (every figure it has). The file is replaced atomically (a temporary file in the same folder,
+    then :func:`os.replace`): an interrupted write leaves the old ratchet as it was.
+    """
+    if path is None:
+        files = report.get("files")
+        if files is not None and sorted(map(str, files)) != sorted(map(str, default_record_paths())):
+            raise MeasurementError("the committed benchmarks/ratchet.json is tightened only from the committed "
+                                   "records, not from other record files",
+                                   "pass the ratchet file to tighten as `ratchet`")
+        path = default_ratchet_path()
+    path = Path(path)
     try:
         exists = path.exists()
     except (OSError, ValueError):
@@ -415,15 +429,39 @@ def update_ratchet(report: dict[str, Any], path: Path | None = None) -> list[str
         if best is None or cur < best:
             figs[key] = cur
             changed.append(f"{key}: {best} -> {cur}")
-    if changed:
-        tmp = path.with_suffix(".json.tmp")
+    if changed or not exists:
         try:
-            tmp.write_text(json.dumps(data, indent=2) + "\n")
-            os.replace(tmp, path)
+            _write_atomically(path, json.dumps(data, indent=2) + "\n")
         except OSError as e:  # e.g. a name too long for the file system, a read-only folder
             raise MeasurementError(f"ratchet {str(path)[:200]!r} cannot be written: {e.strerror or e}",
                                    "pass a writable .json file path as `ratchet`") from None
     return changed
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """``text`` to ``path`` through a uniquely named temporary file in the same folder, flushed to
+    disk, then renamed over it (an existing file's permission bits are kept)."""
+    import stat
+    import tempfile
+
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+    except OSError:  # a new ratchet: readable by all, as a committed file is
+        mode = 0o644
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:100]}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 # ---------------------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 Every case runs in gloo process groups on CPU (``ftplan.measure.distributed``: one spawn per
 group of cases), on tiny real Hugging Face models (llama, qwen2 with tied embeddings and q/k/v
-biases, mixtral as the MoE family; deepseek_v3's LoRA for its fp32 router in a bf16 base), and
+biases, mixtral as the MoE family; deepseek_v3's LoRA for its fp32 router in a bf16 base; gpt_oss
+for its sinks and biased experts), and
 every byte each rank holds is counted through a
 ``TorchDispatchMode``. The formulas (``ftplan.sharding.layout_memory``, CPU form) must give:
 
@@ -67,8 +68,13 @@ TORCH_CASES = [
     Case(family="llama", engine="ddp"),
     Case(family="qwen2", engine="ddp", ddp_bucket_view=True),
     Case(family="mixtral", engine="ddp"),
+    # gpt_oss: attention sinks, biased experts and router, eager attention
+    Case(family="gpt_oss", engine="fsdp2"),
+    Case(family="gpt_oss", engine="fsdp1", offload_params=True),
 ]
 PEFT_CASES = [Case(family="mixtral", engine="fsdp2", method="lora"),
+              # PEFT's all-linear adapts only gpt_oss's attention: its experts stay frozen
+              Case(family="gpt_oss", engine="fsdp2", method="lora"),
               # a bf16 base whose router transformers (>= 5.24) keeps in fp32: FSDP2 shards each
               # parameter in its own dtype
               Case(family="deepseek_v3", engine="fsdp2", method="lora"),
@@ -84,7 +90,7 @@ PEFT_CASES = [Case(family="mixtral", engine="fsdp2", method="lora"),
               Case(family="llama", engine="fsdp1", method="lora", base_fp32=True),
               Case(family="qwen2", engine="fsdp2", method="lora", base_fp32=True)]
 QLORA_CASES = [Case(family="llama", engine="fsdp2", method="qlora"), Case(family="qwen2", engine="fsdp2", method="qlora"),
-               Case(family="mixtral", engine="fsdp2", method="qlora"),
+               Case(family="mixtral", engine="fsdp2", method="qlora"), Case(family="gpt_oss", engine="fsdp2", method="qlora"),
                # FSDP1 QLoRA (bf16 quant storage: transformers' update_fsdp_plugin_peft mixed precision)
                Case(family="llama", engine="fsdp1", method="qlora"), Case(family="qwen2", engine="fsdp1", method="qlora"),
                Case(family="llama", engine="fsdp1", method="qlora", offload_params=True)]
@@ -100,6 +106,7 @@ DS_CASES = [
     Case(family="llama", engine="deepspeed", zero_stage=3, steps=2),
     Case(family="qwen2", engine="deepspeed", zero_stage=3, steps=2),
     Case(family="mixtral", engine="deepspeed", zero_stage=3, steps=2),
+    Case(family="gpt_oss", engine="deepspeed", zero_stage=3, steps=2),
     Case(family="qwen2", engine="deepspeed", zero_stage=2, offload_optimizer=True),
     Case(family="llama", engine="deepspeed", zero_stage=2, offload_optimizer=True),
     Case(family="mixtral", engine="deepspeed", zero_stage=2, offload_optimizer=True),

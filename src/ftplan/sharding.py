@@ -209,6 +209,8 @@ def _layer_tensors(model: ModelSpec, g: LayerGroup, job: Job, tb: Fraction, fb: 
     skip = set(job.quant.skip_modules)
     r = job.lora.r
     wb = tb if full else fb
+    if g.attention.sinks:  # gpt_oss: the attention module's own parameter, registered first
+        out.append(Tensor(g.attention.num_heads, g.attention.num_heads, wb, full))
     for lin in layer_linears(model, g):
         n = lin.in_features * lin.out_features
         if job.method == "qlora" and lin.module not in skip:
@@ -240,8 +242,14 @@ def _layer_tensors(model: ModelSpec, g: LayerGroup, job: Job, tb: Fraction, fb: 
         # mode casts the whole module
         rb = max(wb, Fraction(4)) if m.router_fp32 and not casts_whole_module(job, engine) else wb
         out.append(Tensor(e, e * h, rb, full))
+        if m.bias:  # gpt_oss: router bias, and each fused expert weight followed by its (E, out) bias
+            out.append(Tensor(e, e, wb, full))
         out.append(Tensor(e, e * 2 * i * h, wb, full))  # fused gate_up_proj (E, 2I, h)
+        if m.bias:
+            out.append(Tensor(e, e * 2 * i, wb, full))
         out.append(Tensor(e, e * h * i, wb, full))  # fused down_proj (E, h, I)
+        if m.bias:
+            out.append(Tensor(e, e * h, wb, full))
         if job.uses_lora and lora_wraps_experts(model, job.lora):
             # PEFT ParamWrapper: lora_A [r_eff * E, in], lora_B [out, r_eff * E] (gate_up at 2r)
             out += [Tensor(e * 2 * r, e * 2 * r * h, tb, True), Tensor(2 * i, 2 * i * e * 2 * r, tb, True),

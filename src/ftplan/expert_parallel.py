@@ -65,12 +65,22 @@ def ep_experts_saved(m: MoeSpec, t: int, rows: int, h: int, dt: Any, ep: int, w_
       activation dtype), the unit weights (rows, in the hidden states' dtype);
     * combine: the scatter index (``t x top_k`` int64), the returned outputs and the routing
       weights they are multiplied by.
+
+    gpt_oss (biased experts, clamped SwiGLU, ``MoeSpec.router == "gpt_oss"``): the gate_up output,
+    the clamped gate, its sigmoid, up + 1 and the product are saved, the gathered rows and down's
+    input only with trainable experts, and with trainable biases the sorted expert ids their
+    gathers keep (rows int64); its routing weights are the router's softmax output itself, already
+    counted with the router.
     """
     e = dt.expert
     i = m.expert_intermediate_size
     tk = t * m.top_k
     local = m.num_experts // ep
     out = 2 * tk * 8 + 2 * rows * 8 + rows + local * 4
+    if m.router == "gpt_oss":
+        out += rows * e * (2 * i + 4 * i + ((h + i) if dt.full else 0)) + rows * dt.norm_out
+        out += (rows * 8 if dt.full else 0) + tk * h * e
+        return out
     out += rows * e * (h + 2 * i + i + i) + rows * dt.norm_out
     out += tk * h * e + tk * w_bytes
     return out
@@ -87,7 +97,7 @@ def expert_state_bytes(model: ModelSpec, job: Job, st: Any) -> dict[str, float]:
         pb = dtype_bytes(prec["trainable"])
         out["trainable"] = float(n * pb)
         out["grads"] = float(n * dtype_bytes(prec["grad"]))
-        n_tensors = 2 * sum(g.count for g in model.groups if g.moe is not None)
+        n_tensors = sum((4 if g.moe.bias else 2) * g.count for g in model.groups if g.moe is not None)
         if job.optimizer == "adamw":
             out["opt"] = float(2 * pb * n + 4 * n_tensors)
         elif job.optimizer == "sgd":

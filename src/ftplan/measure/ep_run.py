@@ -79,7 +79,7 @@ def _measure(family: str, path: str, rank: int, world: int, ep: int, batch: int,
     cfg = DistributedConfig(fsdp_size=world, ep_size=ep)
     # pure bf16 (no autocast): a precision the single-process formulas are held byte-exact in
     model = AutoModelForCausalLM.from_pretrained(path, distributed_config=cfg, dtype=torch.bfloat16,
-                                                 attn_implementation="sdpa")
+                                                 attn_implementation="eager" if family == "gpt_oss" else "sdpa")
     model.train()
     rows: list[int] = []
     orig = EPM.AllToAllEP._dispatch_tokens

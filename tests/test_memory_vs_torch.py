@@ -260,3 +260,25 @@ def test_saved_activations_exact_qlora(family, ckpt):
     spec, job, r = _run_qlora(family, ckpt, "peft")
     casts = sum(x.nbytes for x in r.records if x.producer == "TBackward0")  # LoRA A/B bf16 copies
     assert saved_activation_bytes(spec, job, backend="cpu") == r.saved_activation_bytes - casts
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gpt_oss"])
+def test_eager_masks_per_layer_kind_even_when_the_window_covers_the_row(family):
+    """Eager attention under checkpointing: transformers builds the sliding and the full mask in
+    every forward and the recompute closures hold both, even when the window (64 here) is longer
+    than the sequence (24), where sdpa would need no sliding mask at all."""
+    from peft import LoraConfig, get_peft_model
+
+    cfg = {**TR.TINY_CONFIGS[family], "sliding_window": 64}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = get_peft_model(TR.build_model(cfg, dtype="bf16", attn_implementation="eager"),
+                               LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules="all-linear",
+                                          task_type="CAUSAL_LM"))
+        r = TR.measure_step(model, batch=2, seq_len=24, gradient_checkpointing=True, dtype="bf16")
+    masks = [x for x in r.records if len(x.shape) == 4 and tuple(x.shape[-2:]) == (24, 24)]
+    assert len(masks) == 2
+    casts = sum(x.nbytes for x in r.records if x.param_copy)
+    job = Job(method="lora", micro_batch=2, seq_len=24, gradient_checkpointing=True, attn_impl="eager",
+              lora=LoraSpec(r=8, alpha=16, dropout=0.0), loss="hf")
+    assert saved_activation_bytes(model_from_config(cfg), job, backend="cpu") == r.saved_activation_bytes - casts

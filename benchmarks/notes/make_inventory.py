@@ -700,6 +700,14 @@ than every s used, so windowed layers are measured where the window matters.
 10. **Mixed precision (fp32 weights + `torch.autocast(bf16)`, HF Trainer `bf16=True`)**: each linear saves a
    bf16 copy of its weight (reported as `autocast weight copies`, lm_head's V·h included) and its own bf16
    copy of its input (q, k, v each), norms and the loss stay fp32.
+11. **gpt_oss** (attention sinks, no sdpa path: eager only): the scores are joined with the per-head sink
+   logits (`torch.cat` promotes to the sinks' dtype: fp32 under autocast with fp32 weights, bf16 on a bf16
+   base), the row max keeps its int64 indices, the softmax runs in that dtype over s + 1 columns and is cast
+   for the value matmul only when wider. Its biased `grouped_mm` experts save the gate_up output, the
+   clamped gate, its sigmoid, up + 1 and the product of the clamped SwiGLU (plus, when the experts train,
+   the gathered rows, down's input and the sorted expert ids of the bias gathers); the router keeps its
+   top-k ids and the softmax of the k chosen logits. Its norms multiply in fp32 (`(weight * x).to(dtype)`).
+   Eager builds the sliding and the full mask every forward, even when the window covers the row.
 """
 
 PROFILER_NOTE = """`profiler live` = bytes allocated during the forward and still allocated at its end, replayed by address from

@@ -1082,7 +1082,10 @@ def _model_level_saved(model: ModelSpec, job: Job, dt: _Dtypes) -> int:
         kinds = {g.window if g.window is not None and s > g.window else None
                  for g, n in zip(model.groups, _checkpointed_counts(model, job)) if n}
         if job.attn_impl == "eager":
-            out += len(kinds) * b * s * s * dt.resid
+            # eager materialises a mask per layer kind the model has, sliding or full, even where
+            # the window covers the whole row (transformers builds each kind's mask every forward)
+            eager_kinds = {g.window is not None for g, n in zip(model.groups, _checkpointed_counts(model, job)) if n}
+            out += len(eager_kinds) * b * s * s * dt.resid
         elif job.attn_impl == "sdpa":
             out += sum(s * s for w in kinds if w is not None or packed)
     return out

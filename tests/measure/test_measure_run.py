@@ -224,6 +224,10 @@ def test_qlora_build_holds_what_from_pretrained_holds(tied):
     ("qwen2.5-0.5b", {"method": "qlora", "gradient_checkpointing": False, "loss": "hf"}),
     # torchtitan's op SAC: the cache is part of what the forward leaves
     ("llama-3.1-8b", {"method": "full", "checkpointing": "selective"}),
+    # no sdpa path (attention sinks): run, recorded and predicted with the eager attention
+    # transformers runs, whose sliding and full masks the recompute closures both hold although
+    # the window (128) covers the sequence
+    ("gpt-oss-20b", {"method": "lora"}),
 ])
 def test_measure_records_what_the_formulas_predict_exactly(model, options):
     """``ftplan measure`` on CPU (tiny) counts the model states and saved activations the formulas
@@ -233,6 +237,7 @@ def test_measure_records_what_the_formulas_predict_exactly(model, options):
 
     rec = api.measure(model, tiny=True, device="cpu", steps=1, micro_batch=2, seq_len=32, **options)
     assert rec["outcome"] == "ok", rec["error"]
+    assert rec["job"]["attn_impl"] == rec["run"]["attn_implementation"]
     row = evaluate_record(rec)
     assert row["model_states_err_pct"] == 0.0
     assert row["activations_predicted"] == row["activations_measured"]

@@ -396,7 +396,7 @@ def measure(
     *inputs* (unknown model, invalid job, no torch) raise ``FtplanError``.
     """
     from ..catalog.models import resolve_model
-    from ..job import Layout, validate_job
+    from ..job import Layout, planned_attention, validate_job
     from ..model import model_from_config
 
     check_run_options(steps, warmup, seed, out)
@@ -415,6 +415,9 @@ def measure(
     built = model_from_config(config, name=spec.name + ("-tiny" if tiny else ""), hf_id=spec.hf_id,
                               source=spec.source) if tiny else spec
     validate_job(built, job, layout)
+    # the attention transformers really runs (eager where the architecture has no sdpa path:
+    # gemma2's soft-capping, gpt-oss's sinks) is what is measured, recorded and predicted
+    job = planned_attention(built, job)[0]
     if warmup is None:
         warmup = 0 if steps == 1 else (1 if steps <= 5 else 2)
     warmup = max(0, min(warmup, steps - 1))

@@ -161,9 +161,12 @@ def evaluate_record(rec: dict[str, Any], predict_fn=None) -> dict[str, Any]:
         # what the forward saved, not what is left of it at the peak (full fine-tuning's first
         # layer's backward); CPU kernels save different tensors than CUDA ones (flash-attention for
         # CPU, math fallback, float dropout masks): compare with the CPU form of the same formulas
+        from ..job import planned_attention
         from ..memory import saved_activation_bytes
 
-        act_pred = saved_activation_bytes(spec, job, layout, backend="cpu" if row["group"] == "cpu" else "cuda")
+        # a record written before ``measure`` recorded the planned attention keeps the job as asked
+        act_pred = saved_activation_bytes(spec, planned_attention(spec, job)[0], layout,
+                                          backend="cpu" if row["group"] == "cpu" else "cuda")
     put("activations", act_pred, act_meas)
     return row
 

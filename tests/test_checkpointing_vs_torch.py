@@ -30,7 +30,7 @@ from ftplan.model import model_from_config  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
-MOE = {"mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss"}
+MOE = {"mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss", "glm4_moe"}
 ATTN = {"gemma2": "eager", "gpt_oss": "eager"}  # no sdpa path in transformers 5
 
 

@@ -596,7 +596,7 @@ def _lora_input_parts(g: LayerGroup, model: ModelSpec, job: Job, *, t: int, comp
     if n_conv:
         parts["attn_in"] = per_copy * (1 if stream == compute else n_conv)
     o_width = a.num_heads // tp * a.v_head_dim
-    if ok(a.num_heads * a.v_head_dim, h) and (job.attn_impl == "eager" or (a.fused_qkv and backend == "cpu")):
+    if ok(a.num_heads * a.v_head_dim, h) and (job.attn_impl == "eager" or (a.head_major_q and backend == "cpu")):
         parts["o_in"] = t * o_width * compute
     for i in _mlp_down_input_width(g, tp):
         fused = g.mlp is not None and g.mlp.fused_gate_up

@@ -726,9 +726,10 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
         else:
             total += t * q * c + 2 * t * kv_saved * a.head_dim * c  # q, k, v after rope
             total += t * heads * a.v_head_dim * c + b * heads * s * 4  # output + logsumexp
-            if a.fused_qkv and dt.full and backend == "cpu":
-                # q sliced from the fused projection is made contiguous head-major, so the CPU
-                # kernel's output is too and o_proj's input is a separate contiguous copy
+            if a.head_major_q and dt.full and backend == "cpu":
+                # q sliced from the fused projection is made contiguous head-major (as is a partial
+                # rotary's q, torch.cat of its rotated and passed-through halves: glm4_moe), so the
+                # CPU kernel's output is too and o_proj's input is a separate contiguous copy
                 total += t * heads * a.v_head_dim * c
             if masked:
                 total += b * s * s * c  # sdpa's float copy of the sliding-window mask, per layer
@@ -876,7 +877,7 @@ def _lora_saved(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t: int, 
                 continue
             seen.add(src)
             if lin.module == "o_proj" and job.attn_impl != "eager" and not g.attention.is_mla and not (
-                    g.attention.fused_qkv and backend == "cpu"):
+                    g.attention.head_major_q and backend == "cpu"):
                 continue  # the attention kernel's saved output
         out += t * width * (mask + c)
     return out
@@ -1333,8 +1334,12 @@ def _rope_bytes(model: ModelSpec, job: Job, dt: _Dtypes) -> int:
     if a.is_mla:
         return 2 * s * a.qk_rope_head_dim * dt.resid
     # gemma3 keeps a second pair for its local layers; gpt_oss's tables are half-width (the
-    # rotation pairs the two halves of a head: ``(1, s, d / 2)``)
-    width = a.head_dim // 2 if model.family == "gpt_oss" else a.head_dim
+    # rotation pairs the two halves of a head: ``(1, s, d / 2)``); a partial rotary (glm4_moe)
+    # builds them over its rotary features only (``(1, s, int(d * partial_rotary_factor))``)
+    if a.rotary_dim is not None:
+        width = a.rotary_dim
+    else:
+        width = a.head_dim // 2 if model.family == "gpt_oss" else a.head_dim
     return (2 if model.family == "gemma3_text" else 1) * 2 * s * width * dt.resid
 
 
@@ -1371,8 +1376,8 @@ def _layer_repeats(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, tp: i
     if a.qk_norm:  # per-head q/k norms: the same pattern per head row
         heads, kv = a.num_heads // tp, max(1, a.num_kv_heads // tp)
         out += t * heads * a.head_dim * 4 + t * heads * 4 + t * kv * a.head_dim * 4 + t * kv * 4
-    # (on CPU a fused qkv makes o_proj's input a separate copy: no repeat)
-    if dt.full and job.attn_impl != "eager" and not a.is_mla and not (a.fused_qkv and backend == "cpu"):
+    # (on CPU a fused qkv or a partial rotary makes o_proj's input a separate copy: no repeat)
+    if dt.full and job.attn_impl != "eager" and not a.is_mla and not (a.head_major_q and backend == "cpu"):
         out += t * (a.num_heads // tp) * a.v_head_dim * dt.compute
     return out
 

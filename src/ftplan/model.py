@@ -46,13 +46,17 @@ class Family:
     defaults: Mapping[str, Any]
     norms_per_layer: int = 2  # hidden-size norms inside each decoder layer
     qk_norm: bool = False  # per-head RMSNorm on q and k (head_dim weights each)
+    qk_norm_key: str | None = None  # config key that turns the q/k norms on (glm4_moe: use_qk_norm)
     fused_qkv: bool = False  # phi3: one qkv_proj
     fused_gate_up: bool = False  # phi3: one gate_up_proj
     qkv_bias_key: str | None = "attention_bias"  # config key that turns q/k/v biases on
     o_bias_key: str | None = "attention_bias"  # config key that turns the o_proj bias on
     always_qkv_bias: bool = False  # qwen2: q/k/v always have a bias, o_proj never
     mlp_bias_key: str | None = None
-    moe: str | None = None  # None | "mixtral" | "qwen3_moe" | "deepseek_v3" | "gpt_oss"
+    #: None | "mixtral" | "qwen3_moe" | "deepseek_v3" | "gpt_oss"; "deepseek_v3" is the
+    #: DeepSeek-V3 MoE block (sigmoid group-limited router with e_score_correction_bias, shared
+    #: experts, first_k_dense_replace dense layers), which glm4_moe's modeling code repeats verbatim
+    moe: str | None = None
     mla: bool = False
     #: per-head learned attention sinks (gpt_oss: ``self_attn.sinks``, one logit per head joined to
     #: every softmax row); transformers has no sdpa path for them (``_supports_sdpa = False``)
@@ -62,6 +66,11 @@ class Family:
     #: transformers-5 tensors: ``_MOE_TARGET_MODULE_MAPPING``); gpt_oss's checkpoint is fused
     #: already and has no such mapping, so ``all-linear`` there adapts the attention only
     peft_wraps_experts: bool = True
+    #: rotary embedding on the first ``int(head_dim * partial_rotary_factor)`` features of each head
+    #: only (the rest passes through): the family's default factor, read from the config's
+    #: ``rope_parameters`` / ``rope_scaling`` / top-level ``partial_rotary_factor`` (glm4_moe:
+    #: ``Glm4MoeConfig`` sets 0.5); None: the rope covers the whole head
+    partial_rotary_factor: float | None = None
     activation_key: str = "hidden_act"
     #: "llama": RMSNorm upcasts to fp32 and casts the normalised tensor back before the weight;
     #: "gemma": computes entirely in fp32 with a (1 + weight) scale, casting only the result;
@@ -165,6 +174,19 @@ FAMILIES: dict[str, Family] = {
              "num_local_experts": 128, "num_experts_per_tok": 4, "max_position_embeddings": 131072},
             moe="gpt_oss", attention_sinks=True, peft_wraps_experts=False, norm_style="gpt_oss",
         ),
+        Family(
+            # GLM-4.5 / 4.5-Air / 4.6 / 4.7: GQA with q/k/v biases (o_proj never), optional per-head
+            # q/k norms, half-rotary RoPE, DeepSeek-V3's MoE block; head_dim is no field of the
+            # config class (None: hidden // heads)
+            "glm4_moe",
+            {**_LLAMA_LIKE, "vocab_size": 151552, "hidden_size": 4096, "intermediate_size": 10944,
+             "num_hidden_layers": 46, "num_attention_heads": 96, "num_key_value_heads": 8,
+             "max_position_embeddings": 131072, "n_routed_experts": 128, "num_experts_per_tok": 8,
+             "n_shared_experts": 1, "moe_intermediate_size": 1408, "first_k_dense_replace": 1,
+             "n_group": 1, "topk_group": 1, "norm_topk_prob": True, "routed_scaling_factor": 1.0,
+             "use_qk_norm": False, "num_nextn_predict_layers": 1},
+            o_bias_key=None, qk_norm_key="use_qk_norm", moe="deepseek_v3", partial_rotary_factor=0.5,
+        ),
     ]
 }
 
@@ -182,6 +204,7 @@ _ARCH_TO_TYPE = {
     "Phi3ForCausalLM": "phi3",
     "DeepseekV3ForCausalLM": "deepseek_v3",
     "GptOssForCausalLM": "gpt_oss",
+    "Glm4MoeForCausalLM": "glm4_moe",
 }
 
 
@@ -200,10 +223,22 @@ class AttentionSpec:
     fused_qkv: bool = False
     softcap: float | None = None
     sinks: bool = False  # one learned sink logit per head (gpt_oss)
+    #: features of each head the rotary embedding turns (partial rotary, glm4_moe); None: all
+    rotary_dim: int | None = None
     # MLA (DeepSeek-V3); None for standard multi-/grouped-query attention
     q_lora_rank: int | None = None
     kv_lora_rank: int | None = None
     qk_rope_head_dim: int | None = None
+
+    @property
+    def head_major_q(self) -> bool:
+        """q reaches the attention kernel as a contiguous head-major ``(b, heads, s, d)`` tensor:
+        sliced from a fused qkv projection (phi3) or the ``torch.cat`` of a partial rotary's
+        rotated and passed-through halves (glm4_moe). The CPU sdpa kernel then writes its output
+        head-major too, and ``transpose(1, 2).contiguous()`` makes o_proj's input a separate copy
+        (a full-rotary q keeps the projection's ``(b, s, heads, d)`` layout through RoPE's
+        elementwise ops, and the copy is a no-op)."""
+        return self.fused_qkv or self.rotary_dim is not None
 
     @property
     def is_mla(self) -> bool:
@@ -636,6 +671,8 @@ def model_from_config(
     softcap = c.number("attn_logit_softcapping", maximum=_MAX_SOFTCAP)
     final_softcap = c.number("final_logit_softcapping", maximum=_MAX_SOFTCAP)
     mpe = c.int("max_position_embeddings", optional=True)
+    qk_norm = fam.qk_norm or bool(fam.qk_norm_key and c.bool(fam.qk_norm_key))
+    prf = _partial_rotary_factor(fam, c)
     if heads is not None and kv_heads is not None and heads % kv_heads:
         c.bad(f"num_key_value_heads={kv_heads} must divide num_attention_heads={heads}")
     if head_dim is None and h is not None and heads is not None and heads > h:
@@ -660,8 +697,9 @@ def model_from_config(
         hd = head_dim or h // heads
         attn = AttentionSpec(
             num_heads=heads, num_kv_heads=kv_heads or heads, head_dim=hd, v_head_dim=hd,
-            qkv_bias=qkv_bias, o_bias=o_bias, qk_norm=fam.qk_norm, fused_qkv=fam.fused_qkv,
+            qkv_bias=qkv_bias, o_bias=o_bias, qk_norm=qk_norm, fused_qkv=fam.fused_qkv,
             softcap=softcap, sinks=fam.attention_sinks,
+            rotary_dim=int(hd * prf) if prf is not None else None,
         )
     mlp = MlpSpec(inter, bias=mlp_bias, fused_gate_up=fam.fused_gate_up)
     groups = tuple(
@@ -682,6 +720,28 @@ def model_from_config(
         source=source,
         config=dict(raw),
     )
+
+
+def _partial_rotary_factor(fam: Family, c: _Check) -> float | None:
+    """The rotary share of each head for a partial-rotary family: transformers reads it from
+    ``rope_parameters`` (which ``rope_scaling`` and a top-level ``partial_rotary_factor`` fill in
+    when it does not give one), the config class's default otherwise."""
+    if fam.partial_rotary_factor is None:
+        return None
+    for key in ("rope_parameters", "rope_scaling"):
+        rp = c.cfg.get(key)
+        if isinstance(rp, Mapping) and rp.get("partial_rotary_factor") is not None:
+            return _rotary_share(c, rp["partial_rotary_factor"], f"{key}.partial_rotary_factor")
+    if c.cfg.get("partial_rotary_factor") is not None:
+        return _rotary_share(c, c.cfg["partial_rotary_factor"], "partial_rotary_factor")
+    return fam.partial_rotary_factor
+
+
+def _rotary_share(c: _Check, v: Any, name: str) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
+        c.bad(f"{name} must be a number in (0, 1], got {_show(v)}")
+        return None
+    return float(v)
 
 
 def _mla_fields(c: _Check) -> tuple[int, int, int, int, int | None] | None:

@@ -41,6 +41,10 @@ __all__ = ["TINY_CONFIGS", "tiny_config", "text_config"]
 #:   4096 != 2880 in the real models), layers sliding(16)/full, 4 biased experts top-2 with
 #:   ``intermediate_size=24`` (the clamped SwiGLU on interleaved gate/up columns), a biased router
 #:   that softmaxes its top-k logits, untied; no sdpa path (eager attention).
+#: * glm4_moe: GQA with q/k/v biases (o_proj none), ``use_qk_norm=True``, ``head_dim=32 != 64/4``
+#:   with ``partial_rotary_factor=0.5`` (rope tables 16 wide; q/k split into a rotated and a
+#:   passed-through half), DeepSeek-V3's MoE block: 8 routed experts top-2 (n_group 2, topk_group 1),
+#:   1 shared expert, ``moe_intermediate_size=24``, ``first_k_dense_replace=1``, untied.
 TINY_CONFIGS: dict[str, dict] = {
     "llama": {
         "model_type": "llama",
@@ -207,6 +211,28 @@ TINY_CONFIGS: dict[str, dict] = {
         "sliding_window": 16,
         "layer_types": ["sliding_attention", "full_attention"],
         "max_position_embeddings": 131072,  # yarn's 32 x 4096, as the real config
+        "tie_word_embeddings": False,
+    },
+    "glm4_moe": {
+        "model_type": "glm4_moe",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 120,
+        "moe_intermediate_size": 24,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "attention_bias": True,
+        "use_qk_norm": True,
+        "partial_rotary_factor": 0.5,
+        "n_routed_experts": 8,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 2,
+        "n_group": 2,
+        "topk_group": 1,
+        "first_k_dense_replace": 1,
+        "max_position_embeddings": 256,
         "tie_word_embeddings": False,
     },
 }

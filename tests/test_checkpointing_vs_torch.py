@@ -73,12 +73,14 @@ def _measure(family, method, mode, *, loss="hf", batch=2, seq=24, **kw):
 # op and where it is not (gemma2 eager, MLA on CPU), reentrant, every-k with mixed layer kinds
 VARIANTS = (
     [(f, "full", "selective") for f in sorted(TR.TINY_CONFIGS)]
-    + [(f, "lora", "selective") for f in ("llama", "qwen2", "phi3", "gemma2", "mixtral", "deepseek_v3", "gpt_oss")]
+    + [(f, "lora", "selective") for f in ("llama", "qwen2", "phi3", "gemma2", "mixtral", "deepseek_v3", "gpt_oss",
+                                          "glm4_moe")]
     + [("llama", "full", "selective-attention"), ("llama", "lora", "selective-attention"),
        ("gemma2", "lora", "selective-attention"), ("deepseek_v3", "full", "selective-attention")]
     + [("llama", "lora", "full-reentrant"), ("qwen3_moe", "full", "full-reentrant")]
     + [("llama", "full", "every-k"), ("gemma2", "lora", "every-k"), ("gemma3_text", "full", "every-k"),
-       ("mixtral", "lora", "every-k"), ("deepseek_v3", "full", "every-k"), ("gpt_oss", "lora", "every-k")]
+       ("mixtral", "lora", "every-k"), ("deepseek_v3", "full", "every-k"), ("gpt_oss", "lora", "every-k"),
+       ("glm4_moe", "full", "every-k")]
 )
 
 

@@ -3,7 +3,7 @@
 Every case runs in gloo process groups on CPU (``ftplan.measure.distributed``: one spawn per
 group of cases), on tiny real Hugging Face models (llama, qwen2 with tied embeddings and q/k/v
 biases, mixtral as the MoE family; deepseek_v3's LoRA for its fp32 router in a bf16 base; gpt_oss
-for its sinks and biased experts), and
+for its sinks and biased experts; glm4_moe with LoRA under FSDP2 and in full under ZeRO-3), and
 every byte each rank holds is counted through a
 ``TorchDispatchMode``. The formulas (``ftplan.sharding.layout_memory``, CPU form) must give:
 
@@ -78,6 +78,10 @@ PEFT_CASES = [Case(family="mixtral", engine="fsdp2", method="lora"),
               # a bf16 base whose router transformers (>= 5.24) keeps in fp32: FSDP2 shards each
               # parameter in its own dtype
               Case(family="deepseek_v3", engine="fsdp2", method="lora"),
+              # glm4_moe (its q/k/v biases, q/k norms, dense first layer, shared experts, fp32 router):
+              # full fine-tuning is held under ZeRO-3 below; FSDP2 full is not (its autocast runs the
+              # fp32 router on a bf16 copy of the gathered bf16 weight: see the branch report)
+              Case(family="glm4_moe", engine="fsdp2", method="lora"),
               # FSDP1 as HF Trainer wraps a PEFT model: PEFT's fsdp_auto_wrap_policy (every lora_A /
               # lora_B its own unit), accelerate's fp32 upcast of trainable flat parameters
               Case(family="llama", engine="fsdp1", method="lora"), Case(family="qwen2", engine="fsdp1", method="lora"),
@@ -107,6 +111,7 @@ DS_CASES = [
     Case(family="qwen2", engine="deepspeed", zero_stage=3, steps=2),
     Case(family="mixtral", engine="deepspeed", zero_stage=3, steps=2),
     Case(family="gpt_oss", engine="deepspeed", zero_stage=3, steps=2),
+    Case(family="glm4_moe", engine="deepspeed", zero_stage=3, steps=2),
     Case(family="qwen2", engine="deepspeed", zero_stage=2, offload_optimizer=True),
     Case(family="llama", engine="deepspeed", zero_stage=2, offload_optimizer=True),
     Case(family="mixtral", engine="deepspeed", zero_stage=2, offload_optimizer=True),

@@ -53,7 +53,8 @@ SCHEMA_KEYS: dict[str, tuple[type, ...]] = {
 #: LLaMA-Factory 0.9.5 chat templates (``data/template.py``) per bundled family / model
 _TEMPLATES = {"llama": "llama3", "qwen2": "qwen", "qwen3": "qwen3", "qwen3_moe": "qwen3", "mistral": "mistral",
               "mixtral": "mistral", "gemma2": "gemma2", "gemma3": "gemma3", "gemma3_text": "gemma3",
-              "phi3": "phi", "deepseek_v3": "deepseek3", "gpt_oss": "gpt_oss"}
+              "phi3": "phi", "deepseek_v3": "deepseek3", "gpt_oss": "gpt_oss",
+              "glm4_moe": "glm4_moe"}
 _BY_NAME = {"phi-4": "phi4", "mistral-small-24b": "mistral_small"}
 _FLASH = {"sdpa": "sdpa", "flash": "fa2", "eager": "disabled"}
 

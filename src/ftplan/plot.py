@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ._files import atomic_open
 from .errors import ConfigError
 from .memory import PEAK_PHASE_TEXT
 
@@ -95,24 +95,13 @@ def _save(fig, path: str | os.PathLike[str]) -> str:
     """Write ``fig`` to ``path`` atomically (temp file in the same folder + rename)."""
     fmt = check_plot_path(path)
     p = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(p))
-    fd, tmp = tempfile.mkstemp(prefix=".ftplan-plot-", suffix=os.path.splitext(p)[1], dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            kw: dict[str, Any] = {"format": fmt}
-            if fmt == "png":
-                kw["dpi"] = PNG_DPI
-            else:
-                kw["metadata"] = {"Date": None}  # reproducible SVGs
-            fig.savefig(f, **kw)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, p)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    kw: dict[str, Any] = {"format": fmt}
+    if fmt == "png":
+        kw["dpi"] = PNG_DPI
+    else:
+        kw["metadata"] = {"Date": None}  # reproducible SVGs
+    with atomic_open(p, binary=True, mode_bits=0o644) as f:
+        fig.savefig(f, **kw)
     return p
 
 

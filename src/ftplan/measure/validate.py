@@ -444,27 +444,10 @@ def update_ratchet(report: dict[str, Any], path: Path | None = None) -> list[str
 def _write_atomically(path: Path, text: str) -> None:
     """``text`` to ``path`` through a uniquely named temporary file in the same folder, flushed to
     disk, then renamed over it (an existing file's permission bits are kept)."""
-    import stat
-    import tempfile
+    from .._files import atomic_open
 
-    try:
-        mode = stat.S_IMODE(path.stat().st_mode)
-    except OSError:  # a new ratchet: readable by all, as a committed file is
-        mode = 0o644
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:100]}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    with atomic_open(path) as f:
+        f.write(text)
 
 
 # ---------------------------------------------------------------------------------------------

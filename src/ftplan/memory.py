@@ -469,7 +469,16 @@ def _eager_attention_backward_bytes(g: LayerGroup, model: ModelSpec, job: Job, d
         return 0
     b, s = _batch_shape(job)
     heads = a.num_heads // tp
-    scores = b * heads * s * s * EAGER_BACKWARD_BYTES_PER_SCORE["cpu" if backend == "cpu" else "cuda"]
+    per_score = EAGER_BACKWARD_BYTES_PER_SCORE["cpu" if backend == "cpu" else "cuda"]
+    if a.sinks:
+        # gpt_oss: the constant's gradients are those of llama's fp32 softmax; here they take the
+        # joined logits' dtype (bf16 on a bf16 base). The row max subtracted before the softmax
+        # adds one: its backward scatters into a zero-filled (b, heads, s, s + 1) gradient.
+        # Held on CPU (tests/test_loss_peak_vs_torch.py::test_gpt_oss_eager_backward_on_cpu)
+        comb = max(dt.compute, dt.train_w if dt.full else dt.resid)
+        scores = b * heads * s * s * per_score * comb // 4 + b * heads * s * (s + 1) * comb
+    else:
+        scores = b * heads * s * s * per_score
     t = job.micro_batch * job.seq_len
     freed = _mlp_saved(g.mlp, t, model.hidden_size, dt, tp, g.norms_per_layer == 4) if g.mlp is not None else 0
     return max(0, scores - freed)

@@ -225,3 +225,21 @@ def test_fsdp1_lora_on_moe_experts_is_flagged():
 
     assert flagged(moe, 1)
     assert not flagged(moe, 2) and not flagged(attn, 1)
+
+
+def test_eager_attention_gets_a_flash_suggestion():
+    """gpt-oss runs eager attention by default (no sdpa path for its sinks): at 2 x 8192 tokens its
+    score-sized tensors do not fit an H100, a flash kernel does, and the advice says so before it
+    cuts the sequence."""
+    from ftplan.catalog.gpus import get_gpu
+
+    spec = resolve_model("gpt-oss-20b")
+    job = Job(method="lora", micro_batch=2, seq_len=8192)
+    advice = fit_advice(spec, job, None, get_gpu("h100-sxm"))
+    kinds = [a.kind for a in advice]
+    assert "attention" in kinds and kinds.index("attention") < kinds.index("seq_len")
+    flash = advice[kinds.index("attention")]
+    assert flash.changes == {"attn_impl": "flash"}
+    # an sdpa architecture at the same size is not offered a different attention
+    assert "attention" not in [a.kind for a in fit_advice(resolve_model("llama-3.1-8b"), job.with_(seq_len=65536),
+                                                          None, get_gpu("h100-sxm"))]

@@ -50,7 +50,7 @@ class Suggestion:
     the memory the changed job needs (``device_total_bytes`` of ``gpu_memory_bytes``). ``text``
     names options in backticks (see :func:`ftplan.errors.render_refs`)."""
 
-    kind: str  # checkpointing | loss | activation_offloading | seq_len | micro_batch | optimizer | gpus | offload | method
+    kind: str  # checkpointing | loss | attention | activation_offloading | seq_len | micro_batch | optimizer | gpus | offload | method
     changes: dict[str, Any]
     text: str
     device_total_bytes: int
@@ -232,6 +232,12 @@ def fit_advice(model: ModelSpec, job: Job, layout: Layout | None, gpu: Any, *, m
     if job.materialises_logits:
         offer("loss", {"loss": "trl"}, "fits with TRL's fused LM head, SFTTrainer's default: `loss=trl`",
               job.with_(loss="trl"), layout)
+    # 2b. eager attention (the architecture's default where transformers has no sdpa path):
+    # a flash kernel never materialises the (b, heads, s, s) scores
+    if job.attn_impl == "eager" or (job.attn_impl == "sdpa" and not model.supports_sdpa):
+        offer("attention", {"attn_impl": "flash"},
+              "fits with a flash-attention kernel instead of eager attention: `attn=flash`",
+              job.with_(attn_impl="flash"), layout)
     # 3. activation offloading
     if not job.activation_offloading:
         j = job.with_(activation_offloading=True)

@@ -102,3 +102,9 @@ def test_transformers_refuses_sdpa_for_gpt_oss():
     from transformers.models.gpt_oss.modeling_gpt_oss import GptOssPreTrainedModel
 
     assert GptOssPreTrainedModel._supports_sdpa is False
+
+
+def test_gpt_oss_answer_says_its_mxfp4_checkpoint_is_planned_in_bf16():
+    notes = estimate_memory(resolve_model("gpt-oss-20b"), Job(method="lora")).notes
+    assert any("MXFP4" in n and "dequantize=True" in n for n in notes)
+    assert not any("MXFP4" in n for n in estimate_memory(resolve_model("llama-3.1-8b"), Job(method="lora")).notes)

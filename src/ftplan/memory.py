@@ -16,8 +16,8 @@ Phases. The peak is the larger of
 from __future__ import annotations
 
 import dataclasses
-
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 
@@ -838,7 +838,7 @@ def _moe_saved(m: MoeSpec, t: int, h: int, dt: _Dtypes, tp: int, wrapped: bool =
 def _mla_saved(a, t: int, b: int, s: int, h: int, dt: _Dtypes, heads: int, backend: str) -> int:
     c = dt.compute
     out = 0
-    n_in = (1 if a.q_lora_rank else 1) + 1  # q_a (or q) and kv_a read the normed input
+    n_in = 2  # q_a (or q without a q LoRA rank) and kv_a read the normed input
     out += _linear_inputs(t, h, n_in, dt.norm_out, dt)
     if a.q_lora_rank:
         out += _norm_saved(t, a.q_lora_rank, c, dt.full) + (t * a.q_lora_rank * c if dt.full else 0)
@@ -1635,6 +1635,10 @@ def estimate_memory(
     job, attn_note = planned_attention(model, job)
     if attn_note:
         notes.append(attn_note)
+    qc = model.config.get("quantization_config") if isinstance(model.config, Mapping) else None
+    if isinstance(qc, Mapping) and qc.get("quant_method") == "mxfp4":
+        notes.append("checkpoint in MXFP4 (gpt-oss experts): planned on the bf16 weights transformers makes of it "
+                     "with Mxfp4Config(dequantize=True), as training needs (the MXFP4 kernels are inference-only)")
     job = _engine_qlora_recipe(job, layout, notes)
     st = model_states(model, job, consts)
     tp, pp = layout.tp, layout.pp

@@ -113,3 +113,40 @@ def test_decoder_layer_inventory_is_within_two_percent_of_the_aten_bytes():
     exact = predicted - eff.elementwise_eager.per_attn_out * attn_out + 8 * head_dim + 2 * 24
     assert fwd == exact, ops
     assert eff.elementwise_backward_factor * predicted == pytest.approx(bwd, rel=0.15)
+
+
+@pytest.mark.parametrize("job", [Job(method="lora"), Job(method="full")], ids=["bf16-joined", "fp32-joined"])
+def test_gpt_oss_eager_score_traffic(job):
+    """transformers' gpt_oss eager attention (sinks joined with ``torch.cat``, the row max
+    subtracted, the softmax in the joined dtype) moves per score element what
+    ``runtime.sinks_eager_bytes_per_score`` prices: measured on CPU over every aten op but the
+    GEMMs (whose score write and read the inventory adds, one compute-dtype element each) and
+    with the mask read per head, as the inventory's convention counts it (the real broadcast mask
+    is read once for all heads). LoRA on a bf16 base joins in bf16; mixed-precision full
+    fine-tuning joins the bf16 scores with fp32 sinks, in fp32, and casts back for the value
+    matmul. Per-row terms are separated from per-score ones with two sequence lengths."""
+    from types import SimpleNamespace
+
+    from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
+
+    from ftplan.measure.opbytes import OpBytes
+    from ftplan.runtime import sinks_eager_bytes_per_score
+
+    b, heads, kv, d = 2, 8, 4, 16
+    sink_dtype = torch.float32 if job.method == "full" else torch.bfloat16
+
+    def score_bytes(s: int) -> int:
+        g = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(b, h, s, d, generator=g, dtype=torch.bfloat16) for h in (heads, kv, kv))
+        mask = torch.zeros(b, 1, s, s, dtype=torch.bfloat16)
+        module = SimpleNamespace(num_key_value_groups=heads // kv, sinks=torch.zeros(heads, dtype=sink_dtype),
+                                 training=True)
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16), OpBytes() as ob:
+            eager_attention_forward(module, q, k, v, mask, scaling=d ** -0.5)
+        return sum(ob.by_op.values())
+
+    s1 = 64
+    per_score = (score_bytes(2 * s1) - 2 * score_bytes(s1)) / (2 * s1 * s1) / (b * heads)
+    c = 2
+    assert sinks_eager_bytes_per_score(job, "torch") == pytest.approx(per_score + 2 * c + c * (1 - 1 / heads),
+                                                                        abs=1e-9)

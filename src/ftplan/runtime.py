@@ -558,7 +558,10 @@ def attention_time(model: ModelSpec, job: Job, layout: Layout, tokens: float, ra
     if job.attn_impl == "eager":
         score_bytes = 0.0  # forward traffic per token on the score matrices (all layers)
         for g in model.groups:
-            per = eff.eager_bytes_per_score + (eff.eager_softcap_bytes_per_score if g.attention.softcap else 0.0)
+            if g.attention.sinks:
+                per = sinks_eager_bytes_per_score(job, layout.engine)
+            else:
+                per = eff.eager_bytes_per_score + (eff.eager_softcap_bytes_per_score if g.attention.softcap else 0.0)
             score_bytes += g.count * g.attention.num_heads * attention_context(job.seq_len, g.window, "eager") * per
         flops = tokens * f.attention * share * (3.0 + gc)
         rate = rates.peak_flops * rates.clock * rates.gemm_fraction
@@ -566,6 +569,36 @@ def attention_time(model: ModelSpec, job: Job, layout: Layout, tokens: float, ra
         return flops / rate + traffic / rates.hbm_bytes_per_s
     flops = tokens * f.attention * share * (1.0 + eff.flash_backward_factor + gc)
     return flops / (rates.peak_flops * rates.clock * rates.flash_fraction)
+
+
+def sinks_eager_bytes_per_score(job: Job, engine: str) -> float:
+    """Forward traffic per score element of gpt_oss's eager attention, from its op inventory (the
+    counterpart of ``efficiency.json`` ``attention.eager_bytes_per_score``, whose conventions it
+    keeps: the mask add reads a score-sized mask): write q@k^T (c bytes), scale (c + c), add the
+    mask (3c), join the sink logits (``torch.cat``: read c, write k; with wider sinks autocast
+    first casts the scores, k + k more), the row max (read k), subtract it (k + k), softmax in the
+    joined dtype (k + k), cast its first s columns for the value matmul when wider (k + c), read by
+    attn@v (c). ``c``: the compute dtype; ``k``: the joined logits'
+    dtype, which ``torch.cat`` promotes to the sinks' (fp32 where the weights are fp32 and autocast
+    runs on them: mixed-precision full fine-tuning, PEFT's QLoRA upcast, an fp32 LoRA base on one
+    GPU or DDP; FSDP and DeepSpeed gather compute-dtype weights). 28 B with both in bf16 (llama's
+    eager: 30), 54 B with fp32 joined logits. Held against the bytes aten moves on CPU
+    (tests/test_elementwise_bytes_vs_torch.py::test_gpt_oss_eager_score_traffic)."""
+    c = float(dtype_bytes(PRECISIONS[job.precision]["compute"]))
+    if job.method == "qlora":
+        c = float(dtype_bytes(job.quant.compute_dtype))
+    k = c
+    if engine in ("torch", "ddp") and job.precision.endswith("-mixed"):
+        if job.method == "full":
+            k = max(c, float(dtype_bytes(PRECISIONS[job.precision]["trainable"])))
+        elif job.method == "qlora":
+            k = max(c, float(dtype_bytes(job.unquantized_dtype)))
+        else:
+            k = max(c, float(dtype_bytes(job.frozen_dtype)))
+    # autocast joins wider sinks by first casting the scores to their dtype (cat is a "promote"
+    # op), then concatenating: c + k, then k + k more
+    cat = c + k + (2 * k if k != c else 0.0)
+    return c + 2 * c + 3 * c + cat + k + 2 * k + 2 * k + ((k + c) if k != c else 0.0) + c
 
 
 # ---------------------------------------------------------------------------------------------

@@ -469,3 +469,30 @@ def test_train_qlora_trl_recipe_end_to_end(tmp_path, tiny_model, capfd, monkeypa
     raw = (out / "adapter_model.safetensors").read_bytes()  # header: u64 length + JSON
     header = json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])
     assert {v["dtype"] for k, v in header.items() if k != "__metadata__"} == {"BF16"}
+
+
+def test_mxfp4_checkpoint_is_dequantized_for_lora_and_refused_for_qlora(tmp_path, tiny_model, capsys):
+    """gpt-oss's config.json says its experts are MXFP4 (inference-only kernels): the script loads it
+    with ``Mxfp4Config(dequantize=True)`` for LoRA and full fine-tuning (the weights ftplan plans), and
+    stops a QLoRA plan with one line and exit 2 before loading anything (transformers refuses a
+    BitsAndBytesConfig for an MXFP4 checkpoint)."""
+    import json
+
+    pytest.importorskip("transformers")
+    from ftplan.catalog.models import load_model_catalog
+
+    gpt_oss = tmp_path / "gpt-oss"
+    gpt_oss.mkdir()
+    (gpt_oss / "config.json").write_text(json.dumps(load_model_catalog()["gpt-oss-20b"].config))
+    spec = resolve_model("gpt-oss-20b")
+    for method in ("lora", "qlora"):
+        src = render_train_script(spec, Job(method=method), Layout(), model_ref=str(gpt_oss))
+        ns: dict = {"__name__": "train_script"}
+        exec(compile(src, "train.py", "exec"), ns)
+        assert ns["_is_mxfp4"](str(gpt_oss)) and not ns["_is_mxfp4"](str(tiny_model))
+        if method == "qlora":
+            with pytest.raises(SystemExit) as e:
+                ns["load_model"](str(gpt_oss))
+            assert e.value.code == 2
+            err = capsys.readouterr().err.strip().splitlines()
+            assert len(err) == 1 and "MXFP4" in err[0] and "BitsAndBytesConfig" in err[0]

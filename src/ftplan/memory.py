@@ -1638,7 +1638,9 @@ def estimate_memory(
     qc = model.config.get("quantization_config") if isinstance(model.config, Mapping) else None
     if isinstance(qc, Mapping) and qc.get("quant_method") == "mxfp4":
         notes.append("checkpoint in MXFP4 (gpt-oss experts): planned on the bf16 weights transformers makes of it "
-                     "with Mxfp4Config(dequantize=True), as training needs (the MXFP4 kernels are inference-only)")
+                     "with Mxfp4Config(dequantize=True), as training needs (the MXFP4 kernels are inference-only)"
+                     + ("; QLoRA starts from a bf16 copy of the checkpoint (transformers refuses a "
+                        "BitsAndBytesConfig for an MXFP4 one)" if job.method == "qlora" else ""))
     job = _engine_qlora_recipe(job, layout, notes)
     st = model_states(model, job, consts)
     tp, pp = layout.tp, layout.pp

@@ -319,11 +319,26 @@ def select_fields(ds, spec):
 
 
 # ---- model ----------------------------------------------------------------------------------
+def _is_mxfp4(model_ref):
+    from transformers import AutoConfig
+
+    qc = getattr(AutoConfig.from_pretrained(model_ref), "quantization_config", None)
+    method = qc.get("quant_method") if isinstance(qc, dict) else getattr(qc, "quant_method", None)
+    return str(getattr(method, "value", method)) == "mxfp4"
+
+
 def load_model(model_ref):
     import torch
     from transformers import AutoModelForCausalLM
 
     kwargs = {"dtype": getattr(torch, MODEL_DTYPE), "attn_implementation": ATTN_IMPLEMENTATION}
+    if _is_mxfp4(model_ref):  # gpt-oss ships its experts in MXFP4, whose kernels are inference-only
+        if METHOD == "qlora":
+            fail("this checkpoint is MXFP4 (gpt-oss): transformers refuses a BitsAndBytesConfig for it; "
+                 "QLoRA needs a bf16 copy of the weights (--model DIR), or plan LoRA instead")
+        from transformers import Mxfp4Config
+
+        kwargs["quantization_config"] = Mxfp4Config(dequantize=True)  # train on the bf16 weights
     if ENGINE == "tp":  # sharded at load time by transformers (the model's TP plan, FSDP2 over DP_SHARD)
         from transformers import DistributedConfig
 

@@ -11,7 +11,7 @@ import copy
 
 from ..errors import ConfigError
 
-__all__ = ["TINY_CONFIGS", "tiny_config", "text_config"]
+__all__ = ["TINY_CONFIGS", "tiny_config", "text_config", "default_attention"]
 
 # --------------------------------------------------------------------------------------------------
 # Tiny configs
@@ -309,3 +309,12 @@ def tiny_config(config: dict) -> dict:
         out.pop(k, None)  # token ids of the real vocabulary do not fit the tiny one
     out["model_type"] = model_type
     return out
+
+
+def default_attention(config: dict) -> str:
+    """``sdpa``, or ``eager`` for an architecture transformers has no sdpa path for (Gemma2's
+    soft-capping, gpt-oss's sinks): what a measurement builds the model with when the job says
+    sdpa. ``ModelSpec.supports_sdpa`` is the one place that knows."""
+    from ..model import model_from_config
+
+    return "sdpa" if model_from_config(config).supports_sdpa else "eager"

@@ -106,7 +106,10 @@ class Case:
     def attn(self) -> str:
         """sdpa, or eager for a family transformers has no sdpa path for (gpt_oss: attention sinks;
         gemma2: soft-capping)."""
-        return "eager" if self.family in ("gpt_oss", "gemma2") else "sdpa"
+        from . import torchref as TR
+        from .configs import default_attention
+
+        return default_attention(TR.TINY_CONFIGS[self.family])
 
     def layout(self, world: int):
         """The ftplan ``Layout`` this case runs on ``world`` ranks (HSDP: ``replicate`` nodes)."""

@@ -30,6 +30,8 @@ import tempfile
 import traceback
 from typing import Any
 
+from .configs import default_attention
+
 __all__ = ["EpRankMeasure", "run_ep"]
 
 
@@ -78,8 +80,10 @@ def _measure(family: str, path: str, rank: int, world: int, ep: int, batch: int,
 
     cfg = DistributedConfig(fsdp_size=world, ep_size=ep)
     # pure bf16 (no autocast): a precision the single-process formulas are held byte-exact in
+    with open(os.path.join(path, "config.json")) as f:
+        attn = default_attention(json.load(f))
     model = AutoModelForCausalLM.from_pretrained(path, distributed_config=cfg, dtype=torch.bfloat16,
-                                                 attn_implementation="eager" if family == "gpt_oss" else "sdpa")
+                                                 attn_implementation=attn)
     model.train()
     rows: list[int] = []
     orig = EPM.AllToAllEP._dispatch_tokens

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from ..errors import MeasurementError
-from .configs import text_config
+from .configs import default_attention, text_config
 
 __all__ = [
     "DTYPES",
@@ -242,10 +242,10 @@ def build_for_job(config: dict, job, device: str, seed: int = 0) -> nn.Module:
         hf_config = AutoConfig.for_model(model_type, **cfg)
     hf_config.use_cache = False
     attn = attn_implementation(job)
-    if attn == "sdpa" and (cfg.get("attn_logit_softcapping") or model_type == "gpt_oss"):
+    if attn == "sdpa":
         # transformers refuses sdpa with soft-capping (Gemma2) and attention sinks (gpt-oss);
         # ftplan plans eager too
-        attn = "eager"
+        attn = default_attention(config)
     torch.manual_seed(seed)
     prec = PRECISIONS[job.precision]
     dev = torch.device(device)

@@ -2,16 +2,18 @@
 
 Every case runs in gloo process groups on CPU (``ftplan.measure.distributed``: one spawn per
 group of cases), on tiny real Hugging Face models (llama, qwen2 with tied embeddings and q/k/v
-biases, mixtral as the MoE family; deepseek_v3's LoRA for its fp32 router in a bf16 base; gpt_oss
-for its sinks and biased experts; glm4_moe with LoRA under FSDP2 and in full under ZeRO-3), and
+biases, mixtral as the MoE family; deepseek_v3's LoRA for its fp32 router in a bf16 base and its
+full fine-tuning under FSDP2's autocast; gpt_oss for its sinks and biased experts; glm4_moe with
+LoRA under FSDP2 and in full under FSDP1/FSDP2 and ZeRO-3), and
 every byte each rank holds is counted through a
 ``TorchDispatchMode``. The formulas (``ftplan.sharding.layout_memory``, CPU form) must give:
 
 * byte-exact: the parameter shards (or replicas), the gradients alive when backward ends, the
   optimizer states, DeepSpeed's fp32 master partitions, the bytes offloaded to the host, and the
   engine's transient peak of FSDP1/FSDP2 (gathered units, prefetches, unsharded gradients,
-  reduce-scatter buffers, unit by unit), and the saved activations of FSDP/DeepSpeed's pure-bf16
-  compute (full fine-tuning);
+  reduce-scatter buffers, unit by unit), and the saved activations of full fine-tuning on the
+  engines' bf16 weights (FSDP under accelerate's autocast, DeepSpeed's bf16 mode without it:
+  ``sharding.engine_compute``);
 * within a stated bound, where the engine keeps bytes the formula does not name one by one:
   a late DeepSpeed ZeRO-1/2 gradient (timing), its small scalars and ZeRO-3's persistent
   parameters gathered twice,
@@ -36,7 +38,7 @@ from ftplan.measure import torchref as TR  # noqa: E402
 from ftplan.measure.distributed import Case, RankMeasure, run_cases  # noqa: E402
 from ftplan.memory import model_states, saved_activation_bytes  # noqa: E402
 from ftplan.model import model_from_config  # noqa: E402
-from ftplan.sharding import activation_job, layout_memory, zero12_rank_bytes  # noqa: E402
+from ftplan.sharding import activation_job, engine_compute, layout_memory, zero12_rank_bytes  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -71,6 +73,13 @@ TORCH_CASES = [
     # gpt_oss: attention sinks, biased experts and router, eager attention
     Case(family="gpt_oss", engine="fsdp2"),
     Case(family="gpt_oss", engine="fsdp1", offload_params=True),
+    # the fp32 router path (deepseek_v3's, repeated by glm4_moe) on FSDP's bf16 router weight under
+    # accelerate's autocast: the upcast weight and input are cast back to bf16, the logits, scores
+    # and top-k weights are bf16, and the linear saves a fresh bf16 copy of the weight
+    # (sharding.engine_compute "autocast"; DeepSpeed's bf16 mode has no autocast: glm4_moe ZeRO-3 below)
+    Case(family="glm4_moe", engine="fsdp2"),
+    Case(family="deepseek_v3", engine="fsdp2"),
+    Case(family="glm4_moe", engine="fsdp1"),
 ]
 PEFT_CASES = [Case(family="mixtral", engine="fsdp2", method="lora"),
               # PEFT's all-linear adapts only gpt_oss's attention: its experts stay frozen
@@ -78,9 +87,8 @@ PEFT_CASES = [Case(family="mixtral", engine="fsdp2", method="lora"),
               # a bf16 base whose router transformers (>= 5.24) keeps in fp32: FSDP2 shards each
               # parameter in its own dtype
               Case(family="deepseek_v3", engine="fsdp2", method="lora"),
-              # glm4_moe (its q/k/v biases, q/k norms, dense first layer, shared experts, fp32 router):
-              # full fine-tuning is held under ZeRO-3 below; FSDP2 full is not (its autocast runs the
-              # fp32 router on a bf16 copy of the gathered bf16 weight: see the branch report)
+              # glm4_moe (its q/k/v biases, q/k norms, dense first layer, shared experts, fp32 router);
+              # its full fine-tuning is held under FSDP1/FSDP2 above and ZeRO-3 below
               Case(family="glm4_moe", engine="fsdp2", method="lora"),
               # FSDP1 as HF Trainer wraps a PEFT model: PEFT's fsdp_auto_wrap_policy (every lora_A /
               # lora_B its own unit), accelerate's fp32 upcast of trainable flat parameters
@@ -152,7 +160,9 @@ def _predict(case: Case, world: int) -> dict[str, Fraction]:
     lm = layout_memory(spec, job, layout, st, _CONSTS, "cpu")
     act_job = activation_job(job, lm)
     # the harness's token ids are made before the forward (not counted)
-    act = saved_activation_bytes(spec, act_job, layout, backend="cpu") - job.micro_batch * job.seq_len * 8
+    # (FSDP runs under accelerate's autocast, DeepSpeed's bf16 mode without: sharding.engine_compute)
+    act = saved_activation_bytes(spec, act_job, layout, backend="cpu",
+                                 engine_compute=engine_compute(job, layout)) - job.micro_batch * job.seq_len * 8
     return {"frozen": lm.frozen_weights, "trainable": lm.trainable_weights, "master": lm.master_weights,
             "grads": lm.gradients, "optimizer": lm.optimizer_states, "buffers": lm.comm_buffers,
             "transient": lm.transient, "host": lm.host, "activations": act, "engine": layout.engine,
@@ -227,6 +237,9 @@ def _check(case: Case, world: int, m: RankMeasure) -> list[str]:
     else:  # DeepSpeed
         stage = case.zero_stage
         lg = BOUNDS["ds_largest_grad"](case)
+        if case.method == "full":
+            # bf16 mode without autocast: an fp32 path of transformers runs in fp32 on the cast weights
+            eq("activations", m.activations, p["activations"])
         if case.offload_optimizer or case.offload_params:
             # on CPU the host and the "device" are one memory (and the offload path's staging
             # buffers cannot be told from device ones): the resident total is checked, host and

@@ -127,3 +127,27 @@ def test_glm_4_5_air_counts_against_the_model_card():
     assert p.total == 106_852_245_504
     assert int(p.total / 1e9) == 106
     assert round((p.active - p.embedding - p.lm_head) / 1e9) == 12
+
+
+#: per-rank saved bytes measured on 2 gloo ranks (tests/test_distributed_memory.py, 2026-11-24:
+#: the harness's token ids left out), full fine-tuning of the tiny configs at 2 x 24 tokens: FSDP
+#: under accelerate's autocast, DeepSpeed ZeRO-3 in its bf16 mode (no autocast)
+MEASURED_ENGINE_ACTIVATIONS = {("glm4_moe", "fsdp"): 766_276, ("deepseek_v3", "fsdp"): 724_036,
+                               ("glm4_moe", "zero3"): 783_108, ("deepseek_v3", "zero3"): 740_868}
+
+
+@pytest.mark.parametrize("family,strategy", sorted(MEASURED_ENGINE_ACTIVATIONS))
+def test_estimate_follows_the_engines_router_dtypes(family, strategy):
+    """estimate_memory plans the fp32 router path as each engine runs it (sharding.engine_compute):
+    under FSDP's bf16 weights and autocast the logits, scores and top-k weights are bf16 and the
+    linear saves a bf16 copy of the upcast weight; under DeepSpeed's cast module the path runs in
+    fp32 and saves an fp32 copy. Its CPU form equals the bytes measured per rank."""
+    from ftplan.job import Layout
+    from ftplan.measure.configs import TINY_CONFIGS
+    from ftplan.memory import estimate_memory
+
+    spec = model_from_config(TINY_CONFIGS[family])
+    job = Job(method="full", micro_batch=2, seq_len=24, gradient_checkpointing=False, loss="hf")
+    c = estimate_memory(spec, job, Layout(gpus_per_node=2, strategy=strategy), backend="cpu").components
+    token_ids = 2 * 24 * 8
+    assert c["activations"] + c["logits_and_loss"] - token_ids == MEASURED_ENGINE_ACTIVATIONS[(family, strategy)]

@@ -24,7 +24,8 @@ from fractions import Fraction
 from .catalog.constants import MemoryConstants, memory_constants
 from .job import PRECISIONS, Job, Layout, lora_targets, lora_wraps_experts, planned_attention, validate_job
 from .model import FAMILIES, LayerGroup, LinearSpec, MlpSpec, ModelSpec, MoeSpec, layer_group_order, layer_linears
-from .sharding import activation_job, casts_whole_module, communicator_groups, layout_memory, quant_state_bytes
+from .sharding import (activation_job, casts_whole_module, communicator_groups, engine_compute, layout_memory,
+                       quant_state_bytes)
 from .units import dtype_bytes
 
 __all__ = [
@@ -620,9 +621,12 @@ class _Dtypes:
     expert: int  # bytes of routed-expert activations (grouped_mm)
     autocast: bool = False  # mixed precision: matmuls run under torch.autocast
     base_out: int = 2  # bytes of a frozen base linear's output (bitsandbytes 4-bit: the input dtype)
+    #: the engine's compute-dtype weights (sharding.engine_compute): "autocast" (FSDP under
+    #: accelerate's autocast), "cast" (DeepSpeed's bf16 mode), "" (the job's own weights)
+    engine_compute: str = ""
 
 
-def _act_dtypes(job: Job, backend: str) -> _Dtypes:
+def _act_dtypes(job: Job, backend: str, engine_compute: str = "") -> _Dtypes:
     prec = PRECISIONS[job.precision]
     compute = int(dtype_bytes(prec["compute"]))
     if job.method == "full":
@@ -646,7 +650,7 @@ def _act_dtypes(job: Job, backend: str) -> _Dtypes:
     base_out = norm_out if job.method == "qlora" else compute
     return _Dtypes(compute=compute, resid=resid, train_w=w, norm_out=norm_out,
                    full=job.method == "full", expert=expert, autocast=job.precision.endswith("-mixed"),
-                   base_out=base_out)
+                   base_out=base_out, engine_compute=engine_compute)
 
 
 def _norm_style(model: ModelSpec) -> str:
@@ -791,13 +795,21 @@ def _moe_saved(m: MoeSpec, t: int, h: int, dt: _Dtypes, tp: int, wrapped: bool =
         per_row = routed * c
         w_bytes = c
     elif m.router == "deepseek_v3":
-        # an fp32 linear (autocast turns it back to the compute dtype); the sigmoid scores and
-        # the top-k weights stay in the logits' dtype
-        r = c if dt.autocast else 4
+        # an fp32 linear (autocast turns it back to the compute dtype: HF Trainer's, or accelerate's
+        # around FSDP's compute-dtype weights); the sigmoid scores and the top-k weights stay in
+        # the logits' dtype
+        r = c if dt.autocast or dt.engine_compute == "autocast" else 4
         router_in = t * h * r
         out = t * m.num_experts * r + routed * 8 + t * r + routed * r
         per_row = routed * r  # scaled by routed_scaling_factor: a new tensor
         w_bytes = r
+        if dt.engine_compute and c != 4 and not wrapped:
+            # the engine's router weight is a compute-dtype tensor (FSDP's param_dtype gather,
+            # DeepSpeed's module cast), not transformers' fp32 one: `weight.type(torch.float32)`
+            # makes a copy each forward, which the linear saves for its input's gradient (in
+            # fp32; under autocast its compute-dtype recast). PEFT's wrapped router: the merged
+            # weight below
+            out += m.num_experts * h * r
     else:  # softmax in fp32
         router_in = t * h * c
         out = t * m.num_experts * 4 + routed * 8 + t * 4 + routed * 4
@@ -1431,17 +1443,19 @@ def _batch_shape(job: Job) -> tuple[int, int]:
 
 
 def saved_activation_bytes(model: ModelSpec, job: Job, layout: Layout | None = None,
-                           *, backend: str = "cuda") -> int:
+                           *, backend: str = "cuda", engine_compute: str = "") -> int:
     """Bytes autograd holds between forward and backward for one micro-batch on one GPU:
     activations plus the final norm, lm_head and loss tensors. Excludes weight copies (autocast
-    casts are counted with the weights)."""
-    saved, logits_saved, _ = _activations(model, job, layout or Layout(), backend)
+    casts are counted with the weights). ``engine_compute``: ``sharding.engine_compute`` of the job
+    ``activation_job`` made this one from."""
+    saved, logits_saved, _ = _activations(model, job, layout or Layout(), backend, engine_compute)
     return saved + logits_saved
 
 
-def _activations(model: ModelSpec, job: Job, layout: Layout, backend: str = "cuda") -> tuple[int, int, int]:
+def _activations(model: ModelSpec, job: Job, layout: Layout, backend: str = "cuda",
+                 engine_compute: str = "") -> tuple[int, int, int]:
     """(saved activations, logits+loss saved, backward transient) per GPU, on the device."""
-    a = activation_parts(model, job, layout, backend=backend)
+    a = activation_parts(model, job, layout, backend=backend, engine_compute=engine_compute)
     return a.device_saved_bytes, a.loss_saved_bytes, a.transient_bytes
 
 
@@ -1484,11 +1498,14 @@ class ActivationParts:
 
 
 def activation_parts(model: ModelSpec, job: Job, layout: Layout | None = None, *,
-                     backend: str = "cuda", consts: MemoryConstants | None = None) -> ActivationParts:
-    """The activation side of the breakdown for one micro-batch on one GPU (see ActivationParts)."""
+                     backend: str = "cuda", consts: MemoryConstants | None = None,
+                     engine_compute: str = "") -> ActivationParts:
+    """The activation side of the breakdown for one micro-batch on one GPU (see ActivationParts).
+    ``engine_compute``: how a sharding engine runs ``job``, the compute-dtype job ``activation_job`` made
+    (``sharding.engine_compute``: FSDP's autocast or DeepSpeed's cast); "" for the job itself."""
     layout = layout or Layout()
     consts = consts or memory_constants()
-    dt = _act_dtypes(job, backend)
+    dt = _act_dtypes(job, backend, engine_compute)
     tp, pp = layout.tp, layout.pp
     t = job.micro_batch * job.seq_len
     mode = job.ac_mode
@@ -1668,8 +1685,10 @@ def estimate_memory(
             buffers = grads  # DDP's buckets hold a copy of the (EP-split) gradients
 
     # FSDP's mixed precision and DeepSpeed's bf16 mode run the model on compute-dtype weights:
-    # activations are those of pure compute-dtype training
-    act = activation_parts(model, activation_job(job, lm), layout, backend=backend, consts=consts)
+    # activations are those of pure compute-dtype training, but for an fp32 path transformers
+    # keeps (FSDP runs under accelerate's autocast, DeepSpeed does not: sharding.engine_compute)
+    act = activation_parts(model, activation_job(job, lm), layout, backend=backend, consts=consts,
+                           engine_compute=engine_compute(job, layout))
     saved, logits_saved, transient = act.device_saved_bytes, act.loss_saved_bytes, act.transient_bytes
     if act.host_pinned_bytes:
         # TRL activation offloading: pinned host copies (power-of-two blocks, cached across steps)

@@ -40,7 +40,7 @@ from .job import PRECISIONS, Job, Layout, lora_targets, lora_wraps_experts
 from .model import LayerGroup, ModelSpec, layer_linears
 from .units import dtype_bytes
 
-__all__ = ["LayoutMemory", "layout_memory", "communicator_groups", "activation_job", "fsdp_units",
+__all__ = ["LayoutMemory", "layout_memory", "communicator_groups", "activation_job", "engine_compute", "fsdp_units",
            "fsdp2_transient_bytes", "Tensor", "Unit", "layer_linears", "quant_state_bytes", "ds_flat_order",
            "zero12_rank_bytes"]
 
@@ -170,6 +170,30 @@ def activation_job(job: Job, lm: "LayoutMemory") -> Job:
         # an fp32-loaded LoRA base is gathered (FSDP) or cast (DeepSpeed) to the compute dtype too
         return job.with_(precision=job.precision[: -len("-mixed")], base_dtype="compute")
     return job
+
+
+def engine_compute(job: Job, layout: Layout) -> str:
+    """How the engine runs the forward of a mixed-precision job on compute-dtype weights (what
+    ``activation_job`` turns into pure compute-dtype training), where that still differs from it:
+
+    * ``"autocast"``: FSDP1/FSDP2 as accelerate runs them with ``mixed_precision="bf16"`` (or fp16):
+      FSDP's ``param_dtype`` copies *and* ``torch.autocast`` around the forward (accelerate 1.15
+      ``Accelerator.__init__`` sets ``native_amp`` for every distributed type but DeepSpeed and
+      Megatron, ``prepare_model`` wraps ``model.forward`` in
+      ``utils/modeling.get_mixed_precision_context_manager``, which lists ``DistributedType.FSDP``):
+      an explicit fp32 upcast before a matmul is cast back by autocast;
+    * ``"cast"``: DeepSpeed's bf16/fp16 mode: the whole module cast to the compute dtype, no
+      autocast (``native_amp`` stays off for DeepSpeed): an fp32 upcast runs in fp32;
+    * ``""``: the job's own dtypes (one device, DDP: HF Trainer's autocast on the stored weights
+      iff ``-mixed``; pure compute-dtype precisions everywhere).
+
+    Only transformers' fp32 paths tell them apart: the deepseek_v3 / glm4_moe router
+    (``memory._moe_saved``)."""
+    if not job.precision.endswith("-mixed"):
+        return ""
+    if layout.engine in ("fsdp1", "fsdp2"):
+        return "autocast"
+    return "cast" if casts_whole_module(job, layout.engine) else ""
 
 
 # ---------------------------------------------------------------------------------------------

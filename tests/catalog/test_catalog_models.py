@@ -29,6 +29,8 @@ CATALOG = load_model_catalog()
     ("mistralai/Mistral-Nemo-Instruct-2407", "mistral-nemo-12b"),
     ("Qwen/Qwen3-Coder-30B-A3B-Instruct", "qwen3-coder-30b-a3b"),
     ("moonshotai/Kimi-K2-Instruct", "kimi-k2"),
+    ("Qwen/Qwen3-235B-A22B-Instruct-2507", "qwen3-235b-a22b-2507"),
+    ("Qwen/Qwen3-235B-A22B-Thinking-2507", "qwen3-235b-a22b-2507"),
 ])
 def test_hub_ids_and_aliases_resolve(ref, name):
     assert get_model(ref).name == name
@@ -109,6 +111,13 @@ def test_totals_against_model_cards():
     p = CATALOG["qwen3-coder-30b-a3b"].spec().params  # "30.5B in total and 3.3B activated"
     assert p.total == 30_532_122_624  # the checkpoint's tensor count (same report as the config)
     assert round(p.total / 1e9, 1) == 30.5 and round(p.active / 1e9, 1) == 3.4  # 3.35B with both vocab matrices
+    p = CATALOG["qwen3-235b-a22b-2507"].spec().params  # "235B in total and 22B activated, 234B non-embedding"
+    assert p == CATALOG["qwen3-235b-a22b"].spec().params  # the same architecture...
+    assert round(p.total / 1e9) == 235 and round((p.total - p.embedding - p.lm_head) / 1e9) == 234
+    assert round((p.active - p.embedding) / 1e9) == 22
+    # ... with the 2507 release's 262,144-token context, which bounds `fit`
+    contexts = [CATALOG[n].spec().max_position_embeddings for n in ("qwen3-235b-a22b", "qwen3-235b-a22b-2507")]
+    assert contexts == [40960, 262144]
     assert CATALOG["mistral-nemo-12b"].spec().params.total == 12_247_782_400  # HF safetensors, "12B"
     assert CATALOG["gemma-3-1b"].spec().params.total == 999_885_952  # HF safetensors, "1B"
 

@@ -13,7 +13,9 @@ Check-only adjustments (the stored files are never modified):
   * ``auto_map`` and ``quantization_config`` are removed (remote code / fp8 loading are not
     needed to build the architecture);
   * Gemma 3 (``Gemma3ForConditionalGeneration``) is built from its ``text_config`` as
-    ``gemma3_text``, so the count excludes the SigLIP vision tower and projector.
+    ``gemma3_text``, so the count excludes the SigLIP vision tower and projector;
+  * a ``model_type`` of ``ftplan.model.MODEL_TYPE_ALIASES`` (Kimi K2's ``kimi_k2``) is built as the
+    architecture it maps to (``deepseek_v3``).
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ def build_config(config: dict):
     cfg.pop("auto_map", None)
     cfg.pop("quantization_config", None)
     model_type = cfg.pop("model_type")
+    from ftplan.model import MODEL_TYPE_ALIASES  # kimi_k2 -> deepseek_v3 (its remote code)
+
+    model_type = MODEL_TYPE_ALIASES.get(model_type, model_type)
     if model_type == "gemma3" and "text_config" in cfg:
         cfg = dict(cfg["text_config"])
         model_type = cfg.pop("model_type", "gemma3_text")

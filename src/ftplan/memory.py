@@ -23,7 +23,8 @@ from fractions import Fraction
 
 from .catalog.constants import MemoryConstants, memory_constants
 from .job import PRECISIONS, Job, Layout, lora_targets, lora_wraps_experts, planned_attention, validate_job
-from .model import FAMILIES, LayerGroup, LinearSpec, MlpSpec, ModelSpec, MoeSpec, layer_group_order, layer_linears
+from .model import (FAMILIES, LayerGroup, LinearSpec, MlpSpec, ModelSpec, MoeSpec, layer_group_order, layer_linears,
+                    planned_as_note)
 from .sharding import (activation_job, casts_whole_module, communicator_groups, engine_compute, layout_memory,
                        quant_state_bytes)
 from .units import dtype_bytes
@@ -1652,6 +1653,9 @@ def estimate_memory(
     job, attn_note = planned_attention(model, job)
     if attn_note:
         notes.append(attn_note)
+    arch_note = planned_as_note(model.config)
+    if arch_note:
+        notes.append(arch_note)
     qc = model.config.get("quantization_config") if isinstance(model.config, Mapping) else None
     if isinstance(qc, Mapping) and qc.get("quant_method") == "mxfp4":
         notes.append("checkpoint in MXFP4 (gpt-oss experts): planned on the bf16 weights transformers makes of it "

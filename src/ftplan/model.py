@@ -207,6 +207,28 @@ _ARCH_TO_TYPE = {
     "Glm4MoeForCausalLM": "glm4_moe",
 }
 
+#: model_type values transformers does not know whose checkpoints load with ``trust_remote_code``
+#: into a supported architecture's modeling code: planned as that architecture. Kimi K2 (and the
+#: text model of Kimi K2.5): config.json says model_type "kimi_k2", architectures
+#: ["DeepseekV3ForCausalLM"], and the repo's configuration_deepseek.py / modeling_deepseek.py are
+#: DeepSeek-V3's (DeepseekV3Config, DeepseekV3ForCausalLM).
+MODEL_TYPE_ALIASES = {"kimi_k2": "deepseek_v3"}
+
+
+def planned_as_note(raw: Mapping[str, Any] | None) -> str | None:
+    """One line for an answer whose config's model_type is planned as another architecture
+    (:data:`MODEL_TYPE_ALIASES`), else None."""
+    if not isinstance(raw, Mapping):
+        return None
+    inner = raw.get("text_config")
+    mt = (inner if isinstance(inner, Mapping) else raw).get("model_type")
+    target = MODEL_TYPE_ALIASES.get(mt) if isinstance(mt, str) else None
+    if target is None:
+        return None
+    arch = next((a for a, t in _ARCH_TO_TYPE.items() if t == target), target)
+    return (f"config model_type {mt!r} (remote code, which transformers does not know) is planned as the "
+            f"{arch} architecture ({target}) its checkpoint declares and its modeling code implements")
+
 
 # --------------------------------------------------------------------------------------------
 # Typed structure
@@ -605,9 +627,11 @@ def text_config(raw: Mapping[str, Any]) -> dict[str, Any]:
     if "text_config" in cfg and isinstance(cfg["text_config"], Mapping):
         inner = dict(cfg["text_config"])
         mt = inner.get("model_type") or {"gemma3": "gemma3_text"}.get(outer_mt or "", "")
-        inner["model_type"] = mt
+        inner["model_type"] = MODEL_TYPE_ALIASES.get(mt, mt) if isinstance(mt, str) else mt
         return inner
     mt = outer_mt
+    if mt in MODEL_TYPE_ALIASES:
+        cfg["model_type"] = MODEL_TYPE_ALIASES[mt]
     if mt == "gemma3":  # a gemma3 config without text_config: the text defaults apply
         cfg["model_type"] = "gemma3_text"
     if not mt:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 
 from ..errors import ConfigError
+from ..model import MODEL_TYPE_ALIASES
 
 __all__ = ["TINY_CONFIGS", "tiny_config", "text_config", "default_attention"]
 
@@ -246,6 +247,8 @@ def text_config(config: dict) -> tuple[str, dict]:
     if isinstance(cfg.get("text_config"), dict):
         text = copy.deepcopy(cfg["text_config"])
         ttype = text.pop("model_type", None) or {"gemma3": "gemma3_text"}.get(model_type, f"{model_type}_text")
+        if isinstance(ttype, str):
+            ttype = MODEL_TYPE_ALIASES.get(ttype, ttype)  # kimi_k2 -> deepseek_v3 (its remote code)
         # a few top-level fields matter for the text model too
         for k in ("tie_word_embeddings", "vocab_size"):
             if k in cfg and k not in text:
@@ -253,6 +256,8 @@ def text_config(config: dict) -> tuple[str, dict]:
         return ttype, text
     if not model_type:
         raise ConfigError("config has no 'model_type'", "pass a Hugging Face config.json")
+    if isinstance(model_type, str):
+        model_type = MODEL_TYPE_ALIASES.get(model_type, model_type)
     qc = cfg.get("quantization_config")
     if isinstance(qc, dict) and qc.get("quant_method") == "mxfp4":
         # gpt-oss ships MXFP4 experts; training runs on the bf16 weights transformers makes of them

@@ -496,3 +496,64 @@ def test_mxfp4_checkpoint_is_dequantized_for_lora_and_refused_for_qlora(tmp_path
             assert e.value.code == 2
             err = capsys.readouterr().err.strip().splitlines()
             assert len(err) == 1 and "MXFP4" in err[0] and "BitsAndBytesConfig" in err[0]
+
+
+def test_unknown_model_type_with_a_known_architecture_loads_transformers_code(tmp_path, tiny_model, capsys,
+                                                                               monkeypatch):
+    """Kimi K2's config.json says model_type ``kimi_k2`` (remote code) and architectures
+    ``["DeepseekV3ForCausalLM"]``: the script loads transformers' own DeepseekV3ForCausalLM (the model
+    ftplan planned) without trust_remote_code; its FP8 blocks are dequantized for LoRA
+    (``FineGrainedFP8Config(dequantize=True)``) and a QLoRA plan stops with one line; a type transformers
+    does not know with no architecture it implements stops with one line too."""
+    import json
+
+    pytest.importorskip("transformers")
+    import transformers
+
+    from ftplan.measure.torchref import TINY_CONFIGS, build_model
+
+    kimi = tmp_path / "kimi"
+    build_model(TINY_CONFIGS["deepseek_v3"], dtype="fp32").save_pretrained(kimi)
+    raw = json.loads((kimi / "config.json").read_text())
+    raw.update(model_type="kimi_k2", architectures=["DeepseekV3ForCausalLM"],
+               auto_map={"AutoConfig": "configuration_deepseek.DeepseekV3Config",
+                         "AutoModelForCausalLM": "modeling_deepseek.DeepseekV3ForCausalLM"})
+    (kimi / "config.json").write_text(json.dumps(raw))
+    spec = resolve_model("kimi-k2")
+
+    def script(method):
+        ns: dict = {"__name__": "train_script"}
+        exec(compile(render_train_script(spec, Job(method=method, lora=LoraSpec(dropout=0.0)), Layout(),
+                                         model_ref=str(kimi)), "train.py", "exec"),
+             ns)
+        return ns
+
+    model = script("lora")["load_model"](str(kimi))
+    assert type(model).__name__ in ("DeepseekV3ForCausalLM", "PeftModelForCausalLM")
+    assert model.config.model_type == "deepseek_v3"
+
+    # FP8 checkpoint (DeepSeek-V3 / Kimi K2 ship 128x128-block FP8): dequantized for LoRA, refused for QLoRA
+    raw["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                  "weight_block_size": [128, 128]}
+    (kimi / "config.json").write_text(json.dumps(raw))
+    seen = {}
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained",
+                        lambda ref, **kw: seen.update(kw) or (_ for _ in ()).throw(RuntimeError("stop")))
+    with pytest.raises(RuntimeError, match="stop"):
+        script("lora")["load_model"](str(kimi))
+    qc = seen["quantization_config"]
+    assert type(qc).__name__ == "FineGrainedFP8Config" and qc.dequantize is True
+    assert seen["config"].model_type == "deepseek_v3"
+    capsys.readouterr()  # the loads' progress bars
+    with pytest.raises(SystemExit) as e:
+        script("qlora")["load_model"](str(kimi))
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "FP8" in err[0] and "BitsAndBytesConfig" in err[0]
+
+    raw.update(model_type="no_such_type", architectures=["NoSuchForCausalLM"])
+    (kimi / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(SystemExit) as e:
+        script("lora")["load_model"](str(kimi))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and "no_such_type" in err[0] and "NoSuchForCausalLM" in err[0]

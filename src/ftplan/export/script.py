@@ -268,6 +268,9 @@ def parse_args(argv=None):
     p.add_argument("--logging-steps", type=int, default=10)
     p.add_argument("--learning-rate", type=float, default=LEARNING_RATE)
     p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="let the tokenizer run the checkpoint's own code (e.g. Kimi K2's); the model always "
+                        "loads transformers' implementation of its architecture, the one ftplan planned")
     p.add_argument("--report-json", default=None,
                    help="write measured peak memory, tokens/s and step time here at the end")
     return p.parse_args(argv)
@@ -319,12 +322,47 @@ def select_fields(ds, spec):
 
 
 # ---- model ----------------------------------------------------------------------------------
-def _is_mxfp4(model_ref):
-    from transformers import AutoConfig
+def _config_dict(model_ref):
+    from transformers import PretrainedConfig
 
-    qc = getattr(AutoConfig.from_pretrained(model_ref), "quantization_config", None)
-    method = qc.get("quant_method") if isinstance(qc, dict) else getattr(qc, "quant_method", None)
-    return str(getattr(method, "value", method)) == "mxfp4"
+    try:
+        return PretrainedConfig.get_config_dict(model_ref)[0]
+    except (OSError, ValueError) as e:
+        fail(f"cannot read the config.json of {model_ref!r}: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+
+
+def _prequantized(raw):
+    """The checkpoint's own quantization ("mxfp4": gpt-oss's experts, "fp8": DeepSeek-V3 / Kimi K2
+    128x128 blocks), whose kernels are for inference: ftplan plans the weights dequantized."""
+    qc = raw.get("quantization_config")
+    method = str(qc.get("quant_method")) if isinstance(qc, dict) else ""
+    return method if method in ("mxfp4", "fp8") else None
+
+
+def _is_mxfp4(model_ref):
+    return _prequantized(_config_dict(model_ref)) == "mxfp4"
+
+
+def _architecture_config(raw):
+    """transformers' own config for a checkpoint whose model_type it does not know but whose declared
+    architecture it implements (Kimi K2: model_type kimi_k2, remote code = DeepseekV3ForCausalLM), so
+    the model ftplan planned loads without trust_remote_code. None when transformers knows the type."""
+    import transformers
+    from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    model_type = raw.get("model_type")
+    if model_type in CONFIG_MAPPING_NAMES:
+        return None
+    for arch in raw.get("architectures") or []:
+        # the class's own config type (several model types reuse DeepseekV3ForCausalLM; its own is deepseek_v3)
+        own = getattr(getattr(getattr(transformers, str(arch), None), "config_class", None), "model_type", None)
+        if own in CONFIG_MAPPING_NAMES:
+            fields = {k: v for k, v in raw.items() if k not in ("model_type", "auto_map", "transformers_version")}
+            return AutoConfig.for_model(own, **fields)
+    fail(f"config model_type {model_type!r} is unknown to transformers {transformers.__version__} and declares "
+         "no architecture it implements (architectures: "
+         f"{', '.join(map(str, raw.get('architectures') or [])) or 'none'}): update transformers")
 
 
 def load_model(model_ref):
@@ -332,13 +370,19 @@ def load_model(model_ref):
     from transformers import AutoModelForCausalLM
 
     kwargs = {"dtype": getattr(torch, MODEL_DTYPE), "attn_implementation": ATTN_IMPLEMENTATION}
-    if _is_mxfp4(model_ref):  # gpt-oss ships its experts in MXFP4, whose kernels are inference-only
+    raw = _config_dict(model_ref)
+    config = _architecture_config(raw)
+    if config is not None:
+        kwargs["config"] = config
+    prequantized = _prequantized(raw)
+    if prequantized:  # gpt-oss's MXFP4 experts, DeepSeek-V3 / Kimi K2's FP8 blocks: inference kernels
         if METHOD == "qlora":
-            fail("this checkpoint is MXFP4 (gpt-oss): transformers refuses a BitsAndBytesConfig for it; "
-                 "QLoRA needs a bf16 copy of the weights (--model DIR), or plan LoRA instead")
-        from transformers import Mxfp4Config
+            fail(f"this checkpoint is {prequantized.upper()} ({raw.get('model_type')}): transformers refuses a "
+                 "BitsAndBytesConfig for it; QLoRA needs a bf16 copy of the weights (--model DIR), or plan LoRA instead")
+        from transformers import FineGrainedFP8Config, Mxfp4Config
 
-        kwargs["quantization_config"] = Mxfp4Config(dequantize=True)  # train on the bf16 weights
+        dequantized = Mxfp4Config if prequantized == "mxfp4" else FineGrainedFP8Config
+        kwargs["quantization_config"] = dequantized(dequantize=True)  # train on the bf16 weights ftplan plans
     if ENGINE == "tp":  # sharded at load time by transformers (the model's TP plan, FSDP2 over DP_SHARD)
         from transformers import DistributedConfig
 
@@ -503,7 +547,12 @@ def main(argv=None):
     device = "cuda" if torch.cuda.is_available() else "cpu"
     train_ds, fields = select_fields(load_train_dataset(args.dataset), args.dataset)
 
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(args.model, trust_remote_code=args.trust_remote_code)
+    except (OSError, ValueError, KeyError) as e:
+        hint = ("; its tokenizer is the checkpoint's own code: rerun with --trust-remote-code"
+                if "trust_remote_code" in str(e) and not args.trust_remote_code else "")
+        fail(f"cannot load the tokenizer of {args.model!r}: {(str(e).splitlines() or [type(e).__name__])[0]}{hint}")
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     if fields == ("messages",) and not getattr(tokenizer, "chat_template", None):

@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from ftplan.catalog.gpus import get_gpu
 from ftplan.catalog.models import resolve_model
-from ftplan.job import Job, Layout, planned_attention
+from ftplan.job import Job, Layout, LoraSpec, planned_attention
 from ftplan.memory import estimate_memory
 from ftplan.runtime import estimate_runtime
 
@@ -108,3 +109,16 @@ def test_gpt_oss_answer_says_its_mxfp4_checkpoint_is_planned_in_bf16():
     notes = estimate_memory(resolve_model("gpt-oss-20b"), Job(method="lora")).notes
     assert any("MXFP4" in n and "dequantize=True" in n for n in notes)
     assert not any("MXFP4" in n for n in estimate_memory(resolve_model("llama-3.1-8b"), Job(method="lora")).notes)
+
+
+@pytest.mark.parametrize("name", ["deepseek-v3", "kimi-k2"])
+def test_fp8_checkpoints_say_they_are_planned_dequantized(name):
+    """DeepSeek-V3 and Kimi K2 ship 128x128-block FP8 weights (quantization_config quant_method fp8):
+    the answer says the plan is on the dequantized bf16 weights, and for QLoRA that it needs a bf16 copy."""
+    layout = Layout(gpus_per_node=8, strategy="fsdp")
+    lora = estimate_memory(resolve_model(name), Job(method="lora", lora=LoraSpec(dropout=0.0)), layout).notes
+    qlora = estimate_memory(resolve_model(name), Job(method="qlora", lora=LoraSpec(dropout=0.0)), layout).notes
+    assert any("FP8" in n and "dequantize=True" in n and "QLoRA" not in n for n in lora)
+    assert any("FP8" in n and "bf16 copy" in n for n in qlora)
+    assert not any("block-scaled FP8" in n for n in estimate_memory(resolve_model("qwen3-30b-a3b"),
+                                                                   Job(method="lora", lora=LoraSpec(dropout=0.0))).notes)

@@ -1662,6 +1662,11 @@ def estimate_memory(
                      "with Mxfp4Config(dequantize=True), as training needs (the MXFP4 kernels are inference-only)"
                      + ("; QLoRA starts from a bf16 copy of the checkpoint (transformers refuses a "
                         "BitsAndBytesConfig for an MXFP4 one)" if job.method == "qlora" else ""))
+    elif isinstance(qc, Mapping) and qc.get("quant_method") == "fp8":
+        notes.append("checkpoint in block-scaled FP8 (DeepSeek-V3 style): planned on the bf16 weights transformers "
+                     "makes of it with FineGrainedFP8Config(dequantize=True), as the exported train.py loads it"
+                     + ("; QLoRA starts from a bf16 copy of the checkpoint (transformers refuses a "
+                        "BitsAndBytesConfig for an FP8 one)" if job.method == "qlora" else ""))
     job = _engine_qlora_recipe(job, layout, notes)
     st = model_states(model, job, consts)
     tp, pp = layout.tp, layout.pp

@@ -282,3 +282,35 @@ def test_eager_masks_per_layer_kind_even_when_the_window_covers_the_row(family):
     job = Job(method="lora", micro_batch=2, seq_len=24, gradient_checkpointing=True, attn_impl="eager",
               lora=LoraSpec(r=8, alpha=16, dropout=0.0), loss="hf")
     assert saved_activation_bytes(model_from_config(cfg), job, backend="cpu") == r.saved_activation_bytes - casts
+
+
+@pytest.mark.parametrize("method,ckpt,attn", [("full", False, "sdpa"), ("lora", True, "sdpa"),
+                                              ("lora", False, "eager")])
+def test_phi3_partial_rotary_exact(method, ckpt, attn):
+    """Phi-4-mini (phi3) rotates 0.75 of each head: transformers' Phi3 builds its RoPE tables over
+    ``int(head_dim * partial_rotary_factor)`` features (read from ``rope_parameters``) and joins the
+    rotated and passed-through halves with ``torch.cat``; the saved bytes follow."""
+    rp = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.75}
+    cfg = {**TR.TINY_CONFIGS["phi3"], "rope_parameters": rp}
+    spec = model_from_config(cfg)
+    assert spec.attention.rotary_dim == int(spec.attention.head_dim * 0.75)
+    assert model_from_config(TR.TINY_CONFIGS["phi3"]).attention.rotary_dim == spec.attention.head_dim
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = TR.build_model(cfg, dtype="fp32" if method == "full" else "bf16", attn_implementation=attn)
+        assert model.model.rotary_emb.inv_freq.numel() * 2 == spec.attention.rotary_dim
+        if method == "lora":
+            from peft import LoraConfig, get_peft_model
+
+            model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.1,
+                                                     target_modules="all-linear", task_type="CAUSAL_LM"))
+        orig = TR._model_dtype
+        TR._model_dtype = lambda m: torch.float32  # HF Trainer bf16=True: autocast
+        try:
+            r = TR.measure_step(model, batch=2, seq_len=24, gradient_checkpointing=ckpt, dtype="bf16")
+        finally:
+            TR._model_dtype = orig
+    casts = sum(x.nbytes for x in r.records if x.param_copy)
+    job = Job(method=method, micro_batch=2, seq_len=24, gradient_checkpointing=ckpt, attn_impl=attn,
+              lora=LoraSpec(r=8, alpha=16, dropout=0.1), loss="hf")
+    assert saved_activation_bytes(spec, job, backend="cpu") == r.saved_activation_bytes - casts

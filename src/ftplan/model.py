@@ -155,6 +155,8 @@ FAMILIES: dict[str, Family] = {
             {**_LLAMA_LIKE, "vocab_size": 32064, "hidden_size": 3072, "intermediate_size": 8192,
              "max_position_embeddings": 4096},
             fused_qkv=True, fused_gate_up=True, qkv_bias_key=None, o_bias_key=None,
+            # Phi3Config's default; Phi-4-mini rotates 0.75 of each head (rope tables of that width)
+            partial_rotary_factor=1.0,
         ),
         Family(
             "deepseek_v3",

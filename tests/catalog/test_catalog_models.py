@@ -145,3 +145,18 @@ def test_multimodal_gemma3_hub_total_is_the_planned_text_model_plus_the_vision_t
     assert total == GEMMA3_HUB_TOTALS[name]
     assert text == CATALOG[name].spec().params.total
     assert 0.41e9 < total - text < 0.43e9  # SigLIP-400M tower + projector, not planned
+
+
+def test_phi_4_mini_counts_rotary_share_and_tokenizer():
+    """Phi-4-mini (phi3): 3,836,021,760 parameters (the model card's 3.8B; the same count in an
+    independent public parameter table), 96 of each head's 128 features rotated, and no borrowed token
+    estimate (its o200k tokenizer is not phi3's 32k SentencePiece one)."""
+    from ftplan.catalog.tokenization import token_estimate
+
+    spec = resolve_model("phi-4-mini")
+    assert spec.params.total == 3_836_021_760
+    assert (spec.attention.head_dim, spec.attention.rotary_dim) == (128, 96)
+    assert resolve_model("microsoft/Phi-4-mini-instruct").name == "phi-4-mini"
+    with pytest.raises(ConfigError, match="phi-4-mini.*tokenizer"):
+        token_estimate("phi-4-mini", "phi3")
+    assert token_estimate("phi-3-mini", "phi3").tokenizer == "phi3-spm"

@@ -62,6 +62,8 @@ def load_tokenization() -> dict:
             raise CatalogError(f"{where}: unknown template {t.get('template')!r}")
     for table in ("families", "models"):
         for k, v in data.get(table, {}).items():
+            if v is None and table == "models":  # a model whose tokenizer no figure describes
+                continue
             if v not in toks:
                 raise CatalogError(f"tokenization.json {table}.{k}: unknown tokenizer {v!r}")
     return data
@@ -70,7 +72,12 @@ def load_tokenization() -> dict:
 def token_estimate(model_name: str | None, family: str) -> TokenEstimate:
     """The estimate for a catalog model name (override) or its ``model_type`` family."""
     data = load_tokenization()
-    key = data.get("models", {}).get(model_name or "") or data.get("families", {}).get(family)
+    models = data.get("models", {})
+    if (model_name or "") in models and models[model_name] is None:
+        raise ConfigError(f"no token estimate for {model_name}: its tokenizer differs from its family's and "
+                          "has no measured chars-per-token figure",
+                          "pass `tokenizer=tokenizer.json` for an exact count")
+    key = models.get(model_name or "") or data.get("families", {}).get(family)
     if key is None:
         raise ConfigError(f"no token estimate for model family {family!r}",
                            "pass `tokenizer=tokenizer.json` for an exact count")

@@ -137,6 +137,9 @@ def _full_tensor_count(model: ModelSpec) -> int:
             n += lin.count // _experts_of(model) * (2 if lin.bias else 1)
     n += 1  # final norm
     for g in model.groups:
+        if g.linear_attention is not None:  # conv1d weight, dt_bias, A_log, the gated norm
+            n += g.count * (g.norms_per_layer + 4)
+            continue
         per = g.norms_per_layer + (2 if g.attention.qk_norm else 0)
         if g.attention.is_mla:
             per += 1 + (1 if g.attention.q_lora_rank else 0)
@@ -219,6 +222,10 @@ def _full_matrices(model: ModelSpec) -> list[tuple[int, int, int, int]]:
     for g in model.groups:
         if g.moe is not None:
             out.append((g.moe.num_experts, h, g.moe.num_experts * h, g.count))
+        if g.linear_attention is not None:
+            # the depthwise conv weight (C, 1, K): Adafactor factors it over (C, 1) and (C, K)
+            la = g.linear_attention
+            out.append((la.conv_dim, la.conv_dim * la.conv_kernel, la.conv_dim * la.conv_kernel, g.count))
     return out
 
 
@@ -250,6 +257,10 @@ def _full_vectors(model: ModelSpec) -> list[tuple[int, int]]:
     for g in model.groups:
         a = g.attention
         out.append((h, g.count * g.norms_per_layer))
+        if g.linear_attention is not None:
+            la = g.linear_attention
+            out += [(la.num_v_heads, 2 * g.count), (la.v_head_dim, g.count)]  # dt_bias, A_log; norm
+            continue
         if a.sinks:
             out.append((a.num_heads, g.count))
         if g.moe is not None and g.moe.bias:
@@ -1042,7 +1053,8 @@ def _liger_head_bytes(model: ModelSpec, job: Job, dt: _Dtypes, tp: int) -> tuple
 
 
 #: attention projections that read the (normed) decoder-layer input
-_READS_LAYER_INPUT = frozenset({"q_proj", "k_proj", "v_proj", "qkv_proj", "q_a_proj", "kv_a_proj_with_mqa"})
+_READS_LAYER_INPUT = frozenset({"q_proj", "k_proj", "v_proj", "qkv_proj", "q_a_proj", "kv_a_proj_with_mqa",
+                                "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"})
 
 
 def _first_layer_discount(model: ModelSpec, job: Job, dt: _Dtypes, backend: str) -> int:

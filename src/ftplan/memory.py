@@ -23,7 +23,7 @@ from fractions import Fraction
 
 from .catalog.constants import MemoryConstants, memory_constants
 from .job import PRECISIONS, Job, Layout, lora_targets, lora_wraps_experts, planned_attention, validate_job
-from .model import FAMILIES, LayerGroup, LinearSpec, MlpSpec, ModelSpec, MoeSpec, layer_group_order, layer_linears
+from .model import FAMILIES, GatedDeltaNetSpec, LayerGroup, LinearSpec, MlpSpec, ModelSpec, MoeSpec, layer_group_order, layer_linears
 from .sharding import activation_job, casts_whole_module, communicator_groups, layout_memory, quant_state_bytes
 from .units import dtype_bytes
 
@@ -704,7 +704,7 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
     h = model.hidden_size
     a = g.attention
     c = dt.compute
-    heads = a.num_heads // tp
+    heads = a.num_heads // tp if a is not None else 0
     style = _norm_style(model)
     total = _norm_saved(t, h, dt.resid, dt.full, style=style)  # input norm
     if g.norms_per_layer == 4:  # gemma: post-attention norm (on o_proj output) and pre/post feed-forward
@@ -714,7 +714,9 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
     # a materialised mask: a sliding window shorter than the row, or padding-free's block-diagonal
     # mask (flash attention handles both without one)
     masked = job.attn_impl != "flash" and ((g.window is not None and s > g.window) or job.is_padding_free)
-    if a.is_mla:
+    if g.linear_attention is not None:
+        total += _gdn_saved(g.linear_attention, b, s, h, dt, job, tp)
+    elif a.is_mla:
         total += _mla_saved(a, t, b, s, h, dt, heads, backend)
     else:
         q = heads * a.head_dim
@@ -753,6 +755,14 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
                 total += t * heads * a.v_head_dim * c
             if masked:
                 total += b * s * s * c  # sdpa's float copy of the sliding-window mask, per layer
+        if a.output_gate:
+            # gated attention: ``attn_output * sigmoid(gate)`` saves the sigmoid and the
+            # (b, s, heads * d) attention output, a copy of the kernel's where that is head-major
+            # (eager; CPU sdpa with a partial rotary's q: counted above only for full fine-tuning);
+            # o_proj reads the product
+            copied = job.attn_impl == "eager" or (a.head_major_q and backend == "cpu" and job.attn_impl != "flash")
+            gate = t * heads * a.v_head_dim * c
+            total += gate + (gate if dt.full else 0) + (gate if copied and not dt.full else 0)
     if g.mlp is not None:
         total += _mlp_saved(g.mlp, t, h, dt, tp, g.norms_per_layer == 4)
     if g.moe is not None:
@@ -760,6 +770,72 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
                             ep=ep, ep_rows=ep_rows)
     total += _lora_saved(g, model, job, dt, t, tp, backend)
     return total
+
+
+def _gdn_saved(la: GatedDeltaNetSpec, b: int, s: int, h: int, dt: _Dtypes, job: Job, tp: int) -> int:
+    """What one Gated DeltaNet layer (``Qwen3_5GatedDeltaNet``) saves through transformers' torch
+    path: ``causal_conv1d_fn``'s depthwise ``F.conv1d`` and ``torch_chunk_gated_delta_rule``
+    (``l2norm`` on q and k, the sequence padded to a multiple of ``chunk_size`` C, the UT system
+    solved with ``solve_triangular``, a scan over the N chunks), then the gated RMSNorm and
+    out_proj. Under autocast every matmul of the delta rule casts its fp32 operands to the compute
+    dtype and saves the copies; without autocast they run in fp32 on the tensors themselves.
+
+    flash-linear-attention's fused ``chunk_gated_delta_rule`` (the CUDA path once ``fla`` is
+    installed) saves only its inputs and per-chunk states instead; this is the CPU/torch path."""
+    c = dt.compute
+    hv, hk = la.num_v_heads // tp, max(1, la.num_k_heads // tp)
+    dk, dv, k = la.k_head_dim, la.v_head_dim, la.conv_kernel
+    cd = 2 * hk * dk + hv * dv  # conv channels
+    t = b * s
+    e = b * hv  # batch x value heads: the delta rule's rows
+    C = la.chunk_size
+    n = -(-s // C)
+    p = n * C  # padded length
+    ac = dt.autocast
+    mm = c if ac else 4  # the delta rule's matmul operands: compute-dtype copies, or fp32 themselves
+    fp32_w = ac and (dt.train_w == 4 or (not dt.full and dt.norm_out == 4))  # fp32 weights under autocast
+    out = 0
+    # projections reading the normed input (q/k/v, z, b, a), as the attention's q/k/v
+    out += _linear_inputs(t, h, 4, dt.norm_out if dt.full else dt.resid, dt)
+    # causal conv: its input, (autocast over fp32 weights) the weight's cast, the silu's input
+    # (the conv output over s + K - 1 positions, sliced to s)
+    out += t * cd * c + (cd * k * c if fp32_w else 0) + b * cd * (s + k - 1) * c
+    out += t * hv * c  # beta = sigmoid(b)
+    # g = -exp(A_log) * softplus(a + dt_bias) in fp32: softplus's input, -exp(A_log) (and, with
+    # trainable A_log, exp's output and softplus's output)
+    out += t * hv * 4 + hv * 4 + ((hv * 4 + t * hv * 4) if dt.full else 0)
+    # l2norm of q and k (repeated to the value heads): x and the rsqrt
+    out += 2 * (e * s * dk * 4 + e * s * 4)
+    # v * beta, k * beta: padded v, k, beta; the causal mask; exp of the pairwise decays
+    out += e * p * (dv + dk + 1) * 4 + C * C + e * n * C * C * 4
+    # k_beta @ k^T and q @ k^T (each scaled by the pairwise decays: their outputs saved)
+    out += (4 * e * p * dk * c if ac else 0) + 2 * e * n * C * C * mm
+    # k_beta * exp(cum_decay): exp's output, k_beta; the UT system and the two solutions
+    out += e * p * 4 + e * p * dk * 4 + e * n * C * C * 4 + e * p * (dv + dk) * 4
+    # q * exp(cum_decay): exp's output, the padded q
+    out += e * p * 4 + e * p * dk * 4
+    state = e * dk * dv
+    if n > 1:
+        # k * exp(last - cum_decay) and the chunk decays feed the state updates
+        out += e * p * 4 + e * n * 4
+    # the scan: chunk i reads the state S_i (S_0 = zeros, no grad) through k_cumdecay[i] @ S_i
+    # and q[i] @ S_i, then intra[i] @ v_new; every chunk but the last updates
+    # S_{i+1} = S_i * decay_i + k[i]^T @ v_new
+    if ac:
+        out += n * (2 * state * c + e * C * C * c + e * C * dv * c)
+        out += (n - 1) * 2 * e * C * dk * c  # k_cumdecay[i], q[i] copies for i >= 1
+        out += (n - 1) * (state * 4 + e * C * dk * c + e * C * dv * c)  # S_i (fp32), k[i], v_new copies
+    else:
+        out += n * state * 4 + n * e * C * dv * 4  # S_i (zeros first), v_new
+        out += e * n * C * C * 4  # intra (the fp32 product of q @ k^T and the decays)
+        if n > 1:
+            out += 2 * e * p * dk * 4  # the decayed q and k
+    # gated RMSNorm over (t * hv, dv): fp32 input and rsqrt, the normalised tensor cast back
+    # (trainable weight), weight * x (the weight's dtype), silu's fp32 input and output
+    vd = hv * dv
+    out += t * vd * 4 + t * hv * 4 + (t * vd * c if dt.full else 0) + t * vd * dt.norm_out + 2 * t * vd * 4
+    out += t * vd * c if dt.full else 0  # out_proj's input
+    return out
 
 
 def _lora_on(model: ModelSpec, job: Job, module: str) -> bool:
@@ -1349,8 +1425,8 @@ def _offload_events(model: ModelSpec, job: Job, dt: _Dtypes, tp: int,
 
 
 def _rope_bytes(model: ModelSpec, job: Job, dt: _Dtypes) -> int:
-    """The RoPE cos and sin tables, shared by every layer: ``(1, s, d)`` each."""
-    _, s = _batch_shape(job)
+    """The RoPE cos and sin tables, shared by every layer: ``(1, s, d)`` each (mrope: ``(b, s, d)``)."""
+    b, s = _batch_shape(job)
     a = model.attention
     if a.is_mla:
         return 2 * s * a.qk_rope_head_dim * dt.resid
@@ -1361,7 +1437,8 @@ def _rope_bytes(model: ModelSpec, job: Job, dt: _Dtypes) -> int:
         width = a.rotary_dim
     else:
         width = a.head_dim // 2 if model.family == "gpt_oss" else a.head_dim
-    return (2 if model.family == "gemma3_text" else 1) * 2 * s * width * dt.resid
+    rows = b if FAMILIES[model.family].mrope else 1
+    return (2 if model.family == "gemma3_text" else 1) * 2 * rows * s * width * dt.resid
 
 
 def _layer_copy_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, backend: str,

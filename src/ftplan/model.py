@@ -84,6 +84,9 @@ class Family:
     hybrid_linear: bool = False
     #: gated attention: q_proj emits a sigmoid gate for the attention output (qwen3_5)
     output_gate: bool = False
+    #: multimodal rope (qwen3_5's interleaved mrope): the cos/sin tables are built per batch row
+    #: (``position_ids`` expanded to ``(3, b, s)``), ``(b, s, rotary_dim)`` each
+    mrope: bool = False
 
 
 _LLAMA_LIKE = dict(
@@ -207,7 +210,7 @@ FAMILIES: dict[str, Family] = {
              "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_num_key_heads": 16,
              "linear_num_value_heads": 32, "full_attention_interval": 4},
             qk_norm=True, mlp_bias_key=None, partial_rotary_factor=0.25, norm_style="gemma",
-            hybrid_linear=True, output_gate=True,
+            hybrid_linear=True, output_gate=True, mrope=True,
         ),
     ]
 }

@@ -1177,12 +1177,14 @@ def _model_level_saved(model: ModelSpec, job: Job, dt: _Dtypes) -> int:
             out += s * 4 + (job.micro_batch + 1) * 4  # seq_idx, cu_seq_lens (q and k: one tensor)
         packed = job.is_padding_free and job.attn_impl != "flash"
         # the masks of the attention kinds the checkpointed layers use
+        # (a hybrid model's linear-attention layers get no materialised mask without padding)
         kinds = {g.window if g.window is not None and s > g.window else None
-                 for g, n in zip(model.groups, _checkpointed_counts(model, job)) if n}
+                 for g, n in zip(model.groups, _checkpointed_counts(model, job)) if n and g.attention is not None}
         if job.attn_impl == "eager":
             # eager materialises a mask per layer kind the model has, sliding or full, even where
             # the window covers the whole row (transformers builds each kind's mask every forward)
-            eager_kinds = {g.window is not None for g, n in zip(model.groups, _checkpointed_counts(model, job)) if n}
+            eager_kinds = {g.window is not None for g, n in zip(model.groups, _checkpointed_counts(model, job))
+                           if n and g.attention is not None}
             out += len(eager_kinds) * b * s * s * dt.resid
         elif job.attn_impl == "sdpa":
             out += sum(s * s for w in kinds if w is not None or packed)
@@ -1216,9 +1218,10 @@ def _checkpointed_counts(model: ModelSpec, job: Job) -> list[int]:
 def _attention_kernel_outputs(g: LayerGroup, job: Job, dt: _Dtypes, tp: int, backend: str) -> int:
     """Bytes of the outputs of the fused attention kernel of one layer (output and logsumexp), what
     a selective-checkpointing policy that saves the attention op keeps; 0 where attention is not
-    one op (eager; MLA on CPU, where different q/v head dims send sdpa to the math kernel)."""
+    one op (eager; MLA on CPU, where different q/v head dims send sdpa to the math kernel; a Gated
+    DeltaNet layer, whose torch delta rule is many small ops)."""
     a = g.attention
-    if job.attn_impl == "eager" or (a.is_mla and backend == "cpu"):
+    if a is None or job.attn_impl == "eager" or (a.is_mla and backend == "cpu"):
         return 0
     b, s = _batch_shape(job)
     heads = a.num_heads // tp
@@ -1244,10 +1247,14 @@ def _layer_matmul_outputs(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes
     lins = {lin.module: lin for lin in layer_linears(model, g)}
     a = g.attention
     col = {"q_proj", "k_proj", "v_proj", "qkv_proj", "q_b_proj", "kv_b_proj", "gate_proj", "up_proj",
-           "gate_up_proj"}
-    order = ["q_a_proj", "q_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj"] if a.is_mla else \
-        ["qkv_proj", "q_proj", "k_proj", "v_proj"]
-    for name in order + ["o_proj"]:
+           "gate_up_proj", "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"}
+    if a is None:  # Gated DeltaNet: its delta rule's matmuls are bmm, not mm
+        order = ["in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"]
+    elif a.is_mla:
+        order = ["q_a_proj", "q_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"]
+    else:
+        order = ["qkv_proj", "q_proj", "k_proj", "v_proj", "o_proj"]
+    for name in order:
         if name in lins:
             lin = lins[name]
             proj(lin, lin.out_features // tp if name in col else lin.out_features)

@@ -760,9 +760,15 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
             # (b, s, heads * d) attention output, a copy of the kernel's where that is head-major
             # (eager; CPU sdpa with a partial rotary's q: counted above only for full fine-tuning);
             # o_proj reads the product
+            # o_proj reads the product. The sigmoid is in q_proj's output dtype (fp32 from
+            # bitsandbytes under PEFT's kbit upcast), and where that is fp32 already q_norm's
+            # ``.float()`` is no copy: it saves a view of the whole [query | gate] projection
             copied = job.attn_impl == "eager" or (a.head_major_q and backend == "cpu" and job.attn_impl != "flash")
             gate = t * heads * a.v_head_dim * c
             total += gate + (gate if dt.full else 0) + (gate if copied and not dt.full else 0)
+            total += t * heads * a.head_dim * (dt.base_out - c)
+            if dt.base_out == 4 and a.qk_norm:
+                total += t * heads * a.head_dim * 4
     if g.mlp is not None:
         total += _mlp_saved(g.mlp, t, h, dt, tp, g.norms_per_layer == 4)
     if g.moe is not None:
@@ -800,7 +806,7 @@ def _gdn_saved(la: GatedDeltaNetSpec, b: int, s: int, h: int, dt: _Dtypes, job: 
     # causal conv: its input, (autocast over fp32 weights) the weight's cast, the silu's input
     # (the conv output over s + K - 1 positions, sliced to s)
     out += t * cd * c + (cd * k * c if fp32_w else 0) + b * cd * (s + k - 1) * c
-    out += t * hv * c  # beta = sigmoid(b)
+    out += t * hv * dt.base_out  # beta = sigmoid(b), in in_proj_b's output dtype
     # g = -exp(A_log) * softplus(a + dt_bias) in fp32: softplus's input, -exp(A_log) (and, with
     # trainable A_log, exp's output and softplus's output)
     out += t * hv * 4 + hv * 4 + ((hv * 4 + t * hv * 4) if dt.full else 0)

@@ -844,6 +844,37 @@ def _gdn_saved(la: GatedDeltaNetSpec, b: int, s: int, h: int, dt: _Dtypes, job: 
     return out
 
 
+def gdn_kernel_saved_bytes(la: GatedDeltaNetSpec, b: int, s: int, compute_bytes: int = 2, tp: int = 1) -> int:
+    """What the Gated DeltaNet's conv and delta rule save with the CUDA kernels transformers picks
+    up once ``causal-conv1d`` and ``flash-linear-attention`` are installed (not measured: read off
+    fla's ``ChunkGatedDeltaRuleFunction.forward``, fla-org/flash-linear-attention
+    fla/ops/gated_delta_rule/chunk.py, and causal-conv1d's ``CausalConv1dFn``): the conv's input
+    (its silu is fused), then ``save_for_backward(q, q_rstd, k, k_rstd, v, g, beta, A)``: the
+    l2-normed q and k (compute dtype, key heads) with their fp32 rstd, v, the fp32 chunk-cumsum of
+    g, beta, and the solved (b, s, value heads, 64) UT matrix in the compute dtype. It recomputes
+    the chunk states in backward instead of keeping them. Compare ``_gdn_saved``'s conv and delta
+    rule terms (the torch path ftplan plans)."""
+    c = compute_bytes
+    hv, hk = la.num_v_heads // tp, max(1, la.num_k_heads // tp)
+    t = b * s
+    conv_in = t * (2 * hk * la.k_head_dim + hv * la.v_head_dim) * c
+    qk = 2 * (t * hk * la.k_head_dim * c + t * hk * 4)
+    return conv_in + qk + t * hv * la.v_head_dim * c + t * hv * 4 + t * hv * c + t * hv * la.chunk_size * c
+
+
+def _gdn_torch_core_bytes(la: GatedDeltaNetSpec, b: int, s: int, dt: _Dtypes, job: Job, tp: int) -> int:
+    """``_gdn_saved``'s conv and delta-rule terms (what ``gdn_kernel_saved_bytes`` replaces): the
+    layer's bytes less its projections' inputs, the gating terms and the gated norm."""
+    t = b * s
+    hv = la.num_v_heads // tp
+    vd = hv * la.v_head_dim
+    full = _gdn_saved(la, b, s, 0, dt, job, tp)  # hidden 0: without the projections' inputs
+    gating = t * hv * dt.base_out + t * hv * 4 + hv * 4 + ((hv * 4 + t * hv * 4) if dt.full else 0)
+    norm = t * vd * 4 + t * hv * 4 + (t * vd * dt.compute if dt.full else 0) + t * vd * dt.norm_out + 2 * t * vd * 4
+    norm += t * vd * dt.compute if dt.full else 0
+    return full - gating - norm
+
+
 def _lora_on(model: ModelSpec, job: Job, module: str) -> bool:
     return job.uses_lora and module in lora_targets(model, job.lora)
 
@@ -1690,6 +1721,28 @@ def _ep_rows(g: LayerGroup, job: Job, ep: int) -> int | None:
 # ---------------------------------------------------------------------------------------------
 # the whole breakdown
 # ---------------------------------------------------------------------------------------------
+def _gdn_kernel_note(model: ModelSpec, job: Job, layout: Layout) -> str:
+    """How much less a Gated DeltaNet layer saves with the CUDA kernels (fla, causal-conv1d) than
+    on transformers' torch path, which the plan counts, per layer and for the layers that keep
+    theirs (all without checkpointing, one in the recompute with it)."""
+    b, s = _batch_shape(job)
+    dt = _act_dtypes(job, "cuda")
+    tp = layout.tp
+    diffs = [(g, _gdn_torch_core_bytes(g.linear_attention, b, s, dt, job, tp)
+              - gdn_kernel_saved_bytes(g.linear_attention, b, s, dt.compute, tp))
+             for g in model.groups if g.linear_attention is not None]
+    per_layer = max(d for _, d in diffs)
+    n = sum(g.count for g, _ in diffs)
+    kept = sum((g.count - k) * d for (g, d), k in zip(diffs, [
+        c for g2, c in zip(model.groups, _checkpointed_counts(model, job)) if g2.linear_attention is not None]))
+    scope = (f"{kept / 2**30:,.2f} GiB over the {n} such layers" if kept else
+             f"{per_layer / 2**30:,.2f} GiB in the one layer being recomputed (checkpointing)")
+    return (f"Gated DeltaNet layers ({n}) planned on transformers' torch path (torch_chunk_gated_delta_rule, "
+            f"causal_conv1d_fn): with flash-linear-attention and causal-conv1d installed each saves about "
+            f"{per_layer / 2**20:,.0f} MiB less (fla keeps q, k, v, g, beta and the UT matrix, recomputes "
+            f"the rest); the estimate is high by up to {scope}")
+
+
 def _engine_qlora_recipe(job: Job, layout: Layout, notes: list[str]) -> Job:
     """Under FSDP and DeepSpeed both QLoRA recipes hold the same bytes: neither upcasts the
     non-quantized weights (they must share the 4-bit storage dtype to shard), accelerate upcasts
@@ -1898,6 +1951,8 @@ def estimate_memory(
         "transient": int(transient) + consts.cublas_workspace_bytes,
         "allocator_reserve": reserve,
     }
+    if model.is_hybrid and backend == "cuda":
+        notes.append(_gdn_kernel_note(model, job, layout))
     n_router32 = _fp32_router_elems(model)
     if n_router32 and not casts_whole_module(job, layout.engine):
         notes.append(f"router weights in fp32 ({n_router32 * 4 / 2**20:,.0f} MiB whole; transformers >= 5.24 keeps "

@@ -3,7 +3,7 @@
 Every case runs in gloo process groups on CPU (``ftplan.measure.distributed``: one spawn per
 group of cases), on tiny real Hugging Face models (llama, qwen2 with tied embeddings and q/k/v
 biases, mixtral as the MoE family; deepseek_v3's LoRA for its fp32 router in a bf16 base; gpt_oss
-for its sinks and biased experts; glm4_moe with LoRA under FSDP2 and in full under ZeRO-3), and
+for its sinks and biased experts; glm4_moe and qwen3_5 with LoRA under FSDP2 and in full under ZeRO-3), and
 every byte each rank holds is counted through a
 ``TorchDispatchMode``. The formulas (``ftplan.sharding.layout_memory``, CPU form) must give:
 
@@ -82,6 +82,11 @@ PEFT_CASES = [Case(family="mixtral", engine="fsdp2", method="lora"),
               # full fine-tuning is held under ZeRO-3 below; FSDP2 full is not (its autocast runs the
               # fp32 router on a bf16 copy of the gathered bf16 weight: see the branch report)
               Case(family="glm4_moe", engine="fsdp2", method="lora"),
+              # qwen3_5: Gated DeltaNet layers (conv1d, dt_bias, A_log, gated norm) around a gated-attention
+              # layer; full fine-tuning is held under ZeRO-3 below; FSDP2 full is not (its autocast runs the
+              # delta rule's matmuls on bf16 copies of the fp32 intermediates, which the engine's pure-bf16
+              # activation job leaves out: ftplan over-counts 152 KiB per DeltaNet layer on the tiny model)
+              Case(family="qwen3_5", engine="fsdp2", method="lora"),
               # FSDP1 as HF Trainer wraps a PEFT model: PEFT's fsdp_auto_wrap_policy (every lora_A /
               # lora_B its own unit), accelerate's fp32 upcast of trainable flat parameters
               Case(family="llama", engine="fsdp1", method="lora"), Case(family="qwen2", engine="fsdp1", method="lora"),
@@ -112,6 +117,7 @@ DS_CASES = [
     Case(family="mixtral", engine="deepspeed", zero_stage=3, steps=2),
     Case(family="gpt_oss", engine="deepspeed", zero_stage=3, steps=2),
     Case(family="glm4_moe", engine="deepspeed", zero_stage=3, steps=2),
+    Case(family="qwen3_5", engine="deepspeed", zero_stage=3, steps=2),
     Case(family="qwen2", engine="deepspeed", zero_stage=2, offload_optimizer=True),
     Case(family="llama", engine="deepspeed", zero_stage=2, offload_optimizer=True),
     Case(family="mixtral", engine="deepspeed", zero_stage=2, offload_optimizer=True),

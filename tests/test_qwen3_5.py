@@ -184,3 +184,22 @@ def test_qwen3_5_27b_estimate():
     assert f.attention == pytest.approx(attn)
     mem = estimate_memory(spec, job, Layout())
     assert any(n.startswith("Gated DeltaNet layers (48)") for n in mem.notes)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("name", ["qwen3.5-27b", "qwen3.5-4b"])
+def test_tiny_config_of_the_catalog_entries(name):
+    """``ftplan measure --tiny``: the DeltaNet shrinks too, one layer of each kind, mrope sections
+    that fit the tiny head's rotary features; counts equal transformers' on meta."""
+    pytest.importorskip("torch")
+    from ftplan.measure.accounting import params_by_category
+    from ftplan.measure.configs import tiny_config
+    from ftplan.measure.hf import build_model
+
+    tiny = tiny_config(get_model(name).config)
+    spec = model_from_config(tiny)
+    assert [g.is_linear for g in spec.groups] == [True, False]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        real = build_model(tiny, device="meta")
+    assert spec.params.by_category() == params_by_category(real)

@@ -336,6 +336,18 @@ def tiny_config(config: dict) -> dict:
         out["max_window_layers"] = min(int(cfg["max_window_layers"]), 2)
     if cfg.get("query_pre_attn_scalar"):
         out["query_pre_attn_scalar"] = 16
+    if model_type == "qwen3_5_text":
+        # the Gated DeltaNet shrinks too (2 key / 4 value heads of 16), one layer of each kind, and
+        # the mrope sections fit the 4 rotary features of a 16-wide head (a quarter rotary)
+        out.update(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                   linear_value_head_dim=16, layer_types=["linear_attention", "full_attention"])
+        out.pop("full_attention_interval", None)
+        rp = dict(cfg.get("rope_parameters") or {})
+        prf = rp.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 0.25))
+        rp.update(mrope_section=[1, 1, max(0, int(16 * prf) // 2 - 2)], partial_rotary_factor=prf)
+        rp.setdefault("rope_type", "default")
+        rp.setdefault("rope_theta", 10000000.0)
+        out["rope_parameters"] = rp
     for k in ("torch_dtype", "dtype", "bos_token_id", "eos_token_id", "pad_token_id"):
         out.pop(k, None)  # token ids of the real vocabulary do not fit the tiny one
     out["model_type"] = model_type

@@ -203,3 +203,12 @@ def test_tiny_config_of_the_catalog_entries(name):
         warnings.simplefilter("ignore")
         real = build_model(tiny, device="meta")
     assert spec.params.by_category() == params_by_category(real)
+
+
+def test_text_model_counts_against_published_figures():
+    """Qwen3.5-9B: the GGUF of the text model reports 8.95B parameters (untied lm_head; tied would
+    be 7.94B). The 27B's and 4B's cards round the whole image-text checkpoint (vision tower
+    included), which ftplan does not count: its text models are 26.90B and 4.21B."""
+    assert round(get_model("qwen3.5-9b").spec().params.total / 1e9, 2) == 8.95
+    assert get_model("qwen3.5-27b").spec().params.total == 26_895_998_464
+    assert get_model("qwen3.5-4b").spec().params.total == 4_205_751_296

@@ -4,7 +4,8 @@ Every case runs in gloo process groups on CPU (``ftplan.measure.distributed``: o
 group of cases), on tiny real Hugging Face models (llama, qwen2 with tied embeddings and q/k/v
 biases, mixtral as the MoE family; deepseek_v3's LoRA for its fp32 router in a bf16 base and its
 full fine-tuning under FSDP2's autocast; gpt_oss for its sinks and biased experts; glm4_moe with
-LoRA under FSDP2 and in full under FSDP1/FSDP2 and ZeRO-3), and
+LoRA under FSDP2 and in full under FSDP1/FSDP2 and ZeRO-3; qwen3_5 with LoRA under FSDP2 and in full
+under ZeRO-3), and
 every byte each rank holds is counted through a
 ``TorchDispatchMode``. The formulas (``ftplan.sharding.layout_memory``, CPU form) must give:
 
@@ -90,6 +91,11 @@ PEFT_CASES = [Case(family="mixtral", engine="fsdp2", method="lora"),
               # glm4_moe (its q/k/v biases, q/k norms, dense first layer, shared experts, fp32 router);
               # its full fine-tuning is held under FSDP1/FSDP2 above and ZeRO-3 below
               Case(family="glm4_moe", engine="fsdp2", method="lora"),
+              # qwen3_5: Gated DeltaNet layers (conv1d, dt_bias, A_log, gated norm) around a gated-attention
+              # layer; full fine-tuning is held under ZeRO-3 below; FSDP2 full is not (its autocast runs the
+              # delta rule's matmuls on bf16 copies of the fp32 intermediates, which the engine's pure-bf16
+              # activation job leaves out: ftplan over-counts 152 KiB per DeltaNet layer on the tiny model)
+              Case(family="qwen3_5", engine="fsdp2", method="lora"),
               # FSDP1 as HF Trainer wraps a PEFT model: PEFT's fsdp_auto_wrap_policy (every lora_A /
               # lora_B its own unit), accelerate's fp32 upcast of trainable flat parameters
               Case(family="llama", engine="fsdp1", method="lora"), Case(family="qwen2", engine="fsdp1", method="lora"),
@@ -120,6 +126,7 @@ DS_CASES = [
     Case(family="mixtral", engine="deepspeed", zero_stage=3, steps=2),
     Case(family="gpt_oss", engine="deepspeed", zero_stage=3, steps=2),
     Case(family="glm4_moe", engine="deepspeed", zero_stage=3, steps=2),
+    Case(family="qwen3_5", engine="deepspeed", zero_stage=3, steps=2),
     Case(family="qwen2", engine="deepspeed", zero_stage=2, offload_optimizer=True),
     Case(family="llama", engine="deepspeed", zero_stage=2, offload_optimizer=True),
     Case(family="mixtral", engine="deepspeed", zero_stage=2, offload_optimizer=True),

@@ -38,8 +38,11 @@ def _layer_mm_flops(g: LayerGroup, model: ModelSpec, job: Job) -> tuple[float, f
     other = 0.0  # addmm (biased) and grouped_mm experts: never cached
     lins = {lin.module: lin for lin in layer_linears(model, g)}
     a = g.attention
-    order = (["q_a_proj", "q_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj"] if a.is_mla
-             else ["qkv_proj", "q_proj", "k_proj", "v_proj"]) + ["o_proj"]
+    if a is None:  # Gated DeltaNet: the projections (its delta rule's matmuls are bmm, never cached)
+        order = ["in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"]
+    else:
+        order = (["q_a_proj", "q_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj"] if a.is_mla
+                 else ["qkv_proj", "q_proj", "k_proj", "v_proj"]) + ["o_proj"]
     mlp = g.mlp
     if g.moe is not None:
         mlp = g.moe.shared

@@ -717,6 +717,10 @@ def validate_job(model: ModelSpec, job: Job, layout: Layout | None = None) -> No
                f"tp x pp = {layout.tp * layout.pp} must divide the {layout.world_size} GPUs", "tp")
         a = model.attention
         if layout.tp > 1:
+            # transformers' tp_plan gathers the Gated DeltaNet's projections whole on every rank
+            # (colwise_gather_output): no head-parallel split ftplan could plan
+            _check(not model.is_hybrid, p, f"tensor parallelism is not modelled for the linear-attention layers of "
+                   f"{model.name}", "tp")
             _check(a.num_heads % layout.tp == 0, p,
                    f"tensor-parallel degree {layout.tp} must divide the {a.num_heads} attention heads", "tp")
             _check(a.num_kv_heads % layout.tp == 0 or layout.tp % a.num_kv_heads == 0, p,

@@ -23,8 +23,8 @@ from fractions import Fraction
 
 from .catalog.constants import MemoryConstants, memory_constants
 from .job import PRECISIONS, Job, Layout, lora_targets, lora_wraps_experts, planned_attention, validate_job
-from .model import (FAMILIES, LayerGroup, LinearSpec, MlpSpec, ModelSpec, MoeSpec, layer_group_order, layer_linears,
-                    planned_as_note)
+from .model import (FAMILIES, GatedDeltaNetSpec, LayerGroup, LinearSpec, MlpSpec, ModelSpec, MoeSpec, layer_group_order,
+                    layer_linears, planned_as_note)
 from .sharding import (activation_job, casts_whole_module, communicator_groups, engine_compute, layout_memory,
                        quant_state_bytes)
 from .units import dtype_bytes
@@ -139,6 +139,9 @@ def _full_tensor_count(model: ModelSpec) -> int:
             n += lin.count // _experts_of(model) * (2 if lin.bias else 1)
     n += 1  # final norm
     for g in model.groups:
+        if g.linear_attention is not None:  # conv1d weight, dt_bias, A_log, the gated norm
+            n += g.count * (g.norms_per_layer + 4)
+            continue
         per = g.norms_per_layer + (2 if g.attention.qk_norm else 0)
         if g.attention.is_mla:
             per += 1 + (1 if g.attention.q_lora_rank else 0)
@@ -221,6 +224,10 @@ def _full_matrices(model: ModelSpec) -> list[tuple[int, int, int, int]]:
     for g in model.groups:
         if g.moe is not None:
             out.append((g.moe.num_experts, h, g.moe.num_experts * h, g.count))
+        if g.linear_attention is not None:
+            # the depthwise conv weight (C, 1, K): Adafactor factors it over (C, 1) and (C, K)
+            la = g.linear_attention
+            out.append((la.conv_dim, la.conv_dim * la.conv_kernel, la.conv_dim * la.conv_kernel, g.count))
     return out
 
 
@@ -252,6 +259,10 @@ def _full_vectors(model: ModelSpec) -> list[tuple[int, int]]:
     for g in model.groups:
         a = g.attention
         out.append((h, g.count * g.norms_per_layer))
+        if g.linear_attention is not None:
+            la = g.linear_attention
+            out += [(la.num_v_heads, 2 * g.count), (la.v_head_dim, g.count)]  # dt_bias, A_log; norm
+            continue
         if a.sinks:
             out.append((a.num_heads, g.count))
         if g.moe is not None and g.moe.bias:
@@ -698,7 +709,7 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
     h = model.hidden_size
     a = g.attention
     c = dt.compute
-    heads = a.num_heads // tp
+    heads = a.num_heads // tp if a is not None else 0
     style = _norm_style(model)
     total = _norm_saved(t, h, dt.resid, dt.full, style=style)  # input norm
     if g.norms_per_layer == 4:  # gemma: post-attention norm (on o_proj output) and pre/post feed-forward
@@ -708,7 +719,9 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
     # a materialised mask: a sliding window shorter than the row, or padding-free's block-diagonal
     # mask (flash attention handles both without one)
     masked = job.attn_impl != "flash" and ((g.window is not None and s > g.window) or job.is_padding_free)
-    if a.is_mla:
+    if g.linear_attention is not None:
+        total += _gdn_saved(g.linear_attention, b, s, h, dt, job, tp)
+    elif a.is_mla:
         total += _mla_saved(a, t, b, s, h, dt, heads, backend)
     else:
         q = heads * a.head_dim
@@ -747,6 +760,20 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
                 total += t * heads * a.v_head_dim * c
             if masked:
                 total += b * s * s * c  # sdpa's float copy of the sliding-window mask, per layer
+        if a.output_gate:
+            # gated attention: ``attn_output * sigmoid(gate)`` saves the sigmoid and the
+            # (b, s, heads * d) attention output, a copy of the kernel's where that is head-major
+            # (eager; CPU sdpa with a partial rotary's q: counted above only for full fine-tuning);
+            # o_proj reads the product
+            # o_proj reads the product. The sigmoid is in q_proj's output dtype (fp32 from
+            # bitsandbytes under PEFT's kbit upcast), and where that is fp32 already q_norm's
+            # ``.float()`` is no copy: it saves a view of the whole [query | gate] projection
+            copied = job.attn_impl == "eager" or (a.head_major_q and backend == "cpu" and job.attn_impl != "flash")
+            gate = t * heads * a.v_head_dim * c
+            total += gate + (gate if dt.full else 0) + (gate if copied and not dt.full else 0)
+            total += t * heads * a.head_dim * (dt.base_out - c)
+            if dt.base_out == 4 and a.qk_norm:
+                total += t * heads * a.head_dim * 4
     if g.mlp is not None:
         total += _mlp_saved(g.mlp, t, h, dt, tp, g.norms_per_layer == 4)
     if g.moe is not None:
@@ -754,6 +781,103 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
                             ep=ep, ep_rows=ep_rows)
     total += _lora_saved(g, model, job, dt, t, tp, backend)
     return total
+
+
+def _gdn_saved(la: GatedDeltaNetSpec, b: int, s: int, h: int, dt: _Dtypes, job: Job, tp: int) -> int:
+    """What one Gated DeltaNet layer (``Qwen3_5GatedDeltaNet``) saves through transformers' torch
+    path: ``causal_conv1d_fn``'s depthwise ``F.conv1d`` and ``torch_chunk_gated_delta_rule``
+    (``l2norm`` on q and k, the sequence padded to a multiple of ``chunk_size`` C, the UT system
+    solved with ``solve_triangular``, a scan over the N chunks), then the gated RMSNorm and
+    out_proj. Under autocast every matmul of the delta rule casts its fp32 operands to the compute
+    dtype and saves the copies; without autocast they run in fp32 on the tensors themselves.
+
+    flash-linear-attention's fused ``chunk_gated_delta_rule`` (the CUDA path once ``fla`` is
+    installed) saves only its inputs and per-chunk states instead; this is the CPU/torch path."""
+    c = dt.compute
+    hv, hk = la.num_v_heads // tp, max(1, la.num_k_heads // tp)
+    dk, dv, k = la.k_head_dim, la.v_head_dim, la.conv_kernel
+    cd = 2 * hk * dk + hv * dv  # conv channels
+    t = b * s
+    e = b * hv  # batch x value heads: the delta rule's rows
+    C = la.chunk_size
+    n = -(-s // C)
+    p = n * C  # padded length
+    ac = dt.autocast
+    mm = c if ac else 4  # the delta rule's matmul operands: compute-dtype copies, or fp32 themselves
+    fp32_w = ac and (dt.train_w == 4 or (not dt.full and dt.norm_out == 4))  # fp32 weights under autocast
+    out = 0
+    # projections reading the normed input (q/k/v, z, b, a), as the attention's q/k/v
+    out += _linear_inputs(t, h, 4, dt.norm_out if dt.full else dt.resid, dt)
+    # causal conv: its input, (autocast over fp32 weights) the weight's cast, the silu's input
+    # (the conv output over s + K - 1 positions, sliced to s)
+    out += t * cd * c + (cd * k * c if fp32_w else 0) + b * cd * (s + k - 1) * c
+    out += t * hv * dt.base_out  # beta = sigmoid(b), in in_proj_b's output dtype
+    # g = -exp(A_log) * softplus(a + dt_bias) in fp32: softplus's input, -exp(A_log) (and, with
+    # trainable A_log, exp's output and softplus's output)
+    out += t * hv * 4 + hv * 4 + ((hv * 4 + t * hv * 4) if dt.full else 0)
+    # l2norm of q and k (repeated to the value heads): x and the rsqrt
+    out += 2 * (e * s * dk * 4 + e * s * 4)
+    # v * beta, k * beta: padded v, k, beta; the causal mask; exp of the pairwise decays
+    out += e * p * (dv + dk + 1) * 4 + C * C + e * n * C * C * 4
+    # k_beta @ k^T and q @ k^T (each scaled by the pairwise decays: their outputs saved)
+    out += (4 * e * p * dk * c if ac else 0) + 2 * e * n * C * C * mm
+    # k_beta * exp(cum_decay): exp's output, k_beta; the UT system and the two solutions
+    out += e * p * 4 + e * p * dk * 4 + e * n * C * C * 4 + e * p * (dv + dk) * 4
+    # q * exp(cum_decay): exp's output, the padded q
+    out += e * p * 4 + e * p * dk * 4
+    state = e * dk * dv
+    if n > 1:
+        # k * exp(last - cum_decay) and the chunk decays feed the state updates
+        out += e * p * 4 + e * n * 4
+    # the scan: chunk i reads the state S_i (S_0 = zeros, no grad) through k_cumdecay[i] @ S_i
+    # and q[i] @ S_i, then intra[i] @ v_new; every chunk but the last updates
+    # S_{i+1} = S_i * decay_i + k[i]^T @ v_new
+    if ac:
+        out += n * (2 * state * c + e * C * C * c + e * C * dv * c)
+        out += (n - 1) * 2 * e * C * dk * c  # k_cumdecay[i], q[i] copies for i >= 1
+        out += (n - 1) * (state * 4 + e * C * dk * c + e * C * dv * c)  # S_i (fp32), k[i], v_new copies
+    else:
+        out += n * state * 4 + n * e * C * dv * 4  # S_i (zeros first), v_new
+        out += e * n * C * C * 4  # intra (the fp32 product of q @ k^T and the decays)
+        if n > 1:
+            out += 2 * e * p * dk * 4  # the decayed q and k
+    # gated RMSNorm over (t * hv, dv): fp32 input and rsqrt, the normalised tensor cast back
+    # (trainable weight), weight * x (the weight's dtype), silu's fp32 input and output
+    vd = hv * dv
+    out += t * vd * 4 + t * hv * 4 + (t * vd * c if dt.full else 0) + t * vd * dt.norm_out + 2 * t * vd * 4
+    out += t * vd * c if dt.full else 0  # out_proj's input
+    return out
+
+
+def gdn_kernel_saved_bytes(la: GatedDeltaNetSpec, b: int, s: int, compute_bytes: int = 2, tp: int = 1) -> int:
+    """What the Gated DeltaNet's conv and delta rule save with the CUDA kernels transformers picks
+    up once ``causal-conv1d`` and ``flash-linear-attention`` are installed (not measured: read off
+    fla's ``ChunkGatedDeltaRuleFunction.forward``, fla-org/flash-linear-attention
+    fla/ops/gated_delta_rule/chunk.py, and causal-conv1d's ``CausalConv1dFn``): the conv's input
+    (its silu is fused), then ``save_for_backward(q, q_rstd, k, k_rstd, v, g, beta, A)``: the
+    l2-normed q and k (compute dtype, key heads) with their fp32 rstd, v, the fp32 chunk-cumsum of
+    g, beta, and the solved (b, s, value heads, 64) UT matrix in the compute dtype. It recomputes
+    the chunk states in backward instead of keeping them. Compare ``_gdn_saved``'s conv and delta
+    rule terms (the torch path ftplan plans)."""
+    c = compute_bytes
+    hv, hk = la.num_v_heads // tp, max(1, la.num_k_heads // tp)
+    t = b * s
+    conv_in = t * (2 * hk * la.k_head_dim + hv * la.v_head_dim) * c
+    qk = 2 * (t * hk * la.k_head_dim * c + t * hk * 4)
+    return conv_in + qk + t * hv * la.v_head_dim * c + t * hv * 4 + t * hv * c + t * hv * la.chunk_size * c
+
+
+def _gdn_torch_core_bytes(la: GatedDeltaNetSpec, b: int, s: int, dt: _Dtypes, job: Job, tp: int) -> int:
+    """``_gdn_saved``'s conv and delta-rule terms (what ``gdn_kernel_saved_bytes`` replaces): the
+    layer's bytes less its projections' inputs, the gating terms and the gated norm."""
+    t = b * s
+    hv = la.num_v_heads // tp
+    vd = hv * la.v_head_dim
+    full = _gdn_saved(la, b, s, 0, dt, job, tp)  # hidden 0: without the projections' inputs
+    gating = t * hv * dt.base_out + t * hv * 4 + hv * 4 + ((hv * 4 + t * hv * 4) if dt.full else 0)
+    norm = t * vd * 4 + t * hv * 4 + (t * vd * dt.compute if dt.full else 0) + t * vd * dt.norm_out + 2 * t * vd * 4
+    norm += t * vd * dt.compute if dt.full else 0
+    return full - gating - norm
 
 
 def _lora_on(model: ModelSpec, job: Job, module: str) -> bool:
@@ -1055,7 +1179,8 @@ def _liger_head_bytes(model: ModelSpec, job: Job, dt: _Dtypes, tp: int) -> tuple
 
 
 #: attention projections that read the (normed) decoder-layer input
-_READS_LAYER_INPUT = frozenset({"q_proj", "k_proj", "v_proj", "qkv_proj", "q_a_proj", "kv_a_proj_with_mqa"})
+_READS_LAYER_INPUT = frozenset({"q_proj", "k_proj", "v_proj", "qkv_proj", "q_a_proj", "kv_a_proj_with_mqa",
+                                "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"})
 
 
 def _first_layer_discount(model: ModelSpec, job: Job, dt: _Dtypes, backend: str) -> int:
@@ -1102,12 +1227,14 @@ def _model_level_saved(model: ModelSpec, job: Job, dt: _Dtypes) -> int:
             out += s * 4 + (job.micro_batch + 1) * 4  # seq_idx, cu_seq_lens (q and k: one tensor)
         packed = job.is_padding_free and job.attn_impl != "flash"
         # the masks of the attention kinds the checkpointed layers use
+        # (a hybrid model's linear-attention layers get no materialised mask without padding)
         kinds = {g.window if g.window is not None and s > g.window else None
-                 for g, n in zip(model.groups, _checkpointed_counts(model, job)) if n}
+                 for g, n in zip(model.groups, _checkpointed_counts(model, job)) if n and g.attention is not None}
         if job.attn_impl == "eager":
             # eager materialises a mask per layer kind the model has, sliding or full, even where
             # the window covers the whole row (transformers builds each kind's mask every forward)
-            eager_kinds = {g.window is not None for g, n in zip(model.groups, _checkpointed_counts(model, job)) if n}
+            eager_kinds = {g.window is not None for g, n in zip(model.groups, _checkpointed_counts(model, job))
+                           if n and g.attention is not None}
             out += len(eager_kinds) * b * s * s * dt.resid
         elif job.attn_impl == "sdpa":
             out += sum(s * s for w in kinds if w is not None or packed)
@@ -1141,9 +1268,10 @@ def _checkpointed_counts(model: ModelSpec, job: Job) -> list[int]:
 def _attention_kernel_outputs(g: LayerGroup, job: Job, dt: _Dtypes, tp: int, backend: str) -> int:
     """Bytes of the outputs of the fused attention kernel of one layer (output and logsumexp), what
     a selective-checkpointing policy that saves the attention op keeps; 0 where attention is not
-    one op (eager; MLA on CPU, where different q/v head dims send sdpa to the math kernel)."""
+    one op (eager; MLA on CPU, where different q/v head dims send sdpa to the math kernel; a Gated
+    DeltaNet layer, whose torch delta rule is many small ops)."""
     a = g.attention
-    if job.attn_impl == "eager" or (a.is_mla and backend == "cpu"):
+    if a is None or job.attn_impl == "eager" or (a.is_mla and backend == "cpu"):
         return 0
     b, s = _batch_shape(job)
     heads = a.num_heads // tp
@@ -1169,10 +1297,14 @@ def _layer_matmul_outputs(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes
     lins = {lin.module: lin for lin in layer_linears(model, g)}
     a = g.attention
     col = {"q_proj", "k_proj", "v_proj", "qkv_proj", "q_b_proj", "kv_b_proj", "gate_proj", "up_proj",
-           "gate_up_proj"}
-    order = ["q_a_proj", "q_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj"] if a.is_mla else \
-        ["qkv_proj", "q_proj", "k_proj", "v_proj"]
-    for name in order + ["o_proj"]:
+           "gate_up_proj", "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"}
+    if a is None:  # Gated DeltaNet: its delta rule's matmuls are bmm, not mm
+        order = ["in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"]
+    elif a.is_mla:
+        order = ["q_a_proj", "q_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"]
+    else:
+        order = ["qkv_proj", "q_proj", "k_proj", "v_proj", "o_proj"]
+    for name in order:
         if name in lins:
             lin = lins[name]
             proj(lin, lin.out_features // tp if name in col else lin.out_features)
@@ -1350,8 +1482,8 @@ def _offload_events(model: ModelSpec, job: Job, dt: _Dtypes, tp: int,
 
 
 def _rope_bytes(model: ModelSpec, job: Job, dt: _Dtypes) -> int:
-    """The RoPE cos and sin tables, shared by every layer: ``(1, s, d)`` each."""
-    _, s = _batch_shape(job)
+    """The RoPE cos and sin tables, shared by every layer: ``(1, s, d)`` each (mrope: ``(b, s, d)``)."""
+    b, s = _batch_shape(job)
     a = model.attention
     if a.is_mla:
         return 2 * s * a.qk_rope_head_dim * dt.resid
@@ -1362,7 +1494,8 @@ def _rope_bytes(model: ModelSpec, job: Job, dt: _Dtypes) -> int:
         width = a.rotary_dim
     else:
         width = a.head_dim // 2 if model.family == "gpt_oss" else a.head_dim
-    return (2 if model.family == "gemma3_text" else 1) * 2 * s * width * dt.resid
+    rows = b if FAMILIES[model.family].mrope else 1
+    return (2 if model.family == "gemma3_text" else 1) * 2 * rows * s * width * dt.resid
 
 
 def _layer_copy_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, backend: str,
@@ -1606,6 +1739,28 @@ def _ep_rows(g: LayerGroup, job: Job, ep: int) -> int | None:
 # ---------------------------------------------------------------------------------------------
 # the whole breakdown
 # ---------------------------------------------------------------------------------------------
+def _gdn_kernel_note(model: ModelSpec, job: Job, layout: Layout) -> str:
+    """How much less a Gated DeltaNet layer saves with the CUDA kernels (fla, causal-conv1d) than
+    on transformers' torch path, which the plan counts, per layer and for the layers that keep
+    theirs (all without checkpointing, one in the recompute with it)."""
+    b, s = _batch_shape(job)
+    dt = _act_dtypes(job, "cuda")
+    tp = layout.tp
+    diffs = [(g, _gdn_torch_core_bytes(g.linear_attention, b, s, dt, job, tp)
+              - gdn_kernel_saved_bytes(g.linear_attention, b, s, dt.compute, tp))
+             for g in model.groups if g.linear_attention is not None]
+    per_layer = max(d for _, d in diffs)
+    n = sum(g.count for g, _ in diffs)
+    kept = sum((g.count - k) * d for (g, d), k in zip(diffs, [
+        c for g2, c in zip(model.groups, _checkpointed_counts(model, job)) if g2.linear_attention is not None]))
+    scope = (f"{kept / 2**30:,.2f} GiB over the {n} such layers" if kept else
+             f"{per_layer / 2**30:,.2f} GiB in the one layer being recomputed (checkpointing)")
+    return (f"Gated DeltaNet layers ({n}) planned on transformers' torch path (torch_chunk_gated_delta_rule, "
+            f"causal_conv1d_fn): with flash-linear-attention and causal-conv1d installed each saves about "
+            f"{per_layer / 2**20:,.0f} MiB less (fla keeps q, k, v, g, beta and the UT matrix, recomputes "
+            f"the rest); the estimate is high by up to {scope}")
+
+
 def _engine_qlora_recipe(job: Job, layout: Layout, notes: list[str]) -> Job:
     """Under FSDP and DeepSpeed both QLoRA recipes hold the same bytes: neither upcasts the
     non-quantized weights (they must share the 4-bit storage dtype to shard), accelerate upcasts
@@ -1824,6 +1979,8 @@ def estimate_memory(
         "transient": int(transient) + consts.cublas_workspace_bytes,
         "allocator_reserve": reserve,
     }
+    if model.is_hybrid and backend == "cuda":
+        notes.append(_gdn_kernel_note(model, job, layout))
     n_router32 = _fp32_router_elems(model)
     if n_router32 and not casts_whole_module(job, layout.engine):
         notes.append(f"router weights in fp32 ({n_router32 * 4 / 2**20:,.0f} MiB whole; transformers >= 5.24 keeps "

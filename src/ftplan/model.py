@@ -22,6 +22,7 @@ from .errors import ConfigError
 __all__ = [
     "FAMILIES",
     "AttentionSpec",
+    "GatedDeltaNetSpec",
     "MlpSpec",
     "MoeSpec",
     "LayerGroup",
@@ -76,6 +77,16 @@ class Family:
     #: "gemma": computes entirely in fp32 with a (1 + weight) scale, casting only the result;
     #: "gpt_oss": fp32 throughout too (``(weight * x_normed_fp32).to(input_dtype)``), plain weight
     norm_style: str = "llama"
+    #: hybrid token mixers (qwen3_5): ``layer_types`` mixes ``linear_attention`` layers (a Gated
+    #: DeltaNet, ``GatedDeltaNetSpec``) with ``full_attention`` layers (gated attention: q_proj
+    #: also emits a per-feature sigmoid gate on the attention output); without ``layer_types``
+    #: every ``full_attention_interval``-th layer (default 4) is full attention
+    hybrid_linear: bool = False
+    #: gated attention: q_proj emits a sigmoid gate for the attention output (qwen3_5)
+    output_gate: bool = False
+    #: multimodal rope (qwen3_5's interleaved mrope): the cos/sin tables are built per batch row
+    #: (``position_ids`` expanded to ``(3, b, s)``), ``(b, s, rotary_dim)`` each
+    mrope: bool = False
 
 
 _LLAMA_LIKE = dict(
@@ -189,6 +200,20 @@ FAMILIES: dict[str, Family] = {
              "use_qk_norm": False, "num_nextn_predict_layers": 1},
             o_bias_key=None, qk_norm_key="use_qk_norm", moe="deepseek_v3", partial_rotary_factor=0.5,
         ),
+        Family(
+            # Qwen3.5 dense (Qwen3_5TextConfig, transformers 5.24): 3 Gated DeltaNet layers to 1
+            # gated full-attention layer, q/k norms, a quarter-rotary mrope on text positions,
+            # zero-centred (1 + weight) fp32 RMSNorms as gemma's; image-text checkpoints keep the
+            # text model in ``text_config`` (model_type qwen3_5_text)
+            "qwen3_5",
+            {**_LLAMA_LIKE, "vocab_size": 248320, "hidden_size": 4096, "intermediate_size": 12288,
+             "num_hidden_layers": 32, "num_attention_heads": 16, "num_key_value_heads": 4,
+             "head_dim": 256, "max_position_embeddings": 32768, "linear_conv_kernel_dim": 4,
+             "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_num_key_heads": 16,
+             "linear_num_value_heads": 32, "full_attention_interval": 4},
+            qk_norm=True, mlp_bias_key=None, partial_rotary_factor=0.25, norm_style="gemma",
+            hybrid_linear=True, output_gate=True, mrope=True,
+        ),
     ]
 }
 
@@ -207,7 +232,11 @@ _ARCH_TO_TYPE = {
     "DeepseekV3ForCausalLM": "deepseek_v3",
     "GptOssForCausalLM": "gpt_oss",
     "Glm4MoeForCausalLM": "glm4_moe",
+    "Qwen3_5ForCausalLM": "qwen3_5",
+    "Qwen3_5ForConditionalGeneration": "qwen3_5",
 }
+#: text model_types that name a family under another key (the inner type of a multimodal config)
+_TEXT_TYPE_ALIASES = {"qwen3_5_text": "qwen3_5"}
 
 #: model_type values transformers does not know whose checkpoints load with ``trust_remote_code``
 #: into a supported architecture's modeling code: planned as that architecture. Kimi K2 (and the
@@ -249,6 +278,9 @@ class AttentionSpec:
     sinks: bool = False  # one learned sink logit per head (gpt_oss)
     #: features of each head the rotary embedding turns (partial rotary, glm4_moe); None: all
     rotary_dim: int | None = None
+    #: gated attention (qwen3_5): q_proj emits ``heads * head_dim`` query features and as many
+    #: gate features (per head ``[query | gate]``); ``attn_output * sigmoid(gate)`` feeds o_proj
+    output_gate: bool = False
     # MLA (DeepSeek-V3); None for standard multi-/grouped-query attention
     q_lora_rank: int | None = None
     kv_lora_rank: int | None = None
@@ -267,6 +299,43 @@ class AttentionSpec:
     @property
     def is_mla(self) -> bool:
         return self.kv_lora_rank is not None
+
+
+@dataclass(frozen=True)
+class GatedDeltaNetSpec:
+    """A Gated DeltaNet token mixer (qwen3_5 ``linear_attention`` layers, transformers'
+    ``Qwen3_5GatedDeltaNet``): ``in_proj_qkv`` (q and k of ``num_k_heads x k_head_dim`` each, v of
+    ``num_v_heads x v_head_dim``), ``in_proj_z`` (the output gate, value-wide), ``in_proj_b`` /
+    ``in_proj_a`` (one beta and one decay input per value head), a depthwise causal ``Conv1d`` of
+    ``conv_kernel`` taps over the q/k/v channels (no bias), ``dt_bias`` and ``A_log`` (one per value
+    head), a gated RMSNorm over ``v_head_dim`` (one weight shared by all heads) and ``out_proj``.
+    Its recurrent state is ``k_head_dim x v_head_dim`` per value head; the chunked delta rule runs
+    on ``chunk_size``-token chunks (the sequence is padded to a multiple of it)."""
+
+    num_k_heads: int
+    num_v_heads: int
+    k_head_dim: int
+    v_head_dim: int
+    conv_kernel: int
+    chunk_size: int = 64
+
+    @property
+    def key_dim(self) -> int:
+        return self.num_k_heads * self.k_head_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.num_v_heads * self.v_head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the depthwise convolution: q, k and v."""
+        return 2 * self.key_dim + self.value_dim
+
+    @property
+    def vector_params(self) -> int:
+        """Parameters outside the linears and the norm: conv weight, dt_bias, A_log."""
+        return self.conv_dim * self.conv_kernel + 2 * self.num_v_heads
 
 
 @dataclass(frozen=True)
@@ -296,14 +365,23 @@ class MoeSpec:
 
 @dataclass(frozen=True)
 class LayerGroup:
-    """``count`` identical decoder layers."""
+    """``count`` identical decoder layers.
+
+    The token mixer is ``attention`` (softmax attention) or, in a hybrid model's linear-attention
+    layers (qwen3_5), ``linear_attention`` with ``attention`` None: exactly one of them is set."""
 
     count: int
-    attention: AttentionSpec
+    attention: AttentionSpec | None
     mlp: MlpSpec | None  # dense MLP (None for MoE layers)
     moe: MoeSpec | None
     norms_per_layer: int
     window: int | None = None  # sliding-window size, None for full attention
+    linear_attention: GatedDeltaNetSpec | None = None
+
+    @property
+    def is_linear(self) -> bool:
+        """A Gated DeltaNet layer (no softmax attention, no KV, no rope)."""
+        return self.linear_attention is not None
 
 
 @dataclass(frozen=True)
@@ -379,7 +457,19 @@ class ModelSpec:
 
     @property
     def attention(self) -> AttentionSpec:
-        return self.groups[0].attention
+        """The softmax attention of the first layer group that has one (the model-level facts:
+        heads, head_dim, rope width); a hybrid model's linear-attention groups have none."""
+        return next(g.attention for g in self.groups if g.attention is not None)
+
+    @property
+    def attention_groups(self) -> tuple[LayerGroup, ...]:
+        """The layer groups with softmax attention."""
+        return tuple(g for g in self.groups if g.attention is not None)
+
+    @property
+    def is_hybrid(self) -> bool:
+        """Some layers mix tokens with a linear-attention (Gated DeltaNet) layer."""
+        return any(g.linear_attention is not None for g in self.groups)
 
     def __hash__(self) -> int:
         # a ModelSpec keys many caches (planner memos, runtime state caches): hash its fields once
@@ -402,7 +492,7 @@ class ModelSpec:
         h = self.hidden_size
         out: list[LinearSpec] = []
         for g in self.groups:
-            out.extend(attention_linears(g.attention, h, g.count))
+            out.extend(mixer_linears(g, h, g.count))
             if g.mlp is not None:
                 out.extend(mlp_linears(g.mlp, h, g.count, "mlp"))
             if g.moe is not None:
@@ -434,6 +524,12 @@ class ModelSpec:
         for g in self.groups:
             a = g.attention
             per_layer = g.norms_per_layer * h
+            if g.linear_attention is not None:
+                la = g.linear_attention
+                norms += g.count * (per_layer + la.v_head_dim)  # + the gated RMSNorm
+                cats["attention"] += g.count * la.vector_params
+                active += g.count * la.vector_params
+                continue
             if a.qk_norm:
                 per_layer += 2 * a.head_dim
             if a.is_mla:
@@ -463,6 +559,26 @@ class ModelSpec:
         return f"{self.name}: {self.family}, {p.total / 1e9:.2f}B params{moe}, {self.num_layers} layers, hidden {self.hidden_size}"
 
 
+def linear_attention_linears(la: GatedDeltaNetSpec, h: int, n: int) -> list[LinearSpec]:
+    """A Gated DeltaNet's ``nn.Linear`` modules in registration order (out_proj first, as
+    ``Qwen3_5GatedDeltaNet.__init__`` registers it); the depthwise Conv1d is no linear."""
+    return [
+        LinearSpec("out_proj", la.value_dim, h, n, False, "attention"),
+        LinearSpec("in_proj_qkv", h, la.conv_dim, n, False, "attention"),
+        LinearSpec("in_proj_z", h, la.value_dim, n, False, "attention"),
+        LinearSpec("in_proj_b", h, la.num_v_heads, n, False, "attention"),
+        LinearSpec("in_proj_a", h, la.num_v_heads, n, False, "attention"),
+    ]
+
+
+def mixer_linears(g: LayerGroup, h: int, n: int) -> list[LinearSpec]:
+    """The token mixer's linears of group ``g`` (attention or Gated DeltaNet), ``n`` of each."""
+    if g.linear_attention is not None:
+        return linear_attention_linears(g.linear_attention, h, n)
+    assert g.attention is not None
+    return attention_linears(g.attention, h, n)
+
+
 def attention_linears(a: AttentionSpec, h: int, n: int) -> list[LinearSpec]:
     if a.is_mla:
         out = []
@@ -481,6 +597,8 @@ def attention_linears(a: AttentionSpec, h: int, n: int) -> list[LinearSpec]:
         return out
     q = a.num_heads * a.head_dim
     kv = a.num_kv_heads * a.head_dim
+    if a.output_gate:
+        q *= 2  # [query | gate] per head
     if a.fused_qkv:
         out = [LinearSpec("qkv_proj", h, q + 2 * kv, n, a.qkv_bias, "attention")]
     else:
@@ -510,7 +628,7 @@ def layer_linears(model: ModelSpec, g: LayerGroup) -> list[LinearSpec]:
     """One decoder layer's ``nn.Linear`` modules of group ``g`` in registration order (attention,
     dense MLP or the shared expert's MLP), one of each; routed experts are fused 3-D parameters,
     not linears."""
-    out = attention_linears(g.attention, model.hidden_size, 1)
+    out = mixer_linears(g, model.hidden_size, 1)
     if g.mlp is not None:
         out += mlp_linears(g.mlp, model.hidden_size, 1, "mlp")
     if g.moe is not None and g.moe.shared is not None:
@@ -551,6 +669,12 @@ CONFIG_LIMITS: dict[str, int] = {
     "max_window_layers": 4096,
     "decoder_sparse_step": 4096,
     "first_k_dense_replace": 4096,
+    "linear_num_key_heads": 4096,
+    "linear_num_value_heads": 4096,
+    "linear_key_head_dim": 8192,
+    "linear_value_head_dim": 8192,
+    "linear_conv_kernel_dim": 1024,
+    "full_attention_interval": 4096,
 }
 #: largest logit soft-capping value accepted (published: 30 and 50)
 _MAX_SOFTCAP = 1e6
@@ -628,10 +752,15 @@ def text_config(raw: Mapping[str, Any]) -> dict[str, Any]:
                           "pass a Hugging Face config.json of a causal LM")
     if "text_config" in cfg and isinstance(cfg["text_config"], Mapping):
         inner = dict(cfg["text_config"])
-        mt = inner.get("model_type") or {"gemma3": "gemma3_text"}.get(outer_mt or "", "")
-        inner["model_type"] = MODEL_TYPE_ALIASES.get(mt, mt) if isinstance(mt, str) else mt
+        mt = inner.get("model_type") or {"gemma3": "gemma3_text", "qwen3_5": "qwen3_5"}.get(outer_mt or "", "")
+        if isinstance(mt, str):
+            mt = _TEXT_TYPE_ALIASES.get(mt, mt)
+            mt = MODEL_TYPE_ALIASES.get(mt, mt)
+        inner["model_type"] = mt
         return inner
     mt = outer_mt
+    if mt in _TEXT_TYPE_ALIASES:
+        cfg["model_type"] = _TEXT_TYPE_ALIASES[mt]
     if mt in MODEL_TYPE_ALIASES:
         cfg["model_type"] = MODEL_TYPE_ALIASES[mt]
     if mt == "gemma3":  # a gemma3 config without text_config: the text defaults apply
@@ -704,6 +833,7 @@ def model_from_config(
     if head_dim is None and h is not None and heads is not None and heads > h:
         c.bad(f"num_attention_heads={heads} exceeds hidden_size={h} (head_dim would be 0); give head_dim")
     mla = _mla_fields(c) if fam.mla else None
+    linear = _linear_attention_spec(c) if fam.hybrid_linear else None
     plan = _layer_plan(fam, c, n_layers or 1)
     moe = _moe_spec(fam, c, plan.any_moe)
     if c.problems:
@@ -725,13 +855,17 @@ def model_from_config(
             num_heads=heads, num_kv_heads=kv_heads or heads, head_dim=hd, v_head_dim=hd,
             qkv_bias=qkv_bias, o_bias=o_bias, qk_norm=qk_norm, fused_qkv=fam.fused_qkv,
             softcap=softcap, sinks=fam.attention_sinks,
-            rotary_dim=int(hd * prf) if prf is not None else None,
+            rotary_dim=int(hd * prf) if prf is not None else None, output_gate=fam.output_gate,
         )
     mlp = MlpSpec(inter, bias=mlp_bias, fused_gate_up=fam.fused_gate_up)
     groups = tuple(
-        LayerGroup(count, attn, None if is_moe else mlp, moe if is_moe else None, fam.norms_per_layer, window)
-        for count, window, is_moe in _layer_kinds(plan, n_layers)
+        LayerGroup(count, None if is_linear else attn, None if is_moe else mlp, moe if is_moe else None,
+                   fam.norms_per_layer, window, linear if is_linear else None)
+        for count, window, is_moe, is_linear in _layer_kinds(plan, n_layers)
     )
+    if not any(g.attention is not None for g in groups):
+        raise ConfigError(f"config.json ({mt}): no full_attention layer",
+                          "ftplan plans hybrid models with at least one softmax-attention layer")
     return ModelSpec(
         name=name or hf_id or mt,
         family=mt,
@@ -770,6 +904,19 @@ def _rotary_share(c: _Check, v: Any, name: str) -> float | None:
     return float(v)
 
 
+def _linear_attention_spec(c: _Check) -> GatedDeltaNetSpec | None:
+    """The Gated DeltaNet of a hybrid family's linear-attention layers (Qwen3_5TextConfig's
+    ``linear_*`` fields)."""
+    kh, vh = c.int("linear_num_key_heads"), c.int("linear_num_value_heads")
+    kd, vd = c.int("linear_key_head_dim"), c.int("linear_value_head_dim")
+    kernel = c.int("linear_conv_kernel_dim")
+    if kh is not None and vh is not None and vh % kh:
+        c.bad(f"linear_num_key_heads={kh} must divide linear_num_value_heads={vh}")
+    if None in (kh, vh, kd, vd, kernel):
+        return None
+    return GatedDeltaNetSpec(kh, vh, kd, vd, kernel)  # type: ignore[arg-type]
+
+
 def _mla_fields(c: _Check) -> tuple[int, int, int, int, int | None] | None:
     nope = c.int("qk_nope_head_dim")
     rope = c.int("qk_rope_head_dim")
@@ -795,6 +942,8 @@ class _LayerPlan:
     period: int
     cuts: tuple[int, ...]
     any_moe: bool
+    #: the layer is a linear-attention (Gated DeltaNet) layer (hybrid families)
+    linear_at: Any = lambda i: False  # noqa: E731
 
 
 def _layer_plan(fam: Family, c: _Check, n: int) -> _LayerPlan:
@@ -804,8 +953,9 @@ def _layer_plan(fam: Family, c: _Check, n: int) -> _LayerPlan:
     # ---- sliding windows
     window = c.int("sliding_window", optional=True, zero_is_none=True)
     types = cfg.get("layer_types")
-    if types is not None and not (isinstance(types, list) and all(t in _LAYER_TYPES for t in types)):
-        c.bad(f"layer_types must be a list of {' / '.join(_LAYER_TYPES)}")
+    allowed = _LAYER_TYPES + (("linear_attention",) if fam.hybrid_linear else ())
+    if types is not None and not (isinstance(types, list) and all(t in allowed for t in types)):
+        c.bad(f"layer_types must be a list of {' / '.join(allowed)}")
         types = None
     elif types is not None and window and len(types) != n:
         if len(types) > CONFIG_LIMITS["num_hidden_layers"]:
@@ -862,17 +1012,36 @@ def _layer_plan(fam: Family, c: _Check, n: int) -> _LayerPlan:
         any_moe = k < n
     else:
         moe_at = lambda i: False  # noqa: E731
-    return _LayerPlan(window_at, moe_at, period, tuple(sorted(x for x in cuts if 0 <= x <= n)), any_moe)
+    # ---- hybrid token mixers (qwen3_5): Qwen3_5TextConfig fills layer_types from
+    # full_attention_interval (default 4: layers 3, 7, ... are full attention)
+    linear_at = lambda i: False  # noqa: E731
+    if fam.hybrid_linear:
+        if types is not None and len(types) != n:
+            if len(types) <= CONFIG_LIMITS["num_hidden_layers"]:
+                c.bad(f"layer_types has {len(types)} entries for num_hidden_layers={n}")
+            else:
+                c.bad(f"layer_types has {len(types):,} entries, more than num_hidden_layers={n}")
+        elif types is not None:
+            linear_at = lambda i: types[i] == "linear_attention"  # noqa: E731
+            cuts.update(range(n))
+        else:
+            k = c.int("full_attention_interval", optional=True) or 4
+            linear_at = lambda i: bool((i + 1) % k)  # noqa: E731
+            if period > 1 and k != period:
+                cuts.update(range(n))
+            period = max(period, k)
+    return _LayerPlan(window_at, moe_at, period, tuple(sorted(x for x in cuts if 0 <= x <= n)), any_moe,
+                      linear_at)
 
 
-def _layer_kinds(plan: _LayerPlan, n: int) -> list[tuple[int, int | None, bool]]:
-    """(count, window, is_moe) per distinct layer kind, in order of first appearance."""
-    counts: dict[tuple[int | None, bool], int] = {}
-    first: dict[tuple[int | None, bool], int] = {}
+def _layer_kinds(plan: _LayerPlan, n: int) -> list[tuple[int, int | None, bool, bool]]:
+    """(count, window, is_moe, is_linear) per distinct layer kind, in order of first appearance."""
+    counts: dict[tuple[int | None, bool, bool], int] = {}
+    first: dict[tuple[int | None, bool, bool], int] = {}
     p = plan.period
 
     def add(i: int, count: int) -> None:
-        key = (plan.window_at(i), bool(plan.moe_at(i)))
+        key = (plan.window_at(i), bool(plan.moe_at(i)), bool(plan.linear_at(i)))
         counts[key] = counts.get(key, 0) + count
         first[key] = min(first.get(key, i), i)
 
@@ -886,7 +1055,7 @@ def _layer_kinds(plan: _LayerPlan, n: int) -> list[tuple[int, int | None, bool]]
         if b - a - hits:
             add(a if (a + 1) % p else a + 1, b - a - hits)
     order = sorted(counts, key=first.__getitem__)
-    return [(counts[k], k[0], k[1]) for k in order]
+    return [(counts[k], k[0], k[1], k[2]) for k in order]
 
 
 def _moe_spec(fam: Family, c: _Check, any_moe: bool) -> MoeSpec | None:
@@ -936,9 +1105,10 @@ def layer_group_order(model: ModelSpec) -> list[int]:
             if not check.problems:
                 order = []
                 for i in range(n):
-                    window, moe = plan.window_at(i), bool(plan.moe_at(i))
+                    window, moe, lin = plan.window_at(i), bool(plan.moe_at(i)), bool(plan.linear_at(i))
                     gi = next((j for j, g in enumerate(model.groups)
-                               if g.window == window and (g.moe is not None) == moe), None)
+                               if g.window == window and (g.moe is not None) == moe
+                               and g.is_linear == lin), None)
                     if gi is None:
                         order = None
                         break

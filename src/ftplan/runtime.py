@@ -235,6 +235,26 @@ def recompute_fractions(job: Job, eff: Efficiency | None = None, model: ModelSpe
     return out
 
 
+def delta_rule_flops_per_token(la: Any, seq_len: int) -> float:
+    """Forward FLOPs per token of one Gated DeltaNet layer's chunked delta rule (the projections
+    and the conv are counted elsewhere: linears, elementwise).
+
+    Per value head and chunk of C tokens (dk, dv the key and value head dims), the chunked form
+    (``torch_chunk_gated_delta_rule``; flash-linear-attention's ``chunk_gated_delta_rule`` runs
+    the same products in Triton): ``k_beta @ k^T`` and ``q @ k^T`` (2 C^2 dk each), the UT
+    transform's two triangular solves (C^2 dv + C^2 dk), the state reads ``k_cumdecay @ S`` and
+    ``q @ S`` (2 C dk dv each), ``intra @ v_new`` (2 C^2 dv) and the state update
+    ``k^T @ v_new`` (2 C dk dv): C^2 (5 dk + 3 dv) + 6 C dk dv, i.e. C (5 dk + 3 dv) + 6 dk dv per
+    token, over the sequence padded to a multiple of C. For dk = dv = 128, C = 64: 164k FLOPs per
+    token and value head (Qwen3.5-27B: 7.9 MFLOPs per token and layer, against 0.3 GFLOPs of its
+    projections)."""
+    c = float(la.chunk_size)
+    dk, dv = float(la.k_head_dim), float(la.v_head_dim)
+    padded = -(-int(seq_len) // la.chunk_size) * la.chunk_size
+    per_token = c * (5.0 * dk + 3.0 * dv) + 6.0 * dk * dv
+    return la.num_v_heads * per_token * padded / max(1, int(seq_len))
+
+
 def attention_context(seq_len: int, window: int | None, attn_impl: str) -> float:
     """Average number of keys a query attends to, as the kernel computes them.
 
@@ -277,6 +297,9 @@ def flops_per_token(model: ModelSpec, job: Job) -> FlopsPerToken:
     attn = 0.0
     for g in model.groups:
         a = g.attention
+        if a is None:  # a Gated DeltaNet layer: its chunked delta rule stands in for attention
+            attn += g.count * delta_rule_flops_per_token(g.linear_attention, job.seq_len)
+            continue
         ctx = attention_context(job.seq_len, g.window, job.attn_impl)
         attn += g.count * 2.0 * ctx * a.num_heads * (a.head_dim + a.v_head_dim)
     adapters = 0.0
@@ -558,6 +581,8 @@ def attention_time(model: ModelSpec, job: Job, layout: Layout, tokens: float, ra
     if job.attn_impl == "eager":
         score_bytes = 0.0  # forward traffic per token on the score matrices (all layers)
         for g in model.groups:
+            if g.attention is None:
+                continue  # Gated DeltaNet: no score matrix
             if g.attention.sinks:
                 per = sinks_eager_bytes_per_score(job, layout.engine)
             else:
@@ -678,6 +703,7 @@ def _elementwise_dims(model: ModelSpec, job: Job, tp: int, eff: Efficiency,
     total = 0.0
     for g in model.groups:
         a = g.attention
+        la = g.linear_attention
         inter = 0.0
         if g.mlp is not None:
             inter += g.mlp.intermediate_size
@@ -685,9 +711,14 @@ def _elementwise_dims(model: ModelSpec, job: Job, tp: int, eff: Efficiency,
             inter += g.moe.top_k * g.moe.expert_intermediate_size
             if g.moe.shared is not None:
                 inter += g.moe.shared.intermediate_size
-        qk = (a.num_heads + a.num_kv_heads) * a.head_dim
+        if la is not None:
+            # Gated DeltaNet (not measured): the conv, silu and l2norm over the q/k/v channels
+            # priced as q/k features, the gated norm over the value width as attention output
+            qk, attn_out = la.conv_dim, la.value_dim
+        else:
+            qk, attn_out = (a.num_heads + a.num_kv_heads) * a.head_dim, a.num_heads * a.v_head_dim
         per_layer = (inv.per_hidden * h + (wide * (inv.per_intermediate * inter + inv.per_qk * qk)
-                     + inv.per_attn_out * a.num_heads * a.v_head_dim) / tp)
+                     + inv.per_attn_out * attn_out) / tp)
         total += g.count * per_layer
     lora_f = lora_b = 0.0
     if job.uses_lora:

@@ -233,8 +233,13 @@ def _layer_tensors(model: ModelSpec, g: LayerGroup, job: Job, tb: Fraction, fb: 
     skip = set(job.quant.skip_modules)
     r = job.lora.r
     wb = tb if full else fb
-    if g.attention.sinks:  # gpt_oss: the attention module's own parameter, registered first
+    if g.attention is not None and g.attention.sinks:  # gpt_oss: the attention module's own parameter, registered first
         out.append(Tensor(g.attention.num_heads, g.attention.num_heads, wb, full))
+    la = g.linear_attention
+    if la is not None:  # Gated DeltaNet: conv1d weight (C, 1, K), dt_bias, A_log, the gated norm, then its linears
+        out += [Tensor(la.conv_dim, la.conv_dim * la.conv_kernel, wb, full),
+                Tensor(la.num_v_heads, la.num_v_heads, wb, full), Tensor(la.num_v_heads, la.num_v_heads, wb, full),
+                Tensor(la.v_head_dim, la.v_head_dim, wb, full)]
     for lin in layer_linears(model, g):
         n = lin.in_features * lin.out_features
         if job.method == "qlora" and lin.module not in skip:
@@ -253,9 +258,9 @@ def _layer_tensors(model: ModelSpec, g: LayerGroup, job: Job, tb: Fraction, fb: 
     a = g.attention
     # registration order as in Hugging Face's decoder layers (DeepSpeed flattens the parameters in
     # this order): attention (its q/k norms), the MLP or MoE block, then the layer norms
-    if a.qk_norm:
+    if a is not None and a.qk_norm:
         out += [Tensor(a.head_dim, a.head_dim, wb, full)] * 2
-    if a.is_mla:
+    if a is not None and a.is_mla:
         out.append(Tensor(a.kv_lora_rank, a.kv_lora_rank, wb, full))
         if a.q_lora_rank:
             out.append(Tensor(a.q_lora_rank, a.q_lora_rank, wb, full))

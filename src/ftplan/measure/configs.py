@@ -46,6 +46,11 @@ __all__ = ["TINY_CONFIGS", "tiny_config", "text_config", "default_attention"]
 #:   with ``partial_rotary_factor=0.5`` (rope tables 16 wide; q/k split into a rotated and a
 #:   passed-through half), DeepSeek-V3's MoE block: 8 routed experts top-2 (n_group 2, topk_group 1),
 #:   1 shared expert, ``moe_intermediate_size=24``, ``first_k_dense_replace=1``, untied.
+#: * qwen3_5: the hybrid Qwen3.5 text model (``qwen3_5_text``): layer_types linear/full/linear (Gated
+#:   DeltaNet layers around one gated-attention layer; non-adjacent, so group order matters), 2 key
+#:   heads of 16 and 4 value heads of 24 in the DeltaNet (q/k repeated per value head), conv kernel
+#:   4; attention 4 heads / 2 kv heads of 32 with q/k norms and a quarter rotary (8 features,
+#:   mrope sections 2/1/1), tied embeddings (as the small Qwen3.5 checkpoints).
 TINY_CONFIGS: dict[str, dict] = {
     "llama": {
         "model_type": "llama",
@@ -236,6 +241,26 @@ TINY_CONFIGS: dict[str, dict] = {
         "max_position_embeddings": 256,
         "tie_word_embeddings": False,
     },
+    "qwen3_5": {
+        "model_type": "qwen3_5_text",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 120,
+        "num_hidden_layers": 3,
+        "layer_types": ["linear_attention", "full_attention", "linear_attention"],
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "linear_key_head_dim": 16,
+        "linear_value_head_dim": 24,
+        "linear_conv_kernel_dim": 4,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+                            "mrope_section": [2, 1, 1], "mrope_interleaved": True},
+        "max_position_embeddings": 256,
+        "tie_word_embeddings": True,
+    },
 }
 
 
@@ -249,6 +274,10 @@ def text_config(config: dict) -> tuple[str, dict]:
         ttype = text.pop("model_type", None) or {"gemma3": "gemma3_text"}.get(model_type, f"{model_type}_text")
         if isinstance(ttype, str):
             ttype = MODEL_TYPE_ALIASES.get(ttype, ttype)  # kimi_k2 -> deepseek_v3 (its remote code)
+        if ttype == "qwen3_5_text":
+            # AutoModelForCausalLM on a Qwen3.5 image-text config builds Qwen3_5ForCausalLM from
+            # the text config alone (its own tie_word_embeddings; no vision tower)
+            return ttype, text
         # a few top-level fields matter for the text model too
         for k in ("tie_word_embeddings", "vocab_size"):
             if k in cfg and k not in text:
@@ -258,6 +287,8 @@ def text_config(config: dict) -> tuple[str, dict]:
         raise ConfigError("config has no 'model_type'", "pass a Hugging Face config.json")
     if isinstance(model_type, str):
         model_type = MODEL_TYPE_ALIASES.get(model_type, model_type)
+    if model_type == "qwen3_5":  # a flat Qwen3.5 text config
+        model_type = "qwen3_5_text"
     qc = cfg.get("quantization_config")
     if isinstance(qc, dict) and qc.get("quant_method") == "mxfp4":
         # gpt-oss ships MXFP4 experts; training runs on the bf16 weights transformers makes of them
@@ -310,6 +341,18 @@ def tiny_config(config: dict) -> dict:
         out["max_window_layers"] = min(int(cfg["max_window_layers"]), 2)
     if cfg.get("query_pre_attn_scalar"):
         out["query_pre_attn_scalar"] = 16
+    if model_type == "qwen3_5_text":
+        # the Gated DeltaNet shrinks too (2 key / 4 value heads of 16), one layer of each kind, and
+        # the mrope sections fit the 4 rotary features of a 16-wide head (a quarter rotary)
+        out.update(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                   linear_value_head_dim=16, layer_types=["linear_attention", "full_attention"])
+        out.pop("full_attention_interval", None)
+        rp = dict(cfg.get("rope_parameters") or {})
+        prf = rp.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 0.25))
+        rp.update(mrope_section=[1, 1, max(0, int(16 * prf) // 2 - 2)], partial_rotary_factor=prf)
+        rp.setdefault("rope_type", "default")
+        rp.setdefault("rope_theta", 10000000.0)
+        out["rope_parameters"] = rp
     for k in ("torch_dtype", "dtype", "bos_token_id", "eos_token_id", "pad_token_id"):
         out.pop(k, None)  # token ids of the real vocabulary do not fit the tiny one
     out["model_type"] = model_type

@@ -5,7 +5,7 @@ group of cases), on tiny real Hugging Face models (llama, qwen2 with tied embedd
 biases, mixtral as the MoE family; deepseek_v3's LoRA for its fp32 router in a bf16 base and its
 full fine-tuning under FSDP2's autocast; gpt_oss for its sinks and biased experts; glm4_moe with
 LoRA under FSDP2 and in full under FSDP1/FSDP2 and ZeRO-3; qwen3_5 with LoRA under FSDP2 and in full
-under ZeRO-3), and
+under FSDP2 and ZeRO-3), and
 every byte each rank holds is counted through a
 ``TorchDispatchMode``. The formulas (``ftplan.sharding.layout_memory``, CPU form) must give:
 
@@ -81,6 +81,9 @@ TORCH_CASES = [
     Case(family="glm4_moe", engine="fsdp2"),
     Case(family="deepseek_v3", engine="fsdp2"),
     Case(family="glm4_moe", engine="fsdp1"),
+    # qwen3_5's torch delta rule under the same autocast: its matmuls save bf16 copies of their fp32
+    # operands (ftplan left them out before: 311,296 B over per rank)
+    Case(family="qwen3_5", engine="fsdp2"),
 ]
 PEFT_CASES = [Case(family="mixtral", engine="fsdp2", method="lora"),
               # PEFT's all-linear adapts only gpt_oss's attention: its experts stay frozen
@@ -92,9 +95,7 @@ PEFT_CASES = [Case(family="mixtral", engine="fsdp2", method="lora"),
               # its full fine-tuning is held under FSDP1/FSDP2 above and ZeRO-3 below
               Case(family="glm4_moe", engine="fsdp2", method="lora"),
               # qwen3_5: Gated DeltaNet layers (conv1d, dt_bias, A_log, gated norm) around a gated-attention
-              # layer; full fine-tuning is held under ZeRO-3 below; FSDP2 full is not (its autocast runs the
-              # delta rule's matmuls on bf16 copies of the fp32 intermediates, which the engine's pure-bf16
-              # activation job leaves out: ftplan over-counts 152 KiB per DeltaNet layer on the tiny model)
+              # layer; its full fine-tuning is held under FSDP2 above and ZeRO-3 below
               Case(family="qwen3_5", engine="fsdp2", method="lora"),
               # FSDP1 as HF Trainer wraps a PEFT model: PEFT's fsdp_auto_wrap_policy (every lora_A /
               # lora_B its own unit), accelerate's fp32 upcast of trainable flat parameters

@@ -802,7 +802,8 @@ def _gdn_saved(la: GatedDeltaNetSpec, b: int, s: int, h: int, dt: _Dtypes, job: 
     C = la.chunk_size
     n = -(-s // C)
     p = n * C  # padded length
-    ac = dt.autocast
+    # HF Trainer's autocast, or accelerate's around FSDP's compute-dtype weights (engine "autocast")
+    ac = dt.autocast or dt.engine_compute == "autocast"
     mm = c if ac else 4  # the delta rule's matmul operands: compute-dtype copies, or fp32 themselves
     fp32_w = ac and (dt.train_w == 4 or (not dt.full and dt.norm_out == 4))  # fp32 weights under autocast
     out = 0

@@ -212,3 +212,18 @@ def test_text_model_counts_against_published_figures():
     assert round(get_model("qwen3.5-9b").spec().params.total / 1e9, 2) == 8.95
     assert get_model("qwen3.5-27b").spec().params.total == 26_895_998_464
     assert get_model("qwen3.5-4b").spec().params.total == 4_205_751_296
+
+
+def test_exported_setup_asks_for_a_transformers_with_qwen3_5():
+    """transformers' models/qwen3_5 first ships in 5.2.0 (the 5.1.0 wheel has none): the exported
+    packages and train.py's install line ask for it; other families keep 5.0 (5.17 for TP loading)."""
+    from ftplan.catalog.models import resolve_model
+    from ftplan.export.script import render_train_script
+    from ftplan.export.skypilot import setup_packages, transformers_floor
+    from ftplan.job import Job, Layout
+
+    assert "transformers>=5.2" in setup_packages(Job(method="lora"), "single", "qwen3_5")
+    assert "transformers>=5.0" in setup_packages(Job(method="lora"), "single", "llama")
+    assert transformers_floor("tp", "qwen3_5") == "5.17" and transformers_floor("fsdp") == "5.0"
+    src = render_train_script(resolve_model("qwen3.5-4b"), Job(method="lora"), Layout(), model_ref="Qwen/Qwen3.5-4B")
+    assert '"transformers>=5.2"' in src

@@ -77,6 +77,8 @@ class Family:
     #: "gemma": computes entirely in fp32 with a (1 + weight) scale, casting only the result;
     #: "gpt_oss": fp32 throughout too (``(weight * x_normed_fp32).to(input_dtype)``), plain weight
     norm_style: str = "llama"
+    #: first transformers release with this family's modeling code (the exported setup asks for it)
+    min_transformers: str = "5.0"
     #: hybrid token mixers (qwen3_5): ``layer_types`` mixes ``linear_attention`` layers (a Gated
     #: DeltaNet, ``GatedDeltaNetSpec``) with ``full_attention`` layers (gated attention: q_proj
     #: also emits a per-feature sigmoid gate on the attention output); without ``layer_types``
@@ -213,6 +215,7 @@ FAMILIES: dict[str, Family] = {
              "linear_num_value_heads": 32, "full_attention_interval": 4},
             qk_norm=True, mlp_bias_key=None, partial_rotary_factor=0.25, norm_style="gemma",
             hybrid_linear=True, output_gate=True, mrope=True,
+            min_transformers="5.2",  # models/qwen3_5 first ships in the 5.2.0 wheel (5.1.0 has none)
         ),
     ]
 }

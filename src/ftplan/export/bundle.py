@@ -544,7 +544,7 @@ def _render_accelerate_files(files: dict[str, str], model, job: Job, layout: Lay
     files["train.py"] = render_train_script(model, job, layout, model_ref=model_ref, kind=kind)
     args = '--model "$MODEL" --dataset "$DATASET" --output-dir "$OUTPUT_DIR"'
     return {
-        "packages": setup_packages(job, kind),
+        "packages": setup_packages(job, kind, model.family),
         "command": launch_command(layout, "--dataset <DATA> --output-dir output"),
         "sky_command": launch_command(layout, args),
         "multinode": "accelerate",

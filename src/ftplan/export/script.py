@@ -210,6 +210,7 @@ def render_train_script(model: ModelSpec, job: Job, layout: Layout, *, model_ref
     launch kind (:func:`ftplan.export.targets.engine`).
     """
     from ..job import validate_job
+    from .skypilot import transformers_floor
 
     validate_job(model, job, layout)
     consts = script_constants(model, job, layout, model_ref=model_ref, kind=kind)
@@ -222,7 +223,7 @@ def render_train_script(model: ModelSpec, job: Job, layout: Layout, *, model_ref
         f'Plan: {job.method}, {job.precision}, {job.optimizer}, micro-batch {job.micro_batch} x '
         f'grad-accum {job.grad_accum}, seq {job.seq_len}'
         f'{", gradient checkpointing" if job.gradient_checkpointing else ""}, {layout.describe()}.\n'
-        f'Needs: pip install "trl>=0.20" "datasets>=3.0" peft "transformers>=5.0" accelerate'
+        f'Needs: pip install "trl>=0.20" "datasets>=3.0" peft "transformers>={transformers_floor(str(consts["ENGINE"]), model.family)}" accelerate'
         f'{" bitsandbytes" if job.method == "qlora" or "8bit" in job.optimizer else ""}\n\n'
         f'Run:   python train.py --dataset data.jsonl --output-dir out'
         f'{"" if layout.world_size == 1 else f"   (or: accelerate launch --num_processes {layout.world_size} train.py ...)"}\n'

@@ -112,12 +112,23 @@ def sky_candidates(plan: dict[str, Any], alternatives=()) -> tuple[list[dict[str
     return out, notes
 
 
-def setup_packages(job: Job, kind: str) -> list[str]:
+def transformers_floor(kind: str, family: str | None = None) -> str:
+    """The lowest transformers the exported job runs on: 5.0, 5.17 for TP loading with
+    ``DistributedConfig``, and the family's first release with its modeling code (qwen3_5: 5.2)."""
+    from ..model import FAMILIES
+
+    floors = ["5.17" if kind == "tp" else "5.0"]
+    if family in FAMILIES:
+        floors.append(FAMILIES[family].min_transformers)
+    return max(floors, key=lambda v: tuple(int(x) for x in v.split(".")))
+
+
+def setup_packages(job: Job, kind: str, family: str | None = None) -> list[str]:
     """pip requirement specs for the cloud machine (same floors as ftplan's ``train`` extra)."""
     # FSDP2 through accelerate's config and ParallelismConfig: accelerate >= 1.12 (the HF Trainer
     # refuses ParallelismConfig below it); TP loading with DistributedConfig: transformers >= 5.17
     accel = "accelerate>=1.12" if kind in ("fsdp", "tp") else "accelerate>=1.0"
-    tf = "transformers>=5.17" if kind == "tp" else "transformers>=5.0"
+    tf = f"transformers>={transformers_floor(kind, family)}"
     pkgs = ["torch", tf, "trl>=0.20", "datasets>=3.0", accel]
     if job.uses_lora:
         pkgs.append("peft>=0.21" if kind == "tp" else "peft>=0.17")  # LoRA on DTensor TP: peft 0.21

@@ -207,3 +207,24 @@ def test_cli_export_prints_files_and_launch(tmp_path, capsys):
     assert main(["export", "--from-json", str(DATA / "recommend-70b-qlora.json"), "--out", str(out)]) == 2
     assert "not empty" in capsys.readouterr().err
     assert (out / "llamafactory.yaml").exists()
+
+
+def test_every_llamafactory_template_ftplan_writes_is_registered():
+    """Each chat template name the LLaMA-Factory export writes (per family, per catalog model) is one
+    LLaMA-Factory registers (its data/template.py ``register_template(name=...)``), and every catalog
+    model maps to one."""
+    import importlib.util
+    import re
+
+    from ftplan.catalog.models import load_model_catalog
+    from ftplan.export.llamafactory import _BY_NAME, _TEMPLATES, template_for
+
+    spec = importlib.util.find_spec("llamafactory")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("llamafactory (tests/validators.txt) is not installed")
+    text = (Path(list(spec.submodule_search_locations)[0]) / "data" / "template.py").read_text()
+    registered = set(re.findall(r'register_template\(\s*name="([^"]+)"', text))
+    assert {"qwen3_5", "kimi_vl", "phi4_mini", "glm4_moe", "gpt_oss"} <= registered
+    assert set(_TEMPLATES.values()) | set(_BY_NAME.values()) <= registered
+    for name, entry in load_model_catalog().items():
+        assert template_for(entry.spec()) in registered, name

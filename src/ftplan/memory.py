@@ -624,6 +624,13 @@ class _Dtypes:
     #: the engine's compute-dtype weights (sharding.engine_compute): "autocast" (FSDP under
     #: accelerate's autocast), "cast" (DeepSpeed's bf16 mode), "" (the job's own weights)
     engine_compute: str = ""
+    #: DeepSpeed ZeRO-3 replaces ``F.linear`` with its ``LinearFunctionForZeroStage3``
+    #: (``memory_efficient_linear``, on by default), which saves the input of every linear,
+    #: frozen ones included (a frozen ``nn.Linear`` otherwise saves only its weight)
+    linear_saves_input: bool = False
+    #: PEFT's wrapped (ParamWrapper) router: bytes of the adapter copies its delta weight saves
+    #: per MoE layer (``get_delta_weight`` upcasts bf16 adapters on CPU)
+    router_delta_copy: int = 0
 
 
 def _act_dtypes(job: Job, backend: str, engine_compute: str = "") -> _Dtypes:
@@ -819,10 +826,10 @@ def _moe_saved(m: MoeSpec, t: int, h: int, dt: _Dtypes, tp: int, wrapped: bool =
         else:
             per_row = routed * 4
             w_bytes = 4
-    if dt.full or wrapped:
+    if dt.full or wrapped or dt.linear_saves_input:  # (a frozen router under ZeRO-3's linear too)
         out += router_in
     if wrapped:  # the merged router and expert weights
-        out += m.num_experts * h * c + m.num_experts * 3 * h * i * c
+        out += m.num_experts * h * c + m.num_experts * 3 * h * i * c + dt.router_delta_copy
     if ep > 1:
         from .expert_parallel import ep_experts_saved
 
@@ -866,6 +873,21 @@ def _mla_saved(a, t: int, b: int, s: int, h: int, dt: _Dtypes, heads: int, backe
     return out
 
 
+def _adapter_compute_bytes(job: Job, dt: _Dtypes) -> int:
+    """Bytes per element of the LoRA adapter weights as the forward sees them, which PEFT's
+    ``lora.Linear.forward`` casts its input to (``x.to(lora_A.weight.dtype)``): the stored adapter
+    dtype (PEFT's fp32, TRL's QLoRA bf16), or, under a sharding engine
+    (``sharding.engine_compute``), the compute dtype: FSDP2 gathers the fp32 adapters in
+    ``param_dtype``; FSDP1's adapter units are views of the ``param_dtype`` flat parameter from
+    the first unshard on (use_orig_params=False: before it, in the first step only, the views are
+    still of the fp32 flat parameter, so that step casts as one GPU does); DeepSpeed's bf16 mode
+    casts the whole module. PEFT's bitsandbytes layer (``lora/bnb.py``) skips the cast under
+    autocast and casts to the same dtype without it."""
+    if dt.engine_compute:
+        return dt.compute
+    return int(dtype_bytes(job.adapter_dtype))
+
+
 def _lora_saved(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t: int, tp: int,
                 backend: str) -> int:
     """Per decoder layer: PEFT casts the input to the adapter dtype (fp32, or TRL's QLoRA bf16), applies dropout
@@ -876,14 +898,15 @@ def _lora_saved(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t: int, 
     targets = lora_targets(model, job.lora)
     r = job.lora.r
     c = dt.compute
-    a_bytes = int(dtype_bytes(job.adapter_dtype))
+    a_bytes = _adapter_compute_bytes(job, dt)
     # PEFT casts the input to the adapter dtype first: the CPU mask has that dtype
     mask = 0 if job.lora.dropout == 0 else (1 if backend == "cuda" else a_bytes)
     # without dropout (nn.Identity) and with adapters in the dtype of their input (TRL's QLoRA
-    # recipe: bf16 residual stream, bf16 adapters) no cast happens: lora_A saves the layer's own
+    # recipe: bf16 residual stream, bf16 adapters; FSDP's and DeepSpeed's compute-dtype adapters
+    # on their compute-dtype base) no cast happens: lora_A saves the layer's own
     # tensor, one storage per distinct input (q/k/v share the norm output, gate/up theirs, o_proj
     # reads the attention output the kernel already keeps)
-    shared = job.lora.dropout == 0 and a_bytes == c == dt.resid and g.moe is None
+    shared = job.lora.dropout == 0 and a_bytes == c == dt.resid and (g.moe is None or bool(dt.engine_compute))
     seen: set[str] = set()
     out = 0
     for lin in layer_linears(model, g):
@@ -944,6 +967,9 @@ def _logits_bytes(model: ModelSpec, job: Job, dt: _Dtypes, tp: int, backend: str
     saved += _linear_inputs(t, h, 1, dt.norm_out, dt)
     if job.uses_lora and "lm_head" in job.lora.target_modules:
         saved += t * h * (c + 1) + t * job.lora.r * c
+    elif dt.linear_saves_input:
+        # ZeRO-3's linear keeps the frozen lm_head's input (the final norm's output)
+        saved += t * h * (dt.norm_out if job.method != "lora" else dt.resid)
     if job.loss == "hf-legacy":
         # fp32 log-softmax of the b x (s - 1) shifted logits, the shifted int64 labels (a
         # contiguous copy; with one row the slice is already contiguous: a view of the batch's
@@ -1068,7 +1094,7 @@ def _first_layer_discount(model: ModelSpec, job: Job, dt: _Dtypes, backend: str)
         out += dt.compute * sum(lin.in_features * lin.out_features for lin in layer_linears(model, model.groups[0])
                                 if lin.module in _READS_LAYER_INPUT)
     if job.uses_lora and job.lora.dropout > 0:
-        mask = 1 if backend == "cuda" else int(dtype_bytes(job.adapter_dtype))
+        mask = 1 if backend == "cuda" else _adapter_compute_bytes(job, dt)
         targets = lora_targets(model, job.lora)
         first = layer_linears(model, model.groups[0])
         for lin in first:
@@ -1506,6 +1532,17 @@ def activation_parts(model: ModelSpec, job: Job, layout: Layout | None = None, *
     layout = layout or Layout()
     consts = consts or memory_constants()
     dt = _act_dtypes(job, backend, engine_compute)
+    if layout.strategy == "zero3" and not dt.full:
+        dt = dataclasses.replace(dt, linear_saves_input=True)
+    if (backend == "cpu" and dt.engine_compute and job.uses_lora and model.is_moe
+            and lora_wraps_experts(model, job.lora)):
+        # PEFT's wrapped router builds its delta weight with lora.Linear.get_delta_weight, which on
+        # CPU upcasts bf16 adapters (``weight.float()``): the matmul saves the fp32 copies of A
+        # (r x hidden) and B (experts x r), under FSDP's autocast recast to bf16. On CUDA (and
+        # with PEFT's fp32 adapters, whose autocast copies count with the weights) no copy
+        moe = next(g.moe for g in model.groups if g.moe is not None)
+        r_b = dt.compute if dt.engine_compute == "autocast" else 4
+        dt = dataclasses.replace(dt, router_delta_copy=r_b * job.lora.r * (model.hidden_size + moe.num_experts))
     tp, pp = layout.tp, layout.pp
     t = job.micro_batch * job.seq_len
     mode = job.ac_mode

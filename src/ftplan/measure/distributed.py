@@ -701,7 +701,9 @@ def _run_case(case: Case, rank: int, world: int) -> RankMeasure:
                 if last:
                     fwd_start_live = tr.sizes()
                 ac = torch.autocast("cpu", dtype=ac_dtype) if ac_dtype is not None else contextlib.nullcontext()
-                with ac:
+                saved_log: list | None = [] if last and os.environ.get("FTPLAN_DIST_SAVED") else None
+                hooks_ctx = _saved_tensor_log(tr, saved_log) if saved_log is not None else contextlib.nullcontext()
+                with ac, hooks_ctx:
                     loss = m(input_ids=ids, labels=ids, use_cache=False).loss
                 if last:
                     fwd_end_live = tr.sizes()
@@ -772,6 +774,18 @@ def _run_case(case: Case, rank: int, world: int) -> RankMeasure:
     import torch.distributed as dist
 
     out.detail["world_group"] = str(dist.distributed_c10d._get_default_group().group_name)
+    if saved_log is not None:
+        # the saved tensors whose storages are counted as activations (each storage once)
+        act_keys = {k for k, v in fwd_end_live.items() if tr.meta.get(k, ("", ""))[0] == f"fwd{s}"
+                    and tr.meta[k][1] not in ENGINE_OWNERS and k not in loss_keys}
+        seen_keys: set[int] = set()
+        rows = []
+        for keys_, desc in saved_log:
+            mine = [k for k in keys_ if k in act_keys and k not in seen_keys]
+            seen_keys.update(mine)
+            rows.append((sum(fwd_end_live[k] for k in mine), *desc))
+        out.detail["saved"] = rows
+        out.detail["unsaved_activation_bytes"] = sum(fwd_end_live[k] for k in act_keys - seen_keys)
     if os.environ.get("FTPLAN_DIST_DEBUG"):
         out.detail["persistent_where"] = sorted((end_sizes[k], tr.meta[k][0] + " " + tr.where.get(k, tr.meta[k][1]))
                                                 for k in rest if end_sizes[k])
@@ -788,6 +802,26 @@ def _run_case(case: Case, rank: int, world: int) -> RankMeasure:
         if case.offload_params:
             out.host += out.params
     return out
+
+
+def _saved_tensor_log(tr, log: list):
+    """Autograd saved-tensor hooks (``FTPLAN_DIST_SAVED=1``): every tensor the forward saves, as
+    (storage keys, (dtype, shape, is a view, is a parameter, innermost model frame))."""
+    import torch
+
+    def pack(t):
+        f, where = sys._getframe(1), ""
+        while f is not None:
+            fn = f.f_code.co_filename.replace("\\", "/")
+            if "/peft/" in fn or "/transformers/" in fn or "/bitsandbytes/" in fn:
+                where = f"{fn.rsplit('/', 1)[-1]}:{f.f_lineno}:{f.f_code.co_name}"
+                break
+            f = f.f_back
+        log.append((tr.key_of(t), (str(t.dtype).replace("torch.", ""), tuple(t.shape), t._base is not None,
+                                   isinstance(t, torch.nn.Parameter), where)))
+        return t
+
+    return torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
 
 
 def _register_model(tr, model) -> None:

@@ -11,9 +11,11 @@ every byte each rank holds is counted through a
 * byte-exact: the parameter shards (or replicas), the gradients alive when backward ends, the
   optimizer states, DeepSpeed's fp32 master partitions, the bytes offloaded to the host, and the
   engine's transient peak of FSDP1/FSDP2 (gathered units, prefetches, unsharded gradients,
-  reduce-scatter buffers, unit by unit), and the saved activations of full fine-tuning on the
-  engines' bf16 weights (FSDP under accelerate's autocast, DeepSpeed's bf16 mode without it:
-  ``sharding.engine_compute``);
+  reduce-scatter buffers, unit by unit), and the saved activations on the engines' bf16 weights
+  (FSDP under accelerate's autocast, DeepSpeed's bf16 mode without it: ``sharding.engine_compute``),
+  LoRA and QLoRA included: PEFT's adapters are bf16 during compute, so it casts nothing and each
+  ``lora_A`` keeps the layer's own input; ZeRO-3's ``F.linear`` replacement keeps the inputs of
+  frozen linears too;
 * within a stated bound, where the engine keeps bytes the formula does not name one by one:
   a late DeepSpeed ZeRO-1/2 gradient (timing), its small scalars and ZeRO-3's persistent
   parameters gathered twice,
@@ -102,7 +104,9 @@ PEFT_CASES = [Case(family="mixtral", engine="fsdp2", method="lora"),
               Case(family="qwen2", engine="fsdp1", method="lora", reduce_fp32=True),
               # the LoRA base loaded in fp32 (TRL's default for a model id): fp32 shards, gathered in bf16
               Case(family="llama", engine="fsdp1", method="lora", base_fp32=True),
-              Case(family="qwen2", engine="fsdp2", method="lora", base_fp32=True)]
+              Case(family="qwen2", engine="fsdp2", method="lora", base_fp32=True),
+              # LoRA dropout on the bf16 adapters: the dropout's bf16 output and (on CPU) bf16 mask
+              Case(family="llama", engine="fsdp2", method="lora", lora_dropout=0.1)]
 QLORA_CASES = [Case(family="llama", engine="fsdp2", method="qlora"), Case(family="qwen2", engine="fsdp2", method="qlora"),
                Case(family="mixtral", engine="fsdp2", method="qlora"), Case(family="gpt_oss", engine="fsdp2", method="qlora"),
                # FSDP1 QLoRA (bf16 quant storage: transformers' update_fsdp_plugin_peft mixed precision)
@@ -142,7 +146,12 @@ DS_QLORA_CASES = [Case(family="llama", engine="deepspeed", zero_stage=3, method=
                   # LoRA on DeepSpeed's bf16 cast: bf16 adapters (no cast of the input), ZeRO-3's
                   # linear keeping the frozen lm_head's input; mixtral: PEFT's wrapped router
                   Case(family="llama", engine="deepspeed", zero_stage=3, method="lora", steps=2),
-                  Case(family="mixtral", engine="deepspeed", zero_stage=3, method="lora", steps=2)]
+                  Case(family="mixtral", engine="deepspeed", zero_stage=3, method="lora", steps=2),
+                  # frozen base linears whose inputs only ZeRO-3's linear keeps, with dropout
+                  Case(family="qwen2", engine="deepspeed", zero_stage=3, method="lora", steps=2,
+                       lora_targets="q_proj,k_proj,down_proj", lora_dropout=0.1),
+                  # the wrapped fp32 router path on DeepSpeed's cast: an fp32 copy of the merged weight
+                  Case(family="glm4_moe", engine="deepspeed", zero_stage=3, method="lora", steps=2)]
 #: 4 ranks: shard degree 4, and HSDP (2 replicas x 2 shards)
 FOUR_CASES = [
     Case(family="llama", engine="fsdp2"),
@@ -176,7 +185,8 @@ def _predict(case: Case, world: int, first_step_views: bool = False) -> dict[str
         # makes a bf16 copy of it per adapter, as on one GPU); from the first unshard on the views
         # are of the bf16 unsharded flat parameter
         ec = ""
-    act = saved_activation_bytes(spec, act_job, layout, backend="cpu", engine_compute=ec) - ids
+    act = saved_activation_bytes(spec, act_job, layout, backend="cpu", engine_compute=ec,
+                                 quantized_base=job.method == "qlora") - ids
     return {"frozen": lm.frozen_weights, "trainable": lm.trainable_weights, "master": lm.master_weights,
             "grads": lm.gradients, "optimizer": lm.optimizer_states, "buffers": lm.comm_buffers,
             "transient": lm.transient, "host": lm.host, "activations": act, "engine": layout.engine,

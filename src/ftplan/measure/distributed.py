@@ -81,6 +81,10 @@ class Case:
     seq_len: int = 24
     steps: int = 1
     lora_r: int = 8
+    #: PEFT ``lora_dropout`` (0: ``nn.Identity``, the adapters read the layer's own input)
+    lora_dropout: float = 0.0
+    #: PEFT ``target_modules``, comma-separated (or all-linear)
+    lora_targets: str = "all-linear"
     #: bitsandbytes 4-bit storage dtype for QLoRA over FSDP (bnb_4bit_quant_storage)
     quant_storage: str = "bf16"
     #: DeepSpeed reduce_bucket_size in elements (``Layout.ds_reduce_bucket_size``); 0 = HF's auto
@@ -99,7 +103,8 @@ class Case:
         # the harness calls the model with labels (transformers' loss) and does not checkpoint
         return Job(method=self.method, precision="bf16-mixed", optimizer="adamw", micro_batch=self.batch,
                    seq_len=self.seq_len, attn_impl=self.attn, gradient_checkpointing=False, loss="hf",
-                   lora=LoraSpec(r=self.lora_r, alpha=2 * self.lora_r, dropout=0.0),
+                   lora=LoraSpec(r=self.lora_r, alpha=2 * self.lora_r, dropout=self.lora_dropout,
+                                 target_modules=tuple(self.lora_targets.split(","))),
                    base_dtype="fp32" if self.base_fp32 else "compute")
 
     @property
@@ -136,6 +141,10 @@ class Case:
             parts.append("reduce-fp32")
         if self.base_fp32:
             parts.append("base-fp32")
+        if self.lora_dropout:
+            parts.append(f"dropout{self.lora_dropout:g}")
+        if self.lora_targets != "all-linear":
+            parts.append(self.lora_targets.replace(",", "+"))
         if self.replicate > 1:
             parts.append(f"hsdp{self.replicate}")
         if self.offload_params:
@@ -364,11 +373,16 @@ def _build(case: Case):
                 from peft import LoraConfig, get_peft_model
 
                 model = get_peft_model(model, LoraConfig(r=case.lora_r, lora_alpha=2 * case.lora_r,
-                                                         lora_dropout=0.0, target_modules="all-linear",
+                                                         lora_dropout=case.lora_dropout,
+                                                         target_modules=_peft_targets(case),
                                                          task_type="CAUSAL_LM"))
     model.train()
     del torch
     return model
+
+
+def _peft_targets(case: Case):
+    return "all-linear" if case.lora_targets == "all-linear" else case.lora_targets.split(",")
 
 
 def _build_qlora(cfg: dict, case: Case):
@@ -394,8 +408,8 @@ def _build_qlora(cfg: dict, case: Case):
                                                      attn_implementation=case.attn, device_map="cpu")
     # what ftplan's exported train.py does for sharded QLoRA (TRL's is_sharded_qlora path): no
     # prepare_model_for_kbit_training, the non-quantized weights stay in the storage dtype
-    return get_peft_model(model, LoraConfig(r=case.lora_r, lora_alpha=2 * case.lora_r, lora_dropout=0.0,
-                                            target_modules="all-linear", task_type="CAUSAL_LM"))
+    return get_peft_model(model, LoraConfig(r=case.lora_r, lora_alpha=2 * case.lora_r, lora_dropout=case.lora_dropout,
+                                            target_modules=_peft_targets(case), task_type="CAUSAL_LM"))
 
 
 def _decoder_layers(model):

@@ -96,7 +96,8 @@ PEFT_CASES = [Case(family="mixtral", engine="fsdp2", method="lora"),
               # lora_B its own unit), accelerate's fp32 upcast of trainable flat parameters; llama's
               # second step: the adapters' bf16 views PEFT sees from the first unshard on (the
               # first step's views are still fp32: see _check)
-              Case(family="llama", engine="fsdp1", method="lora", steps=2), Case(family="qwen2", engine="fsdp1", method="lora"),
+              Case(family="llama", engine="fsdp1", method="lora", steps=2),
+              Case(family="qwen2", engine="fsdp1", method="lora"),
               # with CPU offload: FSDP1's pinned CPU gradient buffer exists for the frozen flat
               # parameters too (a second copy of the frozen shards in host RAM)
               Case(family="qwen2", engine="fsdp1", method="lora", offload_params=True),

@@ -29,6 +29,12 @@ step the log is replayed to split the bytes into categories:
 * ``host``: the categories the engine keeps on the host when it offloads (on CPU the "device" and
   the host are the same memory: the split is by role).
 
+With ``FTPLAN_DIST_SAVED=1`` the last step's forward also runs under autograd saved-tensor hooks:
+``detail["saved"]`` lists every tensor it saves (the bytes of the activation storages it is the
+first to hold, dtype, shape, whether it is a view, whether it is a parameter, the innermost
+transformers / PEFT / bitsandbytes frame), ``detail["unsaved_activation_bytes"]`` what the
+activations hold that nothing saved.
+
 CPU stand-ins (the bytes are the engine's own; only these device mechanics differ): FSDP1 is
 given ``device_id=cpu`` and CPU "pinning" is a no-op under offload; DeepSpeed's shared-memory
 communication kernel (a JIT-compiled C++ extension) is not built (gloo carries the collectives).

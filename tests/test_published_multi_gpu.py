@@ -43,7 +43,10 @@ import published_multi_gpu as P  # noqa: E402
 #: was the literature 512 MiB): the six nvidia-smi rows move up 0.24 GiB, three under-predictions
 #: shrink (PEFT 70B QLoRA offload -20.4 -> -19.1, ZeRO-3 QLoRA -6.2 -> -5.5, ZeRO-3 LoRA -9.1 -> -8.7)
 #: and philschmid's over-prediction grows +5.5 -> +6.6; the median row changes, 5.4999 -> 5.5009)
-RATCHET = {"median_abs_pct": 5.51, "max_abs_pct": 21.9, "under_5": 6}
+#: (-> 5.31: LoRA/QLoRA activations as the engines run them, held on 2 gloo ranks: DeepSpeed ZeRO-3's
+#: F.linear keeps the frozen base linears' inputs next to the dropout outputs and the lm_head's input;
+#: the PEFT docs' ZeRO-3 rows LoRA -8.7 -> -5.8, QLoRA -5.5 -> -5.3 %; median 5.5009 -> 5.3065)
+RATCHET = {"median_abs_pct": 5.31, "max_abs_pct": 21.9, "under_5": 6}
 
 
 @pytest.fixture(scope="module")

@@ -636,6 +636,16 @@ class _Dtypes:
     #: the engine's compute-dtype weights (sharding.engine_compute): "autocast" (FSDP under
     #: accelerate's autocast), "cast" (DeepSpeed's bf16 mode), "" (the job's own weights)
     engine_compute: str = ""
+    #: DeepSpeed ZeRO-3 replaces ``F.linear`` with its ``LinearFunctionForZeroStage3``
+    #: (``memory_efficient_linear``, on by default), which saves the input of every linear,
+    #: frozen ones included (a frozen ``nn.Linear`` otherwise saves only its weight): the lm_head
+    #: and routers; ``frozen_linears_save_input`` also the decoder layers' base linears (not
+    #: bitsandbytes' 4-bit ones, which do not call ``F.linear``)
+    linear_saves_input: bool = False
+    frozen_linears_save_input: bool = False
+    #: PEFT's wrapped (ParamWrapper) router: bytes of the adapter copies its delta weight saves
+    #: per MoE layer (``get_delta_weight`` upcasts bf16 adapters on CPU)
+    router_delta_copy: int = 0
 
 
 def _act_dtypes(job: Job, backend: str, engine_compute: str = "") -> _Dtypes:
@@ -945,10 +955,13 @@ def _moe_saved(m: MoeSpec, t: int, h: int, dt: _Dtypes, tp: int, wrapped: bool =
         else:
             per_row = routed * 4
             w_bytes = 4
-    if dt.full or wrapped:
+    if dt.full or wrapped or dt.linear_saves_input:  # (a frozen router under ZeRO-3's linear too)
         out += router_in
     if wrapped:  # the merged router and expert weights
-        out += m.num_experts * h * c + m.num_experts * 3 * h * i * c
+        # (DeepSpeed's cast deepseek_v3 router: the linear saves the fp32 copy of the bf16 merged
+        # weight, ``weight.float()``, which no autocast turns back)
+        router_w = 4 if m.router == "deepseek_v3" and dt.engine_compute == "cast" else c
+        out += m.num_experts * h * router_w + m.num_experts * 3 * h * i * c + dt.router_delta_copy
     if ep > 1:
         from .expert_parallel import ep_experts_saved
 
@@ -992,6 +1005,21 @@ def _mla_saved(a, t: int, b: int, s: int, h: int, dt: _Dtypes, heads: int, backe
     return out
 
 
+def _adapter_compute_bytes(job: Job, dt: _Dtypes) -> int:
+    """Bytes per element of the LoRA adapter weights as the forward sees them, which PEFT's
+    ``lora.Linear.forward`` casts its input to (``x.to(lora_A.weight.dtype)``): the stored adapter
+    dtype (PEFT's fp32, TRL's QLoRA bf16), or, under a sharding engine
+    (``sharding.engine_compute``), the compute dtype: FSDP2 gathers the fp32 adapters in
+    ``param_dtype``; FSDP1's adapter units are views of the ``param_dtype`` flat parameter from
+    the first unshard on (use_orig_params=False: before it, in the first step only, the views are
+    still of the fp32 flat parameter, so that step casts as one GPU does); DeepSpeed's bf16 mode
+    casts the whole module. PEFT's bitsandbytes layer (``lora/bnb.py``) skips the cast under
+    autocast and casts to the same dtype without it."""
+    if dt.engine_compute:
+        return dt.compute
+    return int(dtype_bytes(job.adapter_dtype))
+
+
 def _lora_saved(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t: int, tp: int,
                 backend: str) -> int:
     """Per decoder layer: PEFT casts the input to the adapter dtype (fp32, or TRL's QLoRA bf16), applies dropout
@@ -1002,14 +1030,15 @@ def _lora_saved(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t: int, 
     targets = lora_targets(model, job.lora)
     r = job.lora.r
     c = dt.compute
-    a_bytes = int(dtype_bytes(job.adapter_dtype))
+    a_bytes = _adapter_compute_bytes(job, dt)
     # PEFT casts the input to the adapter dtype first: the CPU mask has that dtype
     mask = 0 if job.lora.dropout == 0 else (1 if backend == "cuda" else a_bytes)
     # without dropout (nn.Identity) and with adapters in the dtype of their input (TRL's QLoRA
-    # recipe: bf16 residual stream, bf16 adapters) no cast happens: lora_A saves the layer's own
+    # recipe: bf16 residual stream, bf16 adapters; FSDP's and DeepSpeed's compute-dtype adapters
+    # on their compute-dtype base) no cast happens: lora_A saves the layer's own
     # tensor, one storage per distinct input (q/k/v share the norm output, gate/up theirs, o_proj
     # reads the attention output the kernel already keeps)
-    shared = job.lora.dropout == 0 and a_bytes == c == dt.resid and g.moe is None
+    shared = job.lora.dropout == 0 and a_bytes == c == dt.resid and (g.moe is None or bool(dt.engine_compute))
     seen: set[str] = set()
     out = 0
     for lin in layer_linears(model, g):
@@ -1023,11 +1052,45 @@ def _lora_saved(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t: int, 
             if src in seen:
                 continue
             seen.add(src)
-            if lin.module == "o_proj" and job.attn_impl != "eager" and not g.attention.is_mla and not (
-                    g.attention.head_major_q and backend == "cpu"):
+            if _kernel_keeps_o_proj_input(g, job, backend) and lin.module == "o_proj":
                 continue  # the attention kernel's saved output
         out += t * width * (mask + c)
-    return out
+    return out + _zero3_base_inputs(g, model, job, dt, t, backend, seen if shared else set())[0]
+
+
+def _linear_source(module: str) -> str:
+    """The tensor a decoder-layer linear reads (one storage however many linears read it)."""
+    return ("layer_input" if module in _READS_LAYER_INPUT
+            else "mlp_input" if module in ("gate_proj", "up_proj", "gate_up_proj") else module)
+
+
+def _kernel_keeps_o_proj_input(g: LayerGroup, job: Job, backend: str) -> bool:
+    """o_proj reads the attention output the kernel already saves (not eager, MLA, or the CPU
+    kernel's head-major output, which comes back as a separate contiguous copy)."""
+    return job.attn_impl != "eager" and not g.attention.is_mla and not (g.attention.head_major_q and backend == "cpu")
+
+
+def _zero3_base_inputs(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t: int, backend: str,
+                       seen: set[str]) -> tuple[int, int]:
+    """(bytes, of which the layer input) ZeRO-3's ``F.linear`` replacement saves for one decoder
+    layer's frozen base linears of a LoRA job (``LinearFunctionForZeroStage3`` keeps the input of
+    every linear, frozen or not): each distinct input once, unless ``lora_A`` already keeps it
+    (``seen``: no dropout) or the attention kernel does (o_proj)."""
+    if not (dt.frozen_linears_save_input and job.uses_lora):
+        return 0, 0
+    out = layer_in = 0
+    seen = set(seen)
+    for lin in layer_linears(model, g):
+        if not lin.is_module:
+            continue
+        src = _linear_source(lin.module)
+        if src in seen or (lin.module == "o_proj" and _kernel_keeps_o_proj_input(g, job, backend)):
+            continue
+        seen.add(src)
+        b = dt.resid if src in ("layer_input", "mlp_input") else dt.compute  # a norm's output, or a product
+        out += t * lin.in_features * b
+        layer_in += t * lin.in_features * b if src == "layer_input" else 0
+    return out, layer_in
 
 
 
@@ -1070,6 +1133,9 @@ def _logits_bytes(model: ModelSpec, job: Job, dt: _Dtypes, tp: int, backend: str
     saved += _linear_inputs(t, h, 1, dt.norm_out, dt)
     if job.uses_lora and "lm_head" in job.lora.target_modules:
         saved += t * h * (c + 1) + t * job.lora.r * c
+    elif dt.linear_saves_input:
+        # ZeRO-3's linear keeps the frozen lm_head's input (the final norm's output)
+        saved += t * h * (dt.norm_out if job.method != "lora" else dt.resid)
     if job.loss == "hf-legacy":
         # fp32 log-softmax of the b x (s - 1) shifted logits, the shifted int64 labels (a
         # contiguous copy; with one row the slice is already contiguous: a view of the batch's
@@ -1195,12 +1261,22 @@ def _first_layer_discount(model: ModelSpec, job: Job, dt: _Dtypes, backend: str)
         out += dt.compute * sum(lin.in_features * lin.out_features for lin in layer_linears(model, model.groups[0])
                                 if lin.module in _READS_LAYER_INPUT)
     if job.uses_lora and job.lora.dropout > 0:
-        mask = 1 if backend == "cuda" else int(dtype_bytes(job.adapter_dtype))
+        mask = 1 if backend == "cuda" else _adapter_compute_bytes(job, dt)
         targets = lora_targets(model, job.lora)
         first = layer_linears(model, model.groups[0])
         for lin in first:
             if lin.module in _READS_LAYER_INPUT and lin.module in targets:
                 out += t * h * mask
+    if dt.frozen_linears_save_input and job.uses_lora:
+        # nor do ZeRO-3's linears reading it save it (no input needs a gradient: the autograd
+        # Function is not recorded); a lora_A reading it directly still does (its weight's gradient)
+        g0 = model.groups[0]
+        targets = lora_targets(model, job.lora)
+        shared = job.lora.dropout == 0 and _adapter_compute_bytes(job, dt) == dt.compute == dt.resid and (
+            g0.moe is None or bool(dt.engine_compute))
+        seen = {"layer_input"} if shared and any(lin.module in _READS_LAYER_INPUT and lin.module in targets
+                                                  for lin in layer_linears(model, g0) if lin.is_module) else set()
+        out += _zero3_base_inputs(g0, model, job, dt, t, backend, seen)[1]
     return out
 
 
@@ -1578,19 +1654,20 @@ def _batch_shape(job: Job) -> tuple[int, int]:
 
 
 def saved_activation_bytes(model: ModelSpec, job: Job, layout: Layout | None = None,
-                           *, backend: str = "cuda", engine_compute: str = "") -> int:
+                           *, backend: str = "cuda", engine_compute: str = "", quantized_base: bool = False) -> int:
     """Bytes autograd holds between forward and backward for one micro-batch on one GPU:
     activations plus the final norm, lm_head and loss tensors. Excludes weight copies (autocast
     casts are counted with the weights). ``engine_compute``: ``sharding.engine_compute`` of the job
     ``activation_job`` made this one from."""
-    saved, logits_saved, _ = _activations(model, job, layout or Layout(), backend, engine_compute)
+    saved, logits_saved, _ = _activations(model, job, layout or Layout(), backend, engine_compute, quantized_base)
     return saved + logits_saved
 
 
 def _activations(model: ModelSpec, job: Job, layout: Layout, backend: str = "cuda",
-                 engine_compute: str = "") -> tuple[int, int, int]:
+                 engine_compute: str = "", quantized_base: bool = False) -> tuple[int, int, int]:
     """(saved activations, logits+loss saved, backward transient) per GPU, on the device."""
-    a = activation_parts(model, job, layout, backend=backend, engine_compute=engine_compute)
+    a = activation_parts(model, job, layout, backend=backend, engine_compute=engine_compute,
+                         quantized_base=quantized_base)
     return a.device_saved_bytes, a.loss_saved_bytes, a.transient_bytes
 
 
@@ -1634,13 +1711,26 @@ class ActivationParts:
 
 def activation_parts(model: ModelSpec, job: Job, layout: Layout | None = None, *,
                      backend: str = "cuda", consts: MemoryConstants | None = None,
-                     engine_compute: str = "") -> ActivationParts:
+                     engine_compute: str = "", quantized_base: bool = False) -> ActivationParts:
     """The activation side of the breakdown for one micro-batch on one GPU (see ActivationParts).
     ``engine_compute``: how a sharding engine runs ``job``, the compute-dtype job ``activation_job`` made
-    (``sharding.engine_compute``: FSDP's autocast or DeepSpeed's cast); "" for the job itself."""
+    (``sharding.engine_compute``: FSDP's autocast or DeepSpeed's cast); "" for the job itself.
+    ``quantized_base``: the job ``activation_job`` made this one from is QLoRA (its decoder-layer
+    linears are bitsandbytes 4-bit layers, which ZeRO-3's ``F.linear`` replacement does not see)."""
     layout = layout or Layout()
     consts = consts or memory_constants()
     dt = _act_dtypes(job, backend, engine_compute)
+    if layout.strategy == "zero3" and not dt.full:
+        dt = dataclasses.replace(dt, linear_saves_input=True, frozen_linears_save_input=not quantized_base)
+    if (backend == "cpu" and dt.engine_compute and job.uses_lora and model.is_moe
+            and lora_wraps_experts(model, job.lora)):
+        # PEFT's wrapped router builds its delta weight with lora.Linear.get_delta_weight, which on
+        # CPU upcasts bf16 adapters (``weight.float()``): the matmul saves the fp32 copies of A
+        # (r x hidden) and B (experts x r), under FSDP's autocast recast to bf16. On CUDA (and
+        # with PEFT's fp32 adapters, whose autocast copies count with the weights) no copy
+        moe = next(g.moe for g in model.groups if g.moe is not None)
+        r_b = dt.compute if dt.engine_compute == "autocast" else 4
+        dt = dataclasses.replace(dt, router_delta_copy=r_b * job.lora.r * (model.hidden_size + moe.num_experts))
     tp, pp = layout.tp, layout.pp
     t = job.micro_batch * job.seq_len
     mode = job.ac_mode
@@ -1853,7 +1943,7 @@ def estimate_memory(
     # activations are those of pure compute-dtype training, but for an fp32 path transformers
     # keeps (FSDP runs under accelerate's autocast, DeepSpeed does not: sharding.engine_compute)
     act = activation_parts(model, activation_job(job, lm), layout, backend=backend, consts=consts,
-                           engine_compute=engine_compute(job, layout))
+                           engine_compute=engine_compute(job, layout), quantized_base=job.method == "qlora")
     saved, logits_saved, transient = act.device_saved_bytes, act.loss_saved_bytes, act.transient_bytes
     if act.host_pinned_bytes:
         # TRL activation offloading: pinned host copies (power-of-two blocks, cached across steps)

@@ -29,6 +29,12 @@ step the log is replayed to split the bytes into categories:
 * ``host``: the categories the engine keeps on the host when it offloads (on CPU the "device" and
   the host are the same memory: the split is by role).
 
+With ``FTPLAN_DIST_SAVED=1`` the last step's forward also runs under autograd saved-tensor hooks:
+``detail["saved"]`` lists every tensor it saves (the bytes of the activation storages it is the
+first to hold, dtype, shape, whether it is a view, whether it is a parameter, the innermost
+transformers / PEFT / bitsandbytes frame), ``detail["unsaved_activation_bytes"]`` what the
+activations hold that nothing saved.
+
 CPU stand-ins (the bytes are the engine's own; only these device mechanics differ): FSDP1 is
 given ``device_id=cpu`` and CPU "pinning" is a no-op under offload; DeepSpeed's shared-memory
 communication kernel (a JIT-compiled C++ extension) is not built (gloo carries the collectives).
@@ -81,6 +87,10 @@ class Case:
     seq_len: int = 24
     steps: int = 1
     lora_r: int = 8
+    #: PEFT ``lora_dropout`` (0: ``nn.Identity``, the adapters read the layer's own input)
+    lora_dropout: float = 0.0
+    #: PEFT ``target_modules``, comma-separated (or all-linear)
+    lora_targets: str = "all-linear"
     #: bitsandbytes 4-bit storage dtype for QLoRA over FSDP (bnb_4bit_quant_storage)
     quant_storage: str = "bf16"
     #: DeepSpeed reduce_bucket_size in elements (``Layout.ds_reduce_bucket_size``); 0 = HF's auto
@@ -99,7 +109,8 @@ class Case:
         # the harness calls the model with labels (transformers' loss) and does not checkpoint
         return Job(method=self.method, precision="bf16-mixed", optimizer="adamw", micro_batch=self.batch,
                    seq_len=self.seq_len, attn_impl=self.attn, gradient_checkpointing=False, loss="hf",
-                   lora=LoraSpec(r=self.lora_r, alpha=2 * self.lora_r, dropout=0.0),
+                   lora=LoraSpec(r=self.lora_r, alpha=2 * self.lora_r, dropout=self.lora_dropout,
+                                 target_modules=tuple(self.lora_targets.split(","))),
                    base_dtype="fp32" if self.base_fp32 else "compute")
 
     @property
@@ -136,6 +147,10 @@ class Case:
             parts.append("reduce-fp32")
         if self.base_fp32:
             parts.append("base-fp32")
+        if self.lora_dropout:
+            parts.append(f"dropout{self.lora_dropout:g}")
+        if self.lora_targets != "all-linear":
+            parts.append(self.lora_targets.replace(",", "+"))
         if self.replicate > 1:
             parts.append(f"hsdp{self.replicate}")
         if self.offload_params:
@@ -364,11 +379,16 @@ def _build(case: Case):
                 from peft import LoraConfig, get_peft_model
 
                 model = get_peft_model(model, LoraConfig(r=case.lora_r, lora_alpha=2 * case.lora_r,
-                                                         lora_dropout=0.0, target_modules="all-linear",
+                                                         lora_dropout=case.lora_dropout,
+                                                         target_modules=_peft_targets(case),
                                                          task_type="CAUSAL_LM"))
     model.train()
     del torch
     return model
+
+
+def _peft_targets(case: Case):
+    return "all-linear" if case.lora_targets == "all-linear" else case.lora_targets.split(",")
 
 
 def _build_qlora(cfg: dict, case: Case):
@@ -394,8 +414,8 @@ def _build_qlora(cfg: dict, case: Case):
                                                      attn_implementation=case.attn, device_map="cpu")
     # what ftplan's exported train.py does for sharded QLoRA (TRL's is_sharded_qlora path): no
     # prepare_model_for_kbit_training, the non-quantized weights stay in the storage dtype
-    return get_peft_model(model, LoraConfig(r=case.lora_r, lora_alpha=2 * case.lora_r, lora_dropout=0.0,
-                                            target_modules="all-linear", task_type="CAUSAL_LM"))
+    return get_peft_model(model, LoraConfig(r=case.lora_r, lora_alpha=2 * case.lora_r, lora_dropout=case.lora_dropout,
+                                            target_modules=_peft_targets(case), task_type="CAUSAL_LM"))
 
 
 def _decoder_layers(model):
@@ -701,7 +721,9 @@ def _run_case(case: Case, rank: int, world: int) -> RankMeasure:
                 if last:
                     fwd_start_live = tr.sizes()
                 ac = torch.autocast("cpu", dtype=ac_dtype) if ac_dtype is not None else contextlib.nullcontext()
-                with ac:
+                saved_log: list | None = [] if last and os.environ.get("FTPLAN_DIST_SAVED") else None
+                hooks_ctx = _saved_tensor_log(tr, saved_log) if saved_log is not None else contextlib.nullcontext()
+                with ac, hooks_ctx:
                     loss = m(input_ids=ids, labels=ids, use_cache=False).loss
                 if last:
                     fwd_end_live = tr.sizes()
@@ -772,6 +794,18 @@ def _run_case(case: Case, rank: int, world: int) -> RankMeasure:
     import torch.distributed as dist
 
     out.detail["world_group"] = str(dist.distributed_c10d._get_default_group().group_name)
+    if saved_log is not None:
+        # the saved tensors whose storages are counted as activations (each storage once)
+        act_keys = {k for k, v in fwd_end_live.items() if tr.meta.get(k, ("", ""))[0] == f"fwd{s}"
+                    and tr.meta[k][1] not in ENGINE_OWNERS and k not in loss_keys}
+        seen_keys: set[int] = set()
+        rows = []
+        for keys_, desc in saved_log:
+            mine = [k for k in keys_ if k in act_keys and k not in seen_keys]
+            seen_keys.update(mine)
+            rows.append((sum(fwd_end_live[k] for k in mine), *desc))
+        out.detail["saved"] = rows
+        out.detail["unsaved_activation_bytes"] = sum(fwd_end_live[k] for k in act_keys - seen_keys)
     if os.environ.get("FTPLAN_DIST_DEBUG"):
         out.detail["persistent_where"] = sorted((end_sizes[k], tr.meta[k][0] + " " + tr.where.get(k, tr.meta[k][1]))
                                                 for k in rest if end_sizes[k])
@@ -788,6 +822,26 @@ def _run_case(case: Case, rank: int, world: int) -> RankMeasure:
         if case.offload_params:
             out.host += out.params
     return out
+
+
+def _saved_tensor_log(tr, log: list):
+    """Autograd saved-tensor hooks (``FTPLAN_DIST_SAVED=1``): every tensor the forward saves, as
+    (storage keys, (dtype, shape, is a view, is a parameter, innermost model frame))."""
+    import torch
+
+    def pack(t):
+        f, where = sys._getframe(1), ""
+        while f is not None:
+            fn = f.f_code.co_filename.replace("\\", "/")
+            if "/peft/" in fn or "/transformers/" in fn or "/bitsandbytes/" in fn:
+                where = f"{fn.rsplit('/', 1)[-1]}:{f.f_lineno}:{f.f_code.co_name}"
+                break
+            f = f.f_back
+        log.append((tr.key_of(t), (str(t.dtype).replace("torch.", ""), tuple(t.shape), t._base is not None,
+                                   isinstance(t, torch.nn.Parameter), where)))
+        return t
+
+    return torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
 
 
 def _register_model(tr, model) -> None:

@@ -160,7 +160,9 @@ DS_QLORA_CASES = [Case(family="llama", engine="deepspeed", zero_stage=3, method=
                   Case(family="qwen2", engine="deepspeed", zero_stage=3, method="lora", steps=2,
                        lora_targets="q_proj,k_proj,down_proj", lora_dropout=0.1),
                   # the wrapped fp32 router path on DeepSpeed's cast: an fp32 copy of the merged weight
-                  Case(family="glm4_moe", engine="deepspeed", zero_stage=3, method="lora", steps=2)]
+                  Case(family="glm4_moe", engine="deepspeed", zero_stage=3, method="lora", steps=2),
+                  # Gated DeltaNet layers: ZeRO-3's F.linear keeps the in_proj_* / out_proj inputs too
+                  Case(family="qwen3_5", engine="deepspeed", zero_stage=3, method="lora", steps=2)]
 #: 4 ranks: shard degree 4, and HSDP (2 replicas x 2 shards)
 FOUR_CASES = [
     Case(family="llama", engine="fsdp2"),

@@ -1052,7 +1052,7 @@ def _lora_saved(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t: int, 
             if src in seen:
                 continue
             seen.add(src)
-            if _kernel_keeps_o_proj_input(g, job, backend) and lin.module == "o_proj":
+            if lin.module == "o_proj" and _kernel_keeps_o_proj_input(g, job, backend):
                 continue  # the attention kernel's saved output
         out += t * width * (mask + c)
     return out + _zero3_base_inputs(g, model, job, dt, t, backend, seen if shared else set())[0]
@@ -1067,7 +1067,10 @@ def _linear_source(module: str) -> str:
 def _kernel_keeps_o_proj_input(g: LayerGroup, job: Job, backend: str) -> bool:
     """o_proj reads the attention output the kernel already saves (not eager, MLA, or the CPU
     kernel's head-major output, which comes back as a separate contiguous copy)."""
-    return job.attn_impl != "eager" and not g.attention.is_mla and not (g.attention.head_major_q and backend == "cpu")
+    a = g.attention
+    if a is None:  # a linear-attention (Gated DeltaNet) layer: its out_proj reads the gated norm's output
+        return False
+    return job.attn_impl != "eager" and not a.is_mla and not (a.head_major_q and backend == "cpu")
 
 
 def _zero3_base_inputs(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t: int, backend: str,

@@ -28,8 +28,8 @@ ATTN = {"gemma2": "eager", "gpt_oss": "eager"}
 MOE = {"mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss", "glm4_moe"}
 
 
-def _run(family, method, ckpt, batch, seq, optimizer="adamw", attn=None, precision="bf16-mixed"):
-    cfg = TR.TINY_CONFIGS[family]
+def _run(family, method, ckpt, batch, seq, optimizer="adamw", attn=None, precision="bf16-mixed", cfg=None):
+    cfg = cfg or TR.TINY_CONFIGS[family]
     # PEFT's ParamWrapper (all-linear on fused MoE experts) refuses dropout
     dropout = 0.0 if family in MOE else 0.1
     attn = attn or ATTN.get(family, "sdpa")
@@ -295,22 +295,6 @@ def test_phi3_partial_rotary_exact(method, ckpt, attn):
     spec = model_from_config(cfg)
     assert spec.attention.rotary_dim == int(spec.attention.head_dim * 0.75)
     assert model_from_config(TR.TINY_CONFIGS["phi3"]).attention.rotary_dim == spec.attention.head_dim
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = TR.build_model(cfg, dtype="fp32" if method == "full" else "bf16", attn_implementation=attn)
-        assert model.model.rotary_emb.inv_freq.numel() * 2 == spec.attention.rotary_dim
-        if method == "lora":
-            from peft import LoraConfig, get_peft_model
-
-            model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.1,
-                                                     target_modules="all-linear", task_type="CAUSAL_LM"))
-        orig = TR._model_dtype
-        TR._model_dtype = lambda m: torch.float32  # HF Trainer bf16=True: autocast
-        try:
-            r = TR.measure_step(model, batch=2, seq_len=24, gradient_checkpointing=ckpt, dtype="bf16")
-        finally:
-            TR._model_dtype = orig
-    casts = sum(x.nbytes for x in r.records if x.param_copy)
-    job = Job(method=method, micro_batch=2, seq_len=24, gradient_checkpointing=ckpt, attn_impl=attn,
-              lora=LoraSpec(r=8, alpha=16, dropout=0.1), loss="hf")
+    spec2, job, r, casts = _run("phi3", method, ckpt, 2, 24, attn=attn, cfg=cfg)
+    assert spec2.attention.rotary_dim == spec.attention.rotary_dim
     assert saved_activation_bytes(spec, job, backend="cpu") == r.saved_activation_bytes - casts

@@ -557,3 +557,34 @@ def test_unknown_model_type_with_a_known_architecture_loads_transformers_code(tm
         script("lora")["load_model"](str(kimi))
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(err) == 1 and "no_such_type" in err[0] and "NoSuchForCausalLM" in err[0]
+
+
+def test_tokenizer_that_needs_remote_code_fails_with_one_line(tmp_path, tiny_model, capsys, monkeypatch):
+    """A checkpoint whose tokenizer cannot load (here: none at all; Kimi K2's is remote code) stops
+    train.py with one line and exit 2, naming the model; when transformers says the tokenizer needs
+    its own code, the line points at --trust-remote-code."""
+    import shutil
+
+    pytest.importorskip("transformers")
+    import transformers
+
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    shutil.copy(tiny_model / "config.json", bare / "config.json")
+    data = _write_jsonl(tmp_path / "data.jsonl", _rows(4, False))
+    src = render_train_script(resolve_model(str(tiny_model)), Job(method="lora"), Layout(), model_ref=str(bare))
+    ns: dict = {"__name__": "train_script"}
+    exec(compile(src, "train.py", "exec"), ns)
+    with pytest.raises(SystemExit) as e:
+        ns["main"](["--model", str(bare), "--dataset", str(data), "--output-dir", str(tmp_path / "o")])
+    err = [ln for ln in capsys.readouterr().err.strip().splitlines() if ln.startswith("train.py:")]
+    assert e.value.code == 2 and len(err) == 1 and "cannot load the tokenizer" in err[0] and str(bare) in err[0]
+
+    def remote(*a, **k):
+        raise ValueError("The repository contains custom code which must be executed; set trust_remote_code=True")
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", remote)
+    with pytest.raises(SystemExit) as e:
+        ns["main"](["--model", str(bare), "--dataset", str(data), "--output-dir", str(tmp_path / "o")])
+    err = [ln for ln in capsys.readouterr().err.strip().splitlines() if ln.startswith("train.py:")]
+    assert e.value.code == 2 and len(err) == 1 and "--trust-remote-code" in err[0]

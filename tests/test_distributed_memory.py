@@ -5,7 +5,7 @@ group of cases), on tiny real Hugging Face models (llama, qwen2 with tied embedd
 biases, mixtral as the MoE family; deepseek_v3's LoRA for its fp32 router in a bf16 base and its
 full fine-tuning under FSDP2's autocast; gpt_oss for its sinks and biased experts; glm4_moe with
 LoRA under FSDP2 and in full under FSDP1/FSDP2 and ZeRO-3; qwen3_5 with LoRA under FSDP2 and in full
-under FSDP2 and ZeRO-3), and
+under FSDP2 and ZeRO-3; qwen3_5_moe in full under ZeRO-3), and
 every byte each rank holds is counted through a
 ``TorchDispatchMode``. The formulas (``ftplan.sharding.layout_memory``, CPU form) must give:
 
@@ -135,6 +135,11 @@ DS_CASES = [
     Case(family="gpt_oss", engine="deepspeed", zero_stage=3, steps=2),
     Case(family="glm4_moe", engine="deepspeed", zero_stage=3, steps=2),
     Case(family="qwen3_5", engine="deepspeed", zero_stage=3, steps=2),
+    # qwen3_5_moe: the hybrid layers with Qwen3.5's MoE block (fused experts, shared expert and its
+    # 1-row shared_expert_gate). Not under FSDP2: a (1, x) tensor cannot be split on dim 0, rank 0
+    # holds it and rank 1 nothing, so rank 1's optimizer states are below ftplan's padded per-rank
+    # figure (rank 0's; 192 B in LoRA: the gate's lora_B), which the per-rank check would flag
+    Case(family="qwen3_5_moe", engine="deepspeed", zero_stage=3, steps=2),
     Case(family="qwen2", engine="deepspeed", zero_stage=2, offload_optimizer=True),
     Case(family="llama", engine="deepspeed", zero_stage=2, offload_optimizer=True),
     Case(family="mixtral", engine="deepspeed", zero_stage=2, offload_optimizer=True),

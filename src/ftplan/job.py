@@ -514,11 +514,14 @@ def lora_targets(model: ModelSpec, lora: LoraSpec) -> frozenset[str]:
     ``lm_head``); routed experts stored as 3-D parameters (transformers 5) are not ``nn.Linear``.
     On MoE models PEFT (>= 0.18) rewrites ``all-linear``: the MLP projection names leave
     ``target_modules`` (so dense MLP layers and shared experts stay frozen) and the fused experts
-    and the router become ``target_parameters`` (see :func:`lora_wraps_experts`).
+    and the router become ``target_parameters`` (see :func:`lora_wraps_experts`), for the
+    families PEFT has a mapping for.
     """
     names = model.module_names()
     if "all-linear" in lora.target_modules:
-        if model.is_moe:
+        # (a family PEFT does not rewrite, qwen3_5_moe: every nn.Linear, its shared expert and
+        # shared_expert_gate included)
+        if lora_wraps_experts(model, lora):
             mlp = {lin.module for lin in model.linears() if lin.category == "mlp"}
             return frozenset(n for n in names if n != "lm_head" and n not in mlp)
         return frozenset(n for n in names if n != "lm_head")

@@ -140,7 +140,7 @@ def _full_tensor_count(model: ModelSpec) -> int:
     n += 1  # final norm
     for g in model.groups:
         if g.linear_attention is not None:  # conv1d weight, dt_bias, A_log, the gated norm
-            n += g.count * (g.norms_per_layer + 4)
+            n += g.count * (g.norms_per_layer + 4 + (1 if g.moe is not None else 0))  # (+ router)
             continue
         per = g.norms_per_layer + (2 if g.attention.qk_norm else 0)
         if g.attention.is_mla:
@@ -955,6 +955,10 @@ def _moe_saved(m: MoeSpec, t: int, h: int, dt: _Dtypes, tp: int, wrapped: bool =
         else:
             per_row = routed * 4
             w_bytes = 4
+    if m.shared_gate and dt.full and dt.norm_out == c:
+        # (qwen3_5_moe) the router reads the same compute-dtype tensor as the shared expert's
+        # linears, whose input _mlp_saved counts: one storage
+        router_in = 0
     if dt.full or wrapped or dt.linear_saves_input:  # (a frozen router under ZeRO-3's linear too)
         out += router_in
     if wrapped:  # the merged router and expert weights
@@ -978,11 +982,20 @@ def _moe_saved(m: MoeSpec, t: int, h: int, dt: _Dtypes, tp: int, wrapped: bool =
         out += routed * e * (2 * i + 4 * i + h + ((h + i) if train else 0))
     else:
         # experts (grouped_mm): three index vectors, gathered inputs, gate_up output, act output,
-        # product, per-row weights, down output; offsets per expert
+        # product, per-row weights, down output; offsets per expert. Frozen experts (PEFT's
+        # all-linear leaves qwen3_5_moe's alone) keep neither the gathered inputs nor down's input
+        # (the product): a grouped_mm saves its input only for its weight gradient
         out += 3 * routed * 8 + m.num_experts * 4 + per_row
-        out += routed * e * (h + 2 * i + i + i + h)
+        train = dt.full or wrapped
+        out += routed * e * ((h + 2 * i + i + i + h) if train else (2 * i + i + h))
     if m.shared is not None:
         out += _mlp_saved(m.shared, t, h, dt, tp, False)
+    if m.shared_gate:
+        # sigmoid(shared_expert_gate(x)) * shared_expert(x): the gate's input (full fine-tuning: an
+        # autocast copy of its own where x is not in the compute dtype), the sigmoid's (t, 1)
+        # output and the shared expert's output, both kept by the product
+        out += _linear_inputs(t, h, 1, dt.norm_out, dt) if dt.norm_out != c else 0
+        out += t * c + t * h * dt.base_out
     return out // max(1, tp) if tp > 1 else out
 
 

@@ -217,6 +217,25 @@ FAMILIES: dict[str, Family] = {
             hybrid_linear=True, output_gate=True, mrope=True,
             min_transformers="5.2",  # models/qwen3_5 first ships in the 5.2.0 wheel (5.1.0 has none)
         ),
+        Family(
+            # Qwen3.5 MoE (Qwen3_5MoeTextConfig, transformers 5.24): qwen3_5's hybrid layers with
+            # every MLP a Qwen3_5MoeSparseMoeBlock: qwen3_moe's softmax top-k router (always
+            # renormalised), fused 3-D experts, one shared expert MLP scaled per token by
+            # sigmoid(shared_expert_gate(x)) (a Linear hidden -> 1). PEFT has no v4->v5 MoE mapping
+            # for it (transformers maps qwen3_5_moe_text onto qwen3_5_text's conversions), so
+            # ``all-linear`` wraps the nn.Linear modules only: the shared expert and its gate too,
+            # neither the routed experts nor the router
+            "qwen3_5_moe",
+            {**_LLAMA_LIKE, "vocab_size": 248320, "hidden_size": 2048, "intermediate_size": None,
+             "num_hidden_layers": 40, "num_attention_heads": 16, "num_key_value_heads": 2,
+             "head_dim": 256, "max_position_embeddings": 32768, "linear_conv_kernel_dim": 4,
+             "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_num_key_heads": 16,
+             "linear_num_value_heads": 32, "full_attention_interval": 4, "moe_intermediate_size": 512,
+             "shared_expert_intermediate_size": 512, "num_experts_per_tok": 8, "num_experts": 256},
+            qk_norm=True, mlp_bias_key=None, partial_rotary_factor=0.25, norm_style="gemma",
+            hybrid_linear=True, output_gate=True, mrope=True, moe="qwen3_5_moe", peft_wraps_experts=False,
+            min_transformers="5.2",  # models/qwen3_5_moe ships with qwen3_5 (5.2.0)
+        ),
     ]
 }
 
@@ -237,9 +256,11 @@ _ARCH_TO_TYPE = {
     "Glm4MoeForCausalLM": "glm4_moe",
     "Qwen3_5ForCausalLM": "qwen3_5",
     "Qwen3_5ForConditionalGeneration": "qwen3_5",
+    "Qwen3_5MoeForCausalLM": "qwen3_5_moe",
+    "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe",
 }
 #: text model_types that name a family under another key (the inner type of a multimodal config)
-_TEXT_TYPE_ALIASES = {"qwen3_5_text": "qwen3_5"}
+_TEXT_TYPE_ALIASES = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe"}
 
 #: model_type values transformers does not know whose checkpoints load with ``trust_remote_code``
 #: into a supported architecture's modeling code: planned as that architecture. Kimi K2 (and the
@@ -364,6 +385,9 @@ class MoeSpec:
     #: routed experts and the router carry biases (gpt_oss: ``gate_up_proj_bias``,
     #: ``down_proj_bias``, ``router.bias``)
     bias: bool = False
+    #: the shared expert's output is scaled per token by ``sigmoid(shared_expert_gate(x))``, a
+    #: bias-free ``nn.Linear(hidden, 1)`` (qwen3_5_moe)
+    shared_gate: bool = False
 
 
 @dataclass(frozen=True)
@@ -508,6 +532,8 @@ class ModelSpec:
                                       "experts", is_module=False, token_fraction=frac))
                 if m.shared is not None:
                     out.extend(mlp_linears(m.shared, h, g.count, "mlp"))
+                if m.shared_gate:
+                    out.append(LinearSpec("shared_expert_gate", h, 1, g.count, False, "router"))
         if not self.tie_word_embeddings:
             out.append(LinearSpec("lm_head", h, self.vocab_size, 1, False, "lm_head"))
         return tuple(out)
@@ -527,6 +553,8 @@ class ModelSpec:
         for g in self.groups:
             a = g.attention
             per_layer = g.norms_per_layer * h
+            if g.moe is not None:
+                router += g.count * g.moe.num_experts * (h + (1 if g.moe.bias else 0))
             if g.linear_attention is not None:
                 la = g.linear_attention
                 norms += g.count * (per_layer + la.v_head_dim)  # + the gated RMSNorm
@@ -541,10 +569,8 @@ class ModelSpec:
             if a.sinks:
                 cats["attention"] += g.count * a.num_heads
                 active += g.count * a.num_heads
-            if g.moe is not None:
-                router += g.count * g.moe.num_experts * (h + (1 if g.moe.bias else 0))
         cats["norms"] = norms
-        cats["router"] = router
+        cats["router"] += router
         active += cats["embedding"] + norms + router
         return ParamCounts(active=active, **cats)
 
@@ -636,6 +662,8 @@ def layer_linears(model: ModelSpec, g: LayerGroup) -> list[LinearSpec]:
         out += mlp_linears(g.mlp, model.hidden_size, 1, "mlp")
     if g.moe is not None and g.moe.shared is not None:
         out += mlp_linears(g.moe.shared, model.hidden_size, 1, "mlp")
+    if g.moe is not None and g.moe.shared_gate:
+        out.append(LinearSpec("shared_expert_gate", model.hidden_size, 1, 1, False, "router"))
     return out
 
 
@@ -651,6 +679,7 @@ CONFIG_LIMITS: dict[str, int] = {
     "hidden_size": 1 << 17,
     "intermediate_size": 1 << 20,
     "moe_intermediate_size": 1 << 20,
+    "shared_expert_intermediate_size": 1 << 20,
     "num_hidden_layers": 4096,
     "num_attention_heads": 4096,
     "num_key_value_heads": 4096,
@@ -755,7 +784,8 @@ def text_config(raw: Mapping[str, Any]) -> dict[str, Any]:
                           "pass a Hugging Face config.json of a causal LM")
     if "text_config" in cfg and isinstance(cfg["text_config"], Mapping):
         inner = dict(cfg["text_config"])
-        mt = inner.get("model_type") or {"gemma3": "gemma3_text", "qwen3_5": "qwen3_5"}.get(outer_mt or "", "")
+        mt = inner.get("model_type") or {"gemma3": "gemma3_text", "qwen3_5": "qwen3_5",
+                                             "qwen3_5_moe": "qwen3_5_moe"}.get(outer_mt or "", "")
         if isinstance(mt, str):
             mt = _TEXT_TYPE_ALIASES.get(mt, mt)
             mt = MODEL_TYPE_ALIASES.get(mt, mt)
@@ -821,7 +851,8 @@ def model_from_config(
     heads = c.int("num_attention_heads")
     kv_heads = c.int("num_key_value_heads", optional=True)
     head_dim = c.int("head_dim", optional=True, zero_is_none=True)  # transformers: `head_dim or h // heads`
-    inter = c.int("intermediate_size")
+    # (qwen3_5_moe: every layer is MoE; Qwen3_5MoeTextConfig has no intermediate_size)
+    inter = c.int("intermediate_size", optional=fam.moe == "qwen3_5_moe")
     tie = c.bool("tie_word_embeddings")
     qkv_bias = fam.always_qkv_bias or bool(fam.qkv_bias_key and c.bool(fam.qkv_bias_key))
     o_bias = bool(fam.o_bias_key and c.bool(fam.o_bias_key))
@@ -843,7 +874,8 @@ def model_from_config(
         n = len(c.problems)
         raise ConfigError(f"config.json ({mt}): {n} problem{'s' if n > 1 else ''}: " + "; ".join(c.problems),
                           "fix the model's config.json")
-    assert h is not None and n_layers is not None and vocab is not None and heads is not None and inter is not None
+    assert h is not None and n_layers is not None and vocab is not None and heads is not None
+    assert inter is not None or fam.moe == "qwen3_5_moe"
 
     if mla is not None:
         nope, rope, v_dim, kv_rank, q_rank = mla
@@ -860,7 +892,7 @@ def model_from_config(
             softcap=softcap, sinks=fam.attention_sinks,
             rotary_dim=int(hd * prf) if prf is not None else None, output_gate=fam.output_gate,
         )
-    mlp = MlpSpec(inter, bias=mlp_bias, fused_gate_up=fam.fused_gate_up)
+    mlp = MlpSpec(inter or 0, bias=mlp_bias, fused_gate_up=fam.fused_gate_up)
     groups = tuple(
         LayerGroup(count, None if is_linear else attn, None if is_moe else mlp, moe if is_moe else None,
                    fam.norms_per_layer, window, linear if is_linear else None)
@@ -990,7 +1022,7 @@ def _layer_plan(fam: Family, c: _Check, n: int) -> _LayerPlan:
         window_at = lambda i: window  # noqa: E731
     # ---- MoE layers
     any_moe = False
-    if fam.moe in ("mixtral", "gpt_oss"):
+    if fam.moe in ("mixtral", "gpt_oss", "qwen3_5_moe"):
         moe_at = lambda i: True  # noqa: E731
         any_moe = True
     elif fam.moe == "qwen3_moe":
@@ -1074,6 +1106,12 @@ def _moe_spec(fam: Family, c: _Check, any_moe: bool) -> MoeSpec | None:
         experts, top_k, inter = (c.int("num_experts"), c.int("num_experts_per_tok"),
                                  c.int("moe_intermediate_size"))
         router, shared = "qwen3_moe", None
+    elif fam.moe == "qwen3_5_moe":
+        # Qwen3_5MoeTopKRouter is qwen3_moe's with norm_topk_prob always on
+        experts, top_k, inter = (c.int("num_experts"), c.int("num_experts_per_tok"),
+                                 c.int("moe_intermediate_size"))
+        shared_i = c.int("shared_expert_intermediate_size")
+        router, shared = "qwen3_moe", MlpSpec(shared_i) if shared_i else None
     else:
         experts, top_k, inter = (c.int("n_routed_experts"), c.int("num_experts_per_tok"),
                                  c.int("moe_intermediate_size"))
@@ -1085,7 +1123,7 @@ def _moe_spec(fam: Family, c: _Check, any_moe: bool) -> MoeSpec | None:
     if experts is None or top_k is None or inter is None or not any_moe:
         return None
     return MoeSpec(experts, top_k, inter, shared, router=router, router_fp32=router == "deepseek_v3",
-                   bias=router == "gpt_oss")
+                   bias=router == "gpt_oss", shared_gate=fam.moe == "qwen3_5_moe")
 
 
 def layer_group_order(model: ModelSpec) -> list[int]:

@@ -51,6 +51,9 @@ __all__ = ["TINY_CONFIGS", "tiny_config", "text_config", "default_attention"]
 #:   heads of 16 and 4 value heads of 24 in the DeltaNet (q/k repeated per value head), conv kernel
 #:   4; attention 4 heads / 2 kv heads of 32 with q/k norms and a quarter rotary (8 features,
 #:   mrope sections 2/1/1), tied embeddings (as the small Qwen3.5 checkpoints).
+#: * qwen3_5_moe: qwen3_5's layers (``qwen3_5_moe_text``) with Qwen3.5's MoE block in every layer: 4
+#:   experts top-2 of ``moe_intermediate_size=24``, a shared expert of 40 and its sigmoid
+#:   ``shared_expert_gate``; untied (as Qwen3.5-35B-A3B).
 TINY_CONFIGS: dict[str, dict] = {
     "llama": {
         "model_type": "llama",
@@ -261,6 +264,29 @@ TINY_CONFIGS: dict[str, dict] = {
         "max_position_embeddings": 256,
         "tie_word_embeddings": True,
     },
+    "qwen3_5_moe": {
+        "model_type": "qwen3_5_moe_text",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "num_hidden_layers": 3,
+        "layer_types": ["linear_attention", "full_attention", "linear_attention"],
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "linear_key_head_dim": 16,
+        "linear_value_head_dim": 24,
+        "linear_conv_kernel_dim": 4,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 24,
+        "shared_expert_intermediate_size": 40,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+                            "mrope_section": [2, 1, 1], "mrope_interleaved": True},
+        "max_position_embeddings": 256,
+        "tie_word_embeddings": False,
+    },
 }
 
 
@@ -274,7 +300,7 @@ def text_config(config: dict) -> tuple[str, dict]:
         ttype = text.pop("model_type", None) or {"gemma3": "gemma3_text"}.get(model_type, f"{model_type}_text")
         if isinstance(ttype, str):
             ttype = MODEL_TYPE_ALIASES.get(ttype, ttype)  # kimi_k2 -> deepseek_v3 (its remote code)
-        if ttype == "qwen3_5_text":
+        if ttype in ("qwen3_5_text", "qwen3_5_moe_text"):
             # AutoModelForCausalLM on a Qwen3.5 image-text config builds Qwen3_5ForCausalLM from
             # the text config alone (its own tie_word_embeddings; no vision tower)
             return ttype, text
@@ -287,8 +313,8 @@ def text_config(config: dict) -> tuple[str, dict]:
         raise ConfigError("config has no 'model_type'", "pass a Hugging Face config.json")
     if isinstance(model_type, str):
         model_type = MODEL_TYPE_ALIASES.get(model_type, model_type)
-    if model_type == "qwen3_5":  # a flat Qwen3.5 text config
-        model_type = "qwen3_5_text"
+    if model_type in ("qwen3_5", "qwen3_5_moe"):  # a flat Qwen3.5 text config
+        model_type += "_text"
     qc = cfg.get("quantization_config")
     if isinstance(qc, dict) and qc.get("quant_method") == "mxfp4":
         # gpt-oss ships MXFP4 experts; training runs on the bf16 weights transformers makes of them
@@ -322,6 +348,8 @@ def tiny_config(config: dict) -> dict:
         out["num_experts_per_tok"] = 2
     if cfg.get("moe_intermediate_size"):
         out["moe_intermediate_size"] = 32
+    if cfg.get("shared_expert_intermediate_size"):
+        out["shared_expert_intermediate_size"] = 48
     if cfg.get("n_shared_experts"):
         out["n_shared_experts"] = 1
     if cfg.get("n_group"):
@@ -341,7 +369,7 @@ def tiny_config(config: dict) -> dict:
         out["max_window_layers"] = min(int(cfg["max_window_layers"]), 2)
     if cfg.get("query_pre_attn_scalar"):
         out["query_pre_attn_scalar"] = 16
-    if model_type == "qwen3_5_text":
+    if model_type in ("qwen3_5_text", "qwen3_5_moe_text"):
         # the Gated DeltaNet shrinks too (2 key / 4 value heads of 16), one layer of each kind, and
         # the mrope sections fit the 4 rotary features of a 16-wide head (a quarter rotary)
         out.update(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,

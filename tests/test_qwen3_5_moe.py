@@ -132,3 +132,15 @@ def test_qwen3_5_35b_a3b_counts():
     assert all(g.moe is not None and g.moe.shared_gate for g in spec.groups)
     assert spec.params.total == 34_660_610_688
     assert round(spec.params.active / 1e9, 2) == 3.45
+
+
+def test_expert_parallelism_is_refused_with_one_line():
+    """EP on the hybrid MoE is not held against transformers' EP engine: refused, not guessed."""
+    from ftplan.catalog.models import get_model
+    from ftplan.errors import ConfigError
+    from ftplan.job import Job, Layout
+    from ftplan.memory import estimate_memory
+
+    with pytest.raises(ConfigError, match="expert parallelism.*not modelled"):
+        estimate_memory(get_model("qwen3.5-35b-a3b").spec(), Job(method="full"),
+                        Layout(gpus_per_node=8, strategy="fsdp", ep=8))

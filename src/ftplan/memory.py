@@ -817,8 +817,9 @@ def _gdn_saved(la: GatedDeltaNetSpec, b: int, s: int, h: int, dt: _Dtypes, job: 
     mm = c if ac else 4  # the delta rule's matmul operands: compute-dtype copies, or fp32 themselves
     fp32_w = ac and (dt.train_w == 4 or (not dt.full and dt.norm_out == 4))  # fp32 weights under autocast
     out = 0
-    # projections reading the normed input (q/k/v, z, b, a), as the attention's q/k/v
-    out += _linear_inputs(t, h, 4, dt.norm_out if dt.full else dt.resid, dt)
+    # projections reading the normed input (q/k/v, z, b, a; qwen3_next's fused qkvz and ba), as
+    # the attention's q/k/v
+    out += _linear_inputs(t, h, 2 if la.fused_proj else 4, dt.norm_out if dt.full else dt.resid, dt)
     # causal conv: its input, (autocast over fp32 weights) the weight's cast, the silu's input
     # (the conv output over s + K - 1 positions, sliced to s)
     out += t * cd * c + (cd * k * c if fp32_w else 0) + b * cd * (s + k - 1) * c
@@ -948,7 +949,9 @@ def _moe_saved(m: MoeSpec, t: int, h: int, dt: _Dtypes, tp: int, wrapped: bool =
             out += m.num_experts * h * r
     else:  # softmax in fp32
         router_in = t * h * c
-        out = t * m.num_experts * 4 + routed * 8 + t * 4 + routed * 4
+        # (the top-k probabilities divided by their sum: the sum and the quotient; qwen3_moe's and
+        # qwen3_next's router without norm_topk_prob keeps neither)
+        out = t * m.num_experts * 4 + routed * 8 + ((t * 4 + routed * 4) if m.renormalize else 0)
         if m.router == "qwen3_moe":  # cast back to the logits' dtype (a no-op in fp32)
             per_row = routed * c if c != 4 else 0
             w_bytes = c
@@ -1263,7 +1266,8 @@ def _liger_head_bytes(model: ModelSpec, job: Job, dt: _Dtypes, tp: int) -> tuple
 
 #: attention projections that read the (normed) decoder-layer input
 _READS_LAYER_INPUT = frozenset({"q_proj", "k_proj", "v_proj", "qkv_proj", "q_a_proj", "kv_a_proj_with_mqa",
-                                "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"})
+                                "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a",
+                                "in_proj_qkvz", "in_proj_ba"})
 
 
 def _first_layer_discount(model: ModelSpec, job: Job, dt: _Dtypes, backend: str) -> int:
@@ -1390,9 +1394,9 @@ def _layer_matmul_outputs(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes
     lins = {lin.module: lin for lin in layer_linears(model, g)}
     a = g.attention
     col = {"q_proj", "k_proj", "v_proj", "qkv_proj", "q_b_proj", "kv_b_proj", "gate_proj", "up_proj",
-           "gate_up_proj", "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"}
+           "gate_up_proj", "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "in_proj_qkvz", "in_proj_ba"}
     if a is None:  # Gated DeltaNet: its delta rule's matmuls are bmm, not mm
-        order = ["in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"]
+        order = ["in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "in_proj_qkvz", "in_proj_ba", "out_proj"]
     elif a.is_mla:
         order = ["q_a_proj", "q_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"]
     else:
@@ -1401,19 +1405,29 @@ def _layer_matmul_outputs(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes
         if name in lins:
             lin = lins[name]
             proj(lin, lin.out_features // tp if name in col else lin.out_features)
+    from .model import mlp_linears
+
+    def mlp_proj(mlp: MlpSpec) -> None:
+        for lin in mlp_linears(mlp, model.hidden_size, 1, "mlp"):
+            if lin.module in ("gate_up_proj", "gate_proj", "up_proj", "down_proj"):
+                proj(lin, lin.out_features // tp if lin.module in col else lin.out_features)
+
     mlp = g.mlp if g.mlp is not None else None
     if g.moe is not None:
+        if g.moe.shared_gate and g.moe.shared is not None:
+            # qwen2_moe's block (qwen3_5_moe, qwen3_next): the shared expert runs before the router
+            mlp_proj(g.moe.shared)
         if job.uses_lora and lora_wraps_experts(model, job.lora):
             out.append(g.moe.num_experts * model.hidden_size * c)  # ParamWrapper's B @ A for the router
         if not g.moe.bias:  # a biased router (gpt_oss) runs addmm
             out.append(t * g.moe.num_experts * c)  # router logits
-        mlp = g.moe.shared
+        if g.moe.shared_gate:  # then sigmoid(shared_expert_gate(x)), after the routed experts
+            proj(lins["shared_expert_gate"], 1)
+            mlp = None
+        else:
+            mlp = g.moe.shared
     if mlp is not None:
-        from .model import mlp_linears
-
-        for lin in mlp_linears(mlp, model.hidden_size, 1, "mlp"):
-            if lin.module in ("gate_up_proj", "gate_proj", "up_proj", "down_proj"):
-                proj(lin, lin.out_features // tp if lin.module in col else lin.out_features)
+        mlp_proj(mlp)
     return out
 
 

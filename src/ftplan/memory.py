@@ -1055,7 +1055,7 @@ def _lora_saved(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t: int, 
     # tensor, one storage per distinct input (q/k/v share the norm output, gate/up theirs, o_proj
     # reads the attention output the kernel already keeps)
     shared = job.lora.dropout == 0 and a_bytes == c == dt.resid and (g.moe is None or bool(dt.engine_compute))
-    seen: set[str] = set()
+    seen: set[str] = {"mlp_input"} if shared and _router_keeps_mlp_input(g, model, job, dt) else set()
     out = 0
     for lin in layer_linears(model, g):
         if not (lin.is_module and lin.module in targets):
@@ -1063,8 +1063,7 @@ def _lora_saved(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t: int, 
         width = lin.in_features
         out += t * r * c  # lora_B's r-wide input
         if shared:
-            src = ("layer_input" if lin.module in _READS_LAYER_INPUT
-                   else "mlp_input" if lin.module in ("gate_proj", "up_proj", "gate_up_proj") else lin.module)
+            src = _linear_source(lin.module)
             if src in seen:
                 continue
             seen.add(src)
@@ -1075,9 +1074,20 @@ def _lora_saved(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t: int, 
 
 
 def _linear_source(module: str) -> str:
-    """The tensor a decoder-layer linear reads (one storage however many linears read it)."""
+    """The tensor a decoder-layer linear reads (one storage however many linears read it): qwen2_moe's
+    ``shared_expert_gate`` reads the MoE block's input, as the shared expert's gate/up do."""
     return ("layer_input" if module in _READS_LAYER_INPUT
-            else "mlp_input" if module in ("gate_proj", "up_proj", "gate_up_proj") else module)
+            else "mlp_input" if module in ("gate_proj", "up_proj", "gate_up_proj", "shared_expert_gate") else module)
+
+
+def _router_keeps_mlp_input(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes) -> bool:
+    """A softmax router that saves the MoE block's compute-dtype input itself (PEFT's wrapped
+    router, ZeRO-3's linear; ``_moe_saved`` counts it): LoRA adapters and ZeRO-3's frozen linears
+    reading that same storage add nothing (qwen3_next's shared_expert_gate, its shared expert)."""
+    m = g.moe
+    if m is None or m.router not in ("mixtral", "qwen3_moe") or dt.resid != dt.compute:
+        return False
+    return dt.linear_saves_input or (job.uses_lora and lora_wraps_experts(model, job.lora))
 
 
 def _kernel_keeps_o_proj_input(g: LayerGroup, job: Job, backend: str) -> bool:
@@ -1098,7 +1108,7 @@ def _zero3_base_inputs(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
     if not (dt.frozen_linears_save_input and job.uses_lora):
         return 0, 0
     out = layer_in = 0
-    seen = set(seen)
+    seen = set(seen) | ({"mlp_input"} if _router_keeps_mlp_input(g, model, job, dt) else set())
     for lin in layer_linears(model, g):
         if not lin.is_module:
             continue

@@ -258,3 +258,25 @@ def test_qlora_model_states_exact(recipe, ckpt):
     if ckpt:
         casts = sum(x.nbytes for x in r.records if x.producer == "TBackward0") if recipe == "peft" else 0
         assert saved_activation_bytes(spec, job, backend="cpu") == r.saved_activation_bytes - casts
+
+
+@pytest.mark.torch
+def test_tiny_config_of_the_catalog_entry():
+    """``ftplan measure --tiny`` shrinks the 80B-A3B to one DeltaNet and one attention layer (the
+    DeltaNet's heads too, its projections still fused), which transformers builds with the
+    parameters ftplan counts."""
+    import json
+
+    import ftplan.measure.torchref as TR
+    from ftplan.catalog.models import get_model
+    from ftplan.measure.accounting import params_by_category
+    from ftplan.measure.configs import tiny_config
+
+    raw = get_model("qwen3-next-80b-a3b").spec().config
+    cfg = tiny_config(json.loads(json.dumps(raw)))
+    assert cfg["layer_types"] == ["linear_attention", "full_attention"] and cfg["num_experts"] == 4
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = TR.build_model(cfg, device="meta")
+    assert type(model).__name__ == "Qwen3NextForCausalLM"
+    assert params_by_category(model) == model_from_config(cfg).params.by_category()

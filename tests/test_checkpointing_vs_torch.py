@@ -30,7 +30,7 @@ from ftplan.model import model_from_config  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
-MOE = {"mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss", "glm4_moe"}
+MOE = {"mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss", "glm4_moe", "qwen3_next"}
 ATTN = {"gemma2": "eager", "gpt_oss": "eager"}  # no sdpa path in transformers 5
 
 
@@ -72,16 +72,16 @@ def _measure(family, method, mode, *, loss="hf", batch=2, seq=24, **kw):
 # (family, method, mode): torchtitan's op SAC everywhere, TRL's attention SAC where attention is one
 # op and where it is not (gemma2 eager, MLA on CPU), reentrant, every-k with mixed layer kinds
 VARIANTS = (
-    # (qwen3_5_moe under SAC is not held yet: 5,664 B over on the tiny model, full fine-tuning)
-    [(f, "full", "selective") for f in sorted(TR.TINY_CONFIGS) if f != "qwen3_5_moe"]
+    # (qwen2_moe's block, qwen3_5_moe and qwen3_next: the shared expert's mm run before the router's)
+    [(f, "full", "selective") for f in sorted(TR.TINY_CONFIGS)]
     + [(f, "lora", "selective") for f in ("llama", "qwen2", "phi3", "gemma2", "mixtral", "deepseek_v3", "gpt_oss",
-                                          "glm4_moe")]
+                                          "glm4_moe", "qwen3_next")]
     + [("llama", "full", "selective-attention"), ("llama", "lora", "selective-attention"),
        ("gemma2", "lora", "selective-attention"), ("deepseek_v3", "full", "selective-attention")]
     + [("llama", "lora", "full-reentrant"), ("qwen3_moe", "full", "full-reentrant")]
     + [("llama", "full", "every-k"), ("gemma2", "lora", "every-k"), ("gemma3_text", "full", "every-k"),
        ("mixtral", "lora", "every-k"), ("deepseek_v3", "full", "every-k"), ("gpt_oss", "lora", "every-k"),
-       ("glm4_moe", "full", "every-k")]
+       ("glm4_moe", "full", "every-k"), ("qwen3_next", "lora", "every-k")]
 )
 
 

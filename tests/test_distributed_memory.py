@@ -5,7 +5,8 @@ group of cases), on tiny real Hugging Face models (llama, qwen2 with tied embedd
 biases, mixtral as the MoE family; deepseek_v3's LoRA for its fp32 router in a bf16 base and its
 full fine-tuning under FSDP2's autocast; gpt_oss for its sinks and biased experts; glm4_moe with
 LoRA under FSDP2 and in full under FSDP1/FSDP2 and ZeRO-3; qwen3_5 with LoRA under FSDP2 and in full
-under FSDP2 and ZeRO-3; qwen3_5_moe in full under ZeRO-3), and
+under FSDP2 and ZeRO-3; qwen3_5_moe in full under ZeRO-3, with LoRA under FSDP2 and ZeRO-3; qwen3_next
+in full and with LoRA under FSDP2 and ZeRO-3), and
 every byte each rank holds is counted through a
 ``TorchDispatchMode``. The formulas (``ftplan.sharding.layout_memory``, CPU form) must give:
 
@@ -39,6 +40,7 @@ pytest.importorskip("transformers")
 from ftplan.catalog.constants import memory_constants  # noqa: E402
 from ftplan.measure import torchref as TR  # noqa: E402
 from ftplan.measure.distributed import Case, RankMeasure, run_cases  # noqa: E402
+from ftplan.job import lora_targets  # noqa: E402
 from ftplan.memory import model_states, saved_activation_bytes  # noqa: E402
 from ftplan.model import model_from_config  # noqa: E402
 from ftplan.sharding import activation_job, engine_compute, layout_memory, zero12_rank_bytes  # noqa: E402
@@ -86,6 +88,9 @@ TORCH_CASES = [
     # qwen3_5's torch delta rule under the same autocast: its matmuls save bf16 copies of their fp32
     # operands (ftplan left them out before: 311,296 B over per rank)
     Case(family="qwen3_5", engine="fsdp2"),
+    # qwen3_next: fused DeltaNet projections, qwen2_moe's block with its 1-row shared_expert_gate
+    # (on rank 0 alone: BOUNDS["fsdp2_one_row_states"]), a dense layer
+    Case(family="qwen3_next", engine="fsdp2"),
 ]
 PEFT_CASES = [Case(family="mixtral", engine="fsdp2", method="lora"),
               # PEFT's all-linear adapts only gpt_oss's attention: its experts stay frozen
@@ -99,6 +104,11 @@ PEFT_CASES = [Case(family="mixtral", engine="fsdp2", method="lora"),
               # qwen3_5: Gated DeltaNet layers (conv1d, dt_bias, A_log, gated norm) around a gated-attention
               # layer; its full fine-tuning is held under FSDP2 above and ZeRO-3 below
               Case(family="qwen3_5", engine="fsdp2", method="lora"),
+              # qwen2_moe's block: the wrapped router and the gate's LoRA read the block's input, one
+              # storage (ftplan counted it twice before: 12,288 B over per rank); qwen3_5_moe: its
+              # shared expert's and gate's adapters share it too (18,432 B over before)
+              Case(family="qwen3_next", engine="fsdp2", method="lora"),
+              Case(family="qwen3_5_moe", engine="fsdp2", method="lora"),
               # FSDP1 as HF Trainer wraps a PEFT model: PEFT's fsdp_auto_wrap_policy (every lora_A /
               # lora_B its own unit), accelerate's fp32 upcast of trainable flat parameters; llama's
               # second step: the adapters' bf16 views PEFT sees from the first unshard on (the
@@ -136,10 +146,9 @@ DS_CASES = [
     Case(family="glm4_moe", engine="deepspeed", zero_stage=3, steps=2),
     Case(family="qwen3_5", engine="deepspeed", zero_stage=3, steps=2),
     # qwen3_5_moe: the hybrid layers with Qwen3.5's MoE block (fused experts, shared expert and its
-    # 1-row shared_expert_gate). Not under FSDP2: a (1, x) tensor cannot be split on dim 0, rank 0
-    # holds it and rank 1 nothing, so rank 1's optimizer states are below ftplan's padded per-rank
-    # figure (rank 0's; 192 B in LoRA: the gate's lora_B), which the per-rank check would flag
+    # 1-row shared_expert_gate: under FSDP2 on rank 0 alone, see BOUNDS["fsdp2_one_row_states"])
     Case(family="qwen3_5_moe", engine="deepspeed", zero_stage=3, steps=2),
+    Case(family="qwen3_next", engine="deepspeed", zero_stage=3, steps=2),
     Case(family="qwen2", engine="deepspeed", zero_stage=2, offload_optimizer=True),
     Case(family="llama", engine="deepspeed", zero_stage=2, offload_optimizer=True),
     Case(family="mixtral", engine="deepspeed", zero_stage=2, offload_optimizer=True),
@@ -167,7 +176,11 @@ DS_QLORA_CASES = [Case(family="llama", engine="deepspeed", zero_stage=3, method=
                   # the wrapped fp32 router path on DeepSpeed's cast: an fp32 copy of the merged weight
                   Case(family="glm4_moe", engine="deepspeed", zero_stage=3, method="lora", steps=2),
                   # Gated DeltaNet layers: ZeRO-3's F.linear keeps the in_proj_* / out_proj inputs too
-                  Case(family="qwen3_5", engine="deepspeed", zero_stage=3, method="lora", steps=2)]
+                  Case(family="qwen3_5", engine="deepspeed", zero_stage=3, method="lora", steps=2),
+                  # the MoE block's input, kept by the router (wrapped, or ZeRO-3's linear), the frozen
+                  # shared expert and the gate's adapter: one storage (24,576 B over per rank before)
+                  Case(family="qwen3_next", engine="deepspeed", zero_stage=3, method="lora", steps=2),
+                  Case(family="qwen3_5_moe", engine="deepspeed", zero_stage=3, method="lora", steps=2)]
 #: 4 ranks: shard degree 4, and HSDP (2 replicas x 2 shards)
 FOUR_CASES = [
     Case(family="llama", engine="fsdp2"),
@@ -250,7 +263,9 @@ def _check(case: Case, world: int, m: RankMeasure) -> list[str]:
             # (FSDP1 qwen2), +65,536 B (FSDP2 mixtral), +58,944 B (FSDP2 mixtral LoRA) in about 1 run of 3)
             late = cast + BOUNDS["last_reduce_input"](case, world)
             eq("grads", m.grads - late / 2, p["grads"], late / 2)
-            eq("optimizer", m.optimizer, p["optimizer"])
+            # (FSDP2: a 1-row trainable tensor lives on rank 0 alone; ftplan's figure is that rank's)
+            one_row = BOUNDS["fsdp2_one_row_states"](case) if eng == "fsdp2" and m.rank > 0 else 0
+            eq("optimizer", m.optimizer + one_row, p["optimizer"])
         if eng == "fsdp1":
             # the reduced gradient shards FSDP1 keeps on the device (``_saved_grad_shard``) until its
             # post-backward final callback, read from the engine: the formula's device gradients,
@@ -347,6 +362,11 @@ def _zero12_rank(case: Case, world: int, rank: int) -> tuple[int, int]:
 BOUNDS = {
     # FSDP: a rank tensor of the device mesh and the loss cast, a few bytes
     "fsdp_scalars": 16,
+    # FSDP2 shards every parameter on dim 0: a trainable (1, n) tensor (qwen2_moe's block:
+    # shared_expert_gate in full fine-tuning, its LoRA lora_B) is whole on rank 0 and empty on the
+    # others, which hold no AdamW states for it; ftplan's per-rank figure is rank 0's (the worst).
+    # Exact: the other ranks hold exactly these states less
+    "fsdp2_one_row_states": lambda case: _one_row_states(case),
     # FSDP1 MixedPrecision(buffer_dtype=bf16): a bf16 copy of the rotary inv_freq buffers (0-64 B)
     "fsdp1_buffer_cast": 64,
     # gloo's reduce-scatter staging may outlive the collective on a rank (timing)
@@ -445,6 +465,21 @@ def _failures(cases, world, results) -> list[str]:
             for d in _check(case, world, m):
                 failures.append(f"{case.label} rank {m.rank}: {d}")
     return failures
+
+
+def _one_row_states(case: Case) -> int:
+    """AdamW state bytes (two fp32 moments) of the trainable 1-row tensors of ``case``'s tiny model:
+    each MoE layer's shared_expert_gate weight (1, hidden) in full fine-tuning, its lora_B (1, r) in
+    LoRA when all-linear wraps the gate."""
+    spec = model_from_config(TR.TINY_CONFIGS[case.family])
+    job = case.job()
+    if case.method == "full":
+        per = spec.hidden_size
+    elif "shared_expert_gate" in lora_targets(spec, job.lora):
+        per = job.lora.r
+    else:
+        return 0
+    return sum(g.count * per * 8 for g in spec.groups if g.moe is not None and g.moe.shared_gate)
 
 
 def _two_rank_cases() -> list[Case]:

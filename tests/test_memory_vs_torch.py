@@ -25,7 +25,7 @@ pytestmark = pytest.mark.torch
 
 #: attention implementation per family (gemma2 has no sdpa path in transformers 5)
 ATTN = {"gemma2": "eager", "gpt_oss": "eager"}
-MOE = {"mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss", "glm4_moe"}
+MOE = {"mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss", "glm4_moe", "qwen3_next"}
 
 
 def _run(family, method, ckpt, batch, seq, optimizer="adamw", attn=None, precision="bf16-mixed", cfg=None):

@@ -39,7 +39,7 @@ def _layer_mm_flops(g: LayerGroup, model: ModelSpec, job: Job) -> tuple[float, f
     lins = {lin.module: lin for lin in layer_linears(model, g)}
     a = g.attention
     if a is None:  # Gated DeltaNet: the projections (its delta rule's matmuls are bmm, never cached)
-        order = ["in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"]
+        order = ["in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "in_proj_qkvz", "in_proj_ba", "out_proj"]
     else:
         order = (["q_a_proj", "q_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj"] if a.is_mla
                  else ["qkv_proj", "q_proj", "k_proj", "v_proj"]) + ["o_proj"]
@@ -65,10 +65,17 @@ def _layer_mm_flops(g: LayerGroup, model: ModelSpec, job: Job) -> tuple[float, f
         proj(name)
     if g.moe is not None:
         m = g.moe
+        if m.shared_gate and m.shared is not None:
+            # qwen2_moe's block (qwen3_5_moe, qwen3_next): the shared expert runs before the router
+            for name in mlp_names:
+                proj(name)
         mms.append(2.0 * h * m.num_experts)  # router
         other += m.top_k * 3 * 2.0 * h * m.expert_intermediate_size  # routed experts (grouped_mm)
         if job.uses_lora and lora_wraps_experts(model, job.lora):
             other += m.top_k * 2.0 * r * (3 * h + 3 * m.expert_intermediate_size)
+        if m.shared_gate:  # then its sigmoid gate
+            proj("shared_expert_gate")
+            mlp = None
     if mlp is not None:
         for name in mlp_names:
             proj(name)

@@ -817,8 +817,9 @@ def _gdn_saved(la: GatedDeltaNetSpec, b: int, s: int, h: int, dt: _Dtypes, job: 
     mm = c if ac else 4  # the delta rule's matmul operands: compute-dtype copies, or fp32 themselves
     fp32_w = ac and (dt.train_w == 4 or (not dt.full and dt.norm_out == 4))  # fp32 weights under autocast
     out = 0
-    # projections reading the normed input (q/k/v, z, b, a), as the attention's q/k/v
-    out += _linear_inputs(t, h, 4, dt.norm_out if dt.full else dt.resid, dt)
+    # projections reading the normed input (q/k/v, z, b, a; qwen3_next's fused qkvz and ba), as
+    # the attention's q/k/v
+    out += _linear_inputs(t, h, 2 if la.fused_proj else 4, dt.norm_out if dt.full else dt.resid, dt)
     # causal conv: its input, (autocast over fp32 weights) the weight's cast, the silu's input
     # (the conv output over s + K - 1 positions, sliced to s)
     out += t * cd * c + (cd * k * c if fp32_w else 0) + b * cd * (s + k - 1) * c
@@ -948,7 +949,9 @@ def _moe_saved(m: MoeSpec, t: int, h: int, dt: _Dtypes, tp: int, wrapped: bool =
             out += m.num_experts * h * r
     else:  # softmax in fp32
         router_in = t * h * c
-        out = t * m.num_experts * 4 + routed * 8 + t * 4 + routed * 4
+        # (the top-k probabilities divided by their sum: the sum and the quotient; qwen3_moe's and
+        # qwen3_next's router without norm_topk_prob keeps neither)
+        out = t * m.num_experts * 4 + routed * 8 + ((t * 4 + routed * 4) if m.renormalize else 0)
         if m.router == "qwen3_moe":  # cast back to the logits' dtype (a no-op in fp32)
             per_row = routed * c if c != 4 else 0
             w_bytes = c
@@ -1052,7 +1055,7 @@ def _lora_saved(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t: int, 
     # tensor, one storage per distinct input (q/k/v share the norm output, gate/up theirs, o_proj
     # reads the attention output the kernel already keeps)
     shared = job.lora.dropout == 0 and a_bytes == c == dt.resid and (g.moe is None or bool(dt.engine_compute))
-    seen: set[str] = set()
+    seen: set[str] = {"mlp_input"} if shared and _router_keeps_mlp_input(g, model, job, dt) else set()
     out = 0
     for lin in layer_linears(model, g):
         if not (lin.is_module and lin.module in targets):
@@ -1060,8 +1063,7 @@ def _lora_saved(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t: int, 
         width = lin.in_features
         out += t * r * c  # lora_B's r-wide input
         if shared:
-            src = ("layer_input" if lin.module in _READS_LAYER_INPUT
-                   else "mlp_input" if lin.module in ("gate_proj", "up_proj", "gate_up_proj") else lin.module)
+            src = _linear_source(lin.module)
             if src in seen:
                 continue
             seen.add(src)
@@ -1072,9 +1074,20 @@ def _lora_saved(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t: int, 
 
 
 def _linear_source(module: str) -> str:
-    """The tensor a decoder-layer linear reads (one storage however many linears read it)."""
+    """The tensor a decoder-layer linear reads (one storage however many linears read it): qwen2_moe's
+    ``shared_expert_gate`` reads the MoE block's input, as the shared expert's gate/up do."""
     return ("layer_input" if module in _READS_LAYER_INPUT
-            else "mlp_input" if module in ("gate_proj", "up_proj", "gate_up_proj") else module)
+            else "mlp_input" if module in ("gate_proj", "up_proj", "gate_up_proj", "shared_expert_gate") else module)
+
+
+def _router_keeps_mlp_input(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes) -> bool:
+    """A softmax router that saves the MoE block's compute-dtype input itself (PEFT's wrapped
+    router, ZeRO-3's linear; ``_moe_saved`` counts it): LoRA adapters and ZeRO-3's frozen linears
+    reading that same storage add nothing (qwen3_next's shared_expert_gate, its shared expert)."""
+    m = g.moe
+    if m is None or m.router not in ("mixtral", "qwen3_moe") or dt.resid != dt.compute:
+        return False
+    return dt.linear_saves_input or (job.uses_lora and lora_wraps_experts(model, job.lora))
 
 
 def _kernel_keeps_o_proj_input(g: LayerGroup, job: Job, backend: str) -> bool:
@@ -1095,7 +1108,7 @@ def _zero3_base_inputs(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
     if not (dt.frozen_linears_save_input and job.uses_lora):
         return 0, 0
     out = layer_in = 0
-    seen = set(seen)
+    seen = set(seen) | ({"mlp_input"} if _router_keeps_mlp_input(g, model, job, dt) else set())
     for lin in layer_linears(model, g):
         if not lin.is_module:
             continue
@@ -1263,7 +1276,8 @@ def _liger_head_bytes(model: ModelSpec, job: Job, dt: _Dtypes, tp: int) -> tuple
 
 #: attention projections that read the (normed) decoder-layer input
 _READS_LAYER_INPUT = frozenset({"q_proj", "k_proj", "v_proj", "qkv_proj", "q_a_proj", "kv_a_proj_with_mqa",
-                                "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"})
+                                "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a",
+                                "in_proj_qkvz", "in_proj_ba"})
 
 
 def _first_layer_discount(model: ModelSpec, job: Job, dt: _Dtypes, backend: str) -> int:
@@ -1390,9 +1404,9 @@ def _layer_matmul_outputs(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes
     lins = {lin.module: lin for lin in layer_linears(model, g)}
     a = g.attention
     col = {"q_proj", "k_proj", "v_proj", "qkv_proj", "q_b_proj", "kv_b_proj", "gate_proj", "up_proj",
-           "gate_up_proj", "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"}
+           "gate_up_proj", "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "in_proj_qkvz", "in_proj_ba"}
     if a is None:  # Gated DeltaNet: its delta rule's matmuls are bmm, not mm
-        order = ["in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"]
+        order = ["in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "in_proj_qkvz", "in_proj_ba", "out_proj"]
     elif a.is_mla:
         order = ["q_a_proj", "q_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"]
     else:
@@ -1401,19 +1415,29 @@ def _layer_matmul_outputs(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes
         if name in lins:
             lin = lins[name]
             proj(lin, lin.out_features // tp if name in col else lin.out_features)
+    from .model import mlp_linears
+
+    def mlp_proj(mlp: MlpSpec) -> None:
+        for lin in mlp_linears(mlp, model.hidden_size, 1, "mlp"):
+            if lin.module in ("gate_up_proj", "gate_proj", "up_proj", "down_proj"):
+                proj(lin, lin.out_features // tp if lin.module in col else lin.out_features)
+
     mlp = g.mlp if g.mlp is not None else None
     if g.moe is not None:
+        if g.moe.shared_gate and g.moe.shared is not None:
+            # qwen2_moe's block (qwen3_5_moe, qwen3_next): the shared expert runs before the router
+            mlp_proj(g.moe.shared)
         if job.uses_lora and lora_wraps_experts(model, job.lora):
             out.append(g.moe.num_experts * model.hidden_size * c)  # ParamWrapper's B @ A for the router
         if not g.moe.bias:  # a biased router (gpt_oss) runs addmm
             out.append(t * g.moe.num_experts * c)  # router logits
-        mlp = g.moe.shared
+        if g.moe.shared_gate:  # then sigmoid(shared_expert_gate(x)), after the routed experts
+            proj(lins["shared_expert_gate"], 1)
+            mlp = None
+        else:
+            mlp = g.moe.shared
     if mlp is not None:
-        from .model import mlp_linears
-
-        for lin in mlp_linears(mlp, model.hidden_size, 1, "mlp"):
-            if lin.module in ("gate_up_proj", "gate_proj", "up_proj", "down_proj"):
-                proj(lin, lin.out_features // tp if lin.module in col else lin.out_features)
+        mlp_proj(mlp)
     return out
 
 

@@ -89,6 +89,10 @@ class Family:
     #: multimodal rope (qwen3_5's interleaved mrope): the cos/sin tables are built per batch row
     #: (``position_ids`` expanded to ``(3, b, s)``), ``(b, s, rotary_dim)`` each
     mrope: bool = False
+    #: the Gated DeltaNet's input projections are fused (qwen3_next): ``in_proj_qkvz`` (q, k, v and
+    #: the output gate z, interleaved per key head) and ``in_proj_ba`` (beta and the decay input),
+    #: where qwen3_5 has ``in_proj_qkv`` / ``in_proj_z`` / ``in_proj_b`` / ``in_proj_a``
+    gdn_fused_proj: bool = False
 
 
 _LLAMA_LIKE = dict(
@@ -236,6 +240,31 @@ FAMILIES: dict[str, Family] = {
             hybrid_linear=True, output_gate=True, mrope=True, moe="qwen3_5_moe", peft_wraps_experts=False,
             min_transformers="5.2",  # models/qwen3_5_moe ships with qwen3_5 (5.2.0)
         ),
+        Family(
+            # Qwen3-Next (Qwen3NextConfig, transformers 5.24): qwen3_5's hybrid layout (3 Gated
+            # DeltaNet layers to 1 gated full-attention layer, q/k norms, zero-centred fp32
+            # RMSNorms) with the DeltaNet's projections fused (in_proj_qkvz, in_proj_ba), a plain
+            # (not mrope) quarter rotary, and qwen2_moe's sparse block: a softmax top-k router
+            # (renormalised when norm_topk_prob), fused 3-D experts, one shared expert scaled by
+            # sigmoid(shared_expert_gate(x)); decoder_sparse_step / mlp_only_layers pick dense
+            # layers (intermediate_size) as in qwen3_moe. transformers maps qwen3_next's weight
+            # conversions onto qwen2_moe's, so PEFT's all-linear wraps the experts and the router
+            # (ParamWrapper) and leaves the MLP projections (the shared expert's) alone; the
+            # shared_expert_gate, an nn.Linear of no mapping, is wrapped
+            "qwen3_next",
+            {**_LLAMA_LIKE, "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 5632,
+             "num_hidden_layers": 48, "num_attention_heads": 16, "num_key_value_heads": 2,
+             "head_dim": 256, "max_position_embeddings": 32768, "linear_conv_kernel_dim": 4,
+             "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_num_key_heads": 16,
+             "linear_num_value_heads": 32, "full_attention_interval": 4, "decoder_sparse_step": 1,
+             "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512,
+             "num_experts_per_tok": 10, "num_experts": 512, "norm_topk_prob": True, "mlp_only_layers": []},
+            qk_norm=True, mlp_bias_key=None, partial_rotary_factor=0.25, norm_style="gemma",
+            hybrid_linear=True, output_gate=True, moe="qwen3_next", gdn_fused_proj=True,
+            # models/qwen3_next first ships in the 4.57.0 wheel (4.56.2 has none; 4.57.0 is yanked,
+            # 4.57.1 installs); the exported floor stays 5.0 (fused experts, PEFT's MoE mapping)
+            min_transformers="4.57",
+        ),
     ]
 }
 
@@ -258,6 +287,7 @@ _ARCH_TO_TYPE = {
     "Qwen3_5ForConditionalGeneration": "qwen3_5",
     "Qwen3_5MoeForCausalLM": "qwen3_5_moe",
     "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe",
+    "Qwen3NextForCausalLM": "qwen3_next",
 }
 #: text model_types that name a family under another key (the inner type of a multimodal config)
 _TEXT_TYPE_ALIASES = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe"}
@@ -334,7 +364,10 @@ class GatedDeltaNetSpec:
     ``conv_kernel`` taps over the q/k/v channels (no bias), ``dt_bias`` and ``A_log`` (one per value
     head), a gated RMSNorm over ``v_head_dim`` (one weight shared by all heads) and ``out_proj``.
     Its recurrent state is ``k_head_dim x v_head_dim`` per value head; the chunked delta rule runs
-    on ``chunk_size``-token chunks (the sequence is padded to a multiple of it)."""
+    on ``chunk_size``-token chunks (the sequence is padded to a multiple of it).
+
+    ``fused_proj`` (qwen3_next's ``Qwen3NextGatedDeltaNet``): the same weights as two linears,
+    ``in_proj_qkvz`` (q, k, v and z) and ``in_proj_ba`` (b and a)."""
 
     num_k_heads: int
     num_v_heads: int
@@ -342,6 +375,7 @@ class GatedDeltaNetSpec:
     v_head_dim: int
     conv_kernel: int
     chunk_size: int = 64
+    fused_proj: bool = False
 
     @property
     def key_dim(self) -> int:
@@ -386,8 +420,11 @@ class MoeSpec:
     #: ``down_proj_bias``, ``router.bias``)
     bias: bool = False
     #: the shared expert's output is scaled per token by ``sigmoid(shared_expert_gate(x))``, a
-    #: bias-free ``nn.Linear(hidden, 1)`` (qwen3_5_moe)
+    #: bias-free ``nn.Linear(hidden, 1)`` (qwen3_5_moe, qwen3_next)
     shared_gate: bool = False
+    #: a softmax router divides its top-k probabilities by their sum (qwen3_moe's and qwen3_next's
+    #: ``norm_topk_prob``; mixtral's and qwen3_5_moe's always do)
+    renormalize: bool = True
 
 
 @dataclass(frozen=True)
@@ -590,7 +627,14 @@ class ModelSpec:
 
 def linear_attention_linears(la: GatedDeltaNetSpec, h: int, n: int) -> list[LinearSpec]:
     """A Gated DeltaNet's ``nn.Linear`` modules in registration order (out_proj first, as
-    ``Qwen3_5GatedDeltaNet.__init__`` registers it); the depthwise Conv1d is no linear."""
+    ``Qwen3_5GatedDeltaNet.__init__`` registers it; ``Qwen3NextGatedDeltaNet`` registers its fused
+    in_proj_qkvz and in_proj_ba first); the depthwise Conv1d is no linear."""
+    if la.fused_proj:
+        return [
+            LinearSpec("in_proj_qkvz", h, la.conv_dim + la.value_dim, n, False, "attention"),
+            LinearSpec("in_proj_ba", h, 2 * la.num_v_heads, n, False, "attention"),
+            LinearSpec("out_proj", la.value_dim, h, n, False, "attention"),
+        ]
     return [
         LinearSpec("out_proj", la.value_dim, h, n, False, "attention"),
         LinearSpec("in_proj_qkv", h, la.conv_dim, n, False, "attention"),
@@ -867,7 +911,7 @@ def model_from_config(
     if head_dim is None and h is not None and heads is not None and heads > h:
         c.bad(f"num_attention_heads={heads} exceeds hidden_size={h} (head_dim would be 0); give head_dim")
     mla = _mla_fields(c) if fam.mla else None
-    linear = _linear_attention_spec(c) if fam.hybrid_linear else None
+    linear = _linear_attention_spec(c, fam.gdn_fused_proj) if fam.hybrid_linear else None
     plan = _layer_plan(fam, c, n_layers or 1)
     moe = _moe_spec(fam, c, plan.any_moe)
     if c.problems:
@@ -939,9 +983,9 @@ def _rotary_share(c: _Check, v: Any, name: str) -> float | None:
     return float(v)
 
 
-def _linear_attention_spec(c: _Check) -> GatedDeltaNetSpec | None:
+def _linear_attention_spec(c: _Check, fused: bool = False) -> GatedDeltaNetSpec | None:
     """The Gated DeltaNet of a hybrid family's linear-attention layers (Qwen3_5TextConfig's
-    ``linear_*`` fields)."""
+    ``linear_*`` fields; ``fused``: qwen3_next's fused input projections)."""
     kh, vh = c.int("linear_num_key_heads"), c.int("linear_num_value_heads")
     kd, vd = c.int("linear_key_head_dim"), c.int("linear_value_head_dim")
     kernel = c.int("linear_conv_kernel_dim")
@@ -949,7 +993,7 @@ def _linear_attention_spec(c: _Check) -> GatedDeltaNetSpec | None:
         c.bad(f"linear_num_key_heads={kh} must divide linear_num_value_heads={vh}")
     if None in (kh, vh, kd, vd, kernel):
         return None
-    return GatedDeltaNetSpec(kh, vh, kd, vd, kernel)  # type: ignore[arg-type]
+    return GatedDeltaNetSpec(kh, vh, kd, vd, kernel, fused_proj=fused)  # type: ignore[arg-type]
 
 
 def _mla_fields(c: _Check) -> tuple[int, int, int, int, int | None] | None:
@@ -1025,7 +1069,7 @@ def _layer_plan(fam: Family, c: _Check, n: int) -> _LayerPlan:
     if fam.moe in ("mixtral", "gpt_oss", "qwen3_5_moe"):
         moe_at = lambda i: True  # noqa: E731
         any_moe = True
-    elif fam.moe == "qwen3_moe":
+    elif fam.moe in ("qwen3_moe", "qwen3_next"):
         step = c.int("decoder_sparse_step", optional=True) or 1
         experts = c.int("num_experts", minimum=0, optional=True) or 0
         only = cfg.get("mlp_only_layers") or []
@@ -1096,6 +1140,7 @@ def _layer_kinds(plan: _LayerPlan, n: int) -> list[tuple[int, int | None, bool, 
 def _moe_spec(fam: Family, c: _Check, any_moe: bool) -> MoeSpec | None:
     if fam.moe is None:
         return None
+    renorm = True
     if fam.moe in ("mixtral", "gpt_oss"):
         experts, top_k, inter = (c.int("num_local_experts"), c.int("num_experts_per_tok"),
                                  c.int("intermediate_size"))
@@ -1106,12 +1151,18 @@ def _moe_spec(fam: Family, c: _Check, any_moe: bool) -> MoeSpec | None:
         experts, top_k, inter = (c.int("num_experts"), c.int("num_experts_per_tok"),
                                  c.int("moe_intermediate_size"))
         router, shared = "qwen3_moe", None
-    elif fam.moe == "qwen3_5_moe":
-        # Qwen3_5MoeTopKRouter is qwen3_moe's with norm_topk_prob always on
+        renorm = c.bool("norm_topk_prob")
+    elif fam.moe in ("qwen3_5_moe", "qwen3_next"):
+        # Qwen3_5MoeTopKRouter is qwen3_moe's with norm_topk_prob always on; qwen3_next's
+        # (qwen2_moe's) renormalises when norm_topk_prob
+        if not any_moe:
+            return None
         experts, top_k, inter = (c.int("num_experts"), c.int("num_experts_per_tok"),
                                  c.int("moe_intermediate_size"))
         shared_i = c.int("shared_expert_intermediate_size")
         router, shared = "qwen3_moe", MlpSpec(shared_i) if shared_i else None
+        if fam.moe == "qwen3_next":
+            renorm = c.bool("norm_topk_prob")
     else:
         experts, top_k, inter = (c.int("n_routed_experts"), c.int("num_experts_per_tok"),
                                  c.int("moe_intermediate_size"))
@@ -1123,7 +1174,8 @@ def _moe_spec(fam: Family, c: _Check, any_moe: bool) -> MoeSpec | None:
     if experts is None or top_k is None or inter is None or not any_moe:
         return None
     return MoeSpec(experts, top_k, inter, shared, router=router, router_fp32=router == "deepseek_v3",
-                   bias=router == "gpt_oss", shared_gate=fam.moe == "qwen3_5_moe")
+                   bias=router == "gpt_oss", shared_gate=fam.moe in ("qwen3_5_moe", "qwen3_next"),
+                   renormalize=renorm)
 
 
 def layer_group_order(model: ModelSpec) -> list[int]:

@@ -54,10 +54,13 @@ SCHEMA_KEYS: dict[str, tuple[type, ...]] = {
 _TEMPLATES = {"llama": "llama3", "qwen2": "qwen", "qwen3": "qwen3", "qwen3_moe": "qwen3", "mistral": "mistral",
               "mixtral": "mistral", "gemma2": "gemma2", "gemma3": "gemma3", "gemma3_text": "gemma3",
               "phi3": "phi", "deepseek_v3": "deepseek3", "gpt_oss": "gpt_oss",
-              "glm4_moe": "glm4_moe", "qwen3_5": "qwen3_5", "qwen3_5_moe": "qwen3_5"}
+              "glm4_moe": "glm4_moe", "qwen3_5": "qwen3_5", "qwen3_5_moe": "qwen3_5", "qwen3_next": "qwen3"}
 #: Kimi K2 (planned as deepseek_v3) speaks Moonshot's <|im_user|>/<|im_assistant|>/<|im_middle|> format,
-#: which 0.9.5 registers as kimi_vl; Phi-4-mini's <|user|>...<|end|> format as phi4_mini
-_BY_NAME = {"phi-4": "phi4", "mistral-small-24b": "mistral_small", "kimi-k2": "kimi_vl", "phi-4-mini": "phi4_mini"}
+#: which 0.9.5 registers as kimi_vl; Phi-4-mini's <|user|>...<|end|> format as phi4_mini. The catalog's
+#: Qwen3-Next is the Instruct checkpoint, which 0.9.5's constants.py registers with qwen3_nothink (the
+#: family's default, qwen3, is the Thinking checkpoint's)
+_BY_NAME = {"phi-4": "phi4", "mistral-small-24b": "mistral_small", "kimi-k2": "kimi_vl", "phi-4-mini": "phi4_mini",
+            "qwen3-next-80b-a3b": "qwen3_nothink"}
 _FLASH = {"sdpa": "sdpa", "flash": "fa2", "eager": "disabled"}
 
 

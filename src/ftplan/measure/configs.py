@@ -54,6 +54,10 @@ __all__ = ["TINY_CONFIGS", "tiny_config", "text_config", "default_attention"]
 #: * qwen3_5_moe: qwen3_5's layers (``qwen3_5_moe_text``) with Qwen3.5's MoE block in every layer: 4
 #:   experts top-2 of ``moe_intermediate_size=24``, a shared expert of 40 and its sigmoid
 #:   ``shared_expert_gate``; untied (as Qwen3.5-35B-A3B).
+#: * qwen3_next: Qwen3-Next's hybrid layers linear/full/linear (the DeltaNet as qwen3_5's tiny one,
+#:   its projections fused: ``in_proj_qkvz``, ``in_proj_ba``; a plain quarter rotary, no mrope),
+#:   qwen2_moe's block (4 experts top-2 of 24, renormalised, a shared expert of 40 and its sigmoid
+#:   gate) on layers 0-1 and a dense MLP of 120 on layer 2 (``mlp_only_layers=[2]``); untied.
 TINY_CONFIGS: dict[str, dict] = {
     "llama": {
         "model_type": "llama",
@@ -287,6 +291,32 @@ TINY_CONFIGS: dict[str, dict] = {
         "max_position_embeddings": 256,
         "tie_word_embeddings": False,
     },
+    "qwen3_next": {
+        "model_type": "qwen3_next",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 120,
+        "num_hidden_layers": 3,
+        "layer_types": ["linear_attention", "full_attention", "linear_attention"],
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "linear_key_head_dim": 16,
+        "linear_value_head_dim": 24,
+        "linear_conv_kernel_dim": 4,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 24,
+        "shared_expert_intermediate_size": 40,
+        "norm_topk_prob": True,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [2],
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+        "max_position_embeddings": 256,
+        "tie_word_embeddings": False,
+    },
 }
 
 
@@ -381,6 +411,11 @@ def tiny_config(config: dict) -> dict:
         rp.setdefault("rope_type", "default")
         rp.setdefault("rope_theta", 10000000.0)
         out["rope_parameters"] = rp
+    if model_type == "qwen3_next":
+        # the Gated DeltaNet shrinks as qwen3_5's (its projections fused), one layer of each kind
+        out.update(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                   linear_value_head_dim=16, layer_types=["linear_attention", "full_attention"])
+        out.pop("full_attention_interval", None)
     for k in ("torch_dtype", "dtype", "bos_token_id", "eos_token_id", "pad_token_id"):
         out.pop(k, None)  # token ids of the real vocabulary do not fit the tiny one
     out["model_type"] = model_type

@@ -54,6 +54,10 @@ __all__ = ["TINY_CONFIGS", "tiny_config", "text_config", "default_attention"]
 #: * qwen3_5_moe: qwen3_5's layers (``qwen3_5_moe_text``) with Qwen3.5's MoE block in every layer: 4
 #:   experts top-2 of ``moe_intermediate_size=24``, a shared expert of 40 and its sigmoid
 #:   ``shared_expert_gate``; untied (as Qwen3.5-35B-A3B).
+#: * olmo2: no pre-norms (post-attention and post-feed-forward RMSNorms on the branch outputs), q/k
+#:   RMSNorms over the whole projections, fp32 rope tables, GQA, untied.
+#: * olmo3: olmo2's layers, layer_types sliding(16)/full/sliding (one rope table pair per type), GQA.
+#: * smollm3: llama's layers with ``no_rope_layer_interval=2`` (layer 1 of 3 is NoPE), GQA, tied.
 TINY_CONFIGS: dict[str, dict] = {
     "llama": {
         "model_type": "llama",
@@ -287,6 +291,43 @@ TINY_CONFIGS: dict[str, dict] = {
         "max_position_embeddings": 256,
         "tie_word_embeddings": False,
     },
+    "olmo2": {
+        "model_type": "olmo2",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 120,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 256,
+        "tie_word_embeddings": False,
+    },
+    "olmo3": {
+        "model_type": "olmo3",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 120,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 256,
+        "sliding_window": 16,
+        "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+        "tie_word_embeddings": False,
+    },
+    "smollm3": {
+        "model_type": "smollm3",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 120,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 256,
+        "no_rope_layer_interval": 2,
+        "tie_word_embeddings": True,
+        "pad_token_id": None, "bos_token_id": None, "eos_token_id": None,  # SmolLM3Config's are > vocab
+    },
 }
 
 
@@ -363,6 +404,15 @@ def tiny_config(config: dict) -> dict:
             out["q_lora_rank"] = 32
     if isinstance(cfg.get("layer_types"), list):
         out["layer_types"] = cfg["layer_types"][:2] if len(cfg["layer_types"]) >= 2 else cfg["layer_types"]
+    if model_type == "olmo3" and isinstance(cfg.get("layer_types"), list) and len(set(cfg["layer_types"])) > 1:
+        out["layer_types"] = ["sliding_attention", "full_attention"]  # one layer of each kind
+    if isinstance(cfg.get("no_rope_layers"), list):  # smollm3: keep one NoPE layer if it has any
+        out["no_rope_layers"] = [1, 0] if 0 in cfg["no_rope_layers"] else [1, 1]
+    elif model_type == "smollm3":
+        out["no_rope_layer_interval"] = 2
+    pad = out.get("pad_token_id", 128004 if model_type == "smollm3" else None)
+    if isinstance(pad, int) and pad >= _TINY["vocab_size"]:  # nn.Embedding's padding_idx must fit
+        out["pad_token_id"] = None
     if isinstance(cfg.get("mlp_only_layers"), list):
         out["mlp_only_layers"] = [i for i in cfg["mlp_only_layers"] if i < 2]
     if cfg.get("max_window_layers") is not None:

@@ -210,3 +210,30 @@ def test_catalog_counts():
     assert s13.params.norms == 5120 + 40 * (2 * 5120 + 2 * 5120)
     assert get_model("olmo-2-7b").spec().params.total == 7_298_617_344
     assert s13.family == "olmo2" and not s13.tie_word_embeddings
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("name", ["olmo-2-7b", "olmo-2-13b"])
+def test_tiny_config_of_the_catalog_entries(name):
+    """``ftplan measure --tiny`` on the catalog's OLMo 2 models: counts equal transformers' on meta."""
+    pytest.importorskip("torch")
+    from ftplan.measure.accounting import params_by_category
+    from ftplan.measure.configs import tiny_config
+    from ftplan.measure.hf import build_model
+
+    tiny = tiny_config(get_model(name).config)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        real = build_model(tiny, device="meta")
+    assert model_from_config(tiny).params.by_category() == params_by_category(real)
+
+
+@pytest.mark.torch
+def test_tiny_config_of_an_olmo3_config_keeps_both_layer_kinds():
+    from ftplan.measure.configs import tiny_config
+
+    cfg = {"model_type": "olmo3", "hidden_size": 4096, "num_attention_heads": 32, "num_hidden_layers": 8,
+           "sliding_window": 4096, "layer_types": (["sliding_attention"] * 3 + ["full_attention"]) * 2}
+    tiny = tiny_config(cfg)
+    assert tiny["layer_types"] == ["sliding_attention", "full_attention"]
+    assert [g.window for g in model_from_config(tiny).groups] == [4096, None]

@@ -410,9 +410,6 @@ def tiny_config(config: dict) -> dict:
         out["no_rope_layers"] = [1, 0] if 0 in cfg["no_rope_layers"] else [1, 1]
     elif model_type == "smollm3":
         out["no_rope_layer_interval"] = 2
-    pad = out.get("pad_token_id", 128004 if model_type == "smollm3" else None)
-    if isinstance(pad, int) and pad >= _TINY["vocab_size"]:  # nn.Embedding's padding_idx must fit
-        out["pad_token_id"] = None
     if isinstance(cfg.get("mlp_only_layers"), list):
         out["mlp_only_layers"] = [i for i in cfg["mlp_only_layers"] if i < 2]
     if cfg.get("max_window_layers") is not None:
@@ -433,6 +430,8 @@ def tiny_config(config: dict) -> dict:
         out["rope_parameters"] = rp
     for k in ("torch_dtype", "dtype", "bos_token_id", "eos_token_id", "pad_token_id"):
         out.pop(k, None)  # token ids of the real vocabulary do not fit the tiny one
+    if model_type == "smollm3":  # SmolLM3Config's default pad_token_id (128004) would not either
+        out["pad_token_id"] = None
     out["model_type"] = model_type
     return out
 

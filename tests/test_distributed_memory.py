@@ -5,7 +5,8 @@ group of cases), on tiny real Hugging Face models (llama, qwen2 with tied embedd
 biases, mixtral as the MoE family; deepseek_v3's LoRA for its fp32 router in a bf16 base and its
 full fine-tuning under FSDP2's autocast; gpt_oss for its sinks and biased experts; glm4_moe with
 LoRA under FSDP2 and in full under FSDP1/FSDP2 and ZeRO-3; qwen3_5 with LoRA under FSDP2 and in full
-under FSDP2 and ZeRO-3; qwen3_5_moe in full under ZeRO-3), and
+under FSDP2 and ZeRO-3; qwen3_5_moe in full under ZeRO-3; olmo3 in full and LoRA under ZeRO-3, smollm3
+with LoRA under FSDP2), and
 every byte each rank holds is counted through a
 ``TorchDispatchMode``. The formulas (``ftplan.sharding.layout_memory``, CPU form) must give:
 
@@ -99,6 +100,11 @@ PEFT_CASES = [Case(family="mixtral", engine="fsdp2", method="lora"),
               # qwen3_5: Gated DeltaNet layers (conv1d, dt_bias, A_log, gated norm) around a gated-attention
               # layer; its full fine-tuning is held under FSDP2 above and ZeRO-3 below
               Case(family="qwen3_5", engine="fsdp2", method="lora"),
+              # smollm3: a NoPE layer among llama layers (tied embeddings). Not olmo2/olmo3: OLMo's
+              # rotary tables are fp32 and FSDP2 (cast_forward_inputs) casts them to bf16 at every
+              # decoder layer's pre-forward, engine-owned copies the layers save (ftplan counts the
+              # shared fp32 tables instead: see the README)
+              Case(family="smollm3", engine="fsdp2", method="lora"),
               # FSDP1 as HF Trainer wraps a PEFT model: PEFT's fsdp_auto_wrap_policy (every lora_A /
               # lora_B its own unit), accelerate's fp32 upcast of trainable flat parameters; llama's
               # second step: the adapters' bf16 views PEFT sees from the first unshard on (the
@@ -140,6 +146,9 @@ DS_CASES = [
     # holds it and rank 1 nothing, so rank 1's optimizer states are below ftplan's padded per-rank
     # figure (rank 0's; 192 B in LoRA: the gate's lora_B), which the per-rank check would flag
     Case(family="qwen3_5_moe", engine="deepspeed", zero_stage=3, steps=2),
+    # olmo3: post-norms, whole-projection q/k norms, fp32 rope tables (one pair per layer type),
+    # sliding/full layers; DeepSpeed's bf16 mode has no autocast and casts no forward inputs
+    Case(family="olmo3", engine="deepspeed", zero_stage=3, steps=2),
     Case(family="qwen2", engine="deepspeed", zero_stage=2, offload_optimizer=True),
     Case(family="llama", engine="deepspeed", zero_stage=2, offload_optimizer=True),
     Case(family="mixtral", engine="deepspeed", zero_stage=2, offload_optimizer=True),
@@ -167,7 +176,9 @@ DS_QLORA_CASES = [Case(family="llama", engine="deepspeed", zero_stage=3, method=
                   # the wrapped fp32 router path on DeepSpeed's cast: an fp32 copy of the merged weight
                   Case(family="glm4_moe", engine="deepspeed", zero_stage=3, method="lora", steps=2),
                   # Gated DeltaNet layers: ZeRO-3's F.linear keeps the in_proj_* / out_proj inputs too
-                  Case(family="qwen3_5", engine="deepspeed", zero_stage=3, method="lora", steps=2)]
+                  Case(family="qwen3_5", engine="deepspeed", zero_stage=3, method="lora", steps=2),
+                  # olmo3: q/k/v and gate/up read the residual stream (no input norm) under ZeRO-3's linear
+                  Case(family="olmo3", engine="deepspeed", zero_stage=3, method="lora", steps=2)]
 #: 4 ranks: shard degree 4, and HSDP (2 replicas x 2 shards)
 FOUR_CASES = [
     Case(family="llama", engine="fsdp2"),

@@ -237,3 +237,9 @@ def test_tiny_config_of_an_olmo3_config_keeps_both_layer_kinds():
     tiny = tiny_config(cfg)
     assert tiny["layer_types"] == ["sliding_attention", "full_attention"]
     assert [g.window for g in model_from_config(tiny).groups] == [4096, None]
+
+
+def test_olmo2_has_no_sliding_window():
+    """Olmo2Attention has no window: a stray sliding_window in an olmo2 config.json changes nothing
+    (as transformers ignores it)."""
+    assert [g.window for g in model_from_config({"model_type": "olmo2", "sliding_window": 16}).groups] == [None]

@@ -1061,6 +1061,8 @@ def _layer_plan(fam: Family, c: _Check, n: int) -> _LayerPlan:
     pattern = (c.int("sliding_window_pattern", optional=True) or 6) if mt == "gemma3_text" and window else 6
     if mt == "smollm3" and not c.bool("use_sliding_window"):
         window = None  # SmolLM3Attention: a window only with use_sliding_window
+    if mt == "olmo2":
+        window = None  # Olmo2Attention has no sliding window (Olmo2Config no such field)
     if not window:
         window_at = lambda i: None  # noqa: E731
     elif types is not None:

@@ -102,8 +102,8 @@ PEFT_CASES = [Case(family="mixtral", engine="fsdp2", method="lora"),
               Case(family="qwen3_5", engine="fsdp2", method="lora"),
               # smollm3: a NoPE layer among llama layers (tied embeddings). Not olmo2/olmo3: OLMo's
               # rotary tables are fp32 and FSDP2 (cast_forward_inputs) casts them to bf16 at every
-              # decoder layer's pre-forward, engine-owned copies the layers save (ftplan counts the
-              # shared fp32 tables instead: see the README)
+              # decoder layer's pre-forward, engine-made copies the layers save, which this harness
+              # files under the engine (tests/test_olmo.py holds them apart)
               Case(family="smollm3", engine="fsdp2", method="lora"),
               # FSDP1 as HF Trainer wraps a PEFT model: PEFT's fsdp_auto_wrap_policy (every lora_A /
               # lora_B its own unit), accelerate's fp32 upcast of trainable flat parameters; llama's

@@ -243,3 +243,29 @@ def test_olmo2_has_no_sliding_window():
     """Olmo2Attention has no window: a stray sliding_window in an olmo2 config.json changes nothing
     (as transformers ignores it)."""
     assert [g.window for g in model_from_config({"model_type": "olmo2", "sliding_window": 16}).groups] == [None]
+
+
+@pytest.mark.torch
+def test_fsdp2_casts_the_fp32_rope_tables_at_every_layer(monkeypatch):
+    """FSDP2 as accelerate runs it (``MixedPrecisionPolicy(cast_forward_inputs=True)``) casts
+    OLMo's fp32 cos/sin to bf16 in every decoder layer's pre-forward: each layer saves its own
+    engine-made copy (2 per layer, ``(1, s, head_dim)`` in bf16) and the fp32 tables are not saved.
+    On 2 gloo ranks: the saved-tensor log shows the bf16 copies at each layer's rope and no fp32
+    table, and the model-owned activations the harness measures are ftplan's figure less exactly
+    those engine-made copies (which the harness files under the engine, not the model)."""
+    pytest.importorskip("peft")
+    import test_distributed_memory as D
+
+    from ftplan.measure.distributed import Case, run_cases
+
+    monkeypatch.setenv("FTPLAN_DIST_SAVED", "1")
+    case = Case(family="olmo3", engine="fsdp2", method="lora")
+    (ranks,) = run_cases([case], 2, timeout_s=600)
+    assert not isinstance(ranks, str), ranks
+    hd, layers = 16, 3
+    copies = layers * 2 * case.seq_len * hd * 2
+    for m in ranks:
+        rope = [r for r in m.detail["saved"] if "apply_rotary_pos_emb" in r[-1]]
+        assert {(r[1], tuple(r[2])) for r in rope} == {("bfloat16", (1, 1, case.seq_len, hd))}
+        assert len(rope) == 4 * layers  # q*cos, q*sin, k*cos, k*sin in each layer: one cos, one sin copy
+        assert m.activations == D._predict(case, 2)["activations"] - copies

@@ -646,6 +646,9 @@ class _Dtypes:
     #: PEFT's wrapped (ParamWrapper) router: bytes of the adapter copies its delta weight saves
     #: per MoE layer (``get_delta_weight`` upcasts bf16 adapters on CPU)
     router_delta_copy: int = 0
+    #: FSDP2's ``MixedPrecisionPolicy(cast_forward_inputs=True)`` (accelerate's): every decoder
+    #: layer unit casts its floating-point inputs to ``param_dtype`` in its pre-forward hook
+    casts_layer_inputs: bool = False
 
 
 def _act_dtypes(job: Job, backend: str, engine_compute: str = "") -> _Dtypes:
@@ -1601,6 +1604,11 @@ def _rope_bytes(model: ModelSpec, job: Job, dt: _Dtypes) -> int:
         width = a.head_dim // 2 if model.family == "gpt_oss" else a.head_dim
     fam = FAMILIES[model.family]
     rows = b if fam.mrope else 1
+    if fam.fp32_rope and dt.casts_layer_inputs:
+        # FSDP2 casts OLMo's fp32 tables to bf16 at every decoder layer's pre-forward: each layer
+        # saves its own copy, the fp32 tables themselves are not saved
+        n = sum(g.count for g in model.attention_groups)
+        return n * 2 * rows * s * width * dt.compute
     pairs = 2 if model.family == "gemma3_text" else 1
     if model.family == "olmo3":  # one pair per layer type the model has (sliding, full)
         pairs = len({g.window is not None for g in model.attention_groups})
@@ -1755,6 +1763,8 @@ def activation_parts(model: ModelSpec, job: Job, layout: Layout | None = None, *
     layout = layout or Layout()
     consts = consts or memory_constants()
     dt = _act_dtypes(job, backend, engine_compute)
+    if dt.engine_compute == "autocast" and layout.engine == "fsdp2":
+        dt = dataclasses.replace(dt, casts_layer_inputs=True)
     if layout.strategy == "zero3" and not dt.full:
         dt = dataclasses.replace(dt, linear_saves_input=True, frozen_linears_save_input=not quantized_base)
     if (backend == "cpu" and dt.engine_compute and job.uses_lora and model.is_moe

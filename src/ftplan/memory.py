@@ -724,19 +724,17 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
     c = dt.compute
     heads = a.num_heads // tp if a is not None else 0
     style = _norm_style(model)
-    post = FAMILIES[model.family].post_norms
-    if post:
+    if FAMILIES[model.family].post_norms:
         # olmo2: no input norm; the post-attention and post-feed-forward norms read o_proj's and
         # down_proj's outputs (compute dtype)
         total = 2 * _norm_saved(t, h, c, dt.full, style=style)
     else:
         total = _norm_saved(t, h, dt.resid, dt.full, style=style)  # input norm
-    if post:
-        pass
-    elif g.norms_per_layer == 4:  # gemma: post-attention norm (on o_proj output) and pre/post feed-forward
-        total += 2 * _norm_saved(t, h, c, dt.full, style=style) + _norm_saved(t, h, dt.resid, dt.full, style=style)
-    else:
-        total += _norm_saved(t, h, dt.resid, dt.full, style=style)  # post-attention norm
+        if g.norms_per_layer == 4:  # gemma: post-attention norm (on o_proj output) and pre/post feed-forward
+            total += 2 * _norm_saved(t, h, c, dt.full, style=style) + _norm_saved(t, h, dt.resid, dt.full,
+                                                                                   style=style)
+        else:
+            total += _norm_saved(t, h, dt.resid, dt.full, style=style)  # post-attention norm
     # a materialised mask: a sliding window shorter than the row, or padding-free's block-diagonal
     # mask (flash attention handles both without one)
     masked = job.attn_impl != "flash" and ((g.window is not None and s > g.window) or job.is_padding_free)

@@ -30,6 +30,7 @@ __all__ = [
     "ParamCounts",
     "ModelSpec",
     "model_from_config",
+    "nope_layer_count",
     "layer_group_order",
     "layer_linears",
 ]
@@ -776,7 +777,8 @@ class _Check:
         self.problems: list[str] = []
 
     def bad(self, msg: str) -> None:
-        self.problems.append(msg)
+        if msg not in self.problems:  # (a rule read twice reports once)
+            self.problems.append(msg)
 
     def int(self, key: str, *, minimum: int = 1, optional: bool = False, zero_is_none: bool = False) -> int | None:
         v = self.cfg.get(key)
@@ -1144,8 +1146,8 @@ def _nope_rule(c: _Check, n: int) -> Any:
     layer (SmolLM3Config's default 4)."""
     flags = c.cfg.get("no_rope_layers")
     if flags is not None:
-        if not (isinstance(flags, list) and len(flags) == n and all(x in (0, 1) and not isinstance(x, float)
-                                                                     for x in flags)):
+        if not (isinstance(flags, list) and len(flags) == n
+                and all(type(x) is int and x in (0, 1) for x in flags)):
             c.bad(f"no_rope_layers must be a list of {n} entries 0 or 1 (1: rotary embedding)")
             return lambda i: False
         return lambda i: not flags[i]
@@ -1153,7 +1155,7 @@ def _nope_rule(c: _Check, n: int) -> Any:
     return lambda i: (i + 1) % k == 0
 
 
-def nope_layer_count(model: "ModelSpec") -> int:
+def nope_layer_count(model: ModelSpec) -> int:
     """Decoder layers without rotary embedding (smollm3's NoPE layers; 0 for other families)."""
     fam = FAMILIES.get(model.family)
     if fam is None or not fam.nope_layers or not model.config:

@@ -6,7 +6,8 @@ biases, mixtral as the MoE family; deepseek_v3's LoRA for its fp32 router in a b
 full fine-tuning under FSDP2's autocast; gpt_oss for its sinks and biased experts; glm4_moe with
 LoRA under FSDP2 and in full under FSDP1/FSDP2 and ZeRO-3; qwen3_5 with LoRA under FSDP2 and in full
 under FSDP2 and ZeRO-3; qwen3_5_moe in full under ZeRO-3, with LoRA under FSDP2 and ZeRO-3; qwen3_next
-in full and with LoRA under FSDP2 and ZeRO-3), and
+in full and with LoRA under FSDP2 and ZeRO-3; olmo3 in full and LoRA under ZeRO-3, smollm3 with LoRA
+under FSDP2), and
 every byte each rank holds is counted through a
 ``TorchDispatchMode``. The formulas (``ftplan.sharding.layout_memory``, CPU form) must give:
 
@@ -109,6 +110,11 @@ PEFT_CASES = [Case(family="mixtral", engine="fsdp2", method="lora"),
               # shared expert's and gate's adapters share it too (18,432 B over before)
               Case(family="qwen3_next", engine="fsdp2", method="lora"),
               Case(family="qwen3_5_moe", engine="fsdp2", method="lora"),
+              # smollm3: a NoPE layer among llama layers (tied embeddings). Not olmo2/olmo3: OLMo's
+              # rotary tables are fp32 and FSDP2 (cast_forward_inputs) casts them to bf16 at every
+              # decoder layer's pre-forward, engine-made copies the layers save, which this harness
+              # files under the engine (tests/test_olmo.py holds them apart)
+              Case(family="smollm3", engine="fsdp2", method="lora"),
               # FSDP1 as HF Trainer wraps a PEFT model: PEFT's fsdp_auto_wrap_policy (every lora_A /
               # lora_B its own unit), accelerate's fp32 upcast of trainable flat parameters; llama's
               # second step: the adapters' bf16 views PEFT sees from the first unshard on (the
@@ -149,6 +155,9 @@ DS_CASES = [
     # 1-row shared_expert_gate: under FSDP2 on rank 0 alone, see BOUNDS["fsdp2_one_row_states"])
     Case(family="qwen3_5_moe", engine="deepspeed", zero_stage=3, steps=2),
     Case(family="qwen3_next", engine="deepspeed", zero_stage=3, steps=2),
+    # olmo3: post-norms, whole-projection q/k norms, fp32 rope tables (one pair per layer type),
+    # sliding/full layers; DeepSpeed's bf16 mode has no autocast and casts no forward inputs
+    Case(family="olmo3", engine="deepspeed", zero_stage=3, steps=2),
     Case(family="qwen2", engine="deepspeed", zero_stage=2, offload_optimizer=True),
     Case(family="llama", engine="deepspeed", zero_stage=2, offload_optimizer=True),
     Case(family="mixtral", engine="deepspeed", zero_stage=2, offload_optimizer=True),
@@ -180,7 +189,9 @@ DS_QLORA_CASES = [Case(family="llama", engine="deepspeed", zero_stage=3, method=
                   # the MoE block's input, kept by the router (wrapped, or ZeRO-3's linear), the frozen
                   # shared expert and the gate's adapter: one storage (24,576 B over per rank before)
                   Case(family="qwen3_next", engine="deepspeed", zero_stage=3, method="lora", steps=2),
-                  Case(family="qwen3_5_moe", engine="deepspeed", zero_stage=3, method="lora", steps=2)]
+                  Case(family="qwen3_5_moe", engine="deepspeed", zero_stage=3, method="lora", steps=2),
+                  # olmo3: q/k/v and gate/up read the residual stream (no input norm) under ZeRO-3's linear
+                  Case(family="olmo3", engine="deepspeed", zero_stage=3, method="lora", steps=2)]
 #: 4 ranks: shard degree 4, and HSDP (2 replicas x 2 shards)
 FOUR_CASES = [
     Case(family="llama", engine="fsdp2"),

@@ -728,6 +728,10 @@ def validate_job(model: ModelSpec, job: Job, layout: Layout | None = None) -> No
             # (colwise_gather_output): no head-parallel split ftplan could plan
             _check(not model.is_hybrid, p, f"tensor parallelism is not modelled for the linear-attention layers of "
                    f"{model.name}", "tp")
+            # olmo2/olmo3: the q/k norms span the whole projection, so their tp_plan gathers q, k and v
+            # whole on every rank (colwise_gather_output) and splits o_proj's input: not the head split
+            _check(not a.qk_norm_whole, p, f"tensor parallelism is not modelled for {model.name}'s q/k norms over "
+                   "the whole projection (transformers gathers q/k/v on every rank)", "tp")
             _check(a.num_heads % layout.tp == 0, p,
                    f"tensor-parallel degree {layout.tp} must divide the {a.num_heads} attention heads", "tp")
             _check(a.num_kv_heads % layout.tp == 0 or layout.tp % a.num_kv_heads == 0, p,

@@ -268,7 +268,7 @@ def _full_vectors(model: ModelSpec) -> list[tuple[int, int]]:
         if g.moe is not None and g.moe.bias:
             out.append((g.moe.num_experts, g.count))  # router bias
         if a.qk_norm:
-            out.append((a.head_dim, 2 * g.count))
+            out += [(size, g.count) for size in a.qk_norm_sizes]
         if a.is_mla:
             out.append((a.kv_lora_rank, g.count))
             if a.q_lora_rank:
@@ -646,6 +646,9 @@ class _Dtypes:
     #: PEFT's wrapped (ParamWrapper) router: bytes of the adapter copies its delta weight saves
     #: per MoE layer (``get_delta_weight`` upcasts bf16 adapters on CPU)
     router_delta_copy: int = 0
+    #: FSDP2's ``MixedPrecisionPolicy(cast_forward_inputs=True)`` (accelerate's): every decoder
+    #: layer unit casts its floating-point inputs to ``param_dtype`` in its pre-forward hook
+    casts_layer_inputs: bool = False
 
 
 def _act_dtypes(job: Job, backend: str, engine_compute: str = "") -> _Dtypes:
@@ -721,11 +724,17 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
     c = dt.compute
     heads = a.num_heads // tp if a is not None else 0
     style = _norm_style(model)
-    total = _norm_saved(t, h, dt.resid, dt.full, style=style)  # input norm
-    if g.norms_per_layer == 4:  # gemma: post-attention norm (on o_proj output) and pre/post feed-forward
-        total += 2 * _norm_saved(t, h, c, dt.full, style=style) + _norm_saved(t, h, dt.resid, dt.full, style=style)
+    if FAMILIES[model.family].post_norms:
+        # olmo2: no input norm; the post-attention and post-feed-forward norms read o_proj's and
+        # down_proj's outputs (compute dtype)
+        total = 2 * _norm_saved(t, h, c, dt.full, style=style)
     else:
-        total += _norm_saved(t, h, dt.resid, dt.full, style=style)  # post-attention norm
+        total = _norm_saved(t, h, dt.resid, dt.full, style=style)  # input norm
+        if g.norms_per_layer == 4:  # gemma: post-attention norm (on o_proj output) and pre/post feed-forward
+            total += 2 * _norm_saved(t, h, c, dt.full, style=style) + _norm_saved(t, h, dt.resid, dt.full,
+                                                                                   style=style)
+        else:
+            total += _norm_saved(t, h, dt.resid, dt.full, style=style)  # post-attention norm
     # a materialised mask: a sliding window shorter than the row, or padding-free's block-diagonal
     # mask (flash attention handles both without one)
     masked = job.attn_impl != "flash" and ((g.window is not None and s > g.window) or job.is_padding_free)
@@ -739,7 +748,10 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
         gqa_native = job.attn_impl == "flash" or (job.attn_impl == "sdpa" and not masked and a.head_dim <= 256)
         kv_saved = kv_heads if gqa_native else heads
         total += _linear_inputs(t, h, 1 if a.fused_qkv else 3, dt.norm_out if dt.full else dt.resid, dt)
-        if a.qk_norm:  # per-head norms on the q/k projections (compute dtype)
+        if a.qk_norm and a.qk_norm_whole:  # olmo2: one norm over each whole projection
+            total += _norm_saved(t, q, c, dt.full, style=style) + _norm_saved(t, kv_heads * a.head_dim, c, dt.full,
+                                                                               style=style)
+        elif a.qk_norm:  # per-head norms on the q/k projections (compute dtype)
             total += _norm_saved(t, q, c, dt.full, rows=t * heads, style=style, weight=a.head_dim)
             total += _norm_saved(t, kv_heads * a.head_dim, c, dt.full, rows=t * kv_heads, style=style,
                                  weight=a.head_dim)
@@ -1285,7 +1297,8 @@ def _first_layer_discount(model: ModelSpec, job: Job, dt: _Dtypes, backend: str)
     require grad: its input norm saves nothing and the LoRA dropouts reading it keep no mask."""
     t = job.micro_batch * job.seq_len
     h = model.hidden_size
-    out = _norm_saved(t, h, dt.resid, False, style=_norm_style(model))
+    # (post-norm families, olmo2: the first layer has no input norm)
+    out = 0 if FAMILIES[model.family].post_norms else _norm_saved(t, h, dt.resid, False, style=_norm_style(model))
     if job.casts_fp32_base:
         # nor do the projections reading it save their weight copies (nothing needs a gradient)
         out += dt.compute * sum(lin.in_features * lin.out_features for lin in layer_linears(model, model.groups[0])
@@ -1611,8 +1624,18 @@ def _rope_bytes(model: ModelSpec, job: Job, dt: _Dtypes) -> int:
         width = a.rotary_dim
     else:
         width = a.head_dim // 2 if model.family == "gpt_oss" else a.head_dim
-    rows = b if FAMILIES[model.family].mrope else 1
-    return (2 if model.family == "gemma3_text" else 1) * 2 * rows * s * width * dt.resid
+    fam = FAMILIES[model.family]
+    rows = b if fam.mrope else 1
+    if fam.fp32_rope and dt.casts_layer_inputs:
+        # FSDP2 casts OLMo's fp32 tables to bf16 at every decoder layer's pre-forward: each layer
+        # saves its own copy, the fp32 tables themselves are not saved
+        n = sum(g.count for g in model.attention_groups)
+        return n * 2 * rows * s * width * dt.compute
+    pairs = 2 if model.family == "gemma3_text" else 1
+    if model.family == "olmo3":  # one pair per layer type the model has (sliding, full)
+        pairs = len({g.window is not None for g in model.attention_groups})
+    # OLMo's rotary embedding keeps its tables fp32 (no cast to the input dtype)
+    return pairs * 2 * rows * s * width * (4 if fam.fp32_rope else dt.resid)
 
 
 def _layer_copy_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, backend: str,
@@ -1642,12 +1665,14 @@ def _layer_repeats(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, tp: i
     b, s = _batch_shape(job)
     t = b * s
     h = model.hidden_size
-    norms = g.norms_per_layer - (1 if first_frozen else 0)
+    post = FAMILIES[model.family].post_norms  # (olmo2: no input norm, so none the first layer skips)
+    norms = g.norms_per_layer - (1 if first_frozen and not post else 0)
     out = norms * (t * h * 4 + t * 4)
     a = g.attention
-    if a.qk_norm:  # per-head q/k norms: the same pattern per head row
+    if a.qk_norm:  # per-head q/k norms: the same pattern per head row (whole-projection: per token)
         heads, kv = a.num_heads // tp, max(1, a.num_kv_heads // tp)
-        out += t * heads * a.head_dim * 4 + t * heads * 4 + t * kv * a.head_dim * 4 + t * kv * 4
+        rq, rk = (t, t) if a.qk_norm_whole else (t * heads, t * kv)
+        out += t * heads * a.head_dim * 4 + rq * 4 + t * kv * a.head_dim * 4 + rk * 4
     # (on CPU a fused qkv or a partial rotary makes o_proj's input a separate copy: no repeat)
     if dt.full and job.attn_impl != "eager" and not a.is_mla and not (a.head_major_q and backend == "cpu"):
         out += t * (a.num_heads // tp) * a.v_head_dim * dt.compute
@@ -1760,6 +1785,8 @@ def activation_parts(model: ModelSpec, job: Job, layout: Layout | None = None, *
     layout = layout or Layout()
     consts = consts or memory_constants()
     dt = _act_dtypes(job, backend, engine_compute)
+    if dt.engine_compute == "autocast" and layout.engine == "fsdp2":
+        dt = dataclasses.replace(dt, casts_layer_inputs=True)
     if layout.strategy == "zero3" and not dt.full:
         dt = dataclasses.replace(dt, linear_saves_input=True, frozen_linears_save_input=not quantized_base)
     if (backend == "cpu" and dt.engine_compute and job.uses_lora and model.is_moe

@@ -30,6 +30,7 @@ __all__ = [
     "ParamCounts",
     "ModelSpec",
     "model_from_config",
+    "nope_layer_count",
     "layer_group_order",
     "layer_linears",
 ]
@@ -93,6 +94,19 @@ class Family:
     #: the output gate z, interleaved per key head) and ``in_proj_ba`` (beta and the decay input),
     #: where qwen3_5 has ``in_proj_qkv`` / ``in_proj_z`` / ``in_proj_b`` / ``in_proj_a``
     gdn_fused_proj: bool = False
+    #: olmo2 / olmo3: no norm before attention or MLP; RMSNorms on the attention output (after
+    #: o_proj) and on the MLP output, before each residual add (``post_attention_layernorm``,
+    #: ``post_feedforward_layernorm``): q/k/v and gate/up read the residual stream itself
+    post_norms: bool = False
+    #: q/k RMSNorm over the whole q / k projection (olmo2: ``heads * head_dim`` and
+    #: ``kv_heads * head_dim`` weights, one rsqrt per token) instead of per head
+    qk_norm_whole: bool = False
+    #: the rotary embedding returns fp32 cos/sin (OlmoRotaryEmbedding does not cast them to the
+    #: input dtype): the shared tables are fp32, q/k rotated in fp32 and cast back
+    fp32_rope: bool = False
+    #: NoPE layers (smollm3): ``no_rope_layers`` (1 = rope) or every ``no_rope_layer_interval``-th
+    #: layer without rotary embedding
+    nope_layers: bool = False
 
 
 _LLAMA_LIKE = dict(
@@ -265,6 +279,34 @@ FAMILIES: dict[str, Family] = {
             # 4.57.1 installs); the exported floor stays 5.0 (fused experts, PEFT's MoE mapping)
             min_transformers="4.57",
         ),
+        Family(
+            # OLMo 2 (Olmo2Config, transformers 5.24): llama's projections without pre-norms: the
+            # attention output and the MLP output are RMSNormed before each residual add, q and k
+            # RMSNormed over the whole projection; OLMo's RMSNorm multiplies the weight in fp32
+            # (as gpt_oss's) and its rotary tables stay fp32; head_dim is no field (hidden // heads)
+            "olmo2",
+            {**_LLAMA_LIKE, "vocab_size": 50304},
+            qk_norm=True, qk_norm_whole=True, post_norms=True, fp32_rope=True, norm_style="gpt_oss",
+            mlp_bias_key=None,
+        ),
+        Family(
+            # OLMo 3 (Olmo3Config): olmo2's layers; layer_types sliding/full (default: every 4th
+            # layer full attention) with sliding_window 4096; one pair of rope tables per layer type
+            "olmo3",
+            {**_LLAMA_LIKE, "vocab_size": 50304, "sliding_window": 4096},
+            qk_norm=True, qk_norm_whole=True, post_norms=True, fp32_rope=True, norm_style="gpt_oss",
+            mlp_bias_key=None,
+        ),
+        Family(
+            # SmolLM3 (SmolLM3Config): llama's layers, rotary embedding skipped in the NoPE layers
+            # (no_rope_layers, default every 4th); sliding windows only with use_sliding_window
+            "smollm3",
+            {**_LLAMA_LIKE, "vocab_size": 128256, "hidden_size": 2048, "intermediate_size": 11008,
+             "num_hidden_layers": 36, "num_attention_heads": 16, "num_key_value_heads": 4,
+             "max_position_embeddings": 32768, "tie_word_embeddings": True, "mlp_bias": False,
+             "use_sliding_window": False, "no_rope_layer_interval": 4},
+            mlp_bias_key="mlp_bias", nope_layers=True,
+        ),
     ]
 }
 
@@ -288,6 +330,9 @@ _ARCH_TO_TYPE = {
     "Qwen3_5MoeForCausalLM": "qwen3_5_moe",
     "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe",
     "Qwen3NextForCausalLM": "qwen3_next",
+    "Olmo2ForCausalLM": "olmo2",
+    "Olmo3ForCausalLM": "olmo3",
+    "SmolLM3ForCausalLM": "smollm3",
 }
 #: text model_types that name a family under another key (the inner type of a multimodal config)
 _TEXT_TYPE_ALIASES = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe"}
@@ -335,6 +380,9 @@ class AttentionSpec:
     #: gated attention (qwen3_5): q_proj emits ``heads * head_dim`` query features and as many
     #: gate features (per head ``[query | gate]``); ``attn_output * sigmoid(gate)`` feeds o_proj
     output_gate: bool = False
+    #: the q/k norms cover the whole projection (olmo2: weights of ``heads * head_dim`` and
+    #: ``kv_heads * head_dim``, one rsqrt per token), not each head
+    qk_norm_whole: bool = False
     # MLA (DeepSeek-V3); None for standard multi-/grouped-query attention
     q_lora_rank: int | None = None
     kv_lora_rank: int | None = None
@@ -353,6 +401,14 @@ class AttentionSpec:
     @property
     def is_mla(self) -> bool:
         return self.kv_lora_rank is not None
+
+    @property
+    def qk_norm_sizes(self) -> tuple[int, int]:
+        """Weights of the q and k norms: ``head_dim`` each (per-head norms), or the whole
+        projections' widths (``qk_norm_whole``)."""
+        if self.qk_norm_whole:
+            return self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        return self.head_dim, self.head_dim
 
 
 @dataclass(frozen=True)
@@ -599,7 +655,7 @@ class ModelSpec:
                 active += g.count * la.vector_params
                 continue
             if a.qk_norm:
-                per_layer += 2 * a.head_dim
+                per_layer += sum(a.qk_norm_sizes)
             if a.is_mla:
                 per_layer += a.kv_lora_rank + (a.q_lora_rank or 0)
             norms += g.count * per_layer
@@ -765,7 +821,8 @@ class _Check:
         self.problems: list[str] = []
 
     def bad(self, msg: str) -> None:
-        self.problems.append(msg)
+        if msg not in self.problems:  # (a rule read twice reports once)
+            self.problems.append(msg)
 
     def int(self, key: str, *, minimum: int = 1, optional: bool = False, zero_is_none: bool = False) -> int | None:
         v = self.cfg.get(key)
@@ -913,6 +970,8 @@ def model_from_config(
     mla = _mla_fields(c) if fam.mla else None
     linear = _linear_attention_spec(c, fam.gdn_fused_proj) if fam.hybrid_linear else None
     plan = _layer_plan(fam, c, n_layers or 1)
+    if fam.nope_layers:
+        _nope_rule(c, n_layers or 1)  # (validates no_rope_layers)
     moe = _moe_spec(fam, c, plan.any_moe)
     if c.problems:
         n = len(c.problems)
@@ -935,6 +994,7 @@ def model_from_config(
             qkv_bias=qkv_bias, o_bias=o_bias, qk_norm=qk_norm, fused_qkv=fam.fused_qkv,
             softcap=softcap, sinks=fam.attention_sinks,
             rotary_dim=int(hd * prf) if prf is not None else None, output_gate=fam.output_gate,
+            qk_norm_whole=fam.qk_norm_whole and qk_norm,
         )
     mlp = MlpSpec(inter or 0, bias=mlp_bias, fused_gate_up=fam.fused_gate_up)
     groups = tuple(
@@ -1045,10 +1105,21 @@ def _layer_plan(fam: Family, c: _Check, n: int) -> _LayerPlan:
     use_sw = c.bool("use_sliding_window") if qwen and window else False
     start = (c.int("max_window_layers", minimum=0, optional=True) or 0) if use_sw else 0
     pattern = (c.int("sliding_window_pattern", optional=True) or 6) if mt == "gemma3_text" and window else 6
+    if mt == "smollm3" and not c.bool("use_sliding_window"):
+        window = None  # SmolLM3Attention: a window only with use_sliding_window
+    if mt == "olmo2":
+        window = None  # Olmo2Attention has no sliding window (Olmo2Config no such field)
     if not window:
         window_at = lambda i: None  # noqa: E731
     elif types is not None:
         window_at = lambda i: window if types[i] == "sliding_attention" else None  # noqa: E731
+        cuts.update(range(n))
+    elif mt == "olmo3":  # Olmo3Config: every 4th layer full attention
+        window_at = lambda i: window if (i + 1) % 4 else None  # noqa: E731
+        period = 4
+    elif mt == "smollm3":  # SmolLM3Config: the NoPE layers slide
+        nope = _nope_rule(c, n)
+        window_at = lambda i: window if nope(i) else None  # noqa: E731
         cuts.update(range(n))
     elif mt in ("gemma2", "gpt_oss"):  # sliding on even layers, full on odd ones
         window_at = lambda i: window if (i + 1) % 2 else None  # noqa: E731
@@ -1111,6 +1182,32 @@ def _layer_plan(fam: Family, c: _Check, n: int) -> _LayerPlan:
             period = max(period, k)
     return _LayerPlan(window_at, moe_at, period, tuple(sorted(x for x in cuts if 0 <= x <= n)), any_moe,
                       linear_at)
+
+
+def _nope_rule(c: _Check, n: int) -> Any:
+    """Which layers of a NoPE family (smollm3) skip the rotary embedding: ``no_rope_layers[i] ==
+    0`` (a list of 0/1 of num_hidden_layers entries), else every ``no_rope_layer_interval``-th
+    layer (SmolLM3Config's default 4)."""
+    flags = c.cfg.get("no_rope_layers")
+    if flags is not None:
+        if not (isinstance(flags, list) and len(flags) == n
+                and all(type(x) is int and x in (0, 1) for x in flags)):
+            c.bad(f"no_rope_layers must be a list of {n} entries 0 or 1 (1: rotary embedding)")
+            return lambda i: False
+        return lambda i: not flags[i]
+    k = c.int("no_rope_layer_interval", optional=True) or 4
+    return lambda i: (i + 1) % k == 0
+
+
+def nope_layer_count(model: ModelSpec) -> int:
+    """Decoder layers without rotary embedding (smollm3's NoPE layers; 0 for other families)."""
+    fam = FAMILIES.get(model.family)
+    if fam is None or not fam.nope_layers or not model.config:
+        return 0
+    cfg = {**fam.defaults, **{k: v for k, v in text_config(model.config).items() if v is not None}}
+    check = _Check(cfg)
+    rule = _nope_rule(check, model.num_layers)
+    return 0 if check.problems else sum(1 for i in range(model.num_layers) if rule(i))
 
 
 def _layer_kinds(plan: _LayerPlan, n: int) -> list[tuple[int, int | None, bool, bool]]:

@@ -58,6 +58,10 @@ __all__ = ["TINY_CONFIGS", "tiny_config", "text_config", "default_attention"]
 #:   its projections fused: ``in_proj_qkvz``, ``in_proj_ba``; a plain quarter rotary, no mrope),
 #:   qwen2_moe's block (4 experts top-2 of 24, renormalised, a shared expert of 40 and its sigmoid
 #:   gate) on layers 0-1 and a dense MLP of 120 on layer 2 (``mlp_only_layers=[2]``); untied.
+#: * olmo2: no pre-norms (post-attention and post-feed-forward RMSNorms on the branch outputs), q/k
+#:   RMSNorms over the whole projections, fp32 rope tables, GQA, untied.
+#: * olmo3: olmo2's layers, layer_types sliding(16)/full/sliding (one rope table pair per type), GQA.
+#: * smollm3: llama's layers with ``no_rope_layer_interval=2`` (layer 1 of 3 is NoPE), GQA, tied.
 TINY_CONFIGS: dict[str, dict] = {
     "llama": {
         "model_type": "llama",
@@ -317,6 +321,43 @@ TINY_CONFIGS: dict[str, dict] = {
         "max_position_embeddings": 256,
         "tie_word_embeddings": False,
     },
+    "olmo2": {
+        "model_type": "olmo2",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 120,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 256,
+        "tie_word_embeddings": False,
+    },
+    "olmo3": {
+        "model_type": "olmo3",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 120,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 256,
+        "sliding_window": 16,
+        "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+        "tie_word_embeddings": False,
+    },
+    "smollm3": {
+        "model_type": "smollm3",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 120,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 256,
+        "no_rope_layer_interval": 2,
+        "tie_word_embeddings": True,
+        "pad_token_id": None, "bos_token_id": None, "eos_token_id": None,  # SmolLM3Config's are > vocab
+    },
 }
 
 
@@ -393,6 +434,12 @@ def tiny_config(config: dict) -> dict:
             out["q_lora_rank"] = 32
     if isinstance(cfg.get("layer_types"), list):
         out["layer_types"] = cfg["layer_types"][:2] if len(cfg["layer_types"]) >= 2 else cfg["layer_types"]
+    if model_type == "olmo3" and isinstance(cfg.get("layer_types"), list) and len(set(cfg["layer_types"])) > 1:
+        out["layer_types"] = ["sliding_attention", "full_attention"]  # one layer of each kind
+    if isinstance(cfg.get("no_rope_layers"), list):  # smollm3: keep one NoPE layer if it has any
+        out["no_rope_layers"] = [1, 0] if 0 in cfg["no_rope_layers"] else [1, 1]
+    elif model_type == "smollm3":
+        out["no_rope_layer_interval"] = 2
     if isinstance(cfg.get("mlp_only_layers"), list):
         out["mlp_only_layers"] = [i for i in cfg["mlp_only_layers"] if i < 2]
     if cfg.get("max_window_layers") is not None:
@@ -418,6 +465,8 @@ def tiny_config(config: dict) -> dict:
         out.pop("full_attention_interval", None)
     for k in ("torch_dtype", "dtype", "bos_token_id", "eos_token_id", "pad_token_id"):
         out.pop(k, None)  # token ids of the real vocabulary do not fit the tiny one
+    if model_type == "smollm3":  # SmolLM3Config's default pad_token_id (128004) would not either
+        out["pad_token_id"] = None
     out["model_type"] = model_type
     return out
 

@@ -298,3 +298,17 @@ def test_phi3_partial_rotary_exact(method, ckpt, attn):
     spec2, job, r, casts = _run("phi3", method, ckpt, 2, 24, attn=attn, cfg=cfg)
     assert spec2.attention.rotary_dim == spec.attention.rotary_dim
     assert saved_activation_bytes(spec, job, backend="cpu") == r.saved_activation_bytes - casts
+
+
+@pytest.mark.parametrize("method,ckpt", [("full", False), ("lora", True)])
+def test_mistral_null_sliding_window_is_no_window(method, ckpt):
+    """Mistral-7B-v0.3, Mistral NeMo and Mistral Small 3 ship ``"sliding_window": null``:
+    transformers keeps None (full causal attention: sdpa runs ``is_causal`` without a mask), not
+    MistralConfig's 4096 default, which ftplan used to put back (a window and its mask above the
+    window's length). Held at 40 tokens against the tiny model's window of 16."""
+    cfg = {**TR.TINY_CONFIGS["mistral"], "sliding_window": None}
+    spec = model_from_config(cfg)
+    assert all(g.window is None for g in spec.groups)
+    assert all(g.window == 16 for g in model_from_config(TR.TINY_CONFIGS["mistral"]).groups)
+    _spec, job, r, casts = _run("mistral", method, ckpt, 1, 40, cfg=cfg)
+    assert saved_activation_bytes(spec, job, backend="cpu") == r.saved_activation_bytes - casts

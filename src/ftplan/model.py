@@ -310,6 +310,17 @@ FAMILIES: dict[str, Family] = {
     ]
 }
 
+#: config keys whose explicit null transformers keeps as None (the config class does not put its
+#: default back): Mistral-7B-v0.3's ``"sliding_window": null`` is no window, not MistralConfig's 4096
+_NULL_IS_NONE = frozenset({"sliding_window"})
+
+
+def _with_defaults(fam: "Family", cfg0: dict) -> dict:
+    """The config with the family's defaults under it: a missing key, or an explicit null outside
+    ``_NULL_IS_NONE``, takes the family default."""
+    return {**fam.defaults, **{k: v for k, v in cfg0.items()
+                               if v is not None or k not in fam.defaults or k in _NULL_IS_NONE}}
+
 #: architectures (config "architectures") accepted for each model_type; used for clear errors.
 _ARCH_TO_TYPE = {
     "LlamaForCausalLM": "llama",
@@ -939,7 +950,7 @@ def model_from_config(
             f"unsupported architecture model_type={_show(mt)}",
             f"supported: {', '.join(sorted(FAMILIES))}",
         )
-    cfg = {**fam.defaults, **{k: v for k, v in cfg0.items() if v is not None or k not in fam.defaults}}
+    cfg = _with_defaults(fam, cfg0)
     # keys whose None means "use the default" in transformers
     for k in ("num_key_value_heads", "head_dim"):
         if cfg0.get(k) is None:
@@ -1289,8 +1300,7 @@ def layer_group_order(model: ModelSpec) -> list[int]:
         except ConfigError:
             cfg0 = None
         if cfg0 is not None:
-            cfg = {**fam.defaults, **{k: v for k, v in cfg0.items() if v is not None or k not in fam.defaults}}
-            check = _Check(cfg)
+            check = _Check(_with_defaults(fam, cfg0))
             plan = _layer_plan(fam, check, n)
             if not check.problems:
                 order = []

@@ -54,6 +54,12 @@ __all__ = ["TINY_CONFIGS", "tiny_config", "text_config", "default_attention"]
 #: * qwen3_5_moe: qwen3_5's layers (``qwen3_5_moe_text``) with Qwen3.5's MoE block in every layer: 4
 #:   experts top-2 of ``moe_intermediate_size=24``, a shared expert of 40 and its sigmoid
 #:   ``shared_expert_gate``; untied (as Qwen3.5-35B-A3B).
+#: * llama4_text: Llama 4's text model: 4 layers, MoE on layers 1 and 3
+#:   (``interleave_moe_layer_step=2``, as Maverick) with 4 experts top-2 of ``intermediate_size=24``
+#:   and a shared expert of 24, dense layers of ``intermediate_size_mlp=120``; rope on layers 0-1
+#:   (complex rope, L2 q/k norm, chunked attention of 16 tokens) and NoPE on layers 2-3 (full
+#:   causal attention, temperature tuning with ``floor_scale=8``): every (rope, MoE) combination
+#:   once; GQA 4 / 2 heads of 16; untied.
 TINY_CONFIGS: dict[str, dict] = {
     "llama": {
         "model_type": "llama",
@@ -284,6 +290,28 @@ TINY_CONFIGS: dict[str, dict] = {
         "shared_expert_intermediate_size": 40,
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
                             "mrope_section": [2, 1, 1], "mrope_interleaved": True},
+        "max_position_embeddings": 256,
+        "tie_word_embeddings": False,
+    },
+    "llama4_text": {
+        "model_type": "llama4_text",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 24,
+        "intermediate_size_mlp": 120,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "interleave_moe_layer_step": 2,
+        "no_rope_layers": [1, 1, 0, 0],
+        "use_qk_norm": True,
+        "attention_chunk_size": 16,
+        "attn_temperature_tuning": True,
+        "floor_scale": 8,
+        "attn_scale": 0.1,
         "max_position_embeddings": 256,
         "tie_word_embeddings": False,
     },

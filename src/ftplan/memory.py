@@ -1911,6 +1911,25 @@ def _ep_rows(g: LayerGroup, job: Job, ep: int) -> int | None:
 # ---------------------------------------------------------------------------------------------
 # the whole breakdown
 # ---------------------------------------------------------------------------------------------
+def _llama4_note(model: ModelSpec, job: Job) -> str:
+    """What a Llama 4 answer says: the text model planned, its all-linear targets, and
+    transformers' dense expert dispatch."""
+    m = next(g.moe for g in model.groups if g.moe is not None)
+    out = ("Llama 4: planned as Llama4ForCausalLM, the text model AutoModelForCausalLM builds from text_config "
+           "(transformers 5.24; the vision tower is not loaded); transformers' Llama4TextMoe runs every token "
+           f"through all {m.num_experts} experts (router scores scale the experts' input, 0 outside the top-"
+           f"{m.top_k}): expert activations and FLOPs are {m.num_experts // m.top_k}x a top-{m.top_k} dispatch's")
+    cfg = model.config.get("text_config", model.config) if isinstance(model.config, Mapping) else {}
+    att = cfg.get("attn_temperature_tuning") if isinstance(cfg, Mapping) else None
+    if isinstance(att, int) and not isinstance(att, bool):
+        out += (f"; config.json's attn_temperature_tuning {att} (as Meta published Scout's) is refused by "
+                "transformers 5.24's strict Llama4TextConfig (a bool field): set it to true before loading")
+    if job.uses_lora and "all-linear" in job.lora.target_modules:
+        out += ("; LoRA all-linear is planned and exported as q/k/v/o and gate/up/down (PEFT 0.21's all-linear "
+                "wraps Llama4Router, an nn.Linear returning a tuple, and its forward fails)")
+    return out
+
+
 def _gdn_kernel_note(model: ModelSpec, job: Job, layout: Layout) -> str:
     """How much less a Gated DeltaNet layer saves with the CUDA kernels (fla, causal-conv1d) than
     on transformers' torch path, which the plan counts, per layer and for the layers that keep
@@ -1983,6 +2002,8 @@ def estimate_memory(
     arch_note = planned_as_note(model.config)
     if arch_note:
         notes.append(arch_note)
+    if _bmm_experts(model):
+        notes.append(_llama4_note(model, job))
     qc = model.config.get("quantization_config") if isinstance(model.config, Mapping) else None
     if isinstance(qc, Mapping) and qc.get("quant_method") == "mxfp4":
         notes.append("checkpoint in MXFP4 (gpt-oss experts): planned on the bf16 weights transformers makes of it "

@@ -89,6 +89,11 @@ class Family:
     #: multimodal rope (qwen3_5's interleaved mrope): the cos/sin tables are built per batch row
     #: (``position_ids`` expanded to ``(3, b, s)``), ``(b, s, rotary_dim)`` each
     mrope: bool = False
+    #: PEFT's ``target_modules="all-linear"`` runs on this family. Not on llama4_text: PEFT 0.21
+    #: wraps ``Llama4Router`` (an ``nn.Linear`` subclass whose forward returns a tuple) and the
+    #: LoRA forward fails (``'tuple' object has no attribute 'dtype'``); ftplan plans all-linear
+    #: there as every other ``nn.Linear`` and exports that list (:func:`job.peft_target_modules`)
+    peft_all_linear: bool = True
 
 
 _LLAMA_LIKE = dict(
@@ -255,8 +260,10 @@ FAMILIES: dict[str, Family] = {
              "interleave_moe_layer_step": 1, "use_qk_norm": True, "no_rope_layers": None,
              "no_rope_layer_interval": 4, "attention_chunk_size": 8192, "layer_types": None,
              "attn_temperature_tuning": True, "floor_scale": 8192, "attn_scale": 0.1},
-            moe="llama4", peft_wraps_experts=False,
-            min_transformers="4.51.0",  # models/llama4 first ships in 4.51.0 (the export's 5.0 floor is higher)
+            moe="llama4", peft_wraps_experts=False, peft_all_linear=False,
+            # models/llama4 first ships in the 4.51.0 wheel (4.50.3 has none; checked on PyPI); the
+            # export's 5.0 floor (transformers-5 fused experts, what ftplan holds) is the higher one
+            min_transformers="4.51.0",
         ),
     ]
 }

@@ -332,6 +332,8 @@ def text_config(config: dict) -> tuple[str, dict]:
             # AutoModelForCausalLM on a Qwen3.5 image-text config builds Qwen3_5ForCausalLM from
             # the text config alone (its own tie_word_embeddings; no vision tower)
             return ttype, text
+        if ttype == "llama4_text":
+            _llama4_strict_bool(text)
         # a few top-level fields matter for the text model too
         for k in ("tie_word_embeddings", "vocab_size"):
             if k in cfg and k not in text:
@@ -349,6 +351,15 @@ def text_config(config: dict) -> tuple[str, dict]:
         # (Mxfp4Config(dequantize=True)), which is what ftplan plans and a random-weight build is
         cfg.pop("quantization_config")
     return model_type, cfg
+
+
+def _llama4_strict_bool(text: dict) -> None:
+    """Llama 4 Scout's published config.json says ``"attn_temperature_tuning": 4``, which
+    transformers 4.51 read as true and 5.24's strict ``Llama4TextConfig`` refuses (a bool field):
+    build it as the bool it stands for (the planning answer says so, see ``memory._llama4_note``)."""
+    v = text.get("attn_temperature_tuning")
+    if isinstance(v, int) and not isinstance(v, bool):
+        text["attn_temperature_tuning"] = bool(v)
 
 
 _TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,

@@ -5,7 +5,8 @@ group of cases), on tiny real Hugging Face models (llama, qwen2 with tied embedd
 biases, mixtral as the MoE family; deepseek_v3's LoRA for its fp32 router in a bf16 base and its
 full fine-tuning under FSDP2's autocast; gpt_oss for its sinks and biased experts; glm4_moe with
 LoRA under FSDP2 and in full under FSDP1/FSDP2 and ZeRO-3; qwen3_5 with LoRA under FSDP2 and in full
-under FSDP2 and ZeRO-3; qwen3_5_moe in full under ZeRO-3), and
+under FSDP2 and ZeRO-3; qwen3_5_moe in full under ZeRO-3; llama4_text in full under FSDP2 and
+ZeRO-3 and with LoRA under ZeRO-3), and
 every byte each rank holds is counted through a
 ``TorchDispatchMode``. The formulas (``ftplan.sharding.layout_memory``, CPU form) must give:
 
@@ -86,6 +87,10 @@ TORCH_CASES = [
     # qwen3_5's torch delta rule under the same autocast: its matmuls save bf16 copies of their fp32
     # operands (ftplan left them out before: 311,296 B over per rank)
     Case(family="qwen3_5", engine="fsdp2"),
+    # llama4_text: dense-dispatch experts (bmm), a shared expert, chunked / NoPE attention. Its LoRA
+    # under FSDP2 is not held: the saved tensors equal ftplan's figure (FTPLAN_DIST_SAVED), but each
+    # rank holds 6,144 B more activations that autograd did not save
+    Case(family="llama4_text", engine="fsdp2"),
 ]
 PEFT_CASES = [Case(family="mixtral", engine="fsdp2", method="lora"),
               # PEFT's all-linear adapts only gpt_oss's attention: its experts stay frozen
@@ -140,6 +145,7 @@ DS_CASES = [
     # holds it and rank 1 nothing, so rank 1's optimizer states are below ftplan's padded per-rank
     # figure (rank 0's; 192 B in LoRA: the gate's lora_B), which the per-rank check would flag
     Case(family="qwen3_5_moe", engine="deepspeed", zero_stage=3, steps=2),
+    Case(family="llama4_text", engine="deepspeed", zero_stage=3, steps=2),
     Case(family="qwen2", engine="deepspeed", zero_stage=2, offload_optimizer=True),
     Case(family="llama", engine="deepspeed", zero_stage=2, offload_optimizer=True),
     Case(family="mixtral", engine="deepspeed", zero_stage=2, offload_optimizer=True),
@@ -167,7 +173,9 @@ DS_QLORA_CASES = [Case(family="llama", engine="deepspeed", zero_stage=3, method=
                   # the wrapped fp32 router path on DeepSpeed's cast: an fp32 copy of the merged weight
                   Case(family="glm4_moe", engine="deepspeed", zero_stage=3, method="lora", steps=2),
                   # Gated DeltaNet layers: ZeRO-3's F.linear keeps the in_proj_* / out_proj inputs too
-                  Case(family="qwen3_5", engine="deepspeed", zero_stage=3, method="lora", steps=2)]
+                  Case(family="qwen3_5", engine="deepspeed", zero_stage=3, method="lora", steps=2),
+                  # llama4_text: the LoRA targets all-linear stands for (PEFT wraps its router and fails)
+                  Case(family="llama4_text", engine="deepspeed", zero_stage=3, method="lora", steps=2)]
 #: 4 ranks: shard degree 4, and HSDP (2 replicas x 2 shards)
 FOUR_CASES = [
     Case(family="llama", engine="fsdp2"),

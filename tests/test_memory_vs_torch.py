@@ -199,7 +199,8 @@ def _run_qlora(family, ckpt, recipe, dropout=0.1):
         if recipe == "peft":
             model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=ckpt)
         model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=dropout,
-                                                 target_modules="all-linear", task_type="CAUSAL_LM"))
+                                                 target_modules=LORA_TARGETS.get(family, "all-linear"),
+                                                 task_type="CAUSAL_LM"))
         if recipe == "trl":  # trl/trainer/sft_trainer.py (1.16): "_is_quantized_model" branch
             if ckpt:
                 model.enable_input_require_grads()

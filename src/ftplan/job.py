@@ -709,6 +709,11 @@ def validate_job(model: ModelSpec, job: Job, layout: Layout | None = None) -> No
     p = _field_problems(job, layout)
     if any(pr.field in ("gpus", "nodes", "tp", "pp") for pr in p):
         raise ConfigError(problems=p)  # the checks below divide by these
+    fam = FAMILIES.get(model.family)
+    if job.attn_impl == "flash" and fam is not None and not fam.supports_flash:
+        p.append(Problem("attn", f"transformers has no flash-attention path for {model.name} "
+                                      f"({model.family}: _supports_flash_attn is False)",
+                         "use `attn=sdpa` (or eager)"))
     if job.uses_lora:
         lo = job.lora
         _check(not (lora_wraps_experts(model, lo) and lo.dropout > 0), p,

@@ -394,7 +394,11 @@ def _frozen_copy_elems(model: ModelSpec, job: Job, g: LayerGroup, backend: str) 
     if (job.method == "qlora" and job.kbit_upcast and job.precision.endswith("-mixed")
             and PRECISIONS[job.precision]["compute"] != "fp32" and g.moe is not None
             and not (job.uses_lora and lora_wraps_experts(model, job.lora))):
-        return g.moe.num_experts * model.hidden_size
+        m = g.moe
+        # (Llama 4: its 3-D experts are no Linear4bit either; upcast to fp32, their bmm keeps
+        # autocast's compute-dtype copies for the input's gradient)
+        experts = m.num_experts * 3 * model.hidden_size * m.expert_intermediate_size if m.dense_dispatch else 0
+        return m.num_experts * model.hidden_size + experts
     return 0
 
 

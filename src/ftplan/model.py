@@ -94,6 +94,9 @@ class Family:
     #: LoRA forward fails (``'tuple' object has no attribute 'dtype'``); ftplan plans all-linear
     #: there as every other ``nn.Linear`` and exports that list (:func:`job.peft_target_modules`)
     peft_all_linear: bool = True
+    #: transformers has a flash-attention path for the architecture (Llama 4: ``Llama4PreTrainedModel
+    #: ._supports_flash_attn = False``, transformers 5.24)
+    supports_flash: bool = True
 
 
 _LLAMA_LIKE = dict(
@@ -260,7 +263,7 @@ FAMILIES: dict[str, Family] = {
              "interleave_moe_layer_step": 1, "use_qk_norm": True, "no_rope_layers": None,
              "no_rope_layer_interval": 4, "attention_chunk_size": 8192, "layer_types": None,
              "attn_temperature_tuning": True, "floor_scale": 8192, "attn_scale": 0.1},
-            moe="llama4", peft_wraps_experts=False, peft_all_linear=False,
+            moe="llama4", peft_wraps_experts=False, peft_all_linear=False, supports_flash=False,
             # models/llama4 first ships in the 4.51.0 wheel (4.50.3 has none; checked on PyPI); the
             # export's 5.0 floor (transformers-5 fused experts, what ftplan holds) is the higher one
             min_transformers="4.51.0",

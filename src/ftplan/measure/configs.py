@@ -420,6 +420,13 @@ def tiny_config(config: dict) -> dict:
         rp.setdefault("rope_type", "default")
         rp.setdefault("rope_theta", 10000000.0)
         out["rope_parameters"] = rp
+    if model_type == "llama4_text":
+        # dense layers shrink too; the per-layer schedules keep the first two layers' entries
+        out["intermediate_size_mlp"] = 192
+        if isinstance(cfg.get("moe_layers"), list):
+            out["moe_layers"] = [i for i in cfg["moe_layers"] if isinstance(i, int) and i < 2]
+        if isinstance(cfg.get("no_rope_layers"), list) and len(cfg["no_rope_layers"]) >= 2:
+            out["no_rope_layers"] = cfg["no_rope_layers"][:2]
     for k in ("torch_dtype", "dtype", "bos_token_id", "eos_token_id", "pad_token_id"):
         out.pop(k, None)  # token ids of the real vocabulary do not fit the tiny one
     out["model_type"] = model_type

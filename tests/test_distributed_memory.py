@@ -5,8 +5,8 @@ group of cases), on tiny real Hugging Face models (llama, qwen2 with tied embedd
 biases, mixtral as the MoE family; deepseek_v3's LoRA for its fp32 router in a bf16 base and its
 full fine-tuning under FSDP2's autocast; gpt_oss for its sinks and biased experts; glm4_moe with
 LoRA under FSDP2 and in full under FSDP1/FSDP2 and ZeRO-3; qwen3_5 with LoRA under FSDP2 and in full
-under FSDP2 and ZeRO-3; qwen3_5_moe in full under ZeRO-3; llama4_text in full under FSDP2 and
-ZeRO-3 and with LoRA under ZeRO-3), and
+under FSDP2 and ZeRO-3; qwen3_5_moe in full under ZeRO-3; llama4_text in full and with LoRA under
+FSDP2 and ZeRO-3, in full under FSDP1, QLoRA under FSDP2), and
 every byte each rank holds is counted through a
 ``TorchDispatchMode``. The formulas (``ftplan.sharding.layout_memory``, CPU form) must give:
 
@@ -87,10 +87,9 @@ TORCH_CASES = [
     # qwen3_5's torch delta rule under the same autocast: its matmuls save bf16 copies of their fp32
     # operands (ftplan left them out before: 311,296 B over per rank)
     Case(family="qwen3_5", engine="fsdp2"),
-    # llama4_text: dense-dispatch experts (bmm), a shared expert, chunked / NoPE attention. Its LoRA
-    # under FSDP2 is not held: the saved tensors equal ftplan's figure (FTPLAN_DIST_SAVED), but each
-    # rank holds 6,144 B more activations that autograd did not save
+    # llama4_text: dense-dispatch experts (bmm), a shared expert, chunked / NoPE attention
     Case(family="llama4_text", engine="fsdp2"),
+    Case(family="llama4_text", engine="fsdp1"),
 ]
 PEFT_CASES = [Case(family="mixtral", engine="fsdp2", method="lora"),
               # PEFT's all-linear adapts only gpt_oss's attention: its experts stay frozen
@@ -104,6 +103,8 @@ PEFT_CASES = [Case(family="mixtral", engine="fsdp2", method="lora"),
               # qwen3_5: Gated DeltaNet layers (conv1d, dt_bias, A_log, gated norm) around a gated-attention
               # layer; its full fine-tuning is held under FSDP2 above and ZeRO-3 below
               Case(family="qwen3_5", engine="fsdp2", method="lora"),
+              # llama4_text: the LoRA targets all-linear stands for (PEFT wraps its router and fails)
+              Case(family="llama4_text", engine="fsdp2", method="lora"),
               # FSDP1 as HF Trainer wraps a PEFT model: PEFT's fsdp_auto_wrap_policy (every lora_A /
               # lora_B its own unit), accelerate's fp32 upcast of trainable flat parameters; llama's
               # second step: the adapters' bf16 views PEFT sees from the first unshard on (the
@@ -124,7 +125,9 @@ QLORA_CASES = [Case(family="llama", engine="fsdp2", method="qlora"), Case(family
                Case(family="mixtral", engine="fsdp2", method="qlora"), Case(family="gpt_oss", engine="fsdp2", method="qlora"),
                # FSDP1 QLoRA (bf16 quant storage: transformers' update_fsdp_plugin_peft mixed precision)
                Case(family="llama", engine="fsdp1", method="qlora"), Case(family="qwen2", engine="fsdp1", method="qlora"),
-               Case(family="llama", engine="fsdp1", method="qlora", offload_params=True)]
+               Case(family="llama", engine="fsdp1", method="qlora", offload_params=True),
+               # llama4_text: its 3-D experts and router stay bf16 (no Linear4bit)
+               Case(family="llama4_text", engine="fsdp2", method="qlora")]
 #: ZeRO-3 runs two steps: DeepSpeed traces the module order in the first one and from then on
 #: keeps gathered what its trace reuses soon (the steady state)
 DS_CASES = [

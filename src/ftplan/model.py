@@ -107,6 +107,14 @@ class Family:
     #: NoPE layers (smollm3): ``no_rope_layers`` (1 = rope) or every ``no_rope_layer_interval``-th
     #: layer without rotary embedding
     nope_layers: bool = False
+    #: PEFT's ``target_modules="all-linear"`` runs on this family. Not on llama4_text: PEFT 0.21
+    #: wraps ``Llama4Router`` (an ``nn.Linear`` subclass whose forward returns a tuple) and the
+    #: LoRA forward fails (``'tuple' object has no attribute 'dtype'``); ftplan plans all-linear
+    #: there as every other ``nn.Linear`` and exports that list (:func:`job.peft_target_modules`)
+    peft_all_linear: bool = True
+    #: transformers has a flash-attention path for the architecture (Llama 4: ``Llama4PreTrainedModel
+    #: ._supports_flash_attn = False``, transformers 5.24)
+    supports_flash: bool = True
 
 
 _LLAMA_LIKE = dict(
@@ -307,19 +315,32 @@ FAMILIES: dict[str, Family] = {
              "use_sliding_window": False, "no_rope_layer_interval": 4},
             mlp_bias_key="mlp_bias", nope_layers=True,
         ),
+        Family(
+            # Llama 4 text (Llama4TextConfig, transformers 5.24): MoE layers (every
+            # ``interleave_moe_layer_step``-th, or ``moe_layers``) between dense MLP layers of
+            # ``intermediate_size_mlp``; an MoE layer is a shared expert MLP (``intermediate_size``)
+            # plus fused 3-D experts fed every token pre-scaled by its sigmoid router score (top-k
+            # scores, the rest 0: transformers runs every expert on every token, a dense bmm); rope
+            # layers (``no_rope_layers[i] == 1``) use complex-valued rope, a weightless L2 q/k norm
+            # (``use_qk_norm``) and chunked local attention (``attention_chunk_size``); NoPE layers
+            # attend over the whole causal row with the query scaled by the attention temperature
+            # (``attn_temperature_tuning``). Image-text checkpoints (Llama4ForConditionalGeneration)
+            # keep it in ``text_config``: AutoModelForCausalLM builds Llama4ForCausalLM from it
+            "llama4_text",
+            {**_LLAMA_LIKE, "vocab_size": 202048, "hidden_size": 5120, "intermediate_size": 8192,
+             "intermediate_size_mlp": 16384, "num_hidden_layers": 48, "num_attention_heads": 40,
+             "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 131072,
+             "num_experts_per_tok": 1, "num_local_experts": 16, "moe_layers": None,
+             "interleave_moe_layer_step": 1, "use_qk_norm": True, "no_rope_layers": None,
+             "no_rope_layer_interval": 4, "attention_chunk_size": 8192, "layer_types": None,
+             "attn_temperature_tuning": True, "floor_scale": 8192, "attn_scale": 0.1},
+            moe="llama4", peft_wraps_experts=False, peft_all_linear=False, supports_flash=False,
+            # models/llama4 first ships in the 4.51.0 wheel (4.50.3 has none; checked on PyPI); the
+            # export's 5.0 floor (transformers-5 fused experts, what ftplan holds) is the higher one
+            min_transformers="4.51.0",
+        ),
     ]
 }
-
-#: config keys whose explicit null transformers keeps as None (the config class does not put its
-#: default back): Mistral-7B-v0.3's ``"sliding_window": null`` is no window, not MistralConfig's 4096
-_NULL_IS_NONE = frozenset({"sliding_window"})
-
-
-def _with_defaults(fam: "Family", cfg0: dict) -> dict:
-    """The config with the family's defaults under it: a missing key, or an explicit null outside
-    ``_NULL_IS_NONE``, takes the family default."""
-    return {**fam.defaults, **{k: v for k, v in cfg0.items()
-                               if v is not None or k not in fam.defaults or k in _NULL_IS_NONE}}
 
 #: architectures (config "architectures") accepted for each model_type; used for clear errors.
 _ARCH_TO_TYPE = {
@@ -344,9 +365,11 @@ _ARCH_TO_TYPE = {
     "Olmo2ForCausalLM": "olmo2",
     "Olmo3ForCausalLM": "olmo3",
     "SmolLM3ForCausalLM": "smollm3",
+    "Llama4ForCausalLM": "llama4_text",
+    "Llama4ForConditionalGeneration": "llama4_text",
 }
 #: text model_types that name a family under another key (the inner type of a multimodal config)
-_TEXT_TYPE_ALIASES = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe"}
+_TEXT_TYPE_ALIASES = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe", "llama4": "llama4_text"}
 
 #: model_type values transformers does not know whose checkpoints load with ``trust_remote_code``
 #: into a supported architecture's modeling code: planned as that architecture. Kimi K2 (and the
@@ -394,6 +417,17 @@ class AttentionSpec:
     #: the q/k norms cover the whole projection (olmo2: weights of ``heads * head_dim`` and
     #: ``kv_heads * head_dim``, one rsqrt per token), not each head
     qk_norm_whole: bool = False
+    #: Llama 4 (llama4_text): ``rope`` False on a NoPE layer (no rotary embedding);
+    #: ``l2_qk_norm``: a weightless L2 norm (``Llama4TextL2Norm``) on q and k after the rope;
+    #: ``temperature_tuning``: the NoPE layer scales q by ``log1p(floor((pos + 1) / floor_scale))
+    #: * attn_scale + 1``; ``complex_rope``: the rope runs through ``view_as_complex`` in fp32;
+    #: ``chunk``: chunked local attention (``attention_chunk_size``: each query attends to the
+    #: earlier keys of its own chunk of that many positions), None for a full causal row
+    rope: bool = True
+    l2_qk_norm: bool = False
+    temperature_tuning: bool = False
+    complex_rope: bool = False
+    chunk: int | None = None
     # MLA (DeepSeek-V3); None for standard multi-/grouped-query attention
     q_lora_rank: int | None = None
     kv_lora_rank: int | None = None
@@ -492,6 +526,17 @@ class MoeSpec:
     #: a softmax router divides its top-k probabilities by their sum (qwen3_moe's and qwen3_next's
     #: ``norm_topk_prob``; mixtral's and qwen3_5_moe's always do)
     renormalize: bool = True
+    #: Llama 4 (``Llama4TextMoe``): every token goes through every expert (``hidden.repeat(E, 1)``
+    #: scaled row-wise by the sigmoid router scores, 0 outside the top-k, then one batched
+    #: ``bmm`` per projection): compute and saved activations scale with ``num_experts``, not
+    #: ``top_k``; the scores scale the experts' *input*
+    dense_dispatch: bool = False
+
+    @property
+    def computed_experts(self) -> int:
+        """Experts each token's activations go through in transformers' forward: ``top_k``, or
+        every expert under :attr:`dense_dispatch`."""
+        return self.num_experts if self.dense_dispatch else self.top_k
 
 
 @dataclass(frozen=True)
@@ -533,6 +578,10 @@ class LinearSpec:
     is_module: bool = True
     #: fraction of tokens that go through this weight (routed experts: top_k / num_experts)
     token_fraction: float = 1.0
+    #: fraction of this weight a token *uses* when that differs from the compute's
+    #: ``token_fraction`` (Llama 4's experts: every token is computed through every expert, a
+    #: token's output uses its top-k): for ``ParamCounts.active``
+    active_fraction: float | None = None
 
     @property
     def params(self) -> int:
@@ -628,12 +677,13 @@ class ModelSpec:
                 out.extend(mlp_linears(g.mlp, h, g.count, "mlp"))
             if g.moe is not None:
                 m = g.moe
-                frac = m.top_k / m.num_experts
+                frac = m.computed_experts / m.num_experts
+                act = m.top_k / m.num_experts if m.dense_dispatch else None
                 n = g.count * m.num_experts
                 out.append(LinearSpec("gate_up_proj", h, 2 * m.expert_intermediate_size, n, m.bias,
-                                      "experts", is_module=False, token_fraction=frac))
+                                      "experts", is_module=False, token_fraction=frac, active_fraction=act))
                 out.append(LinearSpec("down_proj", m.expert_intermediate_size, h, n, m.bias,
-                                      "experts", is_module=False, token_fraction=frac))
+                                      "experts", is_module=False, token_fraction=frac, active_fraction=act))
                 if m.shared is not None:
                     out.extend(mlp_linears(m.shared, h, g.count, "mlp"))
                 if m.shared_gate:
@@ -650,7 +700,7 @@ class ModelSpec:
         active = 0
         for lin in self.linears():
             cats[lin.category] += lin.params
-            active += round(lin.params * lin.token_fraction)
+            active += round(lin.params * (lin.token_fraction if lin.active_fraction is None else lin.active_fraction))
         cats["embedding"] = self.vocab_size * h
         norms = h  # final norm
         router = 0
@@ -818,6 +868,10 @@ CONFIG_LIMITS: dict[str, int] = {
     "linear_value_head_dim": 8192,
     "linear_conv_kernel_dim": 1024,
     "full_attention_interval": 4096,
+    "intermediate_size_mlp": 1 << 20,
+    "interleave_moe_layer_step": 4096,
+    "no_rope_layer_interval": 4096,
+    "attention_chunk_size": 1 << 31,
 }
 #: largest logit soft-capping value accepted (published: 30 and 50)
 _MAX_SOFTCAP = 1e6
@@ -897,7 +951,8 @@ def text_config(raw: Mapping[str, Any]) -> dict[str, Any]:
     if "text_config" in cfg and isinstance(cfg["text_config"], Mapping):
         inner = dict(cfg["text_config"])
         mt = inner.get("model_type") or {"gemma3": "gemma3_text", "qwen3_5": "qwen3_5",
-                                             "qwen3_5_moe": "qwen3_5_moe"}.get(outer_mt or "", "")
+                                             "qwen3_5_moe": "qwen3_5_moe",
+                                             "llama4": "llama4_text"}.get(outer_mt or "", "")
         if isinstance(mt, str):
             mt = _TEXT_TYPE_ALIASES.get(mt, mt)
             mt = MODEL_TYPE_ALIASES.get(mt, mt)
@@ -917,6 +972,19 @@ def text_config(raw: Mapping[str, Any]) -> dict[str, Any]:
                 cfg["model_type"] = _ARCH_TO_TYPE[arch]
                 break
     return cfg
+
+
+#: config keys whose explicit null transformers keeps as None (the config class does not put its
+#: default back): Mistral-7B-v0.3's ``"sliding_window": null`` is no window, not MistralConfig's
+#: 4096; Llama4TextConfig's null ``attention_chunk_size`` turns chunked attention off
+_NULL_IS_A_VALUE = frozenset({"sliding_window", "attention_chunk_size"})
+
+
+def _with_defaults(fam: Family, cfg0: Mapping[str, Any]) -> dict[str, Any]:
+    """The family's defaults overlaid with the config's values (a missing key, or a null outside
+    ``_NULL_IS_A_VALUE``, takes the default)."""
+    return {**fam.defaults, **{k: v for k, v in cfg0.items()
+                               if v is not None or k not in fam.defaults or k in _NULL_IS_A_VALUE}}
 
 
 def model_from_config(
@@ -1008,11 +1076,16 @@ def model_from_config(
             qk_norm_whole=fam.qk_norm_whole and qk_norm,
         )
     mlp = MlpSpec(inter or 0, bias=mlp_bias, fused_gate_up=fam.fused_gate_up)
+    if fam.moe == "llama4":  # dense layers use intermediate_size_mlp (intermediate_size: experts)
+        mlp = MlpSpec(c.int("intermediate_size_mlp") or 0)
     groups = tuple(
-        LayerGroup(count, None if is_linear else attn, None if is_moe else mlp, moe if is_moe else None,
+        LayerGroup(count, None if is_linear else _variant_attention(attn, variant, c, fam),
+                   None if is_moe else mlp, moe if is_moe else None,
                    fam.norms_per_layer, window, linear if is_linear else None)
-        for count, window, is_moe, is_linear in _layer_kinds(plan, n_layers)
+        for count, window, is_moe, is_linear, variant in _layer_kinds(plan, n_layers)
     )
+    if c.problems:
+        raise ConfigError(f"config.json ({mt}): " + "; ".join(c.problems), "fix the model's config.json")
     if not any(g.attention is not None for g in groups):
         raise ConfigError(f"config.json ({mt}): no full_attention layer",
                           "ftplan plans hybrid models with at least one softmax-attention layer")
@@ -1030,6 +1103,26 @@ def model_from_config(
         source=source,
         config=dict(raw),
     )
+
+
+def _variant_attention(attn: AttentionSpec, variant: Any, c: _Check, fam: Family) -> AttentionSpec:
+    """The attention of a layer kind (llama4_text: ``variant`` = ``(rope, chunked)``)."""
+    if variant is None:
+        return attn
+    rope, chunked = variant
+    from dataclasses import replace
+
+    return replace(attn, rope=rope, complex_rope=rope, l2_qk_norm=rope and c.bool("use_qk_norm"),
+                   temperature_tuning=not rope and bool(c.cfg.get("attn_temperature_tuning")),
+                   chunk=c.int("attention_chunk_size") if chunked else None)
+
+
+def _attention_variant(g: LayerGroup) -> Any:
+    """The ``variant_at`` key of a group's attention (inverse of :func:`_variant_attention`)."""
+    a = g.attention
+    if a is None or not (a.complex_rope or not a.rope):
+        return None
+    return (a.rope, a.chunk is not None)
 
 
 def _partial_rotary_factor(fam: Family, c: _Check) -> float | None:
@@ -1094,6 +1187,8 @@ class _LayerPlan:
     any_moe: bool
     #: the layer is a linear-attention (Gated DeltaNet) layer (hybrid families)
     linear_at: Any = lambda i: False  # noqa: E731
+    #: the layer's attention variant beyond its window (llama4_text: ``(rope, chunked)``), None
+    variant_at: Any = lambda i: None  # noqa: E731
 
 
 def _layer_plan(fam: Family, c: _Check, n: int) -> _LayerPlan:
@@ -1103,7 +1198,8 @@ def _layer_plan(fam: Family, c: _Check, n: int) -> _LayerPlan:
     # ---- sliding windows
     window = c.int("sliding_window", optional=True, zero_is_none=True)
     types = cfg.get("layer_types")
-    allowed = _LAYER_TYPES + (("linear_attention",) if fam.hybrid_linear else ())
+    allowed = _LAYER_TYPES + (("linear_attention",) if fam.hybrid_linear else ()) + (
+        ("chunked_attention",) if fam.moe == "llama4" else ())
     if types is not None and not (isinstance(types, list) and all(t in allowed for t in types)):
         c.bad(f"layer_types must be a list of {' / '.join(allowed)}")
         types = None
@@ -1166,6 +1262,9 @@ def _layer_plan(fam: Family, c: _Check, n: int) -> _LayerPlan:
         cuts.update(x + 1 for x in only_set)
         moe_at = lambda i: experts > 0 and i not in only_set and (i + 1) % step == 0  # noqa: E731
         any_moe = experts > 0 and step <= n and len(only_set) < n
+    elif fam.moe == "llama4":
+        moe_at, any_moe = _llama4_moe_layers(c, n)
+        cuts.update(range(n))
     elif fam.moe == "deepseek_v3":
         k = c.int("first_k_dense_replace", minimum=0, optional=True) or 0
         moe_at = lambda i: i >= k  # noqa: E731
@@ -1191,8 +1290,9 @@ def _layer_plan(fam: Family, c: _Check, n: int) -> _LayerPlan:
             if period > 1 and k != period:
                 cuts.update(range(n))
             period = max(period, k)
+    variant_at = _llama4_attention_layers(c, n, types) if fam.moe == "llama4" else (lambda i: None)
     return _LayerPlan(window_at, moe_at, period, tuple(sorted(x for x in cuts if 0 <= x <= n)), any_moe,
-                      linear_at)
+                      linear_at, variant_at)
 
 
 def _nope_rule(c: _Check, n: int) -> Any:
@@ -1215,20 +1315,72 @@ def nope_layer_count(model: ModelSpec) -> int:
     fam = FAMILIES.get(model.family)
     if fam is None or not fam.nope_layers or not model.config:
         return 0
-    cfg = {**fam.defaults, **{k: v for k, v in text_config(model.config).items() if v is not None}}
-    check = _Check(cfg)
+    check = _Check(_with_defaults(fam, text_config(model.config)))
     rule = _nope_rule(check, model.num_layers)
     return 0 if check.problems else sum(1 for i in range(model.num_layers) if rule(i))
 
 
-def _layer_kinds(plan: _LayerPlan, n: int) -> list[tuple[int, int | None, bool, bool]]:
-    """(count, window, is_moe, is_linear) per distinct layer kind, in order of first appearance."""
-    counts: dict[tuple[int | None, bool, bool], int] = {}
-    first: dict[tuple[int | None, bool, bool], int] = {}
+def _int_list(c: _Check, key: str, n: int, *, values: tuple[int, ...] | None = None) -> list[int] | None:
+    """A config list of non-negative integers (``values``: the allowed ones), None when absent
+    or empty; one problem when malformed (at most ``CONFIG_LIMITS["num_hidden_layers"]`` long)."""
+    v = c.cfg.get(key)
+    if v is None or v == []:
+        return None
+    limit = CONFIG_LIMITS["num_hidden_layers"]
+    if (not isinstance(v, list) or len(v) > limit
+            or any(isinstance(x, bool) or not isinstance(x, int) or x < 0 or (values and x not in values)
+                   for x in v)):
+        allowed = " / ".join(map(str, values)) if values else "integers >= 0"
+        c.bad(f"{key} must be a list of {allowed} (at most {limit:,} entries)")
+        return None
+    return v
+
+
+def _llama4_moe_layers(c: _Check, n: int) -> tuple[Any, bool]:
+    """Llama4TextConfig's MoE layers: ``moe_layers`` when given, else every
+    ``interleave_moe_layer_step``-th layer (``range(step - 1, n, step)``)."""
+    listed = _int_list(c, "moe_layers", n)
+    if listed is None and c.cfg.get("moe_layers") == []:
+        return (lambda i: False), False  # an explicit empty list: every layer dense
+    if listed is not None:
+        idx = frozenset(listed)
+        return (lambda i: i in idx), any(i < n for i in idx)
+    step = c.int("interleave_moe_layer_step", optional=True) or 1
+    return (lambda i: (i + 1) % step == 0), step <= n
+
+
+def _llama4_attention_layers(c: _Check, n: int, types: list[str] | None) -> Any:
+    """``(rope, chunked)`` per layer as Llama4TextConfig fills them: ``no_rope_layers[i] == 1``
+    is a rope layer (default: every ``no_rope_layer_interval``-th layer is NoPE); ``layer_types``
+    names chunked or full attention, by default chunked on the rope layers when
+    ``attention_chunk_size`` is set."""
+    rope = _int_list(c, "no_rope_layers", n, values=(0, 1))
+    if rope is not None and len(rope) < n:
+        c.bad(f"no_rope_layers has {len(rope)} entries for num_hidden_layers={n}")
+        rope = None
+    if rope is None:
+        k = c.int("no_rope_layer_interval", optional=True) or 4
+        rope = [int((i + 1) % k != 0) for i in range(n)]
+    chunk = c.int("attention_chunk_size", optional=True)
+    if types is not None and len(types) != n:
+        c.bad(f"layer_types has {len(types)} entries for num_hidden_layers={n}")
+        types = None
+    if types is None:
+        types = ["chunked_attention" if r and chunk is not None else "full_attention" for r in rope]
+    if chunk is None and "chunked_attention" in types:
+        c.bad("layer_types names chunked_attention but attention_chunk_size is null")
+    return lambda i: (bool(rope[i]), types[i] == "chunked_attention" and chunk is not None)
+
+
+def _layer_kinds(plan: _LayerPlan, n: int) -> list[tuple[int, int | None, bool, bool, Any]]:
+    """(count, window, is_moe, is_linear, variant) per distinct layer kind, in order of first
+    appearance."""
+    counts: dict[tuple[int | None, bool, bool, Any], int] = {}
+    first: dict[tuple[int | None, bool, bool, Any], int] = {}
     p = plan.period
 
     def add(i: int, count: int) -> None:
-        key = (plan.window_at(i), bool(plan.moe_at(i)), bool(plan.linear_at(i)))
+        key = (plan.window_at(i), bool(plan.moe_at(i)), bool(plan.linear_at(i)), plan.variant_at(i))
         counts[key] = counts.get(key, 0) + count
         first[key] = min(first.get(key, i), i)
 
@@ -1242,7 +1394,7 @@ def _layer_kinds(plan: _LayerPlan, n: int) -> list[tuple[int, int | None, bool, 
         if b - a - hits:
             add(a if (a + 1) % p else a + 1, b - a - hits)
     order = sorted(counts, key=first.__getitem__)
-    return [(counts[k], k[0], k[1], k[2]) for k in order]
+    return [(counts[k], k[0], k[1], k[2], k[3]) for k in order]
 
 
 def _moe_spec(fam: Family, c: _Check, any_moe: bool) -> MoeSpec | None:
@@ -1260,6 +1412,11 @@ def _moe_spec(fam: Family, c: _Check, any_moe: bool) -> MoeSpec | None:
                                  c.int("moe_intermediate_size"))
         router, shared = "qwen3_moe", None
         renorm = c.bool("norm_topk_prob")
+    elif fam.moe == "llama4":
+        # Llama4TextMoe: a shared expert MLP of intermediate_size next to the routed experts
+        experts, top_k, inter = (c.int("num_local_experts"), c.int("num_experts_per_tok"),
+                                 c.int("intermediate_size"))
+        router, shared = "llama4", MlpSpec(inter) if inter else None
     elif fam.moe in ("qwen3_5_moe", "qwen3_next"):
         # Qwen3_5MoeTopKRouter is qwen3_moe's with norm_topk_prob always on; qwen3_next's
         # (qwen2_moe's) renormalises when norm_topk_prob
@@ -1283,7 +1440,7 @@ def _moe_spec(fam: Family, c: _Check, any_moe: bool) -> MoeSpec | None:
         return None
     return MoeSpec(experts, top_k, inter, shared, router=router, router_fp32=router == "deepseek_v3",
                    bias=router == "gpt_oss", shared_gate=fam.moe in ("qwen3_5_moe", "qwen3_next"),
-                   renormalize=renorm)
+                   renormalize=renorm, dense_dispatch=router == "llama4")
 
 
 def layer_group_order(model: ModelSpec) -> list[int]:
@@ -1306,9 +1463,10 @@ def layer_group_order(model: ModelSpec) -> list[int]:
                 order = []
                 for i in range(n):
                     window, moe, lin = plan.window_at(i), bool(plan.moe_at(i)), bool(plan.linear_at(i))
+                    variant = plan.variant_at(i)
                     gi = next((j for j, g in enumerate(model.groups)
                                if g.window == window and (g.moe is not None) == moe
-                               and g.is_linear == lin), None)
+                               and g.is_linear == lin and _attention_variant(g) == variant), None)
                     if gi is None:
                         order = None
                         break

@@ -681,7 +681,7 @@ def _norm_style(model: ModelSpec) -> str:
 
 
 def _norm_saved(t: int, width: int, in_bytes: int, trainable: bool, *, rows: int | None = None,
-                style: str = "llama", weight: int | None = None) -> int:
+                style: str = "llama", weight: int | None = None, weight_bytes: int = 4) -> int:
     """Bytes one RMSNorm call saves over ``t`` tokens of ``width`` features (``rows`` rsqrt
     values: ``t``, or ``t`` x heads for per-head q/k norms).
 
@@ -694,13 +694,29 @@ def _norm_saved(t: int, width: int, in_bytes: int, trainable: bool, *, rows: int
     weight itself (type promotion inside the product: no copy of it to save)."""
     rows = t if rows is None else rows
     out = t * width * 4 + rows * 4
-    if style == "gemma":
+    if style == "gemma4":
+        # ``x * pow(mean(x^2) + eps, -0.5)``: pow saves its input and the product its result (two
+        # fp32 values per row); ``* weight.float()`` saves the fp32 weight (a copy unless the
+        # weight is fp32: ``weight_bytes``; a trainable weight's copy is a cast of a parameter,
+        # counted with the weight copies, not here) and, with a trainable weight, the normalised
+        # tensor. ``weight=0``: the weightless v norm (``with_scale=False``)
+        out += rows * 4
+        if weight != 0 and trainable:
+            out += t * width * 4
+        elif weight != 0 and weight_bytes != 4:
+            out += (width if weight is None else weight) * 4
+    elif style == "gemma":
         out += (width if weight is None else weight) * 4 + (t * width * 4 if trainable else 0)
     elif style == "gpt_oss":
         out += t * width * 4 if trainable else 0
     elif trainable:
         out += t * width * in_bytes
     return out
+
+
+def _norm_weight_bytes(dt: _Dtypes) -> int:
+    """Bytes per element of the RMSNorm weights (the trainable or the frozen dtype)."""
+    return dt.train_w if dt.full else dt.resid
 
 
 def _linear_inputs(t: int, width: int, n_consumers: int, in_bytes: int, dt: _Dtypes) -> int:
@@ -721,9 +737,11 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
     c = dt.compute
     heads = a.num_heads // tp if a is not None else 0
     style = _norm_style(model)
-    total = _norm_saved(t, h, dt.resid, dt.full, style=style)  # input norm
+    nw = _norm_weight_bytes(dt)  # gemma4's norms save an fp32 copy of a non-fp32 frozen weight
+    total = _norm_saved(t, h, dt.resid, dt.full, style=style, weight_bytes=nw)  # input norm
     if g.norms_per_layer == 4:  # gemma: post-attention norm (on o_proj output) and pre/post feed-forward
-        total += 2 * _norm_saved(t, h, c, dt.full, style=style) + _norm_saved(t, h, dt.resid, dt.full, style=style)
+        total += (2 * _norm_saved(t, h, c, dt.full, style=style, weight_bytes=nw)
+                  + _norm_saved(t, h, dt.resid, dt.full, style=style, weight_bytes=nw))
     else:
         total += _norm_saved(t, h, dt.resid, dt.full, style=style)  # post-attention norm
     # a materialised mask: a sliding window shorter than the row, or padding-free's block-diagonal
@@ -738,11 +756,15 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
         kv_heads = max(1, a.num_kv_heads // tp)
         gqa_native = job.attn_impl == "flash" or (job.attn_impl == "sdpa" and not masked and a.head_dim <= 256)
         kv_saved = kv_heads if gqa_native else heads
-        total += _linear_inputs(t, h, 1 if a.fused_qkv else 3, dt.norm_out if dt.full else dt.resid, dt)
+        n_qkv = 1 if a.fused_qkv else (2 if a.k_eq_v else 3)  # gemma4 k_eq_v: no v_proj
+        total += _linear_inputs(t, h, n_qkv, dt.norm_out if dt.full else dt.resid, dt)
         if a.qk_norm:  # per-head norms on the q/k projections (compute dtype)
-            total += _norm_saved(t, q, c, dt.full, rows=t * heads, style=style, weight=a.head_dim)
+            total += _norm_saved(t, q, c, dt.full, rows=t * heads, style=style, weight=a.head_dim,
+                                 weight_bytes=nw)
             total += _norm_saved(t, kv_heads * a.head_dim, c, dt.full, rows=t * kv_heads, style=style,
-                                 weight=a.head_dim)
+                                 weight=a.head_dim, weight_bytes=nw)
+        if a.v_norm:  # gemma4's weightless norm on v
+            total += _norm_saved(t, kv_heads * a.head_dim, c, False, rows=t * kv_heads, style=style, weight=0)
         if job.attn_impl == "eager" and a.sinks:
             total += t * q * c + 2 * t * heads * a.head_dim * c  # q and repeated k, v
             # gpt_oss: the scores joined with the sink logits (torch.cat promotes to the sinks'
@@ -1139,7 +1161,7 @@ def _logits_bytes(model: ModelSpec, job: Job, dt: _Dtypes, tp: int, backend: str
     h = model.hidden_size
     v = model.vocab_size // tp
     c = dt.compute
-    saved = _norm_saved(t, h, dt.resid, dt.full, style=_norm_style(model))
+    saved = _norm_saved(t, h, dt.resid, dt.full, style=_norm_style(model), weight_bytes=_norm_weight_bytes(dt))
     if job.loss == "trl":
         head_saved, transient = _trl_head_bytes(model, job, dt, tp, backend, consts or memory_constants())
         return saved + head_saved, transient, transient
@@ -1271,7 +1293,7 @@ def _first_layer_discount(model: ModelSpec, job: Job, dt: _Dtypes, backend: str)
     require grad: its input norm saves nothing and the LoRA dropouts reading it keep no mask."""
     t = job.micro_batch * job.seq_len
     h = model.hidden_size
-    out = _norm_saved(t, h, dt.resid, False, style=_norm_style(model))
+    out = _norm_saved(t, h, dt.resid, False, style=_norm_style(model), weight_bytes=_norm_weight_bytes(dt))
     if job.casts_fp32_base:
         # nor do the projections reading it save their weight copies (nothing needs a gradient)
         out += dt.compute * sum(lin.in_features * lin.out_features for lin in layer_linears(model, model.groups[0])
@@ -1588,6 +1610,11 @@ def _rope_bytes(model: ModelSpec, job: Job, dt: _Dtypes) -> int:
     else:
         width = a.head_dim // 2 if model.family == "gpt_oss" else a.head_dim
     rows = b if FAMILIES[model.family].mrope else 1
+    if FAMILIES[model.family].gemma4:
+        # one (1, s, d) pair per layer type, each over its own head_dim (proportional rope: the
+        # full-attention tables are global_head_dim wide, zero frequencies past the rotary share)
+        widths = {g.window is None: g.attention.head_dim for g in model.groups if g.attention is not None}
+        return sum(2 * s * w * dt.resid for w in widths.values())
     return (2 if model.family == "gemma3_text" else 1) * 2 * rows * s * width * dt.resid
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 from typing import Any
 
@@ -89,7 +89,14 @@ class Family:
     #: multimodal rope (qwen3_5's interleaved mrope): the cos/sin tables are built per batch row
     #: (``position_ids`` expanded to ``(3, b, s)``), ``(b, s, rotary_dim)`` each
     mrope: bool = False
+    #: gemma4: full-attention layers have their own attention shape (``global_head_dim``; with
+    #: ``attention_k_eq_v`` also ``num_global_key_value_heads`` and no v_proj: v is k_proj's
+    #: output), every layer a weightless RMSNorm on v (``v_norm``); see :func:`_gemma4_groups`
+    gemma4: bool = False
 
+
+#: first transformers wheel with models/gemma4 (see the Family entry)
+GEMMA4_MIN_TRANSFORMERS = "5.5"
 
 _LLAMA_LIKE = dict(
     vocab_size=32000,
@@ -236,6 +243,28 @@ FAMILIES: dict[str, Family] = {
             hybrid_linear=True, output_gate=True, mrope=True, moe="qwen3_5_moe", peft_wraps_experts=False,
             min_transformers="5.2",  # models/qwen3_5_moe ships with qwen3_5 (5.2.0)
         ),
+        Family(
+            # Gemma 4 (Gemma4TextConfig, transformers 5.24): gemma3's four norms per layer and q/k
+            # norms plus a weightless v norm; sliding layers of head_dim, full-attention layers of
+            # global_head_dim (with attention_k_eq_v: num_global_key_value_heads and k = v, no
+            # v_proj); a proportional rope (full-width cos/sin tables); RMSNorm in fp32 with a
+            # plain weight (``x * pow(mean(x^2) + eps, -0.5) * weight.float()``); attention
+            # scaling 1. Image/audio-text checkpoints (model_type gemma4) keep it in text_config.
+            # Per-layer input embeddings (E2B/E4B), KV sharing and bidirectional attention are
+            # refused (:func:`_gemma4_refusals`)
+            "gemma4",
+            {**_LLAMA_LIKE, "vocab_size": 262144, "hidden_size": 2304, "intermediate_size": 9216,
+             "num_hidden_layers": 30, "num_attention_heads": 8, "num_key_value_heads": 4,
+             "head_dim": 256, "tie_word_embeddings": True, "sliding_window": 512,
+             "hidden_activation": "gelu_pytorch_tanh", "final_logit_softcapping": None,
+             "max_position_embeddings": 131072, "hidden_size_per_layer_input": 256,
+             "vocab_size_per_layer_input": 262144, "global_head_dim": 512,
+             "num_global_key_value_heads": None, "attention_k_eq_v": False, "num_kv_shared_layers": 0,
+             "enable_moe_block": False, "use_double_wide_mlp": False, "num_experts": None,
+             "top_k_experts": None, "moe_intermediate_size": None, "use_bidirectional_attention": None},
+            norms_per_layer=4, qk_norm=True, activation_key="hidden_activation", norm_style="gemma4",
+            gemma4=True, min_transformers=GEMMA4_MIN_TRANSFORMERS,
+        ),
     ]
 }
 
@@ -258,9 +287,11 @@ _ARCH_TO_TYPE = {
     "Qwen3_5ForConditionalGeneration": "qwen3_5",
     "Qwen3_5MoeForCausalLM": "qwen3_5_moe",
     "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe",
+    "Gemma4ForCausalLM": "gemma4",
+    "Gemma4ForConditionalGeneration": "gemma4",
 }
 #: text model_types that name a family under another key (the inner type of a multimodal config)
-_TEXT_TYPE_ALIASES = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe"}
+_TEXT_TYPE_ALIASES = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe", "gemma4_text": "gemma4"}
 
 #: model_type values transformers does not know whose checkpoints load with ``trust_remote_code``
 #: into a supported architecture's modeling code: planned as that architecture. Kimi K2 (and the
@@ -305,6 +336,11 @@ class AttentionSpec:
     #: gated attention (qwen3_5): q_proj emits ``heads * head_dim`` query features and as many
     #: gate features (per head ``[query | gate]``); ``attn_output * sigmoid(gate)`` feeds o_proj
     output_gate: bool = False
+    #: gemma4 full-attention layers with ``attention_k_eq_v``: no v_proj, v is k_proj's output
+    #: (before k_norm and rope)
+    k_eq_v: bool = False
+    #: gemma4: a weightless RMSNorm on v (``v_norm``, ``with_scale=False``)
+    v_norm: bool = False
     # MLA (DeepSeek-V3); None for standard multi-/grouped-query attention
     q_lora_rank: int | None = None
     kv_lora_rank: int | None = None
@@ -634,8 +670,9 @@ def attention_linears(a: AttentionSpec, h: int, n: int) -> list[LinearSpec]:
         out = [
             LinearSpec("q_proj", h, q, n, a.qkv_bias, "attention"),
             LinearSpec("k_proj", h, kv, n, a.qkv_bias, "attention"),
-            LinearSpec("v_proj", h, kv, n, a.qkv_bias, "attention"),
         ]
+        if not a.k_eq_v:
+            out.append(LinearSpec("v_proj", h, kv, n, a.qkv_bias, "attention"))
     out.append(LinearSpec("o_proj", a.num_heads * a.v_head_dim, h, n, a.o_bias, "attention"))
     return out
 
@@ -785,7 +822,7 @@ def text_config(raw: Mapping[str, Any]) -> dict[str, Any]:
     if "text_config" in cfg and isinstance(cfg["text_config"], Mapping):
         inner = dict(cfg["text_config"])
         mt = inner.get("model_type") or {"gemma3": "gemma3_text", "qwen3_5": "qwen3_5",
-                                             "qwen3_5_moe": "qwen3_5_moe"}.get(outer_mt or "", "")
+                                             "qwen3_5_moe": "qwen3_5_moe", "gemma4": "gemma4"}.get(outer_mt or "", "")
         if isinstance(mt, str):
             mt = _TEXT_TYPE_ALIASES.get(mt, mt)
             mt = MODEL_TYPE_ALIASES.get(mt, mt)
@@ -870,12 +907,15 @@ def model_from_config(
     linear = _linear_attention_spec(c) if fam.hybrid_linear else None
     plan = _layer_plan(fam, c, n_layers or 1)
     moe = _moe_spec(fam, c, plan.any_moe)
+    g4 = _gemma4_fields(c, heads) if fam.gemma4 else None
     if c.problems:
         n = len(c.problems)
         raise ConfigError(f"config.json ({mt}): {n} problem{'s' if n > 1 else ''}: " + "; ".join(c.problems),
                           "fix the model's config.json")
     assert h is not None and n_layers is not None and vocab is not None and heads is not None
     assert inter is not None or fam.moe == "qwen3_5_moe"
+    if fam.gemma4:
+        _gemma4_refusals(c.cfg, mt)
 
     if mla is not None:
         nope, rope, v_dim, kv_rank, q_rank = mla
@@ -891,6 +931,7 @@ def model_from_config(
             qkv_bias=qkv_bias, o_bias=o_bias, qk_norm=qk_norm, fused_qkv=fam.fused_qkv,
             softcap=softcap, sinks=fam.attention_sinks,
             rotary_dim=int(hd * prf) if prf is not None else None, output_gate=fam.output_gate,
+            v_norm=fam.gemma4,
         )
     mlp = MlpSpec(inter or 0, bias=mlp_bias, fused_gate_up=fam.fused_gate_up)
     groups = tuple(
@@ -898,6 +939,8 @@ def model_from_config(
                    fam.norms_per_layer, window, linear if is_linear else None)
         for count, window, is_moe, is_linear in _layer_kinds(plan, n_layers)
     )
+    if g4 is not None:
+        groups = _gemma4_groups(groups, g4)
     if not any(g.attention is not None for g in groups):
         raise ConfigError(f"config.json ({mt}): no full_attention layer",
                           "ftplan plans hybrid models with at least one softmax-attention layer")
@@ -915,6 +958,82 @@ def model_from_config(
         source=source,
         config=dict(raw),
     )
+
+
+# ---- Gemma 4 --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Gemma4Global:
+    """The full-attention layers' attention shape (``Gemma4TextConfig.per_layer_config``)."""
+
+    head_dim: int
+    num_kv_heads: int | None  # None: num_key_value_heads
+    k_eq_v: bool
+
+
+def _gemma4_fields(c: _Check, heads: int | None) -> _Gemma4Global | None:
+    """``global_head_dim`` (default 512) for every full-attention layer; with ``attention_k_eq_v``
+    also ``num_global_key_value_heads`` (when given) and no v_proj (v = k_proj's output)."""
+    ghd = c.int("global_head_dim")
+    k_eq_v = c.bool("attention_k_eq_v")
+    gkv = c.int("num_global_key_value_heads", optional=True) if k_eq_v else None
+    for key in ("hidden_size_per_layer_input", "num_kv_shared_layers"):
+        c.int(key, minimum=0, optional=True)
+    c.bool("enable_moe_block")
+    if heads is not None and gkv is not None and heads % gkv:
+        c.bad(f"num_global_key_value_heads={gkv} must divide num_attention_heads={heads}")
+    if ghd is None:
+        return None
+    return _Gemma4Global(ghd, gkv, k_eq_v)
+
+
+def _gemma4_refusals(cfg: Mapping[str, Any], mt: str) -> None:
+    """Gemma 4 features ftplan does not plan yet, refused with one line each."""
+    hint = "ftplan plans the Gemma 4 text models without them (gemma-4-31B, gemma-4-26B-A4B)"
+    if cfg.get("hidden_size_per_layer_input"):
+        raise ConfigError(
+            f"config.json ({mt}): per-layer input embeddings (hidden_size_per_layer_input="
+            f"{cfg['hidden_size_per_layer_input']}, Gemma 4 E2B/E4B) are not planned yet", hint)
+    if cfg.get("num_kv_shared_layers"):
+        raise ConfigError(
+            f"config.json ({mt}): KV sharing across layers (num_kv_shared_layers="
+            f"{cfg['num_kv_shared_layers']}) is not planned yet", hint)
+    if cfg.get("use_bidirectional_attention") == "all":
+        raise ConfigError(f"config.json ({mt}): use_bidirectional_attention='all' (non-causal text "
+                          "attention) is not planned", "ftplan plans causal language-model fine-tuning")
+    if cfg.get("enable_moe_block"):
+        raise ConfigError(f"config.json ({mt}): the Gemma 4 MoE block (enable_moe_block) is not planned yet",
+                          "ftplan plans the dense Gemma 4 text models (gemma-4-31B)")
+
+
+def _gemma4_groups(groups: tuple[LayerGroup, ...], g4: _Gemma4Global) -> tuple[LayerGroup, ...]:
+    """Full-attention groups (no window) take the global attention shape."""
+    out = []
+    for g in groups:
+        a = g.attention
+        if a is not None and g.window is None:
+            a = replace(a, head_dim=g4.head_dim, v_head_dim=g4.head_dim,
+                        num_kv_heads=g4.num_kv_heads or a.num_kv_heads, k_eq_v=g4.k_eq_v)
+            g = replace(g, attention=a)
+        out.append(g)
+    return tuple(out)
+
+
+def _gemma4_layer_types(c: _Check, n: int) -> list[str] | None:
+    """``Gemma4TextConfig.layer_types``: given, or every 6th layer full attention; the last
+    layer is always full attention (transformers forces it)."""
+    types = c.cfg.get("layer_types")
+    if types is None:
+        types = ["sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(n)]
+    elif not (isinstance(types, list) and all(t in _LAYER_TYPES for t in types)):
+        c.bad(f"layer_types must be a list of {' / '.join(_LAYER_TYPES)}")
+        return None
+    elif len(types) != n:
+        c.bad(f"layer_types has {len(types):,} entries for num_hidden_layers={n}")
+        return None
+    types = list(types)
+    if types:
+        types[-1] = "full_attention"
+    return types
 
 
 def _partial_rotary_factor(fam: Family, c: _Check) -> float | None:
@@ -987,7 +1106,7 @@ def _layer_plan(fam: Family, c: _Check, n: int) -> _LayerPlan:
     period = 1
     # ---- sliding windows
     window = c.int("sliding_window", optional=True, zero_is_none=True)
-    types = cfg.get("layer_types")
+    types = cfg.get("layer_types") if not fam.gemma4 else _gemma4_layer_types(c, n)
     allowed = _LAYER_TYPES + (("linear_attention",) if fam.hybrid_linear else ())
     if types is not None and not (isinstance(types, list) and all(t in allowed for t in types)):
         c.bad(f"layer_types must be a list of {' / '.join(allowed)}")

@@ -287,6 +287,28 @@ TINY_CONFIGS: dict[str, dict] = {
         "max_position_embeddings": 256,
         "tie_word_embeddings": False,
     },
+    "gemma4": {
+        "model_type": "gemma4_text",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 120,
+        "num_hidden_layers": 4,
+        "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 16,
+        "global_head_dim": 24,
+        "num_global_key_value_heads": 2,
+        "attention_k_eq_v": True,
+        "hidden_size_per_layer_input": 0,
+        "sliding_window": 16,
+        "final_logit_softcapping": 30.0,
+        "rope_parameters": {"full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                               "rope_theta": 1000000.0},
+                            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+        "max_position_embeddings": 256,
+        "tie_word_embeddings": True,
+    },
 }
 
 
@@ -313,7 +335,7 @@ def text_config(config: dict) -> tuple[str, dict]:
         raise ConfigError("config has no 'model_type'", "pass a Hugging Face config.json")
     if isinstance(model_type, str):
         model_type = MODEL_TYPE_ALIASES.get(model_type, model_type)
-    if model_type in ("qwen3_5", "qwen3_5_moe"):  # a flat Qwen3.5 text config
+    if model_type in ("qwen3_5", "qwen3_5_moe", "gemma4"):  # a flat Qwen3.5 / Gemma 4 text config
         model_type += "_text"
     qc = cfg.get("quantization_config")
     if isinstance(qc, dict) and qc.get("quant_method") == "mxfp4":

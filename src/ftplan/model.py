@@ -95,7 +95,8 @@ class Family:
     gemma4: bool = False
 
 
-#: first transformers wheel with models/gemma4 (see the Family entry)
+#: first transformers wheel with models/gemma4: 5.5.0 (the 5.4.0 wheel has none; checked with
+#: ``pip download --no-deps transformers==5.4.0 / 5.5.0``)
 GEMMA4_MIN_TRANSFORMERS = "5.5"
 
 _LLAMA_LIKE = dict(
@@ -253,7 +254,7 @@ FAMILIES: dict[str, Family] = {
             # Per-layer input embeddings (E2B/E4B), KV sharing and bidirectional attention are
             # refused (:func:`_gemma4_refusals`)
             "gemma4",
-            {**_LLAMA_LIKE, "vocab_size": 262144, "hidden_size": 2304, "intermediate_size": 9216,
+            {**{k: v for k, v in _LLAMA_LIKE.items() if k != "hidden_act"}, "vocab_size": 262144, "hidden_size": 2304, "intermediate_size": 9216,
              "num_hidden_layers": 30, "num_attention_heads": 8, "num_key_value_heads": 4,
              "head_dim": 256, "tie_word_embeddings": True, "sliding_window": 512,
              "hidden_activation": "gelu_pytorch_tanh", "final_logit_softcapping": None,

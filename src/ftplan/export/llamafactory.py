@@ -54,7 +54,8 @@ SCHEMA_KEYS: dict[str, tuple[type, ...]] = {
 _TEMPLATES = {"llama": "llama3", "qwen2": "qwen", "qwen3": "qwen3", "qwen3_moe": "qwen3", "mistral": "mistral",
               "mixtral": "mistral", "gemma2": "gemma2", "gemma3": "gemma3", "gemma3_text": "gemma3",
               "phi3": "phi", "deepseek_v3": "deepseek3", "gpt_oss": "gpt_oss",
-              "glm4_moe": "glm4_moe", "qwen3_5": "qwen3_5", "qwen3_5_moe": "qwen3_5"}
+              "glm4_moe": "glm4_moe", "qwen3_5": "qwen3_5", "qwen3_5_moe": "qwen3_5",
+              "gemma4": "gemma4"}  # 0.9.5 registers gemma4 (and gemma4n for the audio models)
 #: Kimi K2 (planned as deepseek_v3) speaks Moonshot's <|im_user|>/<|im_assistant|>/<|im_middle|> format,
 #: which 0.9.5 registers as kimi_vl; Phi-4-mini's <|user|>...<|end|> format as phi4_mini
 _BY_NAME = {"phi-4": "phi4", "mistral-small-24b": "mistral_small", "kimi-k2": "kimi_vl", "phi-4-mini": "phi4_mini"}

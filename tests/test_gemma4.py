@@ -187,3 +187,86 @@ def test_e2b_like_default_config_is_refused():
         model_from_config({"model_type": "gemma4_text"})
     with pytest.raises(ConfigError, match="per-layer input embeddings"):
         model_from_config({"model_type": "gemma4", "text_config": {"hidden_size_per_layer_input": 256}})
+
+
+# ---- the MoE block (gemma-4-26B-A4B) ----------------------------------------------------------
+MOE = {**TEXT, "enable_moe_block": True, "num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 24}
+
+
+@pytest.mark.torch
+def test_moe_params_and_peft_targets():
+    """Every layer keeps its dense MLP and adds the router (a Linear ``proj`` with a learned
+    ``scale`` and ``per_expert_scale``), fused experts and three norms; PEFT's all-linear wraps
+    the router's Linear too, not the experts (no MoE mapping for gemma4 in PEFT 0.21)."""
+    pytest.importorskip("peft")
+    import ftplan.measure.torchref as TR
+    from ftplan.job import LoraSpec, lora_targets, lora_wraps_experts
+
+    spec = model_from_config(MOE)
+    assert all(g.mlp is not None and g.moe is not None and g.norms_per_layer == 7 for g in spec.groups)
+    assert spec.params.by_category() == TR.params_by_category(TR.build_model(MOE, device="meta"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        applied = TR.apply_lora(TR.build_model(MOE, dtype="bf16"), r=4, alpha=8, dropout=0.0)
+    assert set(applied.targeted_suffixes) == set(lora_targets(spec, LoraSpec(r=4))) == {
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "proj"}
+    assert not lora_wraps_experts(spec, LoraSpec(r=4))
+
+
+GRID = [("full", False, 2, 24, "bf16-mixed", "sdpa"), ("lora", False, 2, 24, "bf16-mixed", "sdpa"),
+        ("full", False, 1, 40, "bf16-mixed", "sdpa"), ("full", True, 2, 24, "bf16-mixed", "sdpa"),
+        ("lora", True, 1, 40, "bf16-mixed", "sdpa"), ("full", False, 2, 24, "bf16", "sdpa"),
+        ("full", True, 2, 24, "bf16", "sdpa"), ("full", False, 2, 24, "bf16-mixed", "eager"),
+        ("lora", False, 1, 40, "bf16-mixed", "eager")]
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("method,ckpt,batch,seq,precision,attn", GRID)
+def test_moe_exact(method, ckpt, batch, seq, precision, attn):
+    """Model states and every saved byte of the MoE layers (router on the un-normed residual, fp32
+    softmax, renormalised top-k times per_expert_scale, grouped_mm experts in the weight dtype on
+    CPU, the three extra norms), full and LoRA, autocast and pure bf16, checkpointing on/off."""
+    from test_memory_vs_torch import _run
+
+    from ftplan.memory import _autocast_weight_elems
+
+    spec, job, r, casts = _run("gemma4", method, ckpt, batch, seq, precision=precision, attn=attn, cfg=MOE)
+    st = model_states(spec, job)
+    assert (st.trainable_weights, st.gradients, st.optimizer_states, st.n_trainable_tensors) == (
+        r.trainable_param_bytes, r.grad_bytes, r.optimizer_state_bytes, r.n_trainable_tensors)
+    if method == "lora":
+        assert st.frozen_weights == r.frozen_param_bytes and st.master_weights == casts
+    elif precision == "bf16-mixed" and not ckpt:
+        assert 2 * _autocast_weight_elems(spec, backend="cpu") == casts
+    assert saved_activation_bytes(spec, job, backend="cpu") == r.saved_activation_bytes - casts
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("family,method,mode", [
+    ("gemma4", "lora", "selective"), ("gemma4", "full", "every-k"), ("gemma4", "lora", "selective-attention"),
+    ("gemma4_moe", "full", "selective"), ("gemma4_moe", "lora", "selective"), ("gemma4_moe", "full", "every-k"),
+    ("gemma4_moe", "lora", "every-k")])
+def test_checkpointing_variants_exact(family, method, mode, monkeypatch):
+    """torchtitan's op SAC (every other mm of a layer: the dense MLP's, then the router Linear's
+    and its adapters'), TRL's attention SAC, every-k over the sliding/full layers."""
+    import ftplan.measure.torchref as TR
+    from test_checkpointing_vs_torch import _job, _measure
+
+    from ftplan.memory import activation_parts
+
+    monkeypatch.setitem(TR.TINY_CONFIGS, "gemma4_moe", MOE)
+    spec, r = _measure(family, method, mode)
+    job = _job(family, method, mode, 2, 24, "hf")
+    assert saved_activation_bytes(spec, job, backend="cpu") == r.device_bytes - r.weight_copy_bytes
+    parts = activation_parts(spec, job, backend="cpu")
+    assert (parts.sac_cache_bytes, parts.checkpointed_layers) == (r.sac_cache_bytes, r.n_checkpointed)
+    if method == "lora":
+        assert model_states(spec, job).master_weights == r.weight_copy_bytes
+
+
+def test_catalog_26b_a4b_matches_the_model_card():
+    """gemma-4-26B-A4B: 25.2B parameters, 3.8B active (the card's figures; ftplan's active count
+    includes the embedding, as the card's does)."""
+    p = load_model_catalog()["gemma-4-26b-a4b"].spec().params
+    assert (p.total, p.active) == (25_233_141_760, 3_822_530_560)
+    assert (round(p.total / 1e9, 1), round(p.active / 1e9, 1)) == (25.2, 3.8)

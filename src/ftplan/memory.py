@@ -147,7 +147,9 @@ def _full_tensor_count(model: ModelSpec) -> int:
             per += 1 + (1 if g.attention.q_lora_rank else 0)
         if g.attention.sinks:
             per += 1
-        if g.moe is not None:
+        if g.moe is not None and g.moe.router_is_module:
+            per += 2  # gemma4: the router's scale and per_expert_scale (its Linear: above)
+        elif g.moe is not None:
             per += 2 if g.moe.bias else 1  # router weight (and bias)
         n += g.count * per
     return n
@@ -222,7 +224,7 @@ def _full_matrices(model: ModelSpec) -> list[tuple[int, int, int, int]]:
             if lin.bias:  # the experts' (E, out) bias: a matrix too
                 out.append((e, lin.out_features, e * lin.out_features, lin.count // e))
     for g in model.groups:
-        if g.moe is not None:
+        if g.moe is not None and not g.moe.router_is_module:
             out.append((g.moe.num_experts, h, g.moe.num_experts * h, g.count))
         if g.linear_attention is not None:
             # the depthwise conv weight (C, 1, K): Adafactor factors it over (C, 1) and (C, K)
@@ -267,6 +269,8 @@ def _full_vectors(model: ModelSpec) -> list[tuple[int, int]]:
             out.append((a.num_heads, g.count))
         if g.moe is not None and g.moe.bias:
             out.append((g.moe.num_experts, g.count))  # router bias
+        if g.moe is not None and g.moe.router_is_module:  # gemma4's router scale, per_expert_scale
+            out += [(h, g.count), (g.moe.num_experts, g.count)]
         if a.qk_norm:
             out.append((a.head_dim, 2 * g.count))
         if a.is_mla:
@@ -307,7 +311,8 @@ def _autocast_weight_elems(model: ModelSpec, backend: str = "cuda") -> int:
         if lin.is_module or backend == "cuda":
             n += lin.count * lin.in_features * lin.out_features
     # router weights (autocast casts a router's bias too, but the linear's backward does not keep it)
-    n += sum(g.count * g.moe.num_experts * model.hidden_size for g in model.groups if g.moe is not None)
+    n += sum(g.count * g.moe.num_experts * model.hidden_size for g in model.groups
+             if g.moe is not None and not g.moe.router_is_module)  # (gemma4's router.proj: a linear)
     if model.tie_word_embeddings:
         n += model.params.embedding
     return n
@@ -341,7 +346,8 @@ def _layer_matmul_weight_elems(model: ModelSpec, g: LayerGroup) -> int:
     n = sum(lin.in_features * lin.out_features for lin in layer_linears(model, g))
     if g.moe is not None:
         m = g.moe
-        n += m.num_experts * model.hidden_size + m.num_experts * 3 * model.hidden_size * m.expert_intermediate_size
+        n += (0 if m.router_is_module else m.num_experts * model.hidden_size)  # (gemma4: in the linears)
+        n += m.num_experts * 3 * model.hidden_size * m.expert_intermediate_size
     return n
 
 
@@ -739,7 +745,7 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
     style = _norm_style(model)
     nw = _norm_weight_bytes(dt)  # gemma4's norms save an fp32 copy of a non-fp32 frozen weight
     total = _norm_saved(t, h, dt.resid, dt.full, style=style, weight_bytes=nw)  # input norm
-    if g.norms_per_layer == 4:  # gemma: post-attention norm (on o_proj output) and pre/post feed-forward
+    if g.norms_per_layer >= 4:  # gemma: post-attention norm (on o_proj output) and pre/post feed-forward
         total += (2 * _norm_saved(t, h, c, dt.full, style=style, weight_bytes=nw)
                   + _norm_saved(t, h, dt.resid, dt.full, style=style, weight_bytes=nw))
     else:
@@ -808,7 +814,9 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
                 total += t * heads * a.head_dim * 4
     if g.mlp is not None:
         total += _mlp_saved(g.mlp, t, h, dt, tp, g.norms_per_layer == 4)
-    if g.moe is not None:
+    if g.moe is not None and g.moe.router == "gemma4":
+        total += _gemma4_moe_saved(g.moe, t, h, dt)
+    elif g.moe is not None:
         total += _moe_saved(g.moe, t, h, dt, tp, job.uses_lora and lora_wraps_experts(model, job.lora),
                             ep=ep, ep_rows=ep_rows)
     total += _lora_saved(g, model, job, dt, t, tp, backend)
@@ -1019,6 +1027,44 @@ def _moe_saved(m: MoeSpec, t: int, h: int, dt: _Dtypes, tp: int, wrapped: bool =
         out += _linear_inputs(t, h, 1, dt.norm_out, dt) if dt.norm_out != c else 0
         out += t * c + t * h * dt.base_out
     return out // max(1, tp) if tp > 1 else out
+
+
+def _gemma4_moe_saved(m: MoeSpec, t: int, h: int, dt: _Dtypes) -> int:
+    """gemma4's MoE block beside the dense MLP (``Gemma4TextDecoderLayer`` with
+    ``enable_moe_block``; the MLP and the pre/post feed-forward norms are counted with the layer):
+
+    * ``post_feedforward_layernorm_1`` on the MLP's output;
+    * the router (``Gemma4TextRouter``) on the un-normed residual: a weightless RMSNorm (its fp32
+      input: the residual itself when that is fp32, else a copy; two fp32 values per row), its
+      output cast back to the residual dtype times the learned ``scale`` (a trainable scale keeps
+      that output), ``proj`` (full fine-tuning: its compute-dtype input; LoRA on it: with the
+      layer's other adapters), the fp32 softmax, the top-k ids, the in-place renormalisation
+      (the row sum and a clone of the top-k values) and ``* per_expert_scale[ids]`` (the gathered
+      scales; a trainable scale keeps the renormalised weights too);
+    * ``pre_feedforward_layernorm_2`` on the residual (fp32 input shared with the router's norm
+      when the residual is fp32);
+    * the experts (grouped_mm, in ``dt.expert``): three index vectors, the offsets, the
+      gate_up output, the activation output, the down output and the fp32 per-row weights; trainable
+      experts (full fine-tuning: PEFT's all-linear leaves them alone) also the gathered inputs and
+      down's input;
+    * ``post_feedforward_layernorm_2`` on the experts' output."""
+    c, r, e = dt.compute, dt.resid, dt.expert
+    full = dt.full
+    nw = _norm_weight_bytes(dt)
+    k, n_e, i = m.top_k, m.num_experts, m.expert_intermediate_size
+    routed = t * k
+    out = _norm_saved(t, h, c, full, style="gemma4", weight_bytes=nw)  # post_feedforward_layernorm_1
+    out += (t * h * 4 if r != 4 else 0) + 2 * t * 4  # router.norm (no weight)
+    if full:
+        out += t * h * r + t * h * c  # the normed router input kept by `* scale`; proj's input
+    out += t * n_e * 4 + routed * 8 + t * 4 + routed * 4  # softmax, top-k ids, row sum, top-k clone
+    out += routed * (nw if not full else dt.train_w) + (routed * 4 if full else 0)  # per_expert_scale
+    # pre_feedforward_layernorm_2 (its fp32 input is the residual's storage when that is fp32)
+    out += _norm_saved(t, h, r, full, style="gemma4", weight_bytes=nw) - (t * h * 4 if r == 4 else 0)
+    out += 3 * routed * 8 + n_e * 4 + routed * 4  # index vectors, offsets, per-row weights
+    out += routed * e * ((h + 2 * i + i + i + h) if full else (2 * i + i + h))
+    out += _norm_saved(t, h, e, full, style="gemma4", weight_bytes=nw)  # post_feedforward_layernorm_2
+    return out
 
 
 def _mla_saved(a, t: int, b: int, s: int, h: int, dt: _Dtypes, heads: int, backend: str) -> int:
@@ -1424,7 +1470,12 @@ def _layer_matmul_outputs(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes
             lin = lins[name]
             proj(lin, lin.out_features // tp if name in col else lin.out_features)
     mlp = g.mlp if g.mlp is not None else None
-    if g.moe is not None:
+    if g.moe is not None and g.moe.router_is_module:
+        mlp = None  # gemma4: the dense MLP, then the router's Linear (and its adapters)
+        for lin in layer_linears(model, g):
+            if lin.module in ("gate_proj", "up_proj", "down_proj", "proj"):
+                proj(lin, lin.out_features // tp if lin.module in col else lin.out_features)
+    elif g.moe is not None:
         if job.uses_lora and lora_wraps_experts(model, job.lora):
             out.append(g.moe.num_experts * model.hidden_size * c)  # ParamWrapper's B @ A for the router
         if not g.moe.bias:  # a biased router (gpt_oss) runs addmm

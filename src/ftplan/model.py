@@ -264,7 +264,7 @@ FAMILIES: dict[str, Family] = {
              "enable_moe_block": False, "use_double_wide_mlp": False, "num_experts": None,
              "top_k_experts": None, "moe_intermediate_size": None, "use_bidirectional_attention": None},
             norms_per_layer=4, qk_norm=True, activation_key="hidden_activation", norm_style="gemma4",
-            gemma4=True, min_transformers=GEMMA4_MIN_TRANSFORMERS,
+            gemma4=True, min_transformers=GEMMA4_MIN_TRANSFORMERS, moe="gemma4", peft_wraps_experts=False,
         ),
     ]
 }
@@ -426,6 +426,13 @@ class MoeSpec:
     #: bias-free ``nn.Linear(hidden, 1)`` (qwen3_5_moe)
     shared_gate: bool = False
 
+    @property
+    def router_is_module(self) -> bool:
+        """gemma4's router: an ``nn.Linear`` (``router.proj``, hidden -> experts, which PEFT's
+        ``all-linear`` wraps) after a weightless RMSNorm and a learned hidden-size ``scale``,
+        with a learned ``per_expert_scale`` on the top-k weights (two vectors more per layer)."""
+        return self.router == "gemma4"
+
 
 @dataclass(frozen=True)
 class LayerGroup:
@@ -571,6 +578,8 @@ class ModelSpec:
                     out.extend(mlp_linears(m.shared, h, g.count, "mlp"))
                 if m.shared_gate:
                     out.append(LinearSpec("shared_expert_gate", h, 1, g.count, False, "router"))
+                if m.router_is_module:
+                    out.append(LinearSpec("proj", h, m.num_experts, g.count, False, "router"))
         if not self.tie_word_embeddings:
             out.append(LinearSpec("lm_head", h, self.vocab_size, 1, False, "lm_head"))
         return tuple(out)
@@ -590,7 +599,9 @@ class ModelSpec:
         for g in self.groups:
             a = g.attention
             per_layer = g.norms_per_layer * h
-            if g.moe is not None:
+            if g.moe is not None and g.moe.router_is_module:  # the Linear is counted above
+                router += g.count * (h + g.moe.num_experts)  # scale, per_expert_scale
+            elif g.moe is not None:
                 router += g.count * g.moe.num_experts * (h + (1 if g.moe.bias else 0))
             if g.linear_attention is not None:
                 la = g.linear_attention
@@ -702,6 +713,8 @@ def layer_linears(model: ModelSpec, g: LayerGroup) -> list[LinearSpec]:
         out += mlp_linears(g.moe.shared, model.hidden_size, 1, "mlp")
     if g.moe is not None and g.moe.shared_gate:
         out.append(LinearSpec("shared_expert_gate", model.hidden_size, 1, 1, False, "router"))
+    if g.moe is not None and g.moe.router_is_module:  # gemma4's router.proj
+        out.append(LinearSpec("proj", model.hidden_size, g.moe.num_experts, 1, False, "router"))
     return out
 
 
@@ -941,7 +954,7 @@ def model_from_config(
         for count, window, is_moe, is_linear in _layer_kinds(plan, n_layers)
     )
     if g4 is not None:
-        groups = _gemma4_groups(groups, g4)
+        groups = _gemma4_groups(groups, g4, mlp)
     if not any(g.attention is not None for g in groups):
         raise ConfigError(f"config.json ({mt}): no full_attention layer",
                           "ftplan plans hybrid models with at least one softmax-attention layer")
@@ -1001,13 +1014,14 @@ def _gemma4_refusals(cfg: Mapping[str, Any], mt: str) -> None:
     if cfg.get("use_bidirectional_attention") == "all":
         raise ConfigError(f"config.json ({mt}): use_bidirectional_attention='all' (non-causal text "
                           "attention) is not planned", "ftplan plans causal language-model fine-tuning")
-    if cfg.get("enable_moe_block"):
-        raise ConfigError(f"config.json ({mt}): the Gemma 4 MoE block (enable_moe_block) is not planned yet",
-                          "ftplan plans the dense Gemma 4 text models (gemma-4-31B)")
 
 
-def _gemma4_groups(groups: tuple[LayerGroup, ...], g4: _Gemma4Global) -> tuple[LayerGroup, ...]:
-    """Full-attention groups (no window) take the global attention shape."""
+def _gemma4_groups(groups: tuple[LayerGroup, ...], g4: _Gemma4Global, mlp: MlpSpec) -> tuple[LayerGroup, ...]:
+    """Full-attention groups (no window) take the global attention shape. With the MoE block
+    (``enable_moe_block``) a layer keeps its dense MLP and adds the routed experts beside it,
+    with three norms more (``post_feedforward_layernorm_1/2``, ``pre_feedforward_layernorm_2``):
+    ``post_ff(post_ff_1(mlp(pre_ff(x))) + post_ff_2(experts(pre_ff_2(x))))``, the router reading
+    the un-normed residual."""
     out = []
     for g in groups:
         a = g.attention
@@ -1015,6 +1029,8 @@ def _gemma4_groups(groups: tuple[LayerGroup, ...], g4: _Gemma4Global) -> tuple[L
             a = replace(a, head_dim=g4.head_dim, v_head_dim=g4.head_dim,
                         num_kv_heads=g4.num_kv_heads or a.num_kv_heads, k_eq_v=g4.k_eq_v)
             g = replace(g, attention=a)
+        if g.moe is not None:
+            g = replace(g, mlp=mlp, norms_per_layer=g.norms_per_layer + 3)
         out.append(g)
     return tuple(out)
 
@@ -1160,6 +1176,9 @@ def _layer_plan(fam: Family, c: _Check, n: int) -> _LayerPlan:
         cuts.update(x + 1 for x in only_set)
         moe_at = lambda i: experts > 0 and i not in only_set and (i + 1) % step == 0  # noqa: E731
         any_moe = experts > 0 and step <= n and len(only_set) < n
+    elif fam.moe == "gemma4":  # enable_moe_block: every layer adds the MoE block to its MLP
+        any_moe = c.bool("enable_moe_block")
+        moe_at = lambda i: any_moe  # noqa: E731
     elif fam.moe == "deepseek_v3":
         k = c.int("first_k_dense_replace", minimum=0, optional=True) or 0
         moe_at = lambda i: i >= k  # noqa: E731
@@ -1226,6 +1245,11 @@ def _moe_spec(fam: Family, c: _Check, any_moe: bool) -> MoeSpec | None:
         experts, top_k, inter = (c.int("num_experts"), c.int("num_experts_per_tok"),
                                  c.int("moe_intermediate_size"))
         router, shared = "qwen3_moe", None
+    elif fam.moe == "gemma4":
+        if not any_moe:
+            return None
+        experts, top_k, inter = (c.int("num_experts"), c.int("top_k_experts"), c.int("moe_intermediate_size"))
+        router, shared = "gemma4", None
     elif fam.moe == "qwen3_5_moe":
         # Qwen3_5MoeTopKRouter is qwen3_moe's with norm_topk_prob always on
         experts, top_k, inter = (c.int("num_experts"), c.int("num_experts_per_tok"),

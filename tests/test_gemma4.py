@@ -270,3 +270,23 @@ def test_catalog_26b_a4b_matches_the_model_card():
     p = load_model_catalog()["gemma-4-26b-a4b"].spec().params
     assert (p.total, p.active) == (25_233_141_760, 3_822_530_560)
     assert (round(p.total / 1e9, 1), round(p.active / 1e9, 1)) == (25.2, 3.8)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("family,recipe,ckpt", [("gemma4", "peft", False), ("gemma4", "trl", False),
+                                                ("gemma4_moe", "peft", False), ("gemma4_moe", "peft", True)])
+def test_qlora_exact(family, recipe, ckpt, monkeypatch):
+    """bitsandbytes nf4 on CPU. Under PEFT's kbit upcast k_proj returns fp32, so with k_eq_v
+    k_norm's and v_norm's ``.float()`` are one storage; the router's Linear is 4-bit (no fp32
+    router weight copy as gpt_oss's)."""
+    pytest.importorskip("bitsandbytes")
+    import ftplan.measure.torchref as TR
+    from test_memory_vs_torch import _run_qlora
+
+    monkeypatch.setitem(TR.TINY_CONFIGS, "gemma4_moe", MOE)
+    spec, job, r = _run_qlora(family, ckpt, recipe)
+    st = model_states(spec, job)
+    assert (st.frozen_weights, st.trainable_weights, st.gradients, st.optimizer_states) == (
+        r.frozen_param_bytes, r.trainable_param_bytes, r.grad_bytes, r.optimizer_state_bytes)
+    casts = sum(x.nbytes for x in r.records if x.producer == "TBackward0") if recipe == "peft" else 0
+    assert saved_activation_bytes(spec, job, backend="cpu") == r.saved_activation_bytes - casts

@@ -392,6 +392,7 @@ def _frozen_copy_elems(model: ModelSpec, job: Job, g: LayerGroup, backend: str) 
         return _frozen_layer_copy_elems(model, g, backend)
     if (job.method == "qlora" and job.kbit_upcast and job.precision.endswith("-mixed")
             and PRECISIONS[job.precision]["compute"] != "fp32" and g.moe is not None
+            and not g.moe.router_is_module  # (gemma4's router.proj is a 4-bit Linear)
             and not (job.uses_lora and lora_wraps_experts(model, job.lora))):
         return g.moe.num_experts * model.hidden_size
     return 0
@@ -771,6 +772,10 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
                                  weight=a.head_dim, weight_bytes=nw)
         if a.v_norm:  # gemma4's weightless norm on v
             total += _norm_saved(t, kv_heads * a.head_dim, c, False, rows=t * kv_heads, style=style, weight=0)
+            if a.k_eq_v and dt.base_out == 4:
+                # v is k_proj's output: fp32 already (bitsandbytes under PEFT's kbit upcast), so
+                # k_norm's and v_norm's ``.float()`` are that one storage
+                total -= t * kv_heads * a.head_dim * 4
         if job.attn_impl == "eager" and a.sinks:
             total += t * q * c + 2 * t * heads * a.head_dim * c  # q and repeated k, v
             # gpt_oss: the scores joined with the sink logits (torch.cat promotes to the sinks'

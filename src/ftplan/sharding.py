@@ -270,7 +270,10 @@ def _layer_tensors(model: ModelSpec, g: LayerGroup, job: Job, tb: Fraction, fb: 
         # router; a family's fp32 router (MoeSpec.router_fp32) stays fp32 unless DeepSpeed's bf16
         # mode casts the whole module
         rb = max(wb, Fraction(4)) if m.router_fp32 and not casts_whole_module(job, engine) else wb
-        out.append(Tensor(e, e * h, rb, full))
+        if m.router_is_module:  # gemma4: router.proj is among the linears; its two scale vectors
+            out += [Tensor(h, h, wb, full), Tensor(m.num_experts, m.num_experts, wb, full)]
+        else:
+            out.append(Tensor(e, e * h, rb, full))
         if m.bias:  # gpt_oss: router bias, and each fused expert weight followed by its (E, out) bias
             out.append(Tensor(e, e, wb, full))
         out.append(Tensor(e, e * 2 * i * h, wb, full))  # fused gate_up_proj (E, 2I, h)

@@ -704,14 +704,12 @@ def _norm_saved(t: int, width: int, in_bytes: int, trainable: bool, *, rows: int
     if style == "gemma4":
         # ``x * pow(mean(x^2) + eps, -0.5)``: pow saves its input and the product its result (two
         # fp32 values per row); ``* weight.float()`` saves the fp32 weight (a copy unless the
-        # weight is fp32: ``weight_bytes``; a trainable weight's copy is a cast of a parameter,
-        # counted with the weight copies, not here) and, with a trainable weight, the normalised
-        # tensor. ``weight=0``: the weightless v norm (``with_scale=False``)
+        # weight is fp32: ``weight_bytes``, see _norm_weight_bytes) and, with a trainable weight,
+        # the normalised tensor. ``weight=0``: the weightless v norm (``with_scale=False``)
         out += rows * 4
-        if weight != 0 and trainable:
-            out += t * width * 4
-        elif weight != 0 and weight_bytes != 4:
-            out += (width if weight is None else weight) * 4
+        if weight != 0:
+            out += (t * width * 4 if trainable else 0) + ((width if weight is None else weight) * 4
+                                                          if weight_bytes != 4 else 0)
     elif style == "gemma":
         out += (width if weight is None else weight) * 4 + (t * width * 4 if trainable else 0)
     elif style == "gpt_oss":
@@ -722,8 +720,13 @@ def _norm_saved(t: int, width: int, in_bytes: int, trainable: bool, *, rows: int
 
 
 def _norm_weight_bytes(dt: _Dtypes) -> int:
-    """Bytes per element of the RMSNorm weights (the trainable or the frozen dtype)."""
-    return dt.train_w if dt.full else dt.resid
+    """Bytes per element of the RMSNorm weights as the norm reads them, for gemma4's fp32 copy of
+    a non-fp32 weight: the frozen dtype; a trainable weight gathered by FSDP / ZeRO-3 in the
+    compute dtype. A trainable parameter on one device: 4, its copy is a cast of a parameter
+    (counted with the weight copies, not as an activation)."""
+    if dt.full:
+        return dt.compute if dt.engine_compute else 4
+    return dt.resid
 
 
 def _linear_inputs(t: int, width: int, n_consumers: int, in_bytes: int, dt: _Dtypes) -> int:
@@ -1063,7 +1066,8 @@ def _gemma4_moe_saved(m: MoeSpec, t: int, h: int, dt: _Dtypes) -> int:
     if full:
         out += t * h * r + t * h * c  # the normed router input kept by `* scale`; proj's input
     out += t * n_e * 4 + routed * 8 + t * 4 + routed * 4  # softmax, top-k ids, row sum, top-k clone
-    out += routed * (nw if not full else dt.train_w) + (routed * 4 if full else 0)  # per_expert_scale
+    pb = (dt.compute if dt.engine_compute else dt.train_w) if full else dt.resid  # per_expert_scale's dtype
+    out += routed * pb + (routed * 4 if full else 0)  # the gathered scales; the weights they scale
     # pre_feedforward_layernorm_2 (its fp32 input is the residual's storage when that is fp32)
     out += _norm_saved(t, h, r, full, style="gemma4", weight_bytes=nw) - (t * h * 4 if r == 4 else 0)
     out += 3 * routed * 8 + n_e * 4 + routed * 4  # index vectors, offsets, per-row weights
@@ -1383,6 +1387,8 @@ def _model_level_saved(model: ModelSpec, job: Job, dt: _Dtypes) -> int:
     t = b * s
     a = model.attention
     out = t * 8 if dt.full else 0  # embedding backward keeps the token ids
+    if dt.full and dt.engine_compute and FAMILIES[model.family].gemma4:
+        out += dt.compute  # the embedding's 0-dim scale in the gathered weight's dtype
     if not a.is_mla:
         out += _rope_bytes(model, job, dt)  # RoPE cos, sin: (1, s, d), shared
     else:

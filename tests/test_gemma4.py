@@ -290,3 +290,20 @@ def test_qlora_exact(family, recipe, ckpt, monkeypatch):
         r.frozen_param_bytes, r.trainable_param_bytes, r.grad_bytes, r.optimizer_state_bytes)
     casts = sum(x.nbytes for x in r.records if x.producer == "TBackward0") if recipe == "peft" else 0
     assert saved_activation_bytes(spec, job, backend="cpu") == r.saved_activation_bytes - casts
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("name", ["gemma-4-31b", "gemma-4-26b-a4b"])
+def test_tiny_config_of_the_catalog_models(name):
+    """``ftplan measure --tiny``: the shrunk config keeps a sliding and a full layer of their own
+    head sizes (and the MoE block), and its counts equal what transformers builds."""
+    from ftplan.measure.configs import tiny_config
+    from ftplan.measure.torchref import build_model, params_by_category
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cfg = tiny_config(load_model_catalog()[name].config)
+        spec = model_from_config(cfg)
+        assert spec.params.by_category() == params_by_category(build_model(cfg, device="meta"))
+    assert [(g.window is None, g.attention.head_dim) for g in spec.groups] == [(False, 16), (True, 24)]
+    assert spec.is_moe == (name == "gemma-4-26b-a4b")

@@ -391,6 +391,14 @@ def tiny_config(config: dict) -> dict:
         out["max_window_layers"] = min(int(cfg["max_window_layers"]), 2)
     if cfg.get("query_pre_attn_scalar"):
         out["query_pre_attn_scalar"] = 16
+    if model_type == "gemma4_text":
+        # the full-attention layers' own head size and kv heads, and the MoE block's top-k, shrink too
+        if cfg.get("global_head_dim"):
+            out["global_head_dim"] = 24
+        if cfg.get("num_global_key_value_heads"):
+            out["num_global_key_value_heads"] = 1 if cfg["num_global_key_value_heads"] == 1 else 2
+        if cfg.get("top_k_experts"):
+            out["top_k_experts"] = 2
     if model_type in ("qwen3_5_text", "qwen3_5_moe_text"):
         # the Gated DeltaNet shrinks too (2 key / 4 value heads of 16), one layer of each kind, and
         # the mrope sections fit the 4 rotary features of a 16-wide head (a quarter rotary)

@@ -307,3 +307,14 @@ def test_tiny_config_of_the_catalog_models(name):
         assert spec.params.by_category() == params_by_category(build_model(cfg, device="meta"))
     assert [(g.window is None, g.attention.head_dim) for g in spec.groups] == [(False, 16), (True, 24)]
     assert spec.is_moe == (name == "gemma-4-26b-a4b")
+
+
+@pytest.mark.parametrize("extra,words", [
+    ({"sliding_window": 0}, "sliding_window must be >= 1"),
+    ({"num_global_key_value_heads": 3}, "num_global_key_value_heads=3 must divide"),
+    ({"enable_moe_block": True}, "num_experts must be an integer"),
+    ({"layer_types": ["full_attention"] * 3}, "layer_types has 3 entries"),
+])
+def test_bad_configs_are_listed(extra, words):
+    with pytest.raises(ConfigError, match=words):
+        model_from_config({**TEXT, **extra})

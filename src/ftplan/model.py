@@ -993,6 +993,8 @@ def _gemma4_fields(c: _Check, heads: int | None) -> _Gemma4Global | None:
     for key in ("hidden_size_per_layer_input", "num_kv_shared_layers"):
         c.int(key, minimum=0, optional=True)
     c.bool("enable_moe_block")
+    if c.cfg.get("sliding_window") == 0:  # the layer kinds come from layer_types, windowed or not
+        c.bad("sliding_window must be >= 1 (gemma4's sliding_attention layers)")
     if heads is not None and gkv is not None and heads % gkv:
         c.bad(f"num_global_key_value_heads={gkv} must divide num_attention_heads={heads}")
     if ghd is None:

@@ -86,6 +86,9 @@ TORCH_CASES = [
     # qwen3_5's torch delta rule under the same autocast: its matmuls save bf16 copies of their fp32
     # operands (ftplan left them out before: 311,296 B over per rank)
     Case(family="qwen3_5", engine="fsdp2"),
+    # gemma4: sliding/full layers of two head sizes (the units in the layers' interleaved order),
+    # k = v on the full ones, fp32 norms that copy the gathered bf16 weights
+    Case(family="gemma4", engine="fsdp2"),
 ]
 PEFT_CASES = [Case(family="mixtral", engine="fsdp2", method="lora"),
               # PEFT's all-linear adapts only gpt_oss's attention: its experts stay frozen
@@ -99,6 +102,7 @@ PEFT_CASES = [Case(family="mixtral", engine="fsdp2", method="lora"),
               # qwen3_5: Gated DeltaNet layers (conv1d, dt_bias, A_log, gated norm) around a gated-attention
               # layer; its full fine-tuning is held under FSDP2 above and ZeRO-3 below
               Case(family="qwen3_5", engine="fsdp2", method="lora"),
+              Case(family="gemma4", engine="fsdp2", method="lora"),
               # FSDP1 as HF Trainer wraps a PEFT model: PEFT's fsdp_auto_wrap_policy (every lora_A /
               # lora_B its own unit), accelerate's fp32 upcast of trainable flat parameters; llama's
               # second step: the adapters' bf16 views PEFT sees from the first unshard on (the
@@ -150,9 +154,6 @@ DS_CASES = [
     # when no JSON config is given): the ipg bucket is allocated at that size (a bucket smaller than
     # the largest gradient keeps the flush regime of the auto bucket: see distributed_cpu.md)
     Case(family="qwen2", engine="deepspeed", zero_stage=3, steps=2, reduce_bucket_size=3_000),
-    # gemma4: sliding/full layers of two head sizes, k = v on the full ones, fp32 norms that copy
-    # the gathered bf16 weights (not under FSDP2: its backward transient on the tiny model is 31-36
-    # KB under ftplan's figure, beyond the bound; activations and states hold there too)
     Case(family="gemma4", engine="deepspeed", zero_stage=3, steps=2),
 ]
 #: ZeRO-3 + QLoRA (bitsandbytes nf4 in bf16 quant storage)

@@ -188,7 +188,7 @@ def test_e2b_like_default_config_is_refused():
 
 
 # ---- the MoE block (gemma-4-26B-A4B) ----------------------------------------------------------
-MOE = {**TEXT, "enable_moe_block": True, "num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 24}
+MOE = TINY_CONFIGS["gemma4_moe"]
 
 
 @pytest.mark.torch
@@ -313,3 +313,15 @@ def test_tiny_config_of_the_catalog_models(name):
 def test_bad_configs_are_listed(extra, words):
     with pytest.raises(ConfigError, match=words):
         model_from_config({**TEXT, **extra})
+
+
+def test_expert_parallelism_is_refused_with_one_line():
+    """EP on the Gemma 4 MoE block (a dense MLP beside the experts) is not held against
+    transformers' EP engine: refused, not guessed."""
+    from ftplan.job import Job, Layout
+    from ftplan.memory import estimate_memory
+
+    with pytest.raises(ConfigError, match="expert parallelism.*not modelled") as e:
+        estimate_memory(load_model_catalog()["gemma-4-26b-a4b"].spec(), Job(method="full"),
+                        Layout(gpus_per_node=8, strategy="fsdp", ep=8))
+    assert "\n" not in str(e.value)

@@ -616,6 +616,10 @@ def _check_ep(model: ModelSpec, layout: Layout, p: list[Problem]) -> None:
         p.append(Problem("ep", f"expert parallelism on {model.name}'s hybrid Gated DeltaNet layers is not modelled "
                                "(not held against transformers' EP engine)", "use `ep=1`"))
         return
+    if any(g.moe is not None and g.moe.router_is_module for g in model.groups):
+        p.append(Problem("ep", f"expert parallelism on {model.name}'s Gemma 4 MoE block (a dense MLP beside the "
+                               "experts) is not modelled (not held against transformers' EP engine)", "use `ep=1`"))
+        return
     experts = sorted({g.moe.num_experts for g in model.groups if g.moe is not None})
     for e in experts:
         _check(e % ep == 0, p, f"expert-parallel degree {ep} must divide the {e} experts of {model.name}", "ep")

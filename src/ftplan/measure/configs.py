@@ -54,6 +54,12 @@ __all__ = ["TINY_CONFIGS", "tiny_config", "text_config", "default_attention"]
 #: * qwen3_5_moe: qwen3_5's layers (``qwen3_5_moe_text``) with Qwen3.5's MoE block in every layer: 4
 #:   experts top-2 of ``moe_intermediate_size=24``, a shared expert of 40 and its sigmoid
 #:   ``shared_expert_gate``; untied (as Qwen3.5-35B-A3B).
+#: * gemma4: Gemma 4 (``gemma4_text``): layer_types sliding/full/sliding/full (window 16), 8 heads;
+#:   sliding layers 4 kv heads of 16, full layers ``global_head_dim=24`` with
+#:   ``num_global_key_value_heads=2`` and ``attention_k_eq_v`` (no v_proj), q/k/v norms, proportional
+#:   rope on the full layers, final-logit soft-capping 30, no per-layer inputs, tied (as gemma-4-31B).
+#: * gemma4_moe: gemma4 with ``enable_moe_block`` (as gemma-4-26B-A4B): every layer keeps its dense MLP
+#:   and adds 4 experts top-2 of ``moe_intermediate_size=24`` and the router (a Linear ``proj``).
 TINY_CONFIGS: dict[str, dict] = {
     "llama": {
         "model_type": "llama",
@@ -310,6 +316,8 @@ TINY_CONFIGS: dict[str, dict] = {
         "tie_word_embeddings": True,
     },
 }
+TINY_CONFIGS["gemma4_moe"] = {**TINY_CONFIGS["gemma4"], "enable_moe_block": True, "num_experts": 4,
+                              "top_k_experts": 2, "moe_intermediate_size": 24}
 
 
 def text_config(config: dict) -> tuple[str, dict]:

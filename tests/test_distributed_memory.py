@@ -96,6 +96,11 @@ TORCH_CASES = [
     # llama4_text: dense-dispatch experts (bmm), a shared expert, chunked / NoPE attention
     Case(family="llama4_text", engine="fsdp2"),
     Case(family="llama4_text", engine="fsdp1"),
+    # gemma4: sliding/full layers of two head sizes (the units in the layers' interleaved order),
+    # k = v on the full ones, fp32 norms that copy the gathered bf16 weights
+    Case(family="gemma4", engine="fsdp2"),
+    # gemma4's MoE block: a dense MLP beside the experts, the router's Linear and two scale vectors
+    Case(family="gemma4_moe", engine="fsdp2"),
 ]
 PEFT_CASES = [Case(family="mixtral", engine="fsdp2", method="lora"),
               # PEFT's all-linear adapts only gpt_oss's attention: its experts stay frozen
@@ -121,6 +126,8 @@ PEFT_CASES = [Case(family="mixtral", engine="fsdp2", method="lora"),
               Case(family="smollm3", engine="fsdp2", method="lora"),
               # llama4_text: the LoRA targets all-linear stands for (PEFT wraps its router and fails)
               Case(family="llama4_text", engine="fsdp2", method="lora"),
+              Case(family="gemma4", engine="fsdp2", method="lora"),
+              Case(family="gemma4_moe", engine="fsdp2", method="lora"),
               # FSDP1 as HF Trainer wraps a PEFT model: PEFT's fsdp_auto_wrap_policy (every lora_A /
               # lora_B its own unit), accelerate's fp32 upcast of trainable flat parameters; llama's
               # second step: the adapters' bf16 views PEFT sees from the first unshard on (the
@@ -177,6 +184,8 @@ DS_CASES = [
     # when no JSON config is given): the ipg bucket is allocated at that size (a bucket smaller than
     # the largest gradient keeps the flush regime of the auto bucket: see distributed_cpu.md)
     Case(family="qwen2", engine="deepspeed", zero_stage=3, steps=2, reduce_bucket_size=3_000),
+    Case(family="gemma4", engine="deepspeed", zero_stage=3, steps=2),
+    Case(family="gemma4_moe", engine="deepspeed", zero_stage=3, steps=2),
 ]
 #: ZeRO-3 + QLoRA (bitsandbytes nf4 in bf16 quant storage)
 #: (qwen2, tied embeddings, is not held: its step-2 forward prefetch holds 6,016 B per rank more than
@@ -202,7 +211,9 @@ DS_QLORA_CASES = [Case(family="llama", engine="deepspeed", zero_stage=3, method=
                   # olmo3: q/k/v and gate/up read the residual stream (no input norm) under ZeRO-3's linear
                   Case(family="olmo3", engine="deepspeed", zero_stage=3, method="lora", steps=2),
                   # llama4_text: the LoRA targets all-linear stands for (PEFT wraps its router and fails)
-                  Case(family="llama4_text", engine="deepspeed", zero_stage=3, method="lora", steps=2)]
+                  Case(family="llama4_text", engine="deepspeed", zero_stage=3, method="lora", steps=2),
+                  Case(family="gemma4", engine="deepspeed", zero_stage=3, method="lora", steps=2),
+                  Case(family="gemma4_moe", engine="deepspeed", zero_stage=3, method="lora", steps=2)]
 #: 4 ranks: shard degree 4, and HSDP (2 replicas x 2 shards)
 FOUR_CASES = [
     Case(family="llama", engine="fsdp2"),

@@ -44,7 +44,7 @@ def _layer_mm_flops(g: LayerGroup, model: ModelSpec, job: Job) -> tuple[float, f
         order = (["q_a_proj", "q_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj"] if a.is_mla
                  else ["qkv_proj", "q_proj", "k_proj", "v_proj"]) + ["o_proj"]
     mlp = g.mlp
-    if g.moe is not None:
+    if g.moe is not None and g.mlp is None:  # (gemma4 keeps a dense MLP beside its experts)
         mlp = g.moe.shared
     mlp_names = ["gate_up_proj", "gate_proj", "up_proj", "down_proj"]
 

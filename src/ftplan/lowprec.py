@@ -595,7 +595,7 @@ def _lora_input_parts(g: LayerGroup, model: ModelSpec, job: Job, *, t: int, comp
     kv = a.num_kv_heads * a.head_dim
     per_copy = t * h * compute
     parts = {"attn_in": 0, "o_in": 0, "mlp_in": 0, "down_in": 0}
-    qkv = [(h, q + 2 * kv)] if a.fused_qkv else [(h, q), (h, kv), (h, kv)]
+    qkv = [(h, q + 2 * kv)] if a.fused_qkv else [(h, q), (h, kv)] + ([] if a.k_eq_v else [(h, kv)])
     n_conv = sum(1 for i, o in qkv if ok(i, o))
     if n_conv:
         parts["attn_in"] = per_copy * (1 if stream == compute else n_conv)
@@ -653,7 +653,7 @@ def te_activation_delta_bytes(g: LayerGroup, model: ModelSpec, job: Job, *, t: i
         return fmt.tensor_bytes(t, width)
 
     delta = Fraction(0)
-    n_att = 1 if a.fused_qkv else 3
+    n_att = 1 if a.fused_qkv else (2 if a.k_eq_v else 3)
     delta += n_att * q(h) - t * h * compute * (1 if stream == compute else n_att)
     delta += q(a.num_heads // tp * a.v_head_dim)  # o_proj: its bf16 input is sdpa's output
     for i in _mlp_down_input_width(g, tp):

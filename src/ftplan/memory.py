@@ -147,7 +147,9 @@ def _full_tensor_count(model: ModelSpec) -> int:
             per += 1 + (1 if g.attention.q_lora_rank else 0)
         if g.attention.sinks:
             per += 1
-        if g.moe is not None:
+        if g.moe is not None and g.moe.router_is_module:
+            per += 2  # gemma4: the router's scale and per_expert_scale (its Linear: above)
+        elif g.moe is not None:
             per += 2 if g.moe.bias else 1  # router weight (and bias)
         n += g.count * per
     return n
@@ -222,7 +224,7 @@ def _full_matrices(model: ModelSpec) -> list[tuple[int, int, int, int]]:
             if lin.bias:  # the experts' (E, out) bias: a matrix too
                 out.append((e, lin.out_features, e * lin.out_features, lin.count // e))
     for g in model.groups:
-        if g.moe is not None:
+        if g.moe is not None and not g.moe.router_is_module:
             out.append((g.moe.num_experts, h, g.moe.num_experts * h, g.count))
         if g.linear_attention is not None:
             # the depthwise conv weight (C, 1, K): Adafactor factors it over (C, 1) and (C, K)
@@ -267,6 +269,8 @@ def _full_vectors(model: ModelSpec) -> list[tuple[int, int]]:
             out.append((a.num_heads, g.count))
         if g.moe is not None and g.moe.bias:
             out.append((g.moe.num_experts, g.count))  # router bias
+        if g.moe is not None and g.moe.router_is_module:  # gemma4's router scale, per_expert_scale
+            out += [(h, g.count), (g.moe.num_experts, g.count)]
         if a.qk_norm:
             out += [(size, g.count) for size in a.qk_norm_sizes]
         if a.is_mla:
@@ -308,7 +312,8 @@ def _autocast_weight_elems(model: ModelSpec, backend: str = "cuda") -> int:
         if lin.is_module or backend == "cuda" or bmm:
             n += lin.count * lin.in_features * lin.out_features
     # router weights (autocast casts a router's bias too, but the linear's backward does not keep it)
-    n += sum(g.count * g.moe.num_experts * model.hidden_size for g in model.groups if g.moe is not None)
+    n += sum(g.count * g.moe.num_experts * model.hidden_size for g in model.groups
+             if g.moe is not None and not g.moe.router_is_module)  # (gemma4's router.proj: a linear)
     if model.tie_word_embeddings:
         n += model.params.embedding
     return n
@@ -348,7 +353,8 @@ def _layer_matmul_weight_elems(model: ModelSpec, g: LayerGroup) -> int:
     n = sum(lin.in_features * lin.out_features for lin in layer_linears(model, g))
     if g.moe is not None:
         m = g.moe
-        n += m.num_experts * model.hidden_size + m.num_experts * 3 * model.hidden_size * m.expert_intermediate_size
+        n += (0 if m.router_is_module else m.num_experts * model.hidden_size)  # (gemma4: in the linears)
+        n += m.num_experts * 3 * model.hidden_size * m.expert_intermediate_size
     return n
 
 
@@ -393,6 +399,7 @@ def _frozen_copy_elems(model: ModelSpec, job: Job, g: LayerGroup, backend: str) 
         return _frozen_layer_copy_elems(model, g, backend)
     if (job.method == "qlora" and job.kbit_upcast and job.precision.endswith("-mixed")
             and PRECISIONS[job.precision]["compute"] != "fp32" and g.moe is not None
+            and not g.moe.router_is_module  # (gemma4's router.proj is a 4-bit Linear)
             and not (job.uses_lora and lora_wraps_experts(model, job.lora))):
         m = g.moe
         # (Llama 4: its 3-D experts are no Linear4bit either; upcast to fp32, their bmm keeps
@@ -695,7 +702,7 @@ def _norm_style(model: ModelSpec) -> str:
 
 
 def _norm_saved(t: int, width: int, in_bytes: int, trainable: bool, *, rows: int | None = None,
-                style: str = "llama", weight: int | None = None) -> int:
+                style: str = "llama", weight: int | None = None, weight_bytes: int = 4) -> int:
     """Bytes one RMSNorm call saves over ``t`` tokens of ``width`` features (``rows`` rsqrt
     values: ``t``, or ``t`` x heads for per-head q/k norms).
 
@@ -708,13 +715,32 @@ def _norm_saved(t: int, width: int, in_bytes: int, trainable: bool, *, rows: int
     weight itself (type promotion inside the product: no copy of it to save)."""
     rows = t if rows is None else rows
     out = t * width * 4 + rows * 4
-    if style == "gemma":
+    if style == "gemma4":
+        # ``x * pow(mean(x^2) + eps, -0.5)``: pow saves its input and the product its result (two
+        # fp32 values per row); ``* weight.float()`` saves the fp32 weight (a copy unless the
+        # weight is fp32: ``weight_bytes``, see _norm_weight_bytes) and, with a trainable weight,
+        # the normalised tensor. ``weight=0``: the weightless v norm (``with_scale=False``)
+        out += rows * 4
+        if weight != 0:
+            out += (t * width * 4 if trainable else 0) + ((width if weight is None else weight) * 4
+                                                          if weight_bytes != 4 else 0)
+    elif style == "gemma":
         out += (width if weight is None else weight) * 4 + (t * width * 4 if trainable else 0)
     elif style == "gpt_oss":
         out += t * width * 4 if trainable else 0
     elif trainable:
         out += t * width * in_bytes
     return out
+
+
+def _norm_weight_bytes(dt: _Dtypes) -> int:
+    """Bytes per element of the RMSNorm weights as the norm reads them, for gemma4's fp32 copy of
+    a non-fp32 weight: the frozen dtype; a trainable weight gathered by FSDP / ZeRO-3 in the
+    compute dtype. A trainable parameter on one device: 4, its copy is a cast of a parameter
+    (counted with the weight copies, not as an activation)."""
+    if dt.full:
+        return dt.compute if dt.engine_compute else 4
+    return dt.resid
 
 
 def _linear_inputs(t: int, width: int, n_consumers: int, in_bytes: int, dt: _Dtypes) -> int:
@@ -735,15 +761,16 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
     c = dt.compute
     heads = a.num_heads // tp if a is not None else 0
     style = _norm_style(model)
+    nw = _norm_weight_bytes(dt)  # gemma4's norms save an fp32 copy of a non-fp32 frozen weight
     if FAMILIES[model.family].post_norms:
         # olmo2: no input norm; the post-attention and post-feed-forward norms read o_proj's and
         # down_proj's outputs (compute dtype)
         total = 2 * _norm_saved(t, h, c, dt.full, style=style)
     else:
-        total = _norm_saved(t, h, dt.resid, dt.full, style=style)  # input norm
-        if g.norms_per_layer == 4:  # gemma: post-attention norm (on o_proj output) and pre/post feed-forward
-            total += 2 * _norm_saved(t, h, c, dt.full, style=style) + _norm_saved(t, h, dt.resid, dt.full,
-                                                                                   style=style)
+        total = _norm_saved(t, h, dt.resid, dt.full, style=style, weight_bytes=nw)  # input norm
+        if g.norms_per_layer >= 4:  # gemma: post-attention norm (on o_proj output) and pre/post feed-forward
+            total += (2 * _norm_saved(t, h, c, dt.full, style=style, weight_bytes=nw)
+                      + _norm_saved(t, h, dt.resid, dt.full, style=style, weight_bytes=nw))
         else:
             total += _norm_saved(t, h, dt.resid, dt.full, style=style)  # post-attention norm
     # a materialised mask: a sliding window shorter than the row, or padding-free's block-diagonal
@@ -759,15 +786,23 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
         kv_heads = max(1, a.num_kv_heads // tp)
         gqa_native = job.attn_impl == "flash" or (job.attn_impl == "sdpa" and not masked and a.head_dim <= 256)
         kv_saved = kv_heads if gqa_native else heads
-        total += _linear_inputs(t, h, 1 if a.fused_qkv else 3, dt.norm_out if dt.full else dt.resid, dt)
+        n_qkv = 1 if a.fused_qkv else (2 if a.k_eq_v else 3)  # gemma4 k_eq_v: no v_proj
+        total += _linear_inputs(t, h, n_qkv, dt.norm_out if dt.full else dt.resid, dt)
         total += _llama4_attention_extras(a, b, s, heads, kv_heads)
         if a.qk_norm and a.qk_norm_whole:  # olmo2: one norm over each whole projection
             total += _norm_saved(t, q, c, dt.full, style=style) + _norm_saved(t, kv_heads * a.head_dim, c, dt.full,
                                                                                style=style)
         elif a.qk_norm:  # per-head norms on the q/k projections (compute dtype)
-            total += _norm_saved(t, q, c, dt.full, rows=t * heads, style=style, weight=a.head_dim)
+            total += _norm_saved(t, q, c, dt.full, rows=t * heads, style=style, weight=a.head_dim,
+                                 weight_bytes=nw)
             total += _norm_saved(t, kv_heads * a.head_dim, c, dt.full, rows=t * kv_heads, style=style,
-                                 weight=a.head_dim)
+                                 weight=a.head_dim, weight_bytes=nw)
+        if a.v_norm:  # gemma4's weightless norm on v
+            total += _norm_saved(t, kv_heads * a.head_dim, c, False, rows=t * kv_heads, style=style, weight=0)
+            if a.k_eq_v and dt.base_out == 4:
+                # v is k_proj's output: fp32 already (bitsandbytes under PEFT's kbit upcast), so
+                # k_norm's and v_norm's ``.float()`` are that one storage
+                total -= t * kv_heads * a.head_dim * 4
         if job.attn_impl == "eager" and a.sinks:
             total += t * q * c + 2 * t * heads * a.head_dim * c  # q and repeated k, v
             # gpt_oss: the scores joined with the sink logits (torch.cat promotes to the sinks'
@@ -814,7 +849,9 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
                 total += t * heads * a.head_dim * 4
     if g.mlp is not None:
         total += _mlp_saved(g.mlp, t, h, dt, tp, g.norms_per_layer == 4)
-    if g.moe is not None:
+    if g.moe is not None and g.moe.router == "gemma4":
+        total += _gemma4_moe_saved(g.moe, t, h, dt)
+    elif g.moe is not None:
         total += _moe_saved(g.moe, t, h, dt, tp, job.uses_lora and lora_wraps_experts(model, job.lora),
                             ep=ep, ep_rows=ep_rows)
     total += _lora_saved(g, model, job, dt, t, tp, backend)
@@ -1071,6 +1108,45 @@ def _llama4_moe_saved(m: MoeSpec, t: int, h: int, dt: _Dtypes, tp: int) -> int:
     return out // max(1, tp) if tp > 1 else out
 
 
+def _gemma4_moe_saved(m: MoeSpec, t: int, h: int, dt: _Dtypes) -> int:
+    """gemma4's MoE block beside the dense MLP (``Gemma4TextDecoderLayer`` with
+    ``enable_moe_block``; the MLP and the pre/post feed-forward norms are counted with the layer):
+
+    * ``post_feedforward_layernorm_1`` on the MLP's output;
+    * the router (``Gemma4TextRouter``) on the un-normed residual: a weightless RMSNorm (its fp32
+      input: the residual itself when that is fp32, else a copy; two fp32 values per row), its
+      output cast back to the residual dtype times the learned ``scale`` (a trainable scale keeps
+      that output), ``proj`` (full fine-tuning: its compute-dtype input; LoRA on it: with the
+      layer's other adapters), the fp32 softmax, the top-k ids, the in-place renormalisation
+      (the row sum and a clone of the top-k values) and ``* per_expert_scale[ids]`` (the gathered
+      scales; a trainable scale keeps the renormalised weights too);
+    * ``pre_feedforward_layernorm_2`` on the residual (fp32 input shared with the router's norm
+      when the residual is fp32);
+    * the experts (grouped_mm, in ``dt.expert``): three index vectors, the offsets, the
+      gate_up output, the activation output, the down output and the fp32 per-row weights; trainable
+      experts (full fine-tuning: PEFT's all-linear leaves them alone) also the gathered inputs and
+      down's input;
+    * ``post_feedforward_layernorm_2`` on the experts' output."""
+    c, r, e = dt.compute, dt.resid, dt.expert
+    full = dt.full
+    nw = _norm_weight_bytes(dt)
+    k, n_e, i = m.top_k, m.num_experts, m.expert_intermediate_size
+    routed = t * k
+    out = _norm_saved(t, h, c, full, style="gemma4", weight_bytes=nw)  # post_feedforward_layernorm_1
+    out += (t * h * 4 if r != 4 else 0) + 2 * t * 4  # router.norm (no weight)
+    if full:
+        out += t * h * r + t * h * c  # the normed router input kept by `* scale`; proj's input
+    out += t * n_e * 4 + routed * 8 + t * 4 + routed * 4  # softmax, top-k ids, row sum, top-k clone
+    pb = (dt.compute if dt.engine_compute else dt.train_w) if full else dt.resid  # per_expert_scale's dtype
+    out += routed * pb + (routed * 4 if full else 0)  # the gathered scales; the weights they scale
+    # pre_feedforward_layernorm_2 (its fp32 input is the residual's storage when that is fp32)
+    out += _norm_saved(t, h, r, full, style="gemma4", weight_bytes=nw) - (t * h * 4 if r == 4 else 0)
+    out += 3 * routed * 8 + n_e * 4 + routed * 4  # index vectors, offsets, per-row weights
+    out += routed * e * ((h + 2 * i + i + i + h) if full else (2 * i + i + h))
+    out += _norm_saved(t, h, e, full, style="gemma4", weight_bytes=nw)  # post_feedforward_layernorm_2
+    return out
+
+
 def _mla_saved(a, t: int, b: int, s: int, h: int, dt: _Dtypes, heads: int, backend: str) -> int:
     c = dt.compute
     out = 0
@@ -1221,7 +1297,7 @@ def _logits_bytes(model: ModelSpec, job: Job, dt: _Dtypes, tp: int, backend: str
     h = model.hidden_size
     v = model.vocab_size // tp
     c = dt.compute
-    saved = _norm_saved(t, h, dt.resid, dt.full, style=_norm_style(model))
+    saved = _norm_saved(t, h, dt.resid, dt.full, style=_norm_style(model), weight_bytes=_norm_weight_bytes(dt))
     if job.loss == "trl":
         head_saved, transient = _trl_head_bytes(model, job, dt, tp, backend, consts or memory_constants())
         return saved + head_saved, transient, transient
@@ -1355,7 +1431,8 @@ def _first_layer_discount(model: ModelSpec, job: Job, dt: _Dtypes, backend: str)
     t = job.micro_batch * job.seq_len
     h = model.hidden_size
     # (post-norm families, olmo2: the first layer has no input norm)
-    out = 0 if FAMILIES[model.family].post_norms else _norm_saved(t, h, dt.resid, False, style=_norm_style(model))
+    out = 0 if FAMILIES[model.family].post_norms else _norm_saved(t, h, dt.resid, False, style=_norm_style(model),
+                                                                   weight_bytes=_norm_weight_bytes(dt))
     if job.casts_fp32_base:
         # nor do the projections reading it save their weight copies (nothing needs a gradient)
         out += dt.compute * sum(lin.in_features * lin.out_features for lin in layer_linears(model, model.groups[0])
@@ -1394,6 +1471,8 @@ def _model_level_saved(model: ModelSpec, job: Job, dt: _Dtypes) -> int:
     t = b * s
     a = model.attention
     out = t * 8 if dt.full else 0  # embedding backward keeps the token ids
+    if dt.full and dt.engine_compute and FAMILIES[model.family].gemma4:
+        out += dt.compute  # the embedding's 0-dim scale in the gathered weight's dtype
     if not a.is_mla:
         out += _rope_bytes(model, job, dt)  # RoPE cos, sin: (1, s, d), shared
     else:
@@ -1499,7 +1578,12 @@ def _layer_matmul_outputs(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes
                 proj(lin, lin.out_features // tp if lin.module in col else lin.out_features)
 
     mlp = g.mlp if g.mlp is not None else None
-    if g.moe is not None:
+    if g.moe is not None and g.moe.router_is_module:
+        mlp = None  # gemma4: the dense MLP, then the router's Linear (and its adapters)
+        for lin in layer_linears(model, g):
+            if lin.module in ("gate_proj", "up_proj", "down_proj", "proj"):
+                proj(lin, lin.out_features // tp if lin.module in col else lin.out_features)
+    elif g.moe is not None:
         if g.moe.shared_gate and g.moe.shared is not None:
             # qwen2_moe's block (qwen3_5_moe, qwen3_next): the shared expert runs before the router
             mlp_proj(g.moe.shared)
@@ -1695,6 +1779,11 @@ def _rope_bytes(model: ModelSpec, job: Job, dt: _Dtypes) -> int:
         return s * a.head_dim * 4
     if FAMILIES[model.family].moe == "llama4":
         return 0  # every layer NoPE
+    if fam.gemma4:
+        # one (1, s, d) pair per layer type, each over its own head_dim (proportional rope: the
+        # full-attention tables are global_head_dim wide, zero frequencies past the rotary share)
+        widths = {g.window is None: g.attention.head_dim for g in model.groups if g.attention is not None}
+        return sum(2 * s * w * dt.resid for w in widths.values())
     if fam.fp32_rope and dt.casts_layer_inputs:
         # FSDP2 casts OLMo's fp32 tables to bf16 at every decoder layer's pre-forward: each layer
         # saves its own copy, the fp32 tables themselves are not saved

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 from typing import Any
 
@@ -115,7 +115,15 @@ class Family:
     #: transformers has a flash-attention path for the architecture (Llama 4: ``Llama4PreTrainedModel
     #: ._supports_flash_attn = False``, transformers 5.24)
     supports_flash: bool = True
+    #: gemma4: full-attention layers have their own attention shape (``global_head_dim``; with
+    #: ``attention_k_eq_v`` also ``num_global_key_value_heads`` and no v_proj: v is k_proj's
+    #: output), every layer a weightless RMSNorm on v (``v_norm``); see :func:`_gemma4_groups`
+    gemma4: bool = False
 
+
+#: first transformers wheel with models/gemma4: 5.5.0 (the 5.4.0 wheel has none; checked with
+#: ``pip download --no-deps transformers==5.4.0 / 5.5.0``)
+GEMMA4_MIN_TRANSFORMERS = "5.5"
 
 _LLAMA_LIKE = dict(
     vocab_size=32000,
@@ -339,6 +347,28 @@ FAMILIES: dict[str, Family] = {
             # export's 5.0 floor (transformers-5 fused experts, what ftplan holds) is the higher one
             min_transformers="4.51.0",
         ),
+        Family(
+            # Gemma 4 (Gemma4TextConfig, transformers 5.24): gemma3's four norms per layer and q/k
+            # norms plus a weightless v norm; sliding layers of head_dim, full-attention layers of
+            # global_head_dim (with attention_k_eq_v: num_global_key_value_heads and k = v, no
+            # v_proj); a proportional rope (full-width cos/sin tables); RMSNorm in fp32 with a
+            # plain weight (``x * pow(mean(x^2) + eps, -0.5) * weight.float()``); attention
+            # scaling 1. Image/audio-text checkpoints (model_type gemma4) keep it in text_config.
+            # Per-layer input embeddings (E2B/E4B), KV sharing and bidirectional attention are
+            # refused (:func:`_gemma4_refusals`)
+            "gemma4",
+            {**{k: v for k, v in _LLAMA_LIKE.items() if k != "hidden_act"}, "vocab_size": 262144, "hidden_size": 2304, "intermediate_size": 9216,
+             "num_hidden_layers": 30, "num_attention_heads": 8, "num_key_value_heads": 4,
+             "head_dim": 256, "tie_word_embeddings": True, "sliding_window": 512,
+             "hidden_activation": "gelu_pytorch_tanh", "final_logit_softcapping": None,
+             "max_position_embeddings": 131072, "hidden_size_per_layer_input": 256,
+             "vocab_size_per_layer_input": 262144, "global_head_dim": 512,
+             "num_global_key_value_heads": None, "attention_k_eq_v": False, "num_kv_shared_layers": 0,
+             "enable_moe_block": False, "use_double_wide_mlp": False, "num_experts": None,
+             "top_k_experts": None, "moe_intermediate_size": None, "use_bidirectional_attention": None},
+            norms_per_layer=4, qk_norm=True, activation_key="hidden_activation", norm_style="gemma4",
+            gemma4=True, min_transformers=GEMMA4_MIN_TRANSFORMERS, moe="gemma4", peft_wraps_experts=False,
+        ),
     ]
 }
 
@@ -367,9 +397,12 @@ _ARCH_TO_TYPE = {
     "SmolLM3ForCausalLM": "smollm3",
     "Llama4ForCausalLM": "llama4_text",
     "Llama4ForConditionalGeneration": "llama4_text",
+    "Gemma4ForCausalLM": "gemma4",
+    "Gemma4ForConditionalGeneration": "gemma4",
 }
 #: text model_types that name a family under another key (the inner type of a multimodal config)
-_TEXT_TYPE_ALIASES = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe", "llama4": "llama4_text"}
+_TEXT_TYPE_ALIASES = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe", "llama4": "llama4_text",
+                      "gemma4_text": "gemma4"}
 
 #: model_type values transformers does not know whose checkpoints load with ``trust_remote_code``
 #: into a supported architecture's modeling code: planned as that architecture. Kimi K2 (and the
@@ -428,6 +461,11 @@ class AttentionSpec:
     temperature_tuning: bool = False
     complex_rope: bool = False
     chunk: int | None = None
+    #: gemma4 full-attention layers with ``attention_k_eq_v``: no v_proj, v is k_proj's output
+    #: (before k_norm and rope)
+    k_eq_v: bool = False
+    #: gemma4: a weightless RMSNorm on v (``v_norm``, ``with_scale=False``)
+    v_norm: bool = False
     # MLA (DeepSeek-V3); None for standard multi-/grouped-query attention
     q_lora_rank: int | None = None
     kv_lora_rank: int | None = None
@@ -537,6 +575,13 @@ class MoeSpec:
         """Experts each token's activations go through in transformers' forward: ``top_k``, or
         every expert under :attr:`dense_dispatch`."""
         return self.num_experts if self.dense_dispatch else self.top_k
+
+    @property
+    def router_is_module(self) -> bool:
+        """gemma4's router: an ``nn.Linear`` (``router.proj``, hidden -> experts, which PEFT's
+        ``all-linear`` wraps) after a weightless RMSNorm and a learned hidden-size ``scale``,
+        with a learned ``per_expert_scale`` on the top-k weights (two vectors more per layer)."""
+        return self.router == "gemma4"
 
 
 @dataclass(frozen=True)
@@ -688,6 +733,8 @@ class ModelSpec:
                     out.extend(mlp_linears(m.shared, h, g.count, "mlp"))
                 if m.shared_gate:
                     out.append(LinearSpec("shared_expert_gate", h, 1, g.count, False, "router"))
+                if m.router_is_module:
+                    out.append(LinearSpec("proj", h, m.num_experts, g.count, False, "router"))
         if not self.tie_word_embeddings:
             out.append(LinearSpec("lm_head", h, self.vocab_size, 1, False, "lm_head"))
         return tuple(out)
@@ -707,7 +754,9 @@ class ModelSpec:
         for g in self.groups:
             a = g.attention
             per_layer = g.norms_per_layer * h
-            if g.moe is not None:
+            if g.moe is not None and g.moe.router_is_module:  # the Linear is counted above
+                router += g.count * (h + g.moe.num_experts)  # scale, per_expert_scale
+            elif g.moe is not None:
                 router += g.count * g.moe.num_experts * (h + (1 if g.moe.bias else 0))
             if g.linear_attention is not None:
                 la = g.linear_attention
@@ -795,8 +844,9 @@ def attention_linears(a: AttentionSpec, h: int, n: int) -> list[LinearSpec]:
         out = [
             LinearSpec("q_proj", h, q, n, a.qkv_bias, "attention"),
             LinearSpec("k_proj", h, kv, n, a.qkv_bias, "attention"),
-            LinearSpec("v_proj", h, kv, n, a.qkv_bias, "attention"),
         ]
+        if not a.k_eq_v:
+            out.append(LinearSpec("v_proj", h, kv, n, a.qkv_bias, "attention"))
     out.append(LinearSpec("o_proj", a.num_heads * a.v_head_dim, h, n, a.o_bias, "attention"))
     return out
 
@@ -825,6 +875,8 @@ def layer_linears(model: ModelSpec, g: LayerGroup) -> list[LinearSpec]:
         out += mlp_linears(g.moe.shared, model.hidden_size, 1, "mlp")
     if g.moe is not None and g.moe.shared_gate:
         out.append(LinearSpec("shared_expert_gate", model.hidden_size, 1, 1, False, "router"))
+    if g.moe is not None and g.moe.router_is_module:  # gemma4's router.proj
+        out.append(LinearSpec("proj", model.hidden_size, g.moe.num_experts, 1, False, "router"))
     return out
 
 
@@ -952,7 +1004,7 @@ def text_config(raw: Mapping[str, Any]) -> dict[str, Any]:
         inner = dict(cfg["text_config"])
         mt = inner.get("model_type") or {"gemma3": "gemma3_text", "qwen3_5": "qwen3_5",
                                              "qwen3_5_moe": "qwen3_5_moe",
-                                             "llama4": "llama4_text"}.get(outer_mt or "", "")
+                                             "llama4": "llama4_text", "gemma4": "gemma4"}.get(outer_mt or "", "")
         if isinstance(mt, str):
             mt = _TEXT_TYPE_ALIASES.get(mt, mt)
             mt = MODEL_TYPE_ALIASES.get(mt, mt)
@@ -1052,12 +1104,15 @@ def model_from_config(
     if fam.nope_layers:
         _nope_rule(c, n_layers or 1)  # (validates no_rope_layers)
     moe = _moe_spec(fam, c, plan.any_moe)
+    g4 = _gemma4_fields(c, heads) if fam.gemma4 else None
     if c.problems:
         n = len(c.problems)
         raise ConfigError(f"config.json ({mt}): {n} problem{'s' if n > 1 else ''}: " + "; ".join(c.problems),
                           "fix the model's config.json")
     assert h is not None and n_layers is not None and vocab is not None and heads is not None
     assert inter is not None or fam.moe == "qwen3_5_moe"
+    if fam.gemma4:
+        _gemma4_refusals(c.cfg, mt)
 
     if mla is not None:
         nope, rope, v_dim, kv_rank, q_rank = mla
@@ -1074,6 +1129,7 @@ def model_from_config(
             softcap=softcap, sinks=fam.attention_sinks,
             rotary_dim=int(hd * prf) if prf is not None else None, output_gate=fam.output_gate,
             qk_norm_whole=fam.qk_norm_whole and qk_norm,
+            v_norm=fam.gemma4,
         )
     mlp = MlpSpec(inter or 0, bias=mlp_bias, fused_gate_up=fam.fused_gate_up)
     if fam.moe == "llama4":  # dense layers use intermediate_size_mlp (intermediate_size: experts)
@@ -1084,6 +1140,8 @@ def model_from_config(
                    fam.norms_per_layer, window, linear if is_linear else None)
         for count, window, is_moe, is_linear, variant in _layer_kinds(plan, n_layers)
     )
+    if g4 is not None:
+        groups = _gemma4_groups(groups, g4, mlp)
     if c.problems:
         raise ConfigError(f"config.json ({mt}): " + "; ".join(c.problems), "fix the model's config.json")
     if not any(g.attention is not None for g in groups):
@@ -1123,6 +1181,87 @@ def _attention_variant(g: LayerGroup) -> Any:
     if a is None or not (a.complex_rope or not a.rope):
         return None
     return (a.rope, a.chunk is not None)
+
+
+# ---- Gemma 4 --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Gemma4Global:
+    """The full-attention layers' attention shape (``Gemma4TextConfig.per_layer_config``)."""
+
+    head_dim: int
+    num_kv_heads: int | None  # None: num_key_value_heads
+    k_eq_v: bool
+
+
+def _gemma4_fields(c: _Check, heads: int | None) -> _Gemma4Global | None:
+    """``global_head_dim`` (default 512) for every full-attention layer; with ``attention_k_eq_v``
+    also ``num_global_key_value_heads`` (when given) and no v_proj (v = k_proj's output)."""
+    ghd = c.int("global_head_dim")
+    k_eq_v = c.bool("attention_k_eq_v")
+    gkv = c.int("num_global_key_value_heads", optional=True) if k_eq_v else None
+    for key in ("hidden_size_per_layer_input", "num_kv_shared_layers"):
+        c.int(key, minimum=0, optional=True)
+    c.bool("enable_moe_block")
+    if c.cfg.get("sliding_window") == 0:  # the layer kinds come from layer_types, windowed or not
+        c.bad("sliding_window must be >= 1 (gemma4's sliding_attention layers)")
+    if heads is not None and gkv is not None and heads % gkv:
+        c.bad(f"num_global_key_value_heads={gkv} must divide num_attention_heads={heads}")
+    if ghd is None:
+        return None
+    return _Gemma4Global(ghd, gkv, k_eq_v)
+
+
+def _gemma4_refusals(cfg: Mapping[str, Any], mt: str) -> None:
+    """Gemma 4 features ftplan does not plan yet, refused with one line each."""
+    hint = "ftplan plans the Gemma 4 text models without them (gemma-4-31B, gemma-4-26B-A4B)"
+    if cfg.get("hidden_size_per_layer_input"):
+        raise ConfigError(
+            f"config.json ({mt}): per-layer input embeddings (hidden_size_per_layer_input="
+            f"{cfg['hidden_size_per_layer_input']}, Gemma 4 E2B/E4B) are not planned yet", hint)
+    if cfg.get("num_kv_shared_layers"):
+        raise ConfigError(
+            f"config.json ({mt}): KV sharing across layers (num_kv_shared_layers="
+            f"{cfg['num_kv_shared_layers']}) is not planned yet", hint)
+    if cfg.get("use_bidirectional_attention") == "all":
+        raise ConfigError(f"config.json ({mt}): use_bidirectional_attention='all' (non-causal text "
+                          "attention) is not planned", "ftplan plans causal language-model fine-tuning")
+
+
+def _gemma4_groups(groups: tuple[LayerGroup, ...], g4: _Gemma4Global, mlp: MlpSpec) -> tuple[LayerGroup, ...]:
+    """Full-attention groups (no window) take the global attention shape. With the MoE block
+    (``enable_moe_block``) a layer keeps its dense MLP and adds the routed experts beside it,
+    with three norms more (``post_feedforward_layernorm_1/2``, ``pre_feedforward_layernorm_2``):
+    ``post_ff(post_ff_1(mlp(pre_ff(x))) + post_ff_2(experts(pre_ff_2(x))))``, the router reading
+    the un-normed residual."""
+    out = []
+    for g in groups:
+        a = g.attention
+        if a is not None and g.window is None:
+            a = replace(a, head_dim=g4.head_dim, v_head_dim=g4.head_dim,
+                        num_kv_heads=g4.num_kv_heads or a.num_kv_heads, k_eq_v=g4.k_eq_v)
+            g = replace(g, attention=a)
+        if g.moe is not None:
+            g = replace(g, mlp=mlp, norms_per_layer=g.norms_per_layer + 3)
+        out.append(g)
+    return tuple(out)
+
+
+def _gemma4_layer_types(c: _Check, n: int) -> list[str] | None:
+    """``Gemma4TextConfig.layer_types``: given, or every 6th layer full attention; the last
+    layer is always full attention (transformers forces it)."""
+    types = c.cfg.get("layer_types")
+    if types is None:
+        types = ["sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(n)]
+    elif not (isinstance(types, list) and all(t in _LAYER_TYPES for t in types)):
+        c.bad(f"layer_types must be a list of {' / '.join(_LAYER_TYPES)}")
+        return None
+    elif len(types) != n:
+        c.bad(f"layer_types has {len(types):,} entries for num_hidden_layers={n}")
+        return None
+    types = list(types)
+    if types:
+        types[-1] = "full_attention"
+    return types
 
 
 def _partial_rotary_factor(fam: Family, c: _Check) -> float | None:
@@ -1197,7 +1336,7 @@ def _layer_plan(fam: Family, c: _Check, n: int) -> _LayerPlan:
     period = 1
     # ---- sliding windows
     window = c.int("sliding_window", optional=True, zero_is_none=True)
-    types = cfg.get("layer_types")
+    types = cfg.get("layer_types") if not fam.gemma4 else _gemma4_layer_types(c, n)
     allowed = _LAYER_TYPES + (("linear_attention",) if fam.hybrid_linear else ()) + (
         ("chunked_attention",) if fam.moe == "llama4" else ())
     if types is not None and not (isinstance(types, list) and all(t in allowed for t in types)):
@@ -1265,6 +1404,9 @@ def _layer_plan(fam: Family, c: _Check, n: int) -> _LayerPlan:
     elif fam.moe == "llama4":
         moe_at, any_moe = _llama4_moe_layers(c, n)
         cuts.update(range(n))
+    elif fam.moe == "gemma4":  # enable_moe_block: every layer adds the MoE block to its MLP
+        any_moe = c.bool("enable_moe_block")
+        moe_at = lambda i: any_moe  # noqa: E731
     elif fam.moe == "deepseek_v3":
         k = c.int("first_k_dense_replace", minimum=0, optional=True) or 0
         moe_at = lambda i: i >= k  # noqa: E731
@@ -1417,6 +1559,11 @@ def _moe_spec(fam: Family, c: _Check, any_moe: bool) -> MoeSpec | None:
         experts, top_k, inter = (c.int("num_local_experts"), c.int("num_experts_per_tok"),
                                  c.int("intermediate_size"))
         router, shared = "llama4", MlpSpec(inter) if inter else None
+    elif fam.moe == "gemma4":
+        if not any_moe:
+            return None
+        experts, top_k, inter = (c.int("num_experts"), c.int("top_k_experts"), c.int("moe_intermediate_size"))
+        router, shared = "gemma4", None
     elif fam.moe in ("qwen3_5_moe", "qwen3_next"):
         # Qwen3_5MoeTopKRouter is qwen3_moe's with norm_topk_prob always on; qwen3_next's
         # (qwen2_moe's) renormalises when norm_topk_prob

@@ -32,6 +32,8 @@ held against real multi-process gloo runs by ``tests/test_distributed_memory.py`
 
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass, field
 from fractions import Fraction
 
@@ -270,7 +272,10 @@ def _layer_tensors(model: ModelSpec, g: LayerGroup, job: Job, tb: Fraction, fb: 
         # router; a family's fp32 router (MoeSpec.router_fp32) stays fp32 unless DeepSpeed's bf16
         # mode casts the whole module
         rb = max(wb, Fraction(4)) if m.router_fp32 and not casts_whole_module(job, engine) else wb
-        out.append(Tensor(e, e * h, rb, full))
+        if m.router_is_module:  # gemma4: router.proj is among the linears; its two scale vectors
+            out += [Tensor(h, h, wb, full), Tensor(m.num_experts, m.num_experts, wb, full)]
+        else:
+            out.append(Tensor(e, e * h, rb, full))
         if m.bias:  # gpt_oss: router bias, and each fused expert weight followed by its (E, out) bias
             out.append(Tensor(e, e, wb, full))
         out.append(Tensor(e, e * 2 * i * h, wb, full))  # fused gate_up_proj (E, 2I, h)
@@ -313,6 +318,8 @@ def fsdp_units(model: ModelSpec, job: Job, engine: str = "fsdp2", reshard_after_
         ts = tuple(_layer_tensors(model, g, job, tb, fb, ep, engine))
         late = h if full else next((t.numel for t in ts if t.trainable), 0)
         layers.append(Unit(f"layer{i}", ts, g.count, reshard_after_forward, late=late))
+    if _units_in_layer_order(model):
+        layers = _layers_in_order(model, layers)
     if engine == "fsdp1":
         root = (emb, norm) if model.tie_word_embeddings else (emb, norm, lm_head)
         return layers + [Unit("root", root, 1, False)]
@@ -325,6 +332,29 @@ def fsdp_units(model: ModelSpec, job: Job, engine: str = "fsdp2", reshard_after_
     out.append(Unit("embed", (emb,), 1, reshard_after_forward, late=v * h if full else 0))
     out += layers
     out.append(Unit("tail", (norm, lm_head), 1, False, late=v * h if full else 0))
+    return out
+
+
+def _units_in_layer_order(model: ModelSpec) -> bool:
+    """gemma4's layer groups differ in size (full-attention layers have their own head size) and
+    interleave (5 sliding, 1 full): the units follow the layers' real order, which decides which
+    units are gathered together."""
+    from .model import FAMILIES
+
+    fam = FAMILIES.get(model.family)
+    return fam is not None and fam.gemma4 and len(model.groups) > 1
+
+
+def _layers_in_order(model: ModelSpec, layers: list[Unit]) -> list[Unit]:
+    """One unit per run of consecutive layers of the same group, in layer order."""
+    from .model import layer_group_order
+
+    out: list[Unit] = []
+    for gi in layer_group_order(model):
+        if out and out[-1].name == layers[gi].name:
+            out[-1] = dataclasses.replace(out[-1], count=out[-1].count + 1)
+        else:
+            out.append(dataclasses.replace(layers[gi], count=1))
     return out
 
 

@@ -80,7 +80,7 @@ def _categorise(model: nn.Module, name: str, param: nn.Parameter) -> str:
         if segs and segs[-1] == "shared_expert_gate":
             return "router"
         return "mlp"
-    if _is_router(owner, segs) or ("bias" in pname and "router" in pname):
+    if _is_router(owner, segs) or ("bias" in pname and "router" in pname) or "router" in segs:
         return "router"
     if any(s == "experts" for s in segs):
         return "experts"

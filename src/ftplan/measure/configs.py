@@ -68,6 +68,12 @@ __all__ = ["TINY_CONFIGS", "tiny_config", "text_config", "default_attention"]
 #:   (complex rope, L2 q/k norm, chunked attention of 16 tokens) and NoPE on layers 2-3 (full
 #:   causal attention, temperature tuning with ``floor_scale=8``): every (rope, MoE) combination
 #:   once; GQA 4 / 2 heads of 16; untied.
+#: * gemma4: Gemma 4 (``gemma4_text``): layer_types sliding/full/sliding/full (window 16), 8 heads;
+#:   sliding layers 4 kv heads of 16, full layers ``global_head_dim=24`` with
+#:   ``num_global_key_value_heads=2`` and ``attention_k_eq_v`` (no v_proj), q/k/v norms, proportional
+#:   rope on the full layers, final-logit soft-capping 30, no per-layer inputs, tied (as gemma-4-31B).
+#: * gemma4_moe: gemma4 with ``enable_moe_block`` (as gemma-4-26B-A4B): every layer keeps its dense MLP
+#:   and adds 4 experts top-2 of ``moe_intermediate_size=24`` and the router (a Linear ``proj``).
 TINY_CONFIGS: dict[str, dict] = {
     "llama": {
         "model_type": "llama",
@@ -386,7 +392,31 @@ TINY_CONFIGS: dict[str, dict] = {
         "max_position_embeddings": 256,
         "tie_word_embeddings": False,
     },
+    "gemma4": {
+        "model_type": "gemma4_text",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 120,
+        "num_hidden_layers": 4,
+        "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 16,
+        "global_head_dim": 24,
+        "num_global_key_value_heads": 2,
+        "attention_k_eq_v": True,
+        "hidden_size_per_layer_input": 0,
+        "sliding_window": 16,
+        "final_logit_softcapping": 30.0,
+        "rope_parameters": {"full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                               "rope_theta": 1000000.0},
+                            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+        "max_position_embeddings": 256,
+        "tie_word_embeddings": True,
+    },
 }
+TINY_CONFIGS["gemma4_moe"] = {**TINY_CONFIGS["gemma4"], "enable_moe_block": True, "num_experts": 4,
+                              "top_k_experts": 2, "moe_intermediate_size": 24}
 
 
 def text_config(config: dict) -> tuple[str, dict]:
@@ -414,7 +444,7 @@ def text_config(config: dict) -> tuple[str, dict]:
         raise ConfigError("config has no 'model_type'", "pass a Hugging Face config.json")
     if isinstance(model_type, str):
         model_type = MODEL_TYPE_ALIASES.get(model_type, model_type)
-    if model_type in ("qwen3_5", "qwen3_5_moe"):  # a flat Qwen3.5 text config
+    if model_type in ("qwen3_5", "qwen3_5_moe", "gemma4"):  # a flat Qwen3.5 / Gemma 4 text config
         model_type += "_text"
     qc = cfg.get("quantization_config")
     if isinstance(qc, dict) and qc.get("quant_method") == "mxfp4":
@@ -485,6 +515,14 @@ def tiny_config(config: dict) -> dict:
         out["max_window_layers"] = min(int(cfg["max_window_layers"]), 2)
     if cfg.get("query_pre_attn_scalar"):
         out["query_pre_attn_scalar"] = 16
+    if model_type == "gemma4_text":
+        # the full-attention layers' own head size and kv heads, and the MoE block's top-k, shrink too
+        if cfg.get("global_head_dim"):
+            out["global_head_dim"] = 24
+        if cfg.get("num_global_key_value_heads"):
+            out["num_global_key_value_heads"] = 1 if cfg["num_global_key_value_heads"] == 1 else 2
+        if cfg.get("top_k_experts"):
+            out["top_k_experts"] = 2
     if model_type in ("qwen3_5_text", "qwen3_5_moe_text"):
         # the Gated DeltaNet shrinks too (2 key / 4 value heads of 16), one layer of each kind, and
         # the mrope sections fit the 4 rotary features of a 16-wide head (a quarter rotary)

@@ -102,6 +102,24 @@ def test_advice_more_gpus_for_full_70b(llama70, h100):
     assert not estimate_memory(llama70, Job(method="full"), Layout(8, n // 16, "zero3")).fits(h100.memory_bytes)
 
 
+def test_advice_zero3_on_the_same_gpus(llama70, h100):
+    """LoRA on Llama-3.1-70B under DDP on 8 GPUs replicates the bf16 weights on every rank and does
+    not fit an H100; ZeRO-3 on those 8 GPUs does: that single flag is offered (before more GPUs)
+    with the memory it needs, and the figure is the estimate of that layout."""
+    lay = Layout(8, 1, "ddp")
+    job = Job(method="lora")
+    assert not estimate_memory(llama70, job, lay).fits(h100.memory_bytes)
+    advice = fit_advice(llama70, job, lay, h100)
+    kinds = [s.kind for s in advice]
+    assert "strategy" in kinds
+    s = advice[kinds.index("strategy")]
+    assert s.changes == {"strategy": "zero3"} and "same 8 GPUs" in s.text
+    assert s.device_total_bytes == estimate_memory(llama70, job, Layout(8, 1, "zero3")).device_total_bytes
+    assert "gpus" not in kinds or kinds.index("strategy") < kinds.index("gpus")
+    # a layout that already shards its states gets no such advice
+    assert "strategy" not in [a.kind for a in fit_advice(llama70, Job(method="full"), Layout(8, 1, "zero3"), h100)]
+
+
 def test_validation_of_new_options(llama70):
     for bad in (Job(checkpointing="sometimes"), Job(loss="nll"), Job(checkpointing="every-k", checkpoint_every=0),
                 Job(checkpoint_every=81)):

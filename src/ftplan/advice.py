@@ -4,7 +4,7 @@
 the reference stack (TRL ``SFTConfig``, PEFT, HF Trainer) the job did not set itself, each with
 the option that changes it and where the default comes from. ``fit_advice(model, job, layout,
 gpu)`` tries one change at a time (checkpointing, the loss path, activation offloading, a shorter
-sequence, a smaller micro-batch, an 8-bit optimizer, more GPUs with ZeRO-3, offload, another
+sequence, a smaller micro-batch, an 8-bit optimizer, ZeRO-3 on the same GPUs, more GPUs with ZeRO-3, offload, another
 method) and returns the ones that fit, with the memory each needs. Pure functions over the memory
 model; the CLI, the JSON documents and the web app print them.
 """
@@ -50,7 +50,7 @@ class Suggestion:
     the memory the changed job needs (``device_total_bytes`` of ``gpu_memory_bytes``). ``text``
     names options in backticks (see :func:`ftplan.errors.render_refs`)."""
 
-    kind: str  # checkpointing | loss | attention | activation_offloading | seq_len | micro_batch | optimizer | gpus | offload | method
+    kind: str  # checkpointing | loss | attention | activation_offloading | seq_len | micro_batch | optimizer | strategy | gpus | offload | method
     changes: dict[str, Any]
     text: str
     device_total_bytes: int
@@ -277,6 +277,12 @@ def fit_advice(model: ModelSpec, job: Job, layout: Layout | None, gpu: Any, *, m
     if job.optimizer in ("adamw", "adafactor"):
         offer("optimizer", {"optimizer": "adamw_8bit"}, "fits with 8-bit AdamW: `optimizer=adamw_8bit`",
               job.with_(optimizer="adamw_8bit"), layout)
+    # 5b. shard the model states over the GPUs the layout already has (DDP and ZeRO-1/2 keep a whole
+    # copy of the weights on every rank): one flag, before asking for more GPUs
+    if layout.world_size > 1 and layout.strategy not in ("zero3", "fsdp") and layout.tp == 1 and layout.pp == 1:
+        offer("strategy", {"strategy": "zero3"},
+              f"fits with ZeRO-3 on the same {layout.world_size} GPUs: `strategy=zero3` (or fsdp)",
+              job, dataclasses.replace(layout, strategy="zero3"))
     # 6. more GPUs with ZeRO-3 (the fewest), then offload on the current GPUs
     per_node = max(1, int(getattr(gpu, "max_gpus_per_node", 8) or 8))
     n_gpu = 2

@@ -68,6 +68,12 @@ __all__ = ["TINY_CONFIGS", "tiny_config", "text_config", "default_attention"]
 #:   (complex rope, L2 q/k norm, chunked attention of 16 tokens) and NoPE on layers 2-3 (full
 #:   causal attention, temperature tuning with ``floor_scale=8``): every (rope, MoE) combination
 #:   once; GQA 4 / 2 heads of 16; untied.
+#: * glm4_moe_lite: GLM-4.7-Flash's layers: DeepSeek-V3's MLA (q_lora_rank 32, kv_lora_rank 16,
+#:   qk_nope 16, qk_rope 8 interleaved, ``v_head_dim=24`` equal to the q/k head 16 + 8, as
+#:   GLM-4.7-Flash's 256 = 192 + 64, where DeepSeek-V3's differ) and the DeepSeek-V3 MoE block (8 routed experts top-2, n_group 2,
+#:   topk_group 1, 1 shared expert, ``routed_scaling_factor=1.8``); no ``mlp_layer_types``, so
+#:   Glm4MoeLiteConfig's default: layer 0 dense, layers 1-2 MoE (``first_k_dense_replace=1`` and
+#:   ``partial_rotary_factor=1.0`` as the real config.json carries them); untied.
 TINY_CONFIGS: dict[str, dict] = {
     "llama": {
         "model_type": "llama",
@@ -384,6 +390,32 @@ TINY_CONFIGS: dict[str, dict] = {
         "floor_scale": 8,
         "attn_scale": 0.1,
         "max_position_embeddings": 256,
+        "tie_word_embeddings": False,
+    },
+    "glm4_moe_lite": {
+        "model_type": "glm4_moe_lite",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 120,
+        "moe_intermediate_size": 24,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "q_lora_rank": 32,
+        "kv_lora_rank": 16,
+        "qk_nope_head_dim": 16,
+        "qk_rope_head_dim": 8,
+        "v_head_dim": 24,
+        "n_routed_experts": 8,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 2,
+        "n_group": 2,
+        "topk_group": 1,
+        "routed_scaling_factor": 1.8,
+        "first_k_dense_replace": 1,
+        "partial_rotary_factor": 1.0,
+        "max_position_embeddings": 256,
+        "pad_token_id": 0,
         "tie_word_embeddings": False,
     },
 }

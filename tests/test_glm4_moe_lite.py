@@ -158,3 +158,15 @@ def test_saved_activations_exact_variants(variant, method, ckpt, attn, precision
     states = model_states(spec, job)
     assert states.trainable_weights == r.trainable_param_bytes and states.gradients == r.grad_bytes
     assert states.frozen_weights == (0 if method == "full" else r.frozen_param_bytes)
+
+
+def test_glm_4_7_flash_counts_against_the_model_card():
+    """Model card: a '30B-A3B MoE model'. transformers builds no MTP layer (model.layers.47) and
+    neither does ftplan: 29.94B; 3.26B active without the input embedding and the lm_head (ftplan's
+    active count includes both: 3.90B)."""
+    from ftplan.catalog.models import load_model_catalog
+
+    p = load_model_catalog()["glm-4.7-flash"].spec().params
+    assert p.total == 29_943_390_976
+    assert round(p.total / 1e9) == 30
+    assert round((p.active - p.embedding - p.lm_head) / 1e9) == 3

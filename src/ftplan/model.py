@@ -359,6 +359,8 @@ FAMILIES: dict[str, Family] = {
             # the rotary embedding is glm4_moe's (rope_parameters' partial_rotary_factor, default
             # 1.0, of qk_rope_head_dim); the MLA attention rotates all qk_rope_head_dim features
             moe="deepseek_v3", mla=True, mlp_layer_types=True, partial_rotary_factor=1.0,
+            # models/glm4_moe_lite ships in the 5.0.0 wheel already (mlp_layer_types as in 5.24;
+            # checked on PyPI): the default 5.0 floor
         ),
     ]
 }

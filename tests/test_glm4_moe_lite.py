@@ -170,3 +170,16 @@ def test_glm_4_7_flash_counts_against_the_model_card():
     assert p.total == 29_943_390_976
     assert round(p.total / 1e9) == 30
     assert round((p.active - p.embedding - p.lm_head) / 1e9) == 3
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("method,mode", [("full", "selective-attention"), ("lora", "selective"),
+                                         ("lora", "every-k")])
+def test_checkpointing_variants_exact(method, mode):
+    """TRL's attention SAC keeps the CPU flash kernel's output and logsumexp (one op here, where
+    DeepSeek-V3's math kernel is not); torchtitan's op SAC on LoRA; every-k. (Full op SAC runs in
+    tests/test_checkpointing_vs_torch.py's grid.)"""
+    pytest.importorskip("peft")
+    import test_checkpointing_vs_torch as C
+
+    C.test_checkpointing_variants_exact("glm4_moe_lite", method, mode)

@@ -8,7 +8,7 @@ LoRA under FSDP2 and in full under FSDP1/FSDP2 and ZeRO-3; qwen3_5 with LoRA und
 under FSDP2 and ZeRO-3; qwen3_5_moe in full under ZeRO-3, with LoRA under FSDP2 and ZeRO-3; qwen3_next
 in full and with LoRA under FSDP2 and ZeRO-3; olmo3 in full and LoRA under ZeRO-3, smollm3 with LoRA
 under FSDP2; llama4_text in full and with LoRA under FSDP2 and ZeRO-3, in full under FSDP1, QLoRA under
-FSDP2), and
+FSDP2; glm4_moe_lite with LoRA under FSDP2 and in full under ZeRO-3), and
 every byte each rank holds is counted through a
 ``TorchDispatchMode``. The formulas (``ftplan.sharding.layout_memory``, CPU form) must give:
 
@@ -143,7 +143,9 @@ PEFT_CASES = [Case(family="mixtral", engine="fsdp2", method="lora"),
               Case(family="llama", engine="fsdp1", method="lora", base_fp32=True),
               Case(family="qwen2", engine="fsdp2", method="lora", base_fp32=True),
               # LoRA dropout on the bf16 adapters: the dropout's bf16 output and (on CPU) bf16 mask
-              Case(family="llama", engine="fsdp2", method="lora", lora_dropout=0.1)]
+              Case(family="llama", engine="fsdp2", method="lora", lora_dropout=0.1),
+              # glm4_moe_lite: MLA (equal q/k and v head dims) with the wrapped fp32 router and experts
+              Case(family="glm4_moe_lite", engine="fsdp2", method="lora")]
 QLORA_CASES = [Case(family="llama", engine="fsdp2", method="qlora"), Case(family="qwen2", engine="fsdp2", method="qlora"),
                Case(family="mixtral", engine="fsdp2", method="qlora"), Case(family="gpt_oss", engine="fsdp2", method="qlora"),
                # FSDP1 QLoRA (bf16 quant storage: transformers' update_fsdp_plugin_peft mixed precision)
@@ -174,6 +176,8 @@ DS_CASES = [
     # sliding/full layers; DeepSpeed's bf16 mode has no autocast and casts no forward inputs
     Case(family="olmo3", engine="deepspeed", zero_stage=3, steps=2),
     Case(family="llama4_text", engine="deepspeed", zero_stage=3, steps=2),
+    # glm4_moe_lite: MLA attention and DeepSeek-V3's MoE block in DeepSpeed's bf16 mode (fp32 router path)
+    Case(family="glm4_moe_lite", engine="deepspeed", zero_stage=3, steps=2),
     Case(family="qwen2", engine="deepspeed", zero_stage=2, offload_optimizer=True),
     Case(family="llama", engine="deepspeed", zero_stage=2, offload_optimizer=True),
     Case(family="mixtral", engine="deepspeed", zero_stage=2, offload_optimizer=True),

@@ -780,7 +780,7 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
     if g.linear_attention is not None:
         total += _gdn_saved(g.linear_attention, b, s, h, dt, job, tp)
     elif a.is_mla:
-        total += _mla_saved(a, t, b, s, h, dt, heads, backend)
+        total += _mla_saved(a, t, b, s, h, dt, heads, backend, job.attn_impl)
     else:
         q = heads * a.head_dim
         kv_heads = max(1, a.num_kv_heads // tp)
@@ -1147,7 +1147,8 @@ def _gemma4_moe_saved(m: MoeSpec, t: int, h: int, dt: _Dtypes) -> int:
     return out
 
 
-def _mla_saved(a, t: int, b: int, s: int, h: int, dt: _Dtypes, heads: int, backend: str) -> int:
+def _mla_saved(a, t: int, b: int, s: int, h: int, dt: _Dtypes, heads: int, backend: str,
+               attn_impl: str = "sdpa") -> int:
     c = dt.compute
     out = 0
     n_in = 2  # q_a (or q without a q LoRA rank) and kv_a read the normed input
@@ -1157,13 +1158,31 @@ def _mla_saved(a, t: int, b: int, s: int, h: int, dt: _Dtypes, heads: int, backe
     out += _norm_saved(t, a.kv_lora_rank, c, dt.full) + (t * a.kv_lora_rank * c if dt.full else 0)
     qk = heads * a.head_dim
     v = heads * a.v_head_dim
-    if backend == "cpu":
+    if attn_impl == "eager":
+        # the matmuls keep q and k (compute dtype), a contiguous copy of v (a view of kv_b_proj's
+        # output), the fp32 softmax and its cast to the compute dtype; o_proj reads a contiguous
+        # copy of the output
+        out += 2 * t * qk * c + t * v * c + b * heads * s * s * (4 + (c if c != 4 else 0))
+        out += t * v * c if dt.full else 0
+    elif backend == "cpu" and _mla_cpu_flash(a):
+        # qk and v head dims equal (GLM-4.7-Flash: 192 + 64 = 256): CPU's flash kernel keeps q, k,
+        # v (a view of kv_b_proj's output, whose whole storage, k_nope and v, stays), its output
+        # and the logsumexp; o_proj reads a separate contiguous copy of the output
+        kv_b = heads * (a.head_dim - a.qk_rope_head_dim + a.v_head_dim)
+        out += 2 * t * qk * c + t * kv_b * c + t * v * c + b * heads * s * 4 + (t * v * c if dt.full else 0)
+    elif backend == "cpu":
         # qk and v head dims differ: sdpa falls back to the math kernel, which on CPU upcasts to
         # fp32 and keeps q, k^T, the softmax and v; its output comes back as a separate tensor
         out += 2 * t * qk * 4 + b * heads * s * s * 4 + t * v * 4 + (t * v * c if dt.full else 0)
     else:  # memory-efficient kernel: q, k, v, output, logsumexp
         out += 2 * t * qk * c + t * v * c + t * v * c + b * heads * s * 4
     return out
+
+
+def _mla_cpu_flash(a) -> bool:
+    """CPU sdpa runs its flash kernel on an MLA layer when the q/k and v head dims are equal
+    (glm4_moe_lite's 256 / 256), the math kernel when they differ (DeepSeek-V3's 192 / 128)."""
+    return a.head_dim == a.v_head_dim
 
 
 def _adapter_compute_bytes(job: Job, dt: _Dtypes) -> int:
@@ -1533,7 +1552,7 @@ def _attention_kernel_outputs(g: LayerGroup, job: Job, dt: _Dtypes, tp: int, bac
     one op (eager; MLA on CPU, where different q/v head dims send sdpa to the math kernel; a Gated
     DeltaNet layer, whose torch delta rule is many small ops)."""
     a = g.attention
-    if a is None or job.attn_impl == "eager" or (a.is_mla and backend == "cpu"):
+    if a is None or job.attn_impl == "eager" or (a.is_mla and backend == "cpu" and not _mla_cpu_flash(a)):
         return 0
     b, s = _batch_shape(job)
     heads = a.num_heads // tp

@@ -119,6 +119,10 @@ class Family:
     #: ``attention_k_eq_v`` also ``num_global_key_value_heads`` and no v_proj: v is k_proj's
     #: output), every layer a weightless RMSNorm on v (``v_norm``); see :func:`_gemma4_groups`
     gemma4: bool = False
+    #: the dense / MoE pattern is ``mlp_layer_types`` ("dense" / "sparse" per layer; default: layer
+    #: 0 dense, the rest sparse), not ``first_k_dense_replace`` (glm4_moe_lite: Glm4MoeLiteConfig
+    #: keeps a checkpoint's first_k_dense_replace but its decoder layers never read it)
+    mlp_layer_types: bool = False
 
 
 #: first transformers wheel with models/gemma4: 5.5.0 (the 5.4.0 wheel has none; checked with
@@ -369,6 +373,25 @@ FAMILIES: dict[str, Family] = {
             norms_per_layer=4, qk_norm=True, activation_key="hidden_activation", norm_style="gemma4",
             gemma4=True, min_transformers=GEMMA4_MIN_TRANSFORMERS, moe="gemma4", peft_wraps_experts=False,
         ),
+        Family(
+            # GLM-4.7-Flash (Glm4MoeLiteConfig, transformers 5.24): DeepSeek-V3's MLA attention
+            # (DeepseekV3Attention verbatim: q/kv LoRA ranks, interleaved rope on the qk_rope part)
+            # with glm4_moe's (= DeepSeek-V3's) MoE block; dense/MoE layers from mlp_layer_types;
+            # head_dim is an alias of qk_rope_head_dim (attribute_map)
+            "glm4_moe_lite",
+            {**_LLAMA_LIKE, "vocab_size": 154880, "hidden_size": 2048, "intermediate_size": 10240,
+             "num_hidden_layers": 47, "num_attention_heads": 20, "num_key_value_heads": 20,
+             "n_routed_experts": 64, "num_experts_per_tok": 4, "n_shared_experts": 1,
+             "moe_intermediate_size": 1536, "q_lora_rank": 768, "kv_lora_rank": 512,
+             "qk_nope_head_dim": 192, "qk_rope_head_dim": 64, "v_head_dim": 256,
+             "max_position_embeddings": 202752, "n_group": 1, "topk_group": 1, "norm_topk_prob": True,
+             "routed_scaling_factor": 1.8, "rope_interleave": True, "mlp_layer_types": None},
+            # the rotary embedding is glm4_moe's (rope_parameters' partial_rotary_factor, default
+            # 1.0, of qk_rope_head_dim); the MLA attention rotates all qk_rope_head_dim features
+            moe="deepseek_v3", mla=True, mlp_layer_types=True, partial_rotary_factor=1.0,
+            # models/glm4_moe_lite ships in the 5.0.0 wheel already (mlp_layer_types as in 5.24;
+            # checked on PyPI): the default 5.0 floor
+        ),
     ]
 }
 
@@ -399,6 +422,7 @@ _ARCH_TO_TYPE = {
     "Llama4ForConditionalGeneration": "llama4_text",
     "Gemma4ForCausalLM": "gemma4",
     "Gemma4ForConditionalGeneration": "gemma4",
+    "Glm4MoeLiteForCausalLM": "glm4_moe_lite",
 }
 #: text model_types that name a family under another key (the inner type of a multimodal config)
 _TEXT_TYPE_ALIASES = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe", "llama4": "llama4_text",
@@ -1028,8 +1052,9 @@ def text_config(raw: Mapping[str, Any]) -> dict[str, Any]:
 
 #: config keys whose explicit null transformers keeps as None (the config class does not put its
 #: default back): Mistral-7B-v0.3's ``"sliding_window": null`` is no window, not MistralConfig's
-#: 4096; Llama4TextConfig's null ``attention_chunk_size`` turns chunked attention off
-_NULL_IS_A_VALUE = frozenset({"sliding_window", "attention_chunk_size"})
+#: 4096; Llama4TextConfig's null ``attention_chunk_size`` turns chunked attention off; an MLA
+#: config's null ``q_lora_rank`` is a plain q_proj, no low-rank q (DeepseekV3Config, Glm4MoeLiteConfig)
+_NULL_IS_A_VALUE = frozenset({"sliding_window", "attention_chunk_size", "q_lora_rank"})
 
 
 def _with_defaults(fam: Family, cfg0: Mapping[str, Any]) -> dict[str, Any]:
@@ -1099,6 +1124,9 @@ def model_from_config(
     if head_dim is None and h is not None and heads is not None and heads > h:
         c.bad(f"num_attention_heads={heads} exceeds hidden_size={h} (head_dim would be 0); give head_dim")
     mla = _mla_fields(c) if fam.mla else None
+    if mla is not None and prf not in (None, 1.0):
+        c.bad(f"partial_rotary_factor={prf}: transformers' MLA attention rotates all qk_rope_head_dim "
+              "features and fails on narrower rope tables (only 1.0 runs)")
     linear = _linear_attention_spec(c, fam.gdn_fused_proj) if fam.hybrid_linear else None
     plan = _layer_plan(fam, c, n_layers or 1)
     if fam.nope_layers:
@@ -1407,6 +1435,9 @@ def _layer_plan(fam: Family, c: _Check, n: int) -> _LayerPlan:
     elif fam.moe == "gemma4":  # enable_moe_block: every layer adds the MoE block to its MLP
         any_moe = c.bool("enable_moe_block")
         moe_at = lambda i: any_moe  # noqa: E731
+    elif fam.moe == "deepseek_v3" and fam.mlp_layer_types:
+        moe_at, any_moe = _mlp_layer_types(c, n)
+        cuts.update(range(n) if cfg.get("mlp_layer_types") is not None else (min(1, n),))
     elif fam.moe == "deepseek_v3":
         k = c.int("first_k_dense_replace", minimum=0, optional=True) or 0
         moe_at = lambda i: i >= k  # noqa: E731
@@ -1435,6 +1466,22 @@ def _layer_plan(fam: Family, c: _Check, n: int) -> _LayerPlan:
     variant_at = _llama4_attention_layers(c, n, types) if fam.moe == "llama4" else (lambda i: None)
     return _LayerPlan(window_at, moe_at, period, tuple(sorted(x for x in cuts if 0 <= x <= n)), any_moe,
                       linear_at, variant_at)
+
+
+def _mlp_layer_types(c: _Check, n: int) -> tuple[Any, bool]:
+    """glm4_moe_lite's MoE layers: ``mlp_layer_types[i] == "sparse"`` (a list of "dense" /
+    "sparse", one per layer); Glm4MoeLiteConfig's default is layer 0 dense, every other one sparse
+    (whatever ``first_k_dense_replace`` says: the config keeps it, the decoder layers ignore it)."""
+    types = c.cfg.get("mlp_layer_types")
+    if types is None:
+        return (lambda i: i >= 1), n > 1
+    if not (isinstance(types, list) and all(t in ("dense", "sparse") for t in types)):
+        c.bad('mlp_layer_types must be a list of "dense" / "sparse"')
+        return (lambda i: False), False
+    if len(types) != n:
+        c.bad(f"mlp_layer_types has {len(types):,} entries for num_hidden_layers={n}")
+        return (lambda i: False), False
+    return (lambda i: types[i] == "sparse"), "sparse" in types
 
 
 def _nope_rule(c: _Check, n: int) -> Any:

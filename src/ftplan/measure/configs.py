@@ -74,6 +74,12 @@ __all__ = ["TINY_CONFIGS", "tiny_config", "text_config", "default_attention"]
 #:   rope on the full layers, final-logit soft-capping 30, no per-layer inputs, tied (as gemma-4-31B).
 #: * gemma4_moe: gemma4 with ``enable_moe_block`` (as gemma-4-26B-A4B): every layer keeps its dense MLP
 #:   and adds 4 experts top-2 of ``moe_intermediate_size=24`` and the router (a Linear ``proj``).
+#: * glm4_moe_lite: GLM-4.7-Flash's layers: DeepSeek-V3's MLA (q_lora_rank 32, kv_lora_rank 16,
+#:   qk_nope 16, qk_rope 8 interleaved, ``v_head_dim=24`` equal to the q/k head 16 + 8, as
+#:   GLM-4.7-Flash's 256 = 192 + 64, where DeepSeek-V3's differ) and the DeepSeek-V3 MoE block (8 routed experts top-2, n_group 2,
+#:   topk_group 1, 1 shared expert, ``routed_scaling_factor=1.8``); no ``mlp_layer_types``, so
+#:   Glm4MoeLiteConfig's default: layer 0 dense, layers 1-2 MoE (``first_k_dense_replace=1`` and
+#:   ``partial_rotary_factor=1.0`` as the real config.json carries them); untied.
 TINY_CONFIGS: dict[str, dict] = {
     "llama": {
         "model_type": "llama",
@@ -413,6 +419,32 @@ TINY_CONFIGS: dict[str, dict] = {
                             "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
         "max_position_embeddings": 256,
         "tie_word_embeddings": True,
+    },
+    "glm4_moe_lite": {
+        "model_type": "glm4_moe_lite",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 120,
+        "moe_intermediate_size": 24,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "q_lora_rank": 32,
+        "kv_lora_rank": 16,
+        "qk_nope_head_dim": 16,
+        "qk_rope_head_dim": 8,
+        "v_head_dim": 24,
+        "n_routed_experts": 8,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 2,
+        "n_group": 2,
+        "topk_group": 1,
+        "routed_scaling_factor": 1.8,
+        "first_k_dense_replace": 1,
+        "partial_rotary_factor": 1.0,
+        "max_position_embeddings": 256,
+        "pad_token_id": 0,
+        "tie_word_embeddings": False,
     },
 }
 TINY_CONFIGS["gemma4_moe"] = {**TINY_CONFIGS["gemma4"], "enable_moe_block": True, "num_experts": 4,

@@ -733,6 +733,8 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
         total += _gdn_saved(g.linear_attention, b, s, h, dt, job, tp)
     elif a.is_mla:
         total += _mla_saved(a, t, b, s, h, dt, heads, backend)
+        if a.query_pos_scale:
+            total += _query_pos_scale_saved(b, s, dt, job)
     else:
         q = heads * a.head_dim
         kv_heads = max(1, a.num_kv_heads // tp)
@@ -931,6 +933,14 @@ def _moe_saved(m: MoeSpec, t: int, h: int, dt: _Dtypes, tp: int, wrapped: bool =
         out = routed * 8 + routed * c
         per_row = routed * c
         w_bytes = c
+    elif m.router == "mistral4":
+        # DeepSeek-V2's softmax router (mistral4): a plain linear of the compute dtype, the
+        # softmax probabilities in it, the top-k ids the gather keeps and, renormalised, the sum
+        # and the quotient (in-place ``/=`` on the gathered weights keeps a clone)
+        router_in = t * h * c
+        out = t * m.num_experts * c + routed * 8 + ((t * c + routed * c) if m.renormalize else 0)
+        per_row = routed * c  # scaled by routed_scaling_factor: a new tensor
+        w_bytes = c
     elif m.router == "deepseek_v3":
         # an fp32 linear (autocast turns it back to the compute dtype: HF Trainer's, or accelerate's
         # around FSDP's compute-dtype weights); the sigmoid scores and the top-k weights stay in
@@ -958,9 +968,9 @@ def _moe_saved(m: MoeSpec, t: int, h: int, dt: _Dtypes, tp: int, wrapped: bool =
         else:
             per_row = routed * 4
             w_bytes = 4
-    if m.shared_gate and dt.full and dt.norm_out == c:
-        # (qwen3_5_moe) the router reads the same compute-dtype tensor as the shared expert's
-        # linears, whose input _mlp_saved counts: one storage
+    if (m.shared_gate or (m.router == "mistral4" and m.shared is not None)) and dt.full and dt.norm_out == c:
+        # (qwen3_5_moe; mistral4's compute-dtype router) the router reads the same compute-dtype
+        # tensor as the shared expert's linears, whose input _mlp_saved counts: one storage
         router_in = 0
     if dt.full or wrapped or dt.linear_saves_input:  # (a frozen router under ZeRO-3's linear too)
         out += router_in
@@ -1000,6 +1010,16 @@ def _moe_saved(m: MoeSpec, t: int, h: int, dt: _Dtypes, tp: int, wrapped: bool =
         out += _linear_inputs(t, h, 1, dt.norm_out, dt) if dt.norm_out != c else 0
         out += t * c + t * h * dt.base_out
     return out // max(1, tp) if tp > 1 else out
+
+
+def _query_pos_scale_saved(b: int, s: int, dt: _Dtypes, job: Job) -> int:
+    """mistral4's llama-4 query scaling: ``query * scale.to(query.dtype)`` keeps the scale, one
+    value per position row of ``position_ids`` (``(1, s)`` when the trainer passes none;
+    padding-free batches pass one row per sequence), in the query's dtype: ``torch.cat`` of
+    q_b_proj's output (compute dtype) and the rotated part (RoPE's cos/sin come in the residual
+    stream's dtype), the wider of the two."""
+    rows = b if job.is_padding_free else 1
+    return rows * s * max(dt.compute, dt.resid)
 
 
 def _mla_saved(a, t: int, b: int, s: int, h: int, dt: _Dtypes, heads: int, backend: str) -> int:

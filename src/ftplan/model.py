@@ -265,6 +265,25 @@ FAMILIES: dict[str, Family] = {
             # 4.57.1 installs); the exported floor stays 5.0 (fused experts, PEFT's MoE mapping)
             min_transformers="4.57",
         ),
+        Family(
+            # Mistral Small 4 (Mistral4Config, transformers 5.24): DeepSeek-V3's MLA attention and
+            # MoE block layout (fused experts, shared experts, first_k_dense_replace dense layers,
+            # group-limited top-k) with DeepSeek-V2's router: a softmax over logits of the input's
+            # dtype (no fp32 weight, no e_score_correction_bias); the query is scaled per position
+            # by llama-4's ``1 + beta * log(1 + floor(pos / original_max))`` before attention.
+            # The public checkpoint is a Mistral3ForConditionalGeneration (Pixtral vision tower)
+            # whose text_config is mistral4: ftplan plans the text model (Mistral4ForCausalLM)
+            "mistral4",
+            {**_LLAMA_LIKE, "vocab_size": 131072, "hidden_size": 4096, "intermediate_size": 12288,
+             "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 32,
+             "n_routed_experts": 128, "num_experts_per_tok": 4, "n_shared_experts": 1,
+             "moe_intermediate_size": 2048, "first_k_dense_replace": 0, "q_lora_rank": 1024,
+             "kv_lora_rank": 256, "qk_nope_head_dim": 64, "qk_rope_head_dim": 64,
+             "v_head_dim": 128, "max_position_embeddings": 1048576, "n_group": 1, "topk_group": 1,
+             "norm_topk_prob": True, "routed_scaling_factor": 1.0},
+            moe="mistral4", mla=True, peft_wraps_experts=False,
+            min_transformers="5.4",
+        ),
     ]
 }
 
@@ -288,6 +307,7 @@ _ARCH_TO_TYPE = {
     "Qwen3_5MoeForCausalLM": "qwen3_5_moe",
     "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe",
     "Qwen3NextForCausalLM": "qwen3_next",
+    "Mistral4ForCausalLM": "mistral4",
 }
 #: text model_types that name a family under another key (the inner type of a multimodal config)
 _TEXT_TYPE_ALIASES = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe"}
@@ -339,6 +359,10 @@ class AttentionSpec:
     q_lora_rank: int | None = None
     kv_lora_rank: int | None = None
     qk_rope_head_dim: int | None = None
+    #: llama-4 attention scaling (mistral4): the query is multiplied by a per-position
+    #: ``(rows, 1, s, 1)`` scale ``1 + beta * log(1 + floor(pos / original_max))`` before the
+    #: kernel, which the product keeps for the query's gradient
+    query_pos_scale: bool = False
 
     @property
     def head_major_q(self) -> bool:
@@ -927,6 +951,7 @@ def model_from_config(
         attn = AttentionSpec(
             num_heads=heads, num_kv_heads=heads, head_dim=nope + rope, v_head_dim=v_dim,
             qkv_bias=bias, o_bias=bias, q_lora_rank=q_rank, kv_lora_rank=kv_rank, qk_rope_head_dim=rope,
+            query_pos_scale=mt == "mistral4",
         )
     else:
         hd = head_dim or h // heads
@@ -1084,7 +1109,7 @@ def _layer_plan(fam: Family, c: _Check, n: int) -> _LayerPlan:
         cuts.update(x + 1 for x in only_set)
         moe_at = lambda i: experts > 0 and i not in only_set and (i + 1) % step == 0  # noqa: E731
         any_moe = experts > 0 and step <= n and len(only_set) < n
-    elif fam.moe == "deepseek_v3":
+    elif fam.moe in ("deepseek_v3", "mistral4"):
         k = c.int("first_k_dense_replace", minimum=0, optional=True) or 0
         moe_at = lambda i: i >= k  # noqa: E731
         cuts.add(min(k, n))
@@ -1167,7 +1192,10 @@ def _moe_spec(fam: Family, c: _Check, any_moe: bool) -> MoeSpec | None:
         experts, top_k, inter = (c.int("n_routed_experts"), c.int("num_experts_per_tok"),
                                  c.int("moe_intermediate_size"))
         shared_n = c.int("n_shared_experts", minimum=0, optional=True) or 0
-        router = "deepseek_v3"
+        # mistral4: DeepSeek-V2's softmax router on DeepSeek-V3's block
+        router = "mistral4" if fam.moe == "mistral4" else "deepseek_v3"
+        if fam.moe == "mistral4":
+            renorm = c.bool("norm_topk_prob")
         shared = MlpSpec(inter * shared_n) if shared_n and inter else None
     if experts is not None and top_k is not None and top_k > experts:
         c.bad(f"num_experts_per_tok={top_k} exceeds the {experts} experts")

@@ -58,6 +58,9 @@ __all__ = ["TINY_CONFIGS", "tiny_config", "text_config", "default_attention"]
 #:   its projections fused: ``in_proj_qkvz``, ``in_proj_ba``; a plain quarter rotary, no mrope),
 #:   qwen2_moe's block (4 experts top-2 of 24, renormalised, a shared expert of 40 and its sigmoid
 #:   gate) on layers 0-1 and a dense MLP of 120 on layer 2 (``mlp_only_layers=[2]``); untied.
+#: * mistral4: deepseek_v3's tiny MLA/MoE shapes (8 routed experts top-2 in 2 groups, 1 shared,
+#:   layer 0 dense) with Mistral Small 4's softmax router and yarn rope with llama-4 query scaling
+#:   (``original_max_position_embeddings=8``); untied.
 TINY_CONFIGS: dict[str, dict] = {
     "llama": {
         "model_type": "llama",
@@ -314,6 +317,35 @@ TINY_CONFIGS: dict[str, dict] = {
         "decoder_sparse_step": 1,
         "mlp_only_layers": [2],
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+        "max_position_embeddings": 256,
+        "tie_word_embeddings": False,
+    },
+    "mistral4": {
+        "model_type": "mistral4",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 120,
+        "moe_intermediate_size": 24,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "q_lora_rank": 32,
+        "kv_lora_rank": 16,
+        "qk_nope_head_dim": 16,
+        "qk_rope_head_dim": 8,
+        "v_head_dim": 16,
+        "n_routed_experts": 8,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 2,
+        "n_group": 2,
+        "topk_group": 1,
+        "first_k_dense_replace": 1,
+        "rope_interleave": True,
+        # yarn with llama-4 query scaling, as Mistral-Small-4's config (original length 8 < the
+        # tests' sequences, so the per-position scale really varies)
+        "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 32.0,
+                            "original_max_position_embeddings": 8, "beta_fast": 32.0, "beta_slow": 1.0,
+                            "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1},
         "max_position_embeddings": 256,
         "tie_word_embeddings": False,
     },

@@ -732,7 +732,7 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
     if g.linear_attention is not None:
         total += _gdn_saved(g.linear_attention, b, s, h, dt, job, tp)
     elif a.is_mla:
-        total += _mla_saved(a, t, b, s, h, dt, heads, backend)
+        total += _mla_saved(a, t, b, s, h, dt, heads, backend, eager=job.attn_impl == "eager")
         if a.query_pos_scale:
             total += _query_pos_scale_saved(b, s, dt, job)
     else:
@@ -1022,7 +1022,8 @@ def _query_pos_scale_saved(b: int, s: int, dt: _Dtypes, job: Job) -> int:
     return rows * s * max(dt.compute, dt.resid)
 
 
-def _mla_saved(a, t: int, b: int, s: int, h: int, dt: _Dtypes, heads: int, backend: str) -> int:
+def _mla_saved(a, t: int, b: int, s: int, h: int, dt: _Dtypes, heads: int, backend: str,
+               eager: bool = False) -> int:
     c = dt.compute
     out = 0
     n_in = 2  # q_a (or q without a q LoRA rank) and kv_a read the normed input
@@ -1032,7 +1033,13 @@ def _mla_saved(a, t: int, b: int, s: int, h: int, dt: _Dtypes, heads: int, backe
     out += _norm_saved(t, a.kv_lora_rank, c, dt.full) + (t * a.kv_lora_rank * c if dt.full else 0)
     qk = heads * a.head_dim
     v = heads * a.v_head_dim
-    if backend == "cpu":
+    if eager:
+        # eager_attention_forward: q and k (one head each per query head: MLA expands k and v
+        # to every head), the fp32 softmax and its compute-dtype cast, v; (full) o_proj's input,
+        # the contiguous copy of the transposed output
+        out += 2 * t * qk * c + b * heads * s * s * (4 + (c if c != 4 else 0)) + t * v * c
+        out += t * v * c if dt.full else 0
+    elif backend == "cpu":
         # qk and v head dims differ: sdpa falls back to the math kernel, which on CPU upcasts to
         # fp32 and keeps q, k^T, the softmax and v; its output comes back as a separate tensor
         out += 2 * t * qk * 4 + b * heads * s * s * 4 + t * v * 4 + (t * v * c if dt.full else 0)

@@ -911,6 +911,8 @@ def model_from_config(
     for k in ("num_key_value_heads", "head_dim"):
         if cfg0.get(k) is None:
             cfg[k] = fam.defaults.get(k)
+    if fam.mla and "q_lora_rank" in cfg0 and cfg0["q_lora_rank"] is None:
+        cfg["q_lora_rank"] = None  # an explicit null: q_proj, no q LoRA (DeepSeek-V2-Lite style)
 
     c = _Check(cfg)
     h = c.int("hidden_size")

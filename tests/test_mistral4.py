@@ -161,3 +161,25 @@ def test_saved_activations_exact_variants(variant, method, ckpt, precision):
     states = model_states(spec, job)
     assert states.trainable_weights == r.trainable_param_bytes and states.gradients == r.grad_bytes
     assert states.frozen_weights == (0 if method == "full" else r.frozen_param_bytes)
+
+
+@pytest.mark.torch
+def test_exported_script_loads_mistral4_by_its_class():
+    """The exported train.py loads a mistral4 checkpoint with Mistral4ForCausalLM (no
+    AutoModelForCausalLM mapping) and refuses Mistral Small 4's Mistral3ForConditionalGeneration
+    checkpoint in one line (its vision tower is not what ftplan planned)."""
+    import ast
+    import sys as _sys
+
+    pytest.importorskip("transformers")
+    from ftplan.export import script
+
+    tree = ast.parse(script._BODY)
+    wanted = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in ("fail", "_causal_lm_class")]
+    ns: dict = {"sys": _sys}
+    exec(compile(ast.Module(body=wanted, type_ignores=[]), "train.py", "exec"), ns)
+    assert ns["_causal_lm_class"]({"model_type": "mistral4"}).__name__ == "Mistral4ForCausalLM"
+    assert ns["_causal_lm_class"]({"model_type": "llama"}) is None
+    with pytest.raises(SystemExit) as e:
+        ns["_causal_lm_class"]({"model_type": "mistral3", "text_config": {"model_type": "mistral4"}})
+    assert e.value.code == 2

@@ -91,6 +91,8 @@ TORCH_CASES = [
     # qwen3_next: fused DeltaNet projections, qwen2_moe's block with its 1-row shared_expert_gate
     # (on rank 0 alone: BOUNDS["fsdp2_one_row_states"]), a dense layer
     Case(family="qwen3_next", engine="fsdp2"),
+    # mistral4: MLA, DeepSeek-V3's block with a compute-dtype softmax router, llama-4 query scaling
+    Case(family="mistral4", engine="fsdp2"),
 ]
 PEFT_CASES = [Case(family="mixtral", engine="fsdp2", method="lora"),
               # PEFT's all-linear adapts only gpt_oss's attention: its experts stay frozen
@@ -124,7 +126,9 @@ PEFT_CASES = [Case(family="mixtral", engine="fsdp2", method="lora"),
               Case(family="llama", engine="fsdp1", method="lora", base_fp32=True),
               Case(family="qwen2", engine="fsdp2", method="lora", base_fp32=True),
               # LoRA dropout on the bf16 adapters: the dropout's bf16 output and (on CPU) bf16 mask
-              Case(family="llama", engine="fsdp2", method="lora", lora_dropout=0.1)]
+              Case(family="llama", engine="fsdp2", method="lora", lora_dropout=0.1),
+              # mistral4: PEFT's all-linear adapts the nn.Linear modules only (no MoE mapping)
+              Case(family="mistral4", engine="fsdp2", method="lora")]
 QLORA_CASES = [Case(family="llama", engine="fsdp2", method="qlora"), Case(family="qwen2", engine="fsdp2", method="qlora"),
                Case(family="mixtral", engine="fsdp2", method="qlora"), Case(family="gpt_oss", engine="fsdp2", method="qlora"),
                # FSDP1 QLoRA (bf16 quant storage: transformers' update_fsdp_plugin_peft mixed precision)
@@ -159,6 +163,7 @@ DS_CASES = [
     # when no JSON config is given): the ipg bucket is allocated at that size (a bucket smaller than
     # the largest gradient keeps the flush regime of the auto bucket: see distributed_cpu.md)
     Case(family="qwen2", engine="deepspeed", zero_stage=3, steps=2, reduce_bucket_size=3_000),
+    Case(family="mistral4", engine="deepspeed", zero_stage=3, steps=2),
 ]
 #: ZeRO-3 + QLoRA (bitsandbytes nf4 in bf16 quant storage)
 #: (qwen2, tied embeddings, is not held: its step-2 forward prefetch holds 6,016 B per rank more than

@@ -26,7 +26,7 @@ from ftplan.job import Job, Layout, validate_job
 from ftplan.memory import estimate_memory, moe_block_saved_bytes
 from ftplan.runtime import estimate_runtime
 
-FAMILIES = ("mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss", "glm4_moe")
+FAMILIES = ("mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss", "glm4_moe", "mistral4")
 
 
 @pytest.fixture(scope="module")

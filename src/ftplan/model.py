@@ -54,9 +54,10 @@ class Family:
     o_bias_key: str | None = "attention_bias"  # config key that turns the o_proj bias on
     always_qkv_bias: bool = False  # qwen2: q/k/v always have a bias, o_proj never
     mlp_bias_key: str | None = None
-    #: None | "mixtral" | "qwen3_moe" | "deepseek_v3" | "gpt_oss"; "deepseek_v3" is the
+    #: None | "mixtral" | "qwen3_moe" | "deepseek_v3" | "gpt_oss" | ...; "deepseek_v3" is the
     #: DeepSeek-V3 MoE block (sigmoid group-limited router with e_score_correction_bias, shared
-    #: experts, first_k_dense_replace dense layers), which glm4_moe's modeling code repeats verbatim
+    #: experts, first_k_dense_replace dense layers), which glm4_moe's modeling code repeats verbatim;
+    #: "mistral4" is that block with DeepSeek-V2's softmax router (router "mistral4")
     moe: str | None = None
     mla: bool = False
     #: per-head learned attention sinks (gpt_oss: ``self_attn.sinks``, one logit per head joined to
@@ -434,7 +435,8 @@ class MoeSpec:
     expert_intermediate_size: int
     shared: MlpSpec | None = None  # shared experts, run on every token
     #: router implementation (the family's): "mixtral"/"qwen3_moe" softmax in fp32, "deepseek_v3"
-    #: sigmoid in the logits' dtype; qwen3_moe casts the top-k weights back to the logits' dtype;
+    #: sigmoid in the logits' dtype, "mistral4" softmax in the compute dtype (a plain linear, no
+    #: fp32 weight); qwen3_moe casts the top-k weights back to the logits' dtype;
     #: "gpt_oss" takes the top-k logits first and softmaxes only those, in the logits' dtype
     router: str = "mixtral"
     #: the router weight stays fp32 whatever the model's dtype: transformers >= 5.24 lists

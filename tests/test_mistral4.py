@@ -183,3 +183,28 @@ def test_exported_script_loads_mistral4_by_its_class():
     with pytest.raises(SystemExit) as e:
         ns["_causal_lm_class"]({"model_type": "mistral3", "text_config": {"model_type": "mistral4"}})
     assert e.value.code == 2
+
+
+@pytest.mark.torch
+def test_tiny_config_of_the_real_layout_builds_with_ftplans_counts():
+    """``ftplan measure --tiny`` on Mistral4Config's layout, flat and inside a mistral3 wrapper:
+    the shrunk model runs a step in transformers and has ftplan's parameter counts (Mistral4's
+    rotary turns head_dim * partial_rotary_factor features, head_dim = qk_nope + qk_rope)."""
+    pytest.importorskip("transformers")
+    import torch
+    from transformers import AutoConfig
+
+    from ftplan.measure.accounting import params_by_category
+    from ftplan.measure.configs import tiny_config
+    from ftplan.measure.hf import build_model
+
+    full = {k: v for k, v in AutoConfig.for_model("mistral4").to_dict().items() if k != "transformers_version"}
+    wrapped = {"model_type": "mistral3", "architectures": ["Mistral3ForConditionalGeneration"], "text_config": full}
+    for cfg in (full, wrapped):
+        tiny = tiny_config(cfg)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = build_model(tiny, dtype="bf16")
+            ids = torch.randint(0, 512, (1, 16))
+            model(input_ids=ids, labels=ids).loss.backward()
+        assert model_from_config(tiny).params.by_category() == params_by_category(model)

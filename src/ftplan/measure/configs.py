@@ -423,6 +423,13 @@ def tiny_config(config: dict) -> dict:
         out["head_dim"] = 8
         if cfg.get("q_lora_rank"):
             out["q_lora_rank"] = 32
+        if model_type == "mistral4":
+            # Mistral4's (llama) rotary turns head_dim * partial_rotary_factor features, head_dim
+            # being qk_nope + qk_rope: the 8 rope features of the 16-wide tiny head
+            out["head_dim"] = 16
+            out.pop("qk_head_dim", None)
+            if isinstance(out.get("rope_parameters"), dict):
+                out["rope_parameters"] = {**out["rope_parameters"], "partial_rotary_factor": 0.5}
     if isinstance(cfg.get("layer_types"), list):
         out["layer_types"] = cfg["layer_types"][:2] if len(cfg["layer_types"]) >= 2 else cfg["layer_types"]
     if isinstance(cfg.get("mlp_only_layers"), list):

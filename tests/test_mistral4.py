@@ -208,3 +208,36 @@ def test_tiny_config_of_the_real_layout_builds_with_ftplans_counts():
             ids = torch.randint(0, 512, (1, 16))
             model(input_ids=ids, labels=ids).loss.backward()
         assert model_from_config(tiny).params.by_category() == params_by_category(model)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("method,precision", [("full", "bf16"), ("lora", "bf16-mixed")])
+def test_mla_eager_attention_exact_for_deepseek_v3_too(method, precision):
+    """Eager attention on MLA (eager_attention_forward: q, k, v, the fp32 softmax and its cast)
+    is shared with DeepSeek-V3, which ftplan planned as the CPU sdpa math kernel before."""
+    pytest.importorskip("peft")
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    import ftplan.measure.torchref as TR
+
+    cfg = TR.TINY_CONFIGS["deepseek_v3"]
+    mixed = precision.endswith("-mixed")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = TR.build_model(cfg, dtype="fp32" if method == "full" and mixed else "bf16",
+                               attn_implementation="eager")
+        if method == "lora":
+            model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0,
+                                                     target_modules="all-linear", task_type="CAUSAL_LM"))
+        orig = TR._model_dtype
+        if mixed:
+            TR._model_dtype = lambda m: torch.float32
+        try:
+            r = TR.measure_step(model, batch=2, seq_len=24, gradient_checkpointing=False, dtype="bf16")
+        finally:
+            TR._model_dtype = orig
+    casts = sum(x.nbytes for x in r.records if x.param_copy)
+    job = Job(method=method, precision=precision, micro_batch=2, seq_len=24, attn_impl="eager", gradient_checkpointing=False,
+              lora=LoraSpec(r=8, alpha=16, dropout=0.0), loss="hf")
+    assert saved_activation_bytes(model_from_config(cfg), job, backend="cpu") == r.saved_activation_bytes - casts

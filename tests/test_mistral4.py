@@ -238,6 +238,7 @@ def test_mla_eager_attention_exact_for_deepseek_v3_too(method, precision):
         finally:
             TR._model_dtype = orig
     casts = sum(x.nbytes for x in r.records if x.param_copy)
-    job = Job(method=method, precision=precision, micro_batch=2, seq_len=24, attn_impl="eager", gradient_checkpointing=False,
+    job = Job(method=method, precision=precision, micro_batch=2, seq_len=24, attn_impl="eager",
+              gradient_checkpointing=False,
               lora=LoraSpec(r=8, alpha=16, dropout=0.0), loss="hf")
     assert saved_activation_bytes(model_from_config(cfg), job, backend="cpu") == r.saved_activation_bytes - casts

@@ -242,3 +242,17 @@ def test_mla_eager_attention_exact_for_deepseek_v3_too(method, precision):
               gradient_checkpointing=False,
               lora=LoraSpec(r=8, alpha=16, dropout=0.0), loss="hf")
     assert saved_activation_bytes(model_from_config(cfg), job, backend="cpu") == r.saved_activation_bytes - casts
+
+
+def test_fp8_wrapped_checkpoint_note_says_the_text_model_is_planned():
+    """Mistral Small 4 ships FP8 weights in a Mistral3ForConditionalGeneration: the answer says the
+    plan is the dequantized text model and that the exported train.py refuses that checkpoint."""
+    from ftplan.job import Layout
+    from ftplan.memory import estimate_memory
+
+    wrapped = {"model_type": "mistral3", "architectures": ["Mistral3ForConditionalGeneration"],
+               "text_config": dict(_tiny()), "quantization_config": {"quant_method": "fp8"}}
+    notes = estimate_memory(model_from_config(wrapped), Job(method="lora", lora=LoraSpec(dropout=0.0)),
+                            Layout()).notes
+    note = next(n for n in notes if "FP8" in n)
+    assert "dequantize=True" in note and "text model only" in note and "block-scaled" not in note

@@ -1976,8 +1976,14 @@ def estimate_memory(
                      + ("; QLoRA starts from a bf16 copy of the checkpoint (transformers refuses a "
                         "BitsAndBytesConfig for an MXFP4 one)" if job.method == "qlora" else ""))
     elif isinstance(qc, Mapping) and qc.get("quant_method") == "fp8":
-        notes.append("checkpoint in block-scaled FP8 (DeepSeek-V3 style): planned on the bf16 weights transformers "
-                     "makes of it with FineGrainedFP8Config(dequantize=True), as the exported train.py loads it"
+        kind = "block-scaled FP8 (DeepSeek-V3 style)" if qc.get("weight_block_size") else "FP8"
+        inner = model.config.get("text_config") if isinstance(model.config, Mapping) else None
+        wrapped = isinstance(inner, Mapping) and inner.get("model_type") == "mistral4"
+        notes.append(f"checkpoint in {kind}: planned on the bf16 weights transformers makes of it with "
+                     "FineGrainedFP8Config(dequantize=True), "
+                     + ("the text model only (the exported train.py refuses this Mistral3ForConditionalGeneration "
+                        "checkpoint: it loads a Mistral4ForCausalLM copy of the text weights)" if wrapped
+                        else "as the exported train.py loads it")
                      + ("; QLoRA starts from a bf16 copy of the checkpoint (transformers refuses a "
                         "BitsAndBytesConfig for an FP8 one)" if job.method == "qlora" else ""))
     job = _engine_qlora_recipe(job, layout, notes)

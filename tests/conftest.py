@@ -39,6 +39,7 @@ SLOW = (
     "test_tp_memory.py::",  # two gloo processes load and step a tensor-parallel model
     "test_export_targets.py::test_best_plan_exports_and_parses",  # four searches, every target parsed
     "test_expert_parallel.py::test_ep_memory_matches_the_gloo_run",  # 2 gloo processes, transformers EP
+    "test_olmo.py::test_fsdp2_casts_the_fp32_rope_tables_at_every_layer",  # 2 gloo processes, FSDP2
 )
 
 

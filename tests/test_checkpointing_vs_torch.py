@@ -32,6 +32,9 @@ pytestmark = pytest.mark.torch
 
 MOE = {"mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss", "glm4_moe", "qwen3_next"}
 ATTN = {"gemma2": "eager", "gpt_oss": "eager"}  # no sdpa path in transformers 5
+#: PEFT's all-linear wraps Llama 4's router (an nn.Linear returning a tuple) and fails: the list
+#: ftplan plans and exports instead
+LORA_TARGETS = {"llama4_text": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
 
 
 def _model(family: str, method: str, loss: str):
@@ -44,7 +47,8 @@ def _model(family: str, method: str, loss: str):
             from peft import LoraConfig, get_peft_model
 
             m = get_peft_model(m, LoraConfig(r=8, lora_alpha=16, lora_dropout=_dropout(family),
-                                             target_modules="all-linear", task_type="CAUSAL_LM"))
+                                             target_modules=LORA_TARGETS.get(family, "all-linear"),
+                                             task_type="CAUSAL_LM"))
         if loss == "trl":
             A.add_trl_fused_head(m)
     return m
@@ -81,7 +85,9 @@ VARIANTS = (
     + [("llama", "lora", "full-reentrant"), ("qwen3_moe", "full", "full-reentrant")]
     + [("llama", "full", "every-k"), ("gemma2", "lora", "every-k"), ("gemma3_text", "full", "every-k"),
        ("mixtral", "lora", "every-k"), ("deepseek_v3", "full", "every-k"), ("gpt_oss", "lora", "every-k"),
-       ("glm4_moe", "full", "every-k"), ("qwen3_next", "lora", "every-k")]
+       ("glm4_moe", "full", "every-k"), ("qwen3_next", "lora", "every-k"),
+       ("llama4_text", "lora", "selective"), ("llama4_text", "lora", "every-k"),
+       ("llama4_text", "full", "selective-attention")]
 )
 
 

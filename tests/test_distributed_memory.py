@@ -6,7 +6,9 @@ biases, mixtral as the MoE family; deepseek_v3's LoRA for its fp32 router in a b
 full fine-tuning under FSDP2's autocast; gpt_oss for its sinks and biased experts; glm4_moe with
 LoRA under FSDP2 and in full under FSDP1/FSDP2 and ZeRO-3; qwen3_5 with LoRA under FSDP2 and in full
 under FSDP2 and ZeRO-3; qwen3_5_moe in full under ZeRO-3, with LoRA under FSDP2 and ZeRO-3; qwen3_next
-in full and with LoRA under FSDP2 and ZeRO-3), and
+in full and with LoRA under FSDP2 and ZeRO-3; olmo3 in full and LoRA under ZeRO-3, smollm3 with LoRA
+under FSDP2; llama4_text in full and with LoRA under FSDP2 and ZeRO-3, in full under FSDP1, QLoRA under
+FSDP2), and
 every byte each rank holds is counted through a
 ``TorchDispatchMode``. The formulas (``ftplan.sharding.layout_memory``, CPU form) must give:
 
@@ -91,6 +93,9 @@ TORCH_CASES = [
     # qwen3_next: fused DeltaNet projections, qwen2_moe's block with its 1-row shared_expert_gate
     # (on rank 0 alone: BOUNDS["fsdp2_one_row_states"]), a dense layer
     Case(family="qwen3_next", engine="fsdp2"),
+    # llama4_text: dense-dispatch experts (bmm), a shared expert, chunked / NoPE attention
+    Case(family="llama4_text", engine="fsdp2"),
+    Case(family="llama4_text", engine="fsdp1"),
     # mistral4: MLA, DeepSeek-V3's block with a compute-dtype softmax router, llama-4 query scaling
     Case(family="mistral4", engine="fsdp2"),
 ]
@@ -111,6 +116,13 @@ PEFT_CASES = [Case(family="mixtral", engine="fsdp2", method="lora"),
               # shared expert's and gate's adapters share it too (18,432 B over before)
               Case(family="qwen3_next", engine="fsdp2", method="lora"),
               Case(family="qwen3_5_moe", engine="fsdp2", method="lora"),
+              # smollm3: a NoPE layer among llama layers (tied embeddings). Not olmo2/olmo3: OLMo's
+              # rotary tables are fp32 and FSDP2 (cast_forward_inputs) casts them to bf16 at every
+              # decoder layer's pre-forward, engine-made copies the layers save, which this harness
+              # files under the engine (tests/test_olmo.py holds them apart)
+              Case(family="smollm3", engine="fsdp2", method="lora"),
+              # llama4_text: the LoRA targets all-linear stands for (PEFT wraps its router and fails)
+              Case(family="llama4_text", engine="fsdp2", method="lora"),
               # FSDP1 as HF Trainer wraps a PEFT model: PEFT's fsdp_auto_wrap_policy (every lora_A /
               # lora_B its own unit), accelerate's fp32 upcast of trainable flat parameters; llama's
               # second step: the adapters' bf16 views PEFT sees from the first unshard on (the
@@ -133,7 +145,9 @@ QLORA_CASES = [Case(family="llama", engine="fsdp2", method="qlora"), Case(family
                Case(family="mixtral", engine="fsdp2", method="qlora"), Case(family="gpt_oss", engine="fsdp2", method="qlora"),
                # FSDP1 QLoRA (bf16 quant storage: transformers' update_fsdp_plugin_peft mixed precision)
                Case(family="llama", engine="fsdp1", method="qlora"), Case(family="qwen2", engine="fsdp1", method="qlora"),
-               Case(family="llama", engine="fsdp1", method="qlora", offload_params=True)]
+               Case(family="llama", engine="fsdp1", method="qlora", offload_params=True),
+               # llama4_text: its 3-D experts and router stay bf16 (no Linear4bit)
+               Case(family="llama4_text", engine="fsdp2", method="qlora")]
 #: ZeRO-3 runs two steps: DeepSpeed traces the module order in the first one and from then on
 #: keeps gathered what its trace reuses soon (the steady state)
 DS_CASES = [
@@ -153,6 +167,10 @@ DS_CASES = [
     # 1-row shared_expert_gate: under FSDP2 on rank 0 alone, see BOUNDS["fsdp2_one_row_states"])
     Case(family="qwen3_5_moe", engine="deepspeed", zero_stage=3, steps=2),
     Case(family="qwen3_next", engine="deepspeed", zero_stage=3, steps=2),
+    # olmo3: post-norms, whole-projection q/k norms, fp32 rope tables (one pair per layer type),
+    # sliding/full layers; DeepSpeed's bf16 mode has no autocast and casts no forward inputs
+    Case(family="olmo3", engine="deepspeed", zero_stage=3, steps=2),
+    Case(family="llama4_text", engine="deepspeed", zero_stage=3, steps=2),
     Case(family="qwen2", engine="deepspeed", zero_stage=2, offload_optimizer=True),
     Case(family="llama", engine="deepspeed", zero_stage=2, offload_optimizer=True),
     Case(family="mixtral", engine="deepspeed", zero_stage=2, offload_optimizer=True),
@@ -185,7 +203,11 @@ DS_QLORA_CASES = [Case(family="llama", engine="deepspeed", zero_stage=3, method=
                   # the MoE block's input, kept by the router (wrapped, or ZeRO-3's linear), the frozen
                   # shared expert and the gate's adapter: one storage (24,576 B over per rank before)
                   Case(family="qwen3_next", engine="deepspeed", zero_stage=3, method="lora", steps=2),
-                  Case(family="qwen3_5_moe", engine="deepspeed", zero_stage=3, method="lora", steps=2)]
+                  Case(family="qwen3_5_moe", engine="deepspeed", zero_stage=3, method="lora", steps=2),
+                  # olmo3: q/k/v and gate/up read the residual stream (no input norm) under ZeRO-3's linear
+                  Case(family="olmo3", engine="deepspeed", zero_stage=3, method="lora", steps=2),
+                  # llama4_text: the LoRA targets all-linear stands for (PEFT wraps its router and fails)
+                  Case(family="llama4_text", engine="deepspeed", zero_stage=3, method="lora", steps=2)]
 #: 4 ranks: shard degree 4, and HSDP (2 replicas x 2 shards)
 FOUR_CASES = [
     Case(family="llama", engine="fsdp2"),

@@ -31,11 +31,16 @@ jobs = st.builds(
 
 
 def _peft_ok(model, job):
-    """PEFT refuses LoRA dropout on fused MoE experts (all-linear): such jobs are invalid input."""
+    """PEFT refuses LoRA dropout on fused MoE experts (all-linear), transformers flash attention on
+    Llama 4: such jobs are invalid input."""
     from dataclasses import replace
 
     from ftplan.job import lora_wraps_experts
 
+    from ftplan.model import FAMILIES
+
+    if job.attn_impl == "flash" and not FAMILIES[model.family].supports_flash:
+        job = job.with_(attn_impl="sdpa")  # (Llama 4: transformers has no flash path, refused)
     if lora_wraps_experts(model, job.lora) and job.lora.dropout > 0:
         return job.with_(lora=replace(job.lora, dropout=0.0))
     return job

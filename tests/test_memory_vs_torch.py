@@ -26,6 +26,10 @@ pytestmark = pytest.mark.torch
 #: attention implementation per family (gemma2 has no sdpa path in transformers 5)
 ATTN = {"gemma2": "eager", "gpt_oss": "eager"}
 MOE = {"mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss", "glm4_moe", "qwen3_next"}
+#: PEFT target_modules where ``all-linear`` does not run: PEFT 0.21 wraps Llama 4's router (an
+#: ``nn.Linear`` subclass returning a tuple) and the forward fails; ftplan plans all-linear there as
+#: every other nn.Linear (and exports this list)
+LORA_TARGETS = {"llama4_text": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
 
 
 def _run(family, method, ckpt, batch, seq, optimizer="adamw", attn=None, precision="bf16-mixed", cfg=None):
@@ -41,7 +45,8 @@ def _run(family, method, ckpt, batch, seq, optimizer="adamw", attn=None, precisi
             from peft import LoraConfig, get_peft_model
 
             model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=dropout,
-                                                     target_modules="all-linear", task_type="CAUSAL_LM"))
+                                                     target_modules=LORA_TARGETS.get(family, "all-linear"),
+                                                     task_type="CAUSAL_LM"))
         # HF Trainer bf16=True: autocast around the forward whatever the model dtype
         orig = TR._model_dtype
         if precision.endswith("-mixed"):
@@ -194,7 +199,8 @@ def _run_qlora(family, ckpt, recipe, dropout=0.1):
         if recipe == "peft":
             model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=ckpt)
         model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=dropout,
-                                                 target_modules="all-linear", task_type="CAUSAL_LM"))
+                                                 target_modules=LORA_TARGETS.get(family, "all-linear"),
+                                                 task_type="CAUSAL_LM"))
         if recipe == "trl":  # trl/trainer/sft_trainer.py (1.16): "_is_quantized_model" branch
             if ckpt:
                 model.enable_input_require_grads()
@@ -297,4 +303,18 @@ def test_phi3_partial_rotary_exact(method, ckpt, attn):
     assert model_from_config(TR.TINY_CONFIGS["phi3"]).attention.rotary_dim == spec.attention.head_dim
     spec2, job, r, casts = _run("phi3", method, ckpt, 2, 24, attn=attn, cfg=cfg)
     assert spec2.attention.rotary_dim == spec.attention.rotary_dim
+    assert saved_activation_bytes(spec, job, backend="cpu") == r.saved_activation_bytes - casts
+
+
+@pytest.mark.parametrize("method,ckpt", [("full", False), ("lora", True)])
+def test_mistral_null_sliding_window_is_no_window(method, ckpt):
+    """Mistral-7B-v0.3, Mistral NeMo and Mistral Small 3 ship ``"sliding_window": null``:
+    transformers keeps None (full causal attention: sdpa runs ``is_causal`` without a mask), not
+    MistralConfig's 4096 default, which ftplan used to put back (a window and its mask above the
+    window's length). Held at 40 tokens against the tiny model's window of 16."""
+    cfg = {**TR.TINY_CONFIGS["mistral"], "sliding_window": None}
+    spec = model_from_config(cfg)
+    assert all(g.window is None for g in spec.groups)
+    assert all(g.window == 16 for g in model_from_config(TR.TINY_CONFIGS["mistral"]).groups)
+    _spec, job, r, casts = _run("mistral", method, ckpt, 1, 40, cfg=cfg)
     assert saved_activation_bytes(spec, job, backend="cpu") == r.saved_activation_bytes - casts

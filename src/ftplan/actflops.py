@@ -70,7 +70,7 @@ def _layer_mm_flops(g: LayerGroup, model: ModelSpec, job: Job) -> tuple[float, f
             for name in mlp_names:
                 proj(name)
         mms.append(2.0 * h * m.num_experts)  # router
-        other += m.top_k * 3 * 2.0 * h * m.expert_intermediate_size  # routed experts (grouped_mm)
+        other += m.computed_experts * 3 * 2.0 * h * m.expert_intermediate_size  # routed experts (llama4: bmm on every expert)
         if job.uses_lora and lora_wraps_experts(model, job.lora):
             other += m.top_k * 2.0 * r * (3 * h + 3 * m.expert_intermediate_size)
         if m.shared_gate:  # then its sigmoid gate

@@ -234,7 +234,8 @@ def fit_advice(model: ModelSpec, job: Job, layout: Layout | None, gpu: Any, *, m
               job.with_(loss="trl"), layout)
     # 2b. eager attention (the architecture's default where transformers has no sdpa path):
     # a flash kernel never materialises the (b, heads, s, s) scores
-    if job.attn_impl == "eager" or (job.attn_impl == "sdpa" and not model.supports_sdpa):
+    if (job.attn_impl == "eager" or (job.attn_impl == "sdpa" and not model.supports_sdpa)) and \
+            _has_flash(model):
         offer("attention", {"attn_impl": "flash"},
               "fits with a flash-attention kernel instead of eager attention: `attn=flash`",
               job.with_(attn_impl="flash"), layout)
@@ -307,3 +308,11 @@ def fit_advice(model: ModelSpec, job: Job, layout: Layout | None, gpu: Any, *, m
     elif job.method == "lora" and getattr(gpu, "supports_bitsandbytes", True):
         offer("method", {"method": "qlora"}, "fits with QLoRA: `method=qlora`", job.with_(method="qlora"), layout)
     return tuple(out)
+
+
+def _has_flash(model) -> bool:
+    """transformers has a flash-attention path for the architecture (not Llama 4)."""
+    from .model import FAMILIES
+
+    fam = FAMILIES.get(model.family)
+    return fam is None or fam.supports_flash

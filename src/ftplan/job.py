@@ -528,6 +528,23 @@ def lora_targets(model: ModelSpec, lora: LoraSpec) -> frozenset[str]:
     return frozenset(lora.target_modules) & names
 
 
+def peft_target_modules(model: ModelSpec, lora: LoraSpec) -> str | list[str]:
+    """``target_modules`` as an exported job passes it to PEFT (or axolotl / LLaMA-Factory):
+    ``"all-linear"``, or the module names. On a family where PEFT's all-linear fails
+    (``Family.peft_all_linear`` False: llama4_text's router) all-linear becomes the modules ftplan
+    planned, in layer order."""
+    fam = FAMILIES.get(model.family)
+    if "all-linear" in lora.target_modules:
+        if fam is not None and not fam.peft_all_linear:
+            targets = lora_targets(model, lora)
+            from .model import layer_linears
+
+            return list(dict.fromkeys(lin.module for g in model.groups for lin in layer_linears(model, g)
+                                      if lin.module in targets))
+        return "all-linear"
+    return list(lora.target_modules)
+
+
 def lora_wraps_experts(model: ModelSpec, lora: LoraSpec) -> bool:
     """True when PEFT wraps the fused expert weights (``gate_up_proj`` at rank 2r, ``down_proj``
     at rank r) and the router weight (rank r) with ``ParamWrapper``: ``all-linear`` on a
@@ -616,6 +633,11 @@ def _check_ep(model: ModelSpec, layout: Layout, p: list[Problem]) -> None:
         p.append(Problem("ep", f"expert parallelism on {model.name}'s hybrid Gated DeltaNet layers is not modelled "
                                "(not held against transformers' EP engine)", "use `ep=1`"))
         return
+    if any(g.moe is not None and g.moe.dense_dispatch for g in model.groups):
+        p.append(Problem("ep", f"expert parallelism on {model.name}: transformers has no expert-parallel plan for "
+                               "Llama 4 (its experts take every token, pre-scaled by the router, so nothing is "
+                               "dispatched)", "use `ep=1`"))
+        return
     experts = sorted({g.moe.num_experts for g in model.groups if g.moe is not None})
     for e in experts:
         _check(e % ep == 0, p, f"expert-parallel degree {ep} must divide the {e} experts of {model.name}", "ep")
@@ -687,6 +709,11 @@ def validate_job(model: ModelSpec, job: Job, layout: Layout | None = None) -> No
     p = _field_problems(job, layout)
     if any(pr.field in ("gpus", "nodes", "tp", "pp") for pr in p):
         raise ConfigError(problems=p)  # the checks below divide by these
+    fam = FAMILIES.get(model.family)
+    if job.attn_impl == "flash" and fam is not None and not fam.supports_flash:
+        p.append(Problem("attn", f"transformers has no flash-attention path for {model.name} "
+                                      f"({model.family}: _supports_flash_attn is False)",
+                         "use `attn=sdpa` (or eager)"))
     if job.uses_lora:
         lo = job.lora
         _check(not (lora_wraps_experts(model, lo) and lo.dropout > 0), p,
@@ -728,6 +755,10 @@ def validate_job(model: ModelSpec, job: Job, layout: Layout | None = None) -> No
             # (colwise_gather_output): no head-parallel split ftplan could plan
             _check(not model.is_hybrid, p, f"tensor parallelism is not modelled for the linear-attention layers of "
                    f"{model.name}", "tp")
+            # olmo2/olmo3: the q/k norms span the whole projection, so their tp_plan gathers q, k and v
+            # whole on every rank (colwise_gather_output) and splits o_proj's input: not the head split
+            _check(not a.qk_norm_whole, p, f"tensor parallelism is not modelled for {model.name}'s q/k norms over "
+                   "the whole projection (transformers gathers q/k/v on every rank)", "tp")
             _check(a.num_heads % layout.tp == 0, p,
                    f"tensor-parallel degree {layout.tp} must divide the {a.num_heads} attention heads", "tp")
             _check(a.num_kv_heads % layout.tp == 0 or layout.tp % a.num_kv_heads == 0, p,

@@ -268,7 +268,7 @@ def _full_vectors(model: ModelSpec) -> list[tuple[int, int]]:
         if g.moe is not None and g.moe.bias:
             out.append((g.moe.num_experts, g.count))  # router bias
         if a.qk_norm:
-            out.append((a.head_dim, 2 * g.count))
+            out += [(size, g.count) for size in a.qk_norm_sizes]
         if a.is_mla:
             out.append((a.kv_lora_rank, g.count))
             if a.q_lora_rank:
@@ -303,14 +303,21 @@ def _autocast_weight_elems(model: ModelSpec, backend: str = "cuda") -> int:
     (nn.Linear weights without biases, MoE routers, the lm_head or the tied embedding). On CUDA the
     grouped_mm experts are autocast too; on CPU they run in fp32."""
     n = 0
+    bmm = _bmm_experts(model)
     for lin in model.linears():
-        if lin.is_module or backend == "cuda":
+        if lin.is_module or backend == "cuda" or bmm:
             n += lin.count * lin.in_features * lin.out_features
     # router weights (autocast casts a router's bias too, but the linear's backward does not keep it)
     n += sum(g.count * g.moe.num_experts * model.hidden_size for g in model.groups if g.moe is not None)
     if model.tie_word_embeddings:
         n += model.params.embedding
     return n
+
+
+def _bmm_experts(model: ModelSpec) -> bool:
+    """The routed experts run as ``torch.bmm`` (Llama 4's dense dispatch), which autocast covers
+    on CPU too (grouped_mm experts run in their weights' dtype on CPU)."""
+    return any(g.moe is not None and g.moe.dense_dispatch for g in model.groups)
 
 
 def _first_layer_frozen_a(model: ModelSpec, job: Job) -> int:
@@ -372,7 +379,7 @@ def _frozen_layer_copy_elems(model: ModelSpec, g: LayerGroup, backend: str) -> i
     them and each matmul saves its own copy for the input's gradient); the grouped_mm experts on
     CUDA (on CPU they run in fp32)."""
     n = _layer_matmul_weight_elems(model, g)
-    if g.moe is not None and backend != "cuda":
+    if g.moe is not None and backend != "cuda" and not g.moe.dense_dispatch:
         n -= g.moe.num_experts * 3 * model.hidden_size * g.moe.expert_intermediate_size
     return n
 
@@ -387,7 +394,11 @@ def _frozen_copy_elems(model: ModelSpec, job: Job, g: LayerGroup, backend: str) 
     if (job.method == "qlora" and job.kbit_upcast and job.precision.endswith("-mixed")
             and PRECISIONS[job.precision]["compute"] != "fp32" and g.moe is not None
             and not (job.uses_lora and lora_wraps_experts(model, job.lora))):
-        return g.moe.num_experts * model.hidden_size
+        m = g.moe
+        # (Llama 4: its 3-D experts are no Linear4bit either; upcast to fp32, their bmm keeps
+        # autocast's compute-dtype copies for the input's gradient)
+        experts = m.num_experts * 3 * model.hidden_size * m.expert_intermediate_size if m.dense_dispatch else 0
+        return m.num_experts * model.hidden_size + experts
     return 0
 
 
@@ -646,6 +657,9 @@ class _Dtypes:
     #: PEFT's wrapped (ParamWrapper) router: bytes of the adapter copies its delta weight saves
     #: per MoE layer (``get_delta_weight`` upcasts bf16 adapters on CPU)
     router_delta_copy: int = 0
+    #: FSDP2's ``MixedPrecisionPolicy(cast_forward_inputs=True)`` (accelerate's): every decoder
+    #: layer unit casts its floating-point inputs to ``param_dtype`` in its pre-forward hook
+    casts_layer_inputs: bool = False
 
 
 def _act_dtypes(job: Job, backend: str, engine_compute: str = "") -> _Dtypes:
@@ -721,14 +735,21 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
     c = dt.compute
     heads = a.num_heads // tp if a is not None else 0
     style = _norm_style(model)
-    total = _norm_saved(t, h, dt.resid, dt.full, style=style)  # input norm
-    if g.norms_per_layer == 4:  # gemma: post-attention norm (on o_proj output) and pre/post feed-forward
-        total += 2 * _norm_saved(t, h, c, dt.full, style=style) + _norm_saved(t, h, dt.resid, dt.full, style=style)
+    if FAMILIES[model.family].post_norms:
+        # olmo2: no input norm; the post-attention and post-feed-forward norms read o_proj's and
+        # down_proj's outputs (compute dtype)
+        total = 2 * _norm_saved(t, h, c, dt.full, style=style)
     else:
-        total += _norm_saved(t, h, dt.resid, dt.full, style=style)  # post-attention norm
+        total = _norm_saved(t, h, dt.resid, dt.full, style=style)  # input norm
+        if g.norms_per_layer == 4:  # gemma: post-attention norm (on o_proj output) and pre/post feed-forward
+            total += 2 * _norm_saved(t, h, c, dt.full, style=style) + _norm_saved(t, h, dt.resid, dt.full,
+                                                                                   style=style)
+        else:
+            total += _norm_saved(t, h, dt.resid, dt.full, style=style)  # post-attention norm
     # a materialised mask: a sliding window shorter than the row, or padding-free's block-diagonal
     # mask (flash attention handles both without one)
-    masked = job.attn_impl != "flash" and ((g.window is not None and s > g.window) or job.is_padding_free)
+    masked = job.attn_impl != "flash" and ((g.window is not None and s > g.window) or job.is_padding_free
+                                           or (a is not None and a.chunk is not None and s > a.chunk))
     if g.linear_attention is not None:
         total += _gdn_saved(g.linear_attention, b, s, h, dt, job, tp)
     elif a.is_mla:
@@ -741,7 +762,11 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
         gqa_native = job.attn_impl == "flash" or (job.attn_impl == "sdpa" and not masked and a.head_dim <= 256)
         kv_saved = kv_heads if gqa_native else heads
         total += _linear_inputs(t, h, 1 if a.fused_qkv else 3, dt.norm_out if dt.full else dt.resid, dt)
-        if a.qk_norm:  # per-head norms on the q/k projections (compute dtype)
+        total += _llama4_attention_extras(a, b, s, heads, kv_heads)
+        if a.qk_norm and a.qk_norm_whole:  # olmo2: one norm over each whole projection
+            total += _norm_saved(t, q, c, dt.full, style=style) + _norm_saved(t, kv_heads * a.head_dim, c, dt.full,
+                                                                               style=style)
+        elif a.qk_norm:  # per-head norms on the q/k projections (compute dtype)
             total += _norm_saved(t, q, c, dt.full, rows=t * heads, style=style, weight=a.head_dim)
             total += _norm_saved(t, kv_heads * a.head_dim, c, dt.full, rows=t * kv_heads, style=style,
                                  weight=a.head_dim)
@@ -757,8 +782,11 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
             total += t * q * c if dt.full else 0  # o_proj input (contiguous copy of the output)
         elif job.attn_impl == "eager":
             total += t * q * c + 2 * t * heads * a.head_dim * c  # q and repeated k, v
-            # fp32 softmax output and (when the compute dtype is narrower) its cast for the matmul
-            total += b * heads * s * s * (4 + (c if c != 4 else 0))
+            # fp32 softmax output and (when the compute dtype is narrower) its cast for the matmul;
+            # Llama 4's eager softmax runs in the scores' dtype: the compute dtype promoted by the
+            # mask's (the residual dtype)
+            sm = max(c, dt.resid) if a.complex_rope or not a.rope else 4
+            total += b * heads * s * s * (sm + (c if c != sm else 0))
             if a.softcap:
                 total += b * heads * s * s * c  # tanh output of the soft-capping
             total += t * q * c if dt.full else 0  # o_proj input (contiguous copy of the output)
@@ -793,6 +821,21 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
                             ep=ep, ep_rows=ep_rows)
     total += _lora_saved(g, model, job, dt, t, tp, backend)
     return total
+
+
+def _llama4_attention_extras(a, b: int, s: int, heads: int, kv_heads: int) -> int:
+    """Llama 4's per-layer attention terms beyond the generic ones: the weightless L2 q/k norm of a
+    rope layer (``Llama4TextL2Norm``: the fp32 q and k, a fresh copy, and their rsqrt per head row;
+    no weight) and a NoPE layer's temperature tuning (``query * attn_scales``: the mul keeps the
+    ``(1, s, 1, 1)`` fp32 scales, expanded over the batch, for q's gradient). The complex rope
+    saves only the shared ``freqs_cis`` table (:func:`_rope_bytes`)."""
+    t = b * s
+    out = 0
+    if a.l2_qk_norm:
+        out += 4 * t * (heads * a.head_dim + heads) + 4 * t * (kv_heads * a.head_dim + kv_heads)
+    if a.temperature_tuning:
+        out += s * 4
+    return out
 
 
 def _gdn_saved(la: GatedDeltaNetSpec, b: int, s: int, h: int, dt: _Dtypes, job: Job, tp: int) -> int:
@@ -979,6 +1022,8 @@ def _moe_saved(m: MoeSpec, t: int, h: int, dt: _Dtypes, tp: int, wrapped: bool =
         # weight, ``weight.float()``, which no autocast turns back)
         router_w = 4 if m.router == "deepseek_v3" and dt.engine_compute == "cast" else c
         out += m.num_experts * h * router_w + m.num_experts * 3 * h * i * c + dt.router_delta_copy
+    if m.dense_dispatch:
+        return _llama4_moe_saved(m, t, h, dt, tp)
     if ep > 1:
         from .expert_parallel import ep_experts_saved
 
@@ -1009,6 +1054,30 @@ def _moe_saved(m: MoeSpec, t: int, h: int, dt: _Dtypes, tp: int, wrapped: bool =
         # output and the shared expert's output, both kept by the product
         out += _linear_inputs(t, h, 1, dt.norm_out, dt) if dt.norm_out != c else 0
         out += t * c + t * h * dt.base_out
+    return out // max(1, tp) if tp > 1 else out
+
+
+def _llama4_moe_saved(m: MoeSpec, t: int, h: int, dt: _Dtypes, tp: int) -> int:
+    """One Llama 4 MoE layer (``Llama4TextMoe``; PEFT wraps neither its experts nor its router).
+    The router (an ``nn.Linear`` subclass) keeps its input (a trainable router: an autocast copy
+    where the normed input is not in the compute dtype, else the shared expert's storage), the
+    top-k ids and the fp32 sigmoid of the top-k-filled logits; the scores cast back to the logits'
+    dtype and laid out per (expert, token) row scale ``hidden.repeat(E, 1)``, both kept by the mul;
+    the experts' two ``bmm`` run on every (expert, token) row in the compute dtype (autocast covers
+    ``bmm`` on CPU too): the gate_up output (silu and the gated product keep it), the silu output
+    and, for trainable experts, their input and down's input (the product). The routed outputs are
+    summed into the shared expert's output in place (nothing kept)."""
+    e, i, c = m.num_experts, m.expert_intermediate_size, dt.compute
+    x_bytes = dt.norm_out if dt.full else dt.resid
+    rows = e * t
+    out = t * h * c if dt.full and x_bytes != c else 0  # the router's input copy
+    out += t * m.top_k * 8 + t * e * 4 + rows * c  # top-k ids, sigmoid, per-row scores
+    out += rows * h * x_bytes  # hidden.repeat(E, 1)
+    out += rows * 3 * i * c  # gate_up output, silu output
+    if dt.full:
+        out += rows * (h + i) * c  # the experts' input and down's input
+    if m.shared is not None:
+        out += _mlp_saved(m.shared, t, h, dt, tp, False)
     return out // max(1, tp) if tp > 1 else out
 
 
@@ -1312,7 +1381,8 @@ def _first_layer_discount(model: ModelSpec, job: Job, dt: _Dtypes, backend: str)
     require grad: its input norm saves nothing and the LoRA dropouts reading it keep no mask."""
     t = job.micro_batch * job.seq_len
     h = model.hidden_size
-    out = _norm_saved(t, h, dt.resid, False, style=_norm_style(model))
+    # (post-norm families, olmo2: the first layer has no input norm)
+    out = 0 if FAMILIES[model.family].post_norms else _norm_saved(t, h, dt.resid, False, style=_norm_style(model))
     if job.casts_fp32_base:
         # nor do the projections reading it save their weight copies (nothing needs a gradient)
         out += dt.compute * sum(lin.in_features * lin.out_features for lin in layer_linears(model, model.groups[0])
@@ -1367,11 +1437,17 @@ def _model_level_saved(model: ModelSpec, job: Job, dt: _Dtypes) -> int:
         if job.attn_impl == "eager":
             # eager materialises a mask per layer kind the model has, sliding or full, even where
             # the window covers the whole row (transformers builds each kind's mask every forward)
-            eager_kinds = {g.window is not None for g, n in zip(model.groups, _checkpointed_counts(model, job))
+            eager_kinds = {(g.window is not None, g.attention.chunk is not None)
+                           for g, n in zip(model.groups, _checkpointed_counts(model, job))
                            if n and g.attention is not None}
             out += len(eager_kinds) * b * s * s * dt.resid
         elif job.attn_impl == "sdpa":
             out += sum(s * s for w in kinds if w is not None or packed)
+            # Llama 4's chunked attention: create_chunked_causal_mask gives sdpa a (b, 1, s, s)
+            # bool mask once the sequence is longer than the chunk
+            chunks = {g.attention.chunk for g, n in zip(model.groups, _checkpointed_counts(model, job))
+                      if n and g.attention is not None and g.attention.chunk is not None and s > g.attention.chunk}
+            out += len(chunks) * b * s * s
     return out
 
 
@@ -1638,8 +1714,24 @@ def _rope_bytes(model: ModelSpec, job: Job, dt: _Dtypes) -> int:
         width = a.rotary_dim
     else:
         width = a.head_dim // 2 if model.family == "gpt_oss" else a.head_dim
-    rows = b if FAMILIES[model.family].mrope else 1
-    return (2 if model.family == "gemma3_text" else 1) * 2 * rows * s * width * dt.resid
+    fam = FAMILIES[model.family]
+    rows = b if fam.mrope else 1
+    if any(g.attention is not None and g.attention.complex_rope for g in model.groups):
+        # Llama 4: one complex64 ``freqs_cis`` table (1, s, d / 2), which the rope's complex muls
+        # keep (NoPE layers use none)
+        return s * a.head_dim * 4
+    if FAMILIES[model.family].moe == "llama4":
+        return 0  # every layer NoPE
+    if fam.fp32_rope and dt.casts_layer_inputs:
+        # FSDP2 casts OLMo's fp32 tables to bf16 at every decoder layer's pre-forward: each layer
+        # saves its own copy, the fp32 tables themselves are not saved
+        n = sum(g.count for g in model.attention_groups)
+        return n * 2 * rows * s * width * dt.compute
+    pairs = 2 if model.family == "gemma3_text" else 1
+    if model.family == "olmo3":  # one pair per layer type the model has (sliding, full)
+        pairs = len({g.window is not None for g in model.attention_groups})
+    # OLMo's rotary embedding keeps its tables fp32 (no cast to the input dtype)
+    return pairs * 2 * rows * s * width * (4 if fam.fp32_rope else dt.resid)
 
 
 def _layer_copy_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, backend: str,
@@ -1669,12 +1761,14 @@ def _layer_repeats(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, tp: i
     b, s = _batch_shape(job)
     t = b * s
     h = model.hidden_size
-    norms = g.norms_per_layer - (1 if first_frozen else 0)
+    post = FAMILIES[model.family].post_norms  # (olmo2: no input norm, so none the first layer skips)
+    norms = g.norms_per_layer - (1 if first_frozen and not post else 0)
     out = norms * (t * h * 4 + t * 4)
     a = g.attention
-    if a.qk_norm:  # per-head q/k norms: the same pattern per head row
+    if a.qk_norm:  # per-head q/k norms: the same pattern per head row (whole-projection: per token)
         heads, kv = a.num_heads // tp, max(1, a.num_kv_heads // tp)
-        out += t * heads * a.head_dim * 4 + t * heads * 4 + t * kv * a.head_dim * 4 + t * kv * 4
+        rq, rk = (t, t) if a.qk_norm_whole else (t * heads, t * kv)
+        out += t * heads * a.head_dim * 4 + rq * 4 + t * kv * a.head_dim * 4 + rk * 4
     # (on CPU a fused qkv or a partial rotary makes o_proj's input a separate copy: no repeat)
     if dt.full and job.attn_impl != "eager" and not a.is_mla and not (a.head_major_q and backend == "cpu"):
         out += t * (a.num_heads // tp) * a.v_head_dim * dt.compute
@@ -1787,6 +1881,8 @@ def activation_parts(model: ModelSpec, job: Job, layout: Layout | None = None, *
     layout = layout or Layout()
     consts = consts or memory_constants()
     dt = _act_dtypes(job, backend, engine_compute)
+    if dt.engine_compute == "autocast" and layout.engine == "fsdp2":
+        dt = dataclasses.replace(dt, casts_layer_inputs=True)
     if layout.strategy == "zero3" and not dt.full:
         dt = dataclasses.replace(dt, linear_saves_input=True, frozen_linears_save_input=not quantized_base)
     if (backend == "cpu" and dt.engine_compute and job.uses_lora and model.is_moe
@@ -1897,6 +1993,25 @@ def _ep_rows(g: LayerGroup, job: Job, ep: int) -> int | None:
 # ---------------------------------------------------------------------------------------------
 # the whole breakdown
 # ---------------------------------------------------------------------------------------------
+def _llama4_note(model: ModelSpec, job: Job) -> str:
+    """What a Llama 4 answer says: the text model planned, its all-linear targets, and
+    transformers' dense expert dispatch."""
+    m = next(g.moe for g in model.groups if g.moe is not None)
+    out = ("Llama 4: planned as Llama4ForCausalLM, the text model AutoModelForCausalLM builds from text_config "
+           "(transformers 5.24; the vision tower is not loaded); transformers' Llama4TextMoe runs every token "
+           f"through all {m.num_experts} experts (router scores scale the experts' input, 0 outside the top-"
+           f"{m.top_k}): expert activations and FLOPs are {m.num_experts // m.top_k}x a top-{m.top_k} dispatch's")
+    cfg = model.config.get("text_config", model.config) if isinstance(model.config, Mapping) else {}
+    att = cfg.get("attn_temperature_tuning") if isinstance(cfg, Mapping) else None
+    if isinstance(att, int) and not isinstance(att, bool):
+        out += (f"; config.json's attn_temperature_tuning {att} (as Meta published Scout's) is refused by "
+                "transformers 5.24's strict Llama4TextConfig (a bool field): set it to true before loading")
+    if job.uses_lora and "all-linear" in job.lora.target_modules:
+        out += ("; LoRA all-linear is planned and exported as q/k/v/o and gate/up/down (PEFT 0.21's all-linear "
+                "wraps Llama4Router, an nn.Linear returning a tuple, and its forward fails)")
+    return out
+
+
 def _gdn_kernel_note(model: ModelSpec, job: Job, layout: Layout) -> str:
     """How much less a Gated DeltaNet layer saves with the CUDA kernels (fla, causal-conv1d) than
     on transformers' torch path, which the plan counts, per layer and for the layers that keep
@@ -1969,6 +2084,8 @@ def estimate_memory(
     arch_note = planned_as_note(model.config)
     if arch_note:
         notes.append(arch_note)
+    if _bmm_experts(model):
+        notes.append(_llama4_note(model, job))
     qc = model.config.get("quantization_config") if isinstance(model.config, Mapping) else None
     if isinstance(qc, Mapping) and qc.get("quant_method") == "mxfp4":
         notes.append("checkpoint in MXFP4 (gpt-oss experts): planned on the bf16 weights transformers makes of it "

@@ -30,6 +30,7 @@ __all__ = [
     "ParamCounts",
     "ModelSpec",
     "model_from_config",
+    "nope_layer_count",
     "layer_group_order",
     "layer_linears",
 ]
@@ -94,6 +95,27 @@ class Family:
     #: the output gate z, interleaved per key head) and ``in_proj_ba`` (beta and the decay input),
     #: where qwen3_5 has ``in_proj_qkv`` / ``in_proj_z`` / ``in_proj_b`` / ``in_proj_a``
     gdn_fused_proj: bool = False
+    #: olmo2 / olmo3: no norm before attention or MLP; RMSNorms on the attention output (after
+    #: o_proj) and on the MLP output, before each residual add (``post_attention_layernorm``,
+    #: ``post_feedforward_layernorm``): q/k/v and gate/up read the residual stream itself
+    post_norms: bool = False
+    #: q/k RMSNorm over the whole q / k projection (olmo2: ``heads * head_dim`` and
+    #: ``kv_heads * head_dim`` weights, one rsqrt per token) instead of per head
+    qk_norm_whole: bool = False
+    #: the rotary embedding returns fp32 cos/sin (OlmoRotaryEmbedding does not cast them to the
+    #: input dtype): the shared tables are fp32, q/k rotated in fp32 and cast back
+    fp32_rope: bool = False
+    #: NoPE layers (smollm3): ``no_rope_layers`` (1 = rope) or every ``no_rope_layer_interval``-th
+    #: layer without rotary embedding
+    nope_layers: bool = False
+    #: PEFT's ``target_modules="all-linear"`` runs on this family. Not on llama4_text: PEFT 0.21
+    #: wraps ``Llama4Router`` (an ``nn.Linear`` subclass whose forward returns a tuple) and the
+    #: LoRA forward fails (``'tuple' object has no attribute 'dtype'``); ftplan plans all-linear
+    #: there as every other ``nn.Linear`` and exports that list (:func:`job.peft_target_modules`)
+    peft_all_linear: bool = True
+    #: transformers has a flash-attention path for the architecture (Llama 4: ``Llama4PreTrainedModel
+    #: ._supports_flash_attn = False``, transformers 5.24)
+    supports_flash: bool = True
 
 
 _LLAMA_LIKE = dict(
@@ -267,6 +289,58 @@ FAMILIES: dict[str, Family] = {
             min_transformers="4.57",
         ),
         Family(
+            # OLMo 2 (Olmo2Config, transformers 5.24): llama's projections without pre-norms: the
+            # attention output and the MLP output are RMSNormed before each residual add, q and k
+            # RMSNormed over the whole projection; OLMo's RMSNorm multiplies the weight in fp32
+            # (as gpt_oss's) and its rotary tables stay fp32; head_dim is no field (hidden // heads)
+            "olmo2",
+            {**_LLAMA_LIKE, "vocab_size": 50304},
+            qk_norm=True, qk_norm_whole=True, post_norms=True, fp32_rope=True, norm_style="gpt_oss",
+            mlp_bias_key=None,
+        ),
+        Family(
+            # OLMo 3 (Olmo3Config): olmo2's layers; layer_types sliding/full (default: every 4th
+            # layer full attention) with sliding_window 4096; one pair of rope tables per layer type
+            "olmo3",
+            {**_LLAMA_LIKE, "vocab_size": 50304, "sliding_window": 4096},
+            qk_norm=True, qk_norm_whole=True, post_norms=True, fp32_rope=True, norm_style="gpt_oss",
+            mlp_bias_key=None,
+        ),
+        Family(
+            # SmolLM3 (SmolLM3Config): llama's layers, rotary embedding skipped in the NoPE layers
+            # (no_rope_layers, default every 4th); sliding windows only with use_sliding_window
+            "smollm3",
+            {**_LLAMA_LIKE, "vocab_size": 128256, "hidden_size": 2048, "intermediate_size": 11008,
+             "num_hidden_layers": 36, "num_attention_heads": 16, "num_key_value_heads": 4,
+             "max_position_embeddings": 32768, "tie_word_embeddings": True, "mlp_bias": False,
+             "use_sliding_window": False, "no_rope_layer_interval": 4},
+            mlp_bias_key="mlp_bias", nope_layers=True,
+        ),
+        Family(
+            # Llama 4 text (Llama4TextConfig, transformers 5.24): MoE layers (every
+            # ``interleave_moe_layer_step``-th, or ``moe_layers``) between dense MLP layers of
+            # ``intermediate_size_mlp``; an MoE layer is a shared expert MLP (``intermediate_size``)
+            # plus fused 3-D experts fed every token pre-scaled by its sigmoid router score (top-k
+            # scores, the rest 0: transformers runs every expert on every token, a dense bmm); rope
+            # layers (``no_rope_layers[i] == 1``) use complex-valued rope, a weightless L2 q/k norm
+            # (``use_qk_norm``) and chunked local attention (``attention_chunk_size``); NoPE layers
+            # attend over the whole causal row with the query scaled by the attention temperature
+            # (``attn_temperature_tuning``). Image-text checkpoints (Llama4ForConditionalGeneration)
+            # keep it in ``text_config``: AutoModelForCausalLM builds Llama4ForCausalLM from it
+            "llama4_text",
+            {**_LLAMA_LIKE, "vocab_size": 202048, "hidden_size": 5120, "intermediate_size": 8192,
+             "intermediate_size_mlp": 16384, "num_hidden_layers": 48, "num_attention_heads": 40,
+             "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 131072,
+             "num_experts_per_tok": 1, "num_local_experts": 16, "moe_layers": None,
+             "interleave_moe_layer_step": 1, "use_qk_norm": True, "no_rope_layers": None,
+             "no_rope_layer_interval": 4, "attention_chunk_size": 8192, "layer_types": None,
+             "attn_temperature_tuning": True, "floor_scale": 8192, "attn_scale": 0.1},
+            moe="llama4", peft_wraps_experts=False, peft_all_linear=False, supports_flash=False,
+            # models/llama4 first ships in the 4.51.0 wheel (4.50.3 has none; checked on PyPI); the
+            # export's 5.0 floor (transformers-5 fused experts, what ftplan holds) is the higher one
+            min_transformers="4.51.0",
+        ),
+        Family(
             # Mistral Small 4 (Mistral4Config, transformers 5.24): DeepSeek-V3's MLA attention and
             # MoE block layout (fused experts, shared experts, first_k_dense_replace dense layers,
             # group-limited top-k) with DeepSeek-V2's router: a softmax over logits of the input's
@@ -308,10 +382,15 @@ _ARCH_TO_TYPE = {
     "Qwen3_5MoeForCausalLM": "qwen3_5_moe",
     "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe",
     "Qwen3NextForCausalLM": "qwen3_next",
+    "Olmo2ForCausalLM": "olmo2",
+    "Olmo3ForCausalLM": "olmo3",
+    "SmolLM3ForCausalLM": "smollm3",
+    "Llama4ForCausalLM": "llama4_text",
+    "Llama4ForConditionalGeneration": "llama4_text",
     "Mistral4ForCausalLM": "mistral4",
 }
 #: text model_types that name a family under another key (the inner type of a multimodal config)
-_TEXT_TYPE_ALIASES = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe"}
+_TEXT_TYPE_ALIASES = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe", "llama4": "llama4_text"}
 
 #: model_type values transformers does not know whose checkpoints load with ``trust_remote_code``
 #: into a supported architecture's modeling code: planned as that architecture. Kimi K2 (and the
@@ -356,6 +435,20 @@ class AttentionSpec:
     #: gated attention (qwen3_5): q_proj emits ``heads * head_dim`` query features and as many
     #: gate features (per head ``[query | gate]``); ``attn_output * sigmoid(gate)`` feeds o_proj
     output_gate: bool = False
+    #: the q/k norms cover the whole projection (olmo2: weights of ``heads * head_dim`` and
+    #: ``kv_heads * head_dim``, one rsqrt per token), not each head
+    qk_norm_whole: bool = False
+    #: Llama 4 (llama4_text): ``rope`` False on a NoPE layer (no rotary embedding);
+    #: ``l2_qk_norm``: a weightless L2 norm (``Llama4TextL2Norm``) on q and k after the rope;
+    #: ``temperature_tuning``: the NoPE layer scales q by ``log1p(floor((pos + 1) / floor_scale))
+    #: * attn_scale + 1``; ``complex_rope``: the rope runs through ``view_as_complex`` in fp32;
+    #: ``chunk``: chunked local attention (``attention_chunk_size``: each query attends to the
+    #: earlier keys of its own chunk of that many positions), None for a full causal row
+    rope: bool = True
+    l2_qk_norm: bool = False
+    temperature_tuning: bool = False
+    complex_rope: bool = False
+    chunk: int | None = None
     # MLA (DeepSeek-V3); None for standard multi-/grouped-query attention
     q_lora_rank: int | None = None
     kv_lora_rank: int | None = None
@@ -378,6 +471,14 @@ class AttentionSpec:
     @property
     def is_mla(self) -> bool:
         return self.kv_lora_rank is not None
+
+    @property
+    def qk_norm_sizes(self) -> tuple[int, int]:
+        """Weights of the q and k norms: ``head_dim`` each (per-head norms), or the whole
+        projections' widths (``qk_norm_whole``)."""
+        if self.qk_norm_whole:
+            return self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        return self.head_dim, self.head_dim
 
 
 @dataclass(frozen=True)
@@ -451,6 +552,17 @@ class MoeSpec:
     #: a softmax router divides its top-k probabilities by their sum (qwen3_moe's and qwen3_next's
     #: ``norm_topk_prob``; mixtral's and qwen3_5_moe's always do)
     renormalize: bool = True
+    #: Llama 4 (``Llama4TextMoe``): every token goes through every expert (``hidden.repeat(E, 1)``
+    #: scaled row-wise by the sigmoid router scores, 0 outside the top-k, then one batched
+    #: ``bmm`` per projection): compute and saved activations scale with ``num_experts``, not
+    #: ``top_k``; the scores scale the experts' *input*
+    dense_dispatch: bool = False
+
+    @property
+    def computed_experts(self) -> int:
+        """Experts each token's activations go through in transformers' forward: ``top_k``, or
+        every expert under :attr:`dense_dispatch`."""
+        return self.num_experts if self.dense_dispatch else self.top_k
 
 
 @dataclass(frozen=True)
@@ -492,6 +604,10 @@ class LinearSpec:
     is_module: bool = True
     #: fraction of tokens that go through this weight (routed experts: top_k / num_experts)
     token_fraction: float = 1.0
+    #: fraction of this weight a token *uses* when that differs from the compute's
+    #: ``token_fraction`` (Llama 4's experts: every token is computed through every expert, a
+    #: token's output uses its top-k): for ``ParamCounts.active``
+    active_fraction: float | None = None
 
     @property
     def params(self) -> int:
@@ -587,12 +703,13 @@ class ModelSpec:
                 out.extend(mlp_linears(g.mlp, h, g.count, "mlp"))
             if g.moe is not None:
                 m = g.moe
-                frac = m.top_k / m.num_experts
+                frac = m.computed_experts / m.num_experts
+                act = m.top_k / m.num_experts if m.dense_dispatch else None
                 n = g.count * m.num_experts
                 out.append(LinearSpec("gate_up_proj", h, 2 * m.expert_intermediate_size, n, m.bias,
-                                      "experts", is_module=False, token_fraction=frac))
+                                      "experts", is_module=False, token_fraction=frac, active_fraction=act))
                 out.append(LinearSpec("down_proj", m.expert_intermediate_size, h, n, m.bias,
-                                      "experts", is_module=False, token_fraction=frac))
+                                      "experts", is_module=False, token_fraction=frac, active_fraction=act))
                 if m.shared is not None:
                     out.extend(mlp_linears(m.shared, h, g.count, "mlp"))
                 if m.shared_gate:
@@ -609,7 +726,7 @@ class ModelSpec:
         active = 0
         for lin in self.linears():
             cats[lin.category] += lin.params
-            active += round(lin.params * lin.token_fraction)
+            active += round(lin.params * (lin.token_fraction if lin.active_fraction is None else lin.active_fraction))
         cats["embedding"] = self.vocab_size * h
         norms = h  # final norm
         router = 0
@@ -625,7 +742,7 @@ class ModelSpec:
                 active += g.count * la.vector_params
                 continue
             if a.qk_norm:
-                per_layer += 2 * a.head_dim
+                per_layer += sum(a.qk_norm_sizes)
             if a.is_mla:
                 per_layer += a.kv_lora_rank + (a.q_lora_rank or 0)
             norms += g.count * per_layer
@@ -777,6 +894,10 @@ CONFIG_LIMITS: dict[str, int] = {
     "linear_value_head_dim": 8192,
     "linear_conv_kernel_dim": 1024,
     "full_attention_interval": 4096,
+    "intermediate_size_mlp": 1 << 20,
+    "interleave_moe_layer_step": 4096,
+    "no_rope_layer_interval": 4096,
+    "attention_chunk_size": 1 << 31,
 }
 #: largest logit soft-capping value accepted (published: 30 and 50)
 _MAX_SOFTCAP = 1e6
@@ -791,7 +912,8 @@ class _Check:
         self.problems: list[str] = []
 
     def bad(self, msg: str) -> None:
-        self.problems.append(msg)
+        if msg not in self.problems:  # (a rule read twice reports once)
+            self.problems.append(msg)
 
     def int(self, key: str, *, minimum: int = 1, optional: bool = False, zero_is_none: bool = False) -> int | None:
         v = self.cfg.get(key)
@@ -855,7 +977,8 @@ def text_config(raw: Mapping[str, Any]) -> dict[str, Any]:
     if "text_config" in cfg and isinstance(cfg["text_config"], Mapping):
         inner = dict(cfg["text_config"])
         mt = inner.get("model_type") or {"gemma3": "gemma3_text", "qwen3_5": "qwen3_5",
-                                             "qwen3_5_moe": "qwen3_5_moe"}.get(outer_mt or "", "")
+                                             "qwen3_5_moe": "qwen3_5_moe",
+                                             "llama4": "llama4_text"}.get(outer_mt or "", "")
         if isinstance(mt, str):
             mt = _TEXT_TYPE_ALIASES.get(mt, mt)
             mt = MODEL_TYPE_ALIASES.get(mt, mt)
@@ -875,6 +998,20 @@ def text_config(raw: Mapping[str, Any]) -> dict[str, Any]:
                 cfg["model_type"] = _ARCH_TO_TYPE[arch]
                 break
     return cfg
+
+
+#: config keys whose explicit null transformers keeps as None (the config class does not put its
+#: default back): Mistral-7B-v0.3's ``"sliding_window": null`` is no window, not MistralConfig's
+#: 4096; Llama4TextConfig's null ``attention_chunk_size`` turns chunked attention off; an MLA
+#: config's null ``q_lora_rank`` is a plain q_proj (DeepseekV3Config / Mistral4Config keep None)
+_NULL_IS_A_VALUE = frozenset({"sliding_window", "attention_chunk_size", "q_lora_rank"})
+
+
+def _with_defaults(fam: Family, cfg0: Mapping[str, Any]) -> dict[str, Any]:
+    """The family's defaults overlaid with the config's values (a missing key, or a null outside
+    ``_NULL_IS_A_VALUE``, takes the default)."""
+    return {**fam.defaults, **{k: v for k, v in cfg0.items()
+                               if v is not None or k not in fam.defaults or k in _NULL_IS_A_VALUE}}
 
 
 def model_from_config(
@@ -908,13 +1045,11 @@ def model_from_config(
             f"unsupported architecture model_type={_show(mt)}",
             f"supported: {', '.join(sorted(FAMILIES))}",
         )
-    cfg = {**fam.defaults, **{k: v for k, v in cfg0.items() if v is not None or k not in fam.defaults}}
+    cfg = _with_defaults(fam, cfg0)
     # keys whose None means "use the default" in transformers
     for k in ("num_key_value_heads", "head_dim"):
         if cfg0.get(k) is None:
             cfg[k] = fam.defaults.get(k)
-    if fam.mla and "q_lora_rank" in cfg0 and cfg0["q_lora_rank"] is None:
-        cfg["q_lora_rank"] = None  # an explicit null: q_proj, no q LoRA (DeepSeek-V2-Lite style)
 
     c = _Check(cfg)
     h = c.int("hidden_size")
@@ -941,6 +1076,8 @@ def model_from_config(
     mla = _mla_fields(c) if fam.mla else None
     linear = _linear_attention_spec(c, fam.gdn_fused_proj) if fam.hybrid_linear else None
     plan = _layer_plan(fam, c, n_layers or 1)
+    if fam.nope_layers:
+        _nope_rule(c, n_layers or 1)  # (validates no_rope_layers)
     moe = _moe_spec(fam, c, plan.any_moe)
     if c.problems:
         n = len(c.problems)
@@ -964,13 +1101,19 @@ def model_from_config(
             qkv_bias=qkv_bias, o_bias=o_bias, qk_norm=qk_norm, fused_qkv=fam.fused_qkv,
             softcap=softcap, sinks=fam.attention_sinks,
             rotary_dim=int(hd * prf) if prf is not None else None, output_gate=fam.output_gate,
+            qk_norm_whole=fam.qk_norm_whole and qk_norm,
         )
     mlp = MlpSpec(inter or 0, bias=mlp_bias, fused_gate_up=fam.fused_gate_up)
+    if fam.moe == "llama4":  # dense layers use intermediate_size_mlp (intermediate_size: experts)
+        mlp = MlpSpec(c.int("intermediate_size_mlp") or 0)
     groups = tuple(
-        LayerGroup(count, None if is_linear else attn, None if is_moe else mlp, moe if is_moe else None,
+        LayerGroup(count, None if is_linear else _variant_attention(attn, variant, c, fam),
+                   None if is_moe else mlp, moe if is_moe else None,
                    fam.norms_per_layer, window, linear if is_linear else None)
-        for count, window, is_moe, is_linear in _layer_kinds(plan, n_layers)
+        for count, window, is_moe, is_linear, variant in _layer_kinds(plan, n_layers)
     )
+    if c.problems:
+        raise ConfigError(f"config.json ({mt}): " + "; ".join(c.problems), "fix the model's config.json")
     if not any(g.attention is not None for g in groups):
         raise ConfigError(f"config.json ({mt}): no full_attention layer",
                           "ftplan plans hybrid models with at least one softmax-attention layer")
@@ -988,6 +1131,26 @@ def model_from_config(
         source=source,
         config=dict(raw),
     )
+
+
+def _variant_attention(attn: AttentionSpec, variant: Any, c: _Check, fam: Family) -> AttentionSpec:
+    """The attention of a layer kind (llama4_text: ``variant`` = ``(rope, chunked)``)."""
+    if variant is None:
+        return attn
+    rope, chunked = variant
+    from dataclasses import replace
+
+    return replace(attn, rope=rope, complex_rope=rope, l2_qk_norm=rope and c.bool("use_qk_norm"),
+                   temperature_tuning=not rope and bool(c.cfg.get("attn_temperature_tuning")),
+                   chunk=c.int("attention_chunk_size") if chunked else None)
+
+
+def _attention_variant(g: LayerGroup) -> Any:
+    """The ``variant_at`` key of a group's attention (inverse of :func:`_variant_attention`)."""
+    a = g.attention
+    if a is None or not (a.complex_rope or not a.rope):
+        return None
+    return (a.rope, a.chunk is not None)
 
 
 def _partial_rotary_factor(fam: Family, c: _Check) -> float | None:
@@ -1052,6 +1215,8 @@ class _LayerPlan:
     any_moe: bool
     #: the layer is a linear-attention (Gated DeltaNet) layer (hybrid families)
     linear_at: Any = lambda i: False  # noqa: E731
+    #: the layer's attention variant beyond its window (llama4_text: ``(rope, chunked)``), None
+    variant_at: Any = lambda i: None  # noqa: E731
 
 
 def _layer_plan(fam: Family, c: _Check, n: int) -> _LayerPlan:
@@ -1061,7 +1226,8 @@ def _layer_plan(fam: Family, c: _Check, n: int) -> _LayerPlan:
     # ---- sliding windows
     window = c.int("sliding_window", optional=True, zero_is_none=True)
     types = cfg.get("layer_types")
-    allowed = _LAYER_TYPES + (("linear_attention",) if fam.hybrid_linear else ())
+    allowed = _LAYER_TYPES + (("linear_attention",) if fam.hybrid_linear else ()) + (
+        ("chunked_attention",) if fam.moe == "llama4" else ())
     if types is not None and not (isinstance(types, list) and all(t in allowed for t in types)):
         c.bad(f"layer_types must be a list of {' / '.join(allowed)}")
         types = None
@@ -1074,10 +1240,21 @@ def _layer_plan(fam: Family, c: _Check, n: int) -> _LayerPlan:
     use_sw = c.bool("use_sliding_window") if qwen and window else False
     start = (c.int("max_window_layers", minimum=0, optional=True) or 0) if use_sw else 0
     pattern = (c.int("sliding_window_pattern", optional=True) or 6) if mt == "gemma3_text" and window else 6
+    if mt == "smollm3" and not c.bool("use_sliding_window"):
+        window = None  # SmolLM3Attention: a window only with use_sliding_window
+    if mt == "olmo2":
+        window = None  # Olmo2Attention has no sliding window (Olmo2Config no such field)
     if not window:
         window_at = lambda i: None  # noqa: E731
     elif types is not None:
         window_at = lambda i: window if types[i] == "sliding_attention" else None  # noqa: E731
+        cuts.update(range(n))
+    elif mt == "olmo3":  # Olmo3Config: every 4th layer full attention
+        window_at = lambda i: window if (i + 1) % 4 else None  # noqa: E731
+        period = 4
+    elif mt == "smollm3":  # SmolLM3Config: the NoPE layers slide
+        nope = _nope_rule(c, n)
+        window_at = lambda i: window if nope(i) else None  # noqa: E731
         cuts.update(range(n))
     elif mt in ("gemma2", "gpt_oss"):  # sliding on even layers, full on odd ones
         window_at = lambda i: window if (i + 1) % 2 else None  # noqa: E731
@@ -1113,6 +1290,9 @@ def _layer_plan(fam: Family, c: _Check, n: int) -> _LayerPlan:
         cuts.update(x + 1 for x in only_set)
         moe_at = lambda i: experts > 0 and i not in only_set and (i + 1) % step == 0  # noqa: E731
         any_moe = experts > 0 and step <= n and len(only_set) < n
+    elif fam.moe == "llama4":
+        moe_at, any_moe = _llama4_moe_layers(c, n)
+        cuts.update(range(n))
     elif fam.moe in ("deepseek_v3", "mistral4"):
         k = c.int("first_k_dense_replace", minimum=0, optional=True) or 0
         moe_at = lambda i: i >= k  # noqa: E731
@@ -1138,18 +1318,97 @@ def _layer_plan(fam: Family, c: _Check, n: int) -> _LayerPlan:
             if period > 1 and k != period:
                 cuts.update(range(n))
             period = max(period, k)
+    variant_at = _llama4_attention_layers(c, n, types) if fam.moe == "llama4" else (lambda i: None)
     return _LayerPlan(window_at, moe_at, period, tuple(sorted(x for x in cuts if 0 <= x <= n)), any_moe,
-                      linear_at)
+                      linear_at, variant_at)
 
 
-def _layer_kinds(plan: _LayerPlan, n: int) -> list[tuple[int, int | None, bool, bool]]:
-    """(count, window, is_moe, is_linear) per distinct layer kind, in order of first appearance."""
-    counts: dict[tuple[int | None, bool, bool], int] = {}
-    first: dict[tuple[int | None, bool, bool], int] = {}
+def _nope_rule(c: _Check, n: int) -> Any:
+    """Which layers of a NoPE family (smollm3) skip the rotary embedding: ``no_rope_layers[i] ==
+    0`` (a list of 0/1 of num_hidden_layers entries), else every ``no_rope_layer_interval``-th
+    layer (SmolLM3Config's default 4)."""
+    flags = c.cfg.get("no_rope_layers")
+    if flags is not None:
+        if not (isinstance(flags, list) and len(flags) == n
+                and all(type(x) is int and x in (0, 1) for x in flags)):
+            c.bad(f"no_rope_layers must be a list of {n} entries 0 or 1 (1: rotary embedding)")
+            return lambda i: False
+        return lambda i: not flags[i]
+    k = c.int("no_rope_layer_interval", optional=True) or 4
+    return lambda i: (i + 1) % k == 0
+
+
+def nope_layer_count(model: ModelSpec) -> int:
+    """Decoder layers without rotary embedding (smollm3's NoPE layers; 0 for other families)."""
+    fam = FAMILIES.get(model.family)
+    if fam is None or not fam.nope_layers or not model.config:
+        return 0
+    check = _Check(_with_defaults(fam, text_config(model.config)))
+    rule = _nope_rule(check, model.num_layers)
+    return 0 if check.problems else sum(1 for i in range(model.num_layers) if rule(i))
+
+
+def _int_list(c: _Check, key: str, n: int, *, values: tuple[int, ...] | None = None) -> list[int] | None:
+    """A config list of non-negative integers (``values``: the allowed ones), None when absent
+    or empty; one problem when malformed (at most ``CONFIG_LIMITS["num_hidden_layers"]`` long)."""
+    v = c.cfg.get(key)
+    if v is None or v == []:
+        return None
+    limit = CONFIG_LIMITS["num_hidden_layers"]
+    if (not isinstance(v, list) or len(v) > limit
+            or any(isinstance(x, bool) or not isinstance(x, int) or x < 0 or (values and x not in values)
+                   for x in v)):
+        allowed = " / ".join(map(str, values)) if values else "integers >= 0"
+        c.bad(f"{key} must be a list of {allowed} (at most {limit:,} entries)")
+        return None
+    return v
+
+
+def _llama4_moe_layers(c: _Check, n: int) -> tuple[Any, bool]:
+    """Llama4TextConfig's MoE layers: ``moe_layers`` when given, else every
+    ``interleave_moe_layer_step``-th layer (``range(step - 1, n, step)``)."""
+    listed = _int_list(c, "moe_layers", n)
+    if listed is None and c.cfg.get("moe_layers") == []:
+        return (lambda i: False), False  # an explicit empty list: every layer dense
+    if listed is not None:
+        idx = frozenset(listed)
+        return (lambda i: i in idx), any(i < n for i in idx)
+    step = c.int("interleave_moe_layer_step", optional=True) or 1
+    return (lambda i: (i + 1) % step == 0), step <= n
+
+
+def _llama4_attention_layers(c: _Check, n: int, types: list[str] | None) -> Any:
+    """``(rope, chunked)`` per layer as Llama4TextConfig fills them: ``no_rope_layers[i] == 1``
+    is a rope layer (default: every ``no_rope_layer_interval``-th layer is NoPE); ``layer_types``
+    names chunked or full attention, by default chunked on the rope layers when
+    ``attention_chunk_size`` is set."""
+    rope = _int_list(c, "no_rope_layers", n, values=(0, 1))
+    if rope is not None and len(rope) < n:
+        c.bad(f"no_rope_layers has {len(rope)} entries for num_hidden_layers={n}")
+        rope = None
+    if rope is None:
+        k = c.int("no_rope_layer_interval", optional=True) or 4
+        rope = [int((i + 1) % k != 0) for i in range(n)]
+    chunk = c.int("attention_chunk_size", optional=True)
+    if types is not None and len(types) != n:
+        c.bad(f"layer_types has {len(types)} entries for num_hidden_layers={n}")
+        types = None
+    if types is None:
+        types = ["chunked_attention" if r and chunk is not None else "full_attention" for r in rope]
+    if chunk is None and "chunked_attention" in types:
+        c.bad("layer_types names chunked_attention but attention_chunk_size is null")
+    return lambda i: (bool(rope[i]), types[i] == "chunked_attention" and chunk is not None)
+
+
+def _layer_kinds(plan: _LayerPlan, n: int) -> list[tuple[int, int | None, bool, bool, Any]]:
+    """(count, window, is_moe, is_linear, variant) per distinct layer kind, in order of first
+    appearance."""
+    counts: dict[tuple[int | None, bool, bool, Any], int] = {}
+    first: dict[tuple[int | None, bool, bool, Any], int] = {}
     p = plan.period
 
     def add(i: int, count: int) -> None:
-        key = (plan.window_at(i), bool(plan.moe_at(i)), bool(plan.linear_at(i)))
+        key = (plan.window_at(i), bool(plan.moe_at(i)), bool(plan.linear_at(i)), plan.variant_at(i))
         counts[key] = counts.get(key, 0) + count
         first[key] = min(first.get(key, i), i)
 
@@ -1163,7 +1422,7 @@ def _layer_kinds(plan: _LayerPlan, n: int) -> list[tuple[int, int | None, bool, 
         if b - a - hits:
             add(a if (a + 1) % p else a + 1, b - a - hits)
     order = sorted(counts, key=first.__getitem__)
-    return [(counts[k], k[0], k[1], k[2]) for k in order]
+    return [(counts[k], k[0], k[1], k[2], k[3]) for k in order]
 
 
 def _moe_spec(fam: Family, c: _Check, any_moe: bool) -> MoeSpec | None:
@@ -1181,6 +1440,11 @@ def _moe_spec(fam: Family, c: _Check, any_moe: bool) -> MoeSpec | None:
                                  c.int("moe_intermediate_size"))
         router, shared = "qwen3_moe", None
         renorm = c.bool("norm_topk_prob")
+    elif fam.moe == "llama4":
+        # Llama4TextMoe: a shared expert MLP of intermediate_size next to the routed experts
+        experts, top_k, inter = (c.int("num_local_experts"), c.int("num_experts_per_tok"),
+                                 c.int("intermediate_size"))
+        router, shared = "llama4", MlpSpec(inter) if inter else None
     elif fam.moe in ("qwen3_5_moe", "qwen3_next"):
         # Qwen3_5MoeTopKRouter is qwen3_moe's with norm_topk_prob always on; qwen3_next's
         # (qwen2_moe's) renormalises when norm_topk_prob
@@ -1207,7 +1471,7 @@ def _moe_spec(fam: Family, c: _Check, any_moe: bool) -> MoeSpec | None:
         return None
     return MoeSpec(experts, top_k, inter, shared, router=router, router_fp32=router == "deepseek_v3",
                    bias=router == "gpt_oss", shared_gate=fam.moe in ("qwen3_5_moe", "qwen3_next"),
-                   renormalize=renorm)
+                   renormalize=renorm, dense_dispatch=router == "llama4")
 
 
 def layer_group_order(model: ModelSpec) -> list[int]:
@@ -1224,16 +1488,16 @@ def layer_group_order(model: ModelSpec) -> list[int]:
         except ConfigError:
             cfg0 = None
         if cfg0 is not None:
-            cfg = {**fam.defaults, **{k: v for k, v in cfg0.items() if v is not None or k not in fam.defaults}}
-            check = _Check(cfg)
+            check = _Check(_with_defaults(fam, cfg0))
             plan = _layer_plan(fam, check, n)
             if not check.problems:
                 order = []
                 for i in range(n):
                     window, moe, lin = plan.window_at(i), bool(plan.moe_at(i)), bool(plan.linear_at(i))
+                    variant = plan.variant_at(i)
                     gi = next((j for j, g in enumerate(model.groups)
                                if g.window == window and (g.moe is not None) == moe
-                               and g.is_linear == lin), None)
+                               and g.is_linear == lin and _attention_variant(g) == variant), None)
                     if gi is None:
                         order = None
                         break

@@ -708,7 +708,7 @@ def _elementwise_dims(model: ModelSpec, job: Job, tp: int, eff: Efficiency,
         if g.mlp is not None:
             inter += g.mlp.intermediate_size
         if g.moe is not None:
-            inter += g.moe.top_k * g.moe.expert_intermediate_size
+            inter += g.moe.computed_experts * g.moe.expert_intermediate_size  # (llama4: every expert)
             if g.moe.shared is not None:
                 inter += g.moe.shared.intermediate_size
         if la is not None:

@@ -259,7 +259,7 @@ def _layer_tensors(model: ModelSpec, g: LayerGroup, job: Job, tb: Fraction, fb: 
     # registration order as in Hugging Face's decoder layers (DeepSpeed flattens the parameters in
     # this order): attention (its q/k norms), the MLP or MoE block, then the layer norms
     if a is not None and a.qk_norm:
-        out += [Tensor(a.head_dim, a.head_dim, wb, full)] * 2
+        out += [Tensor(size, size, wb, full) for size in a.qk_norm_sizes]
     if a is not None and a.is_mla:
         out.append(Tensor(a.kv_lora_rank, a.kv_lora_rank, wb, full))
         if a.q_lora_rank:

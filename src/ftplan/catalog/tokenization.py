@@ -74,8 +74,8 @@ def token_estimate(model_name: str | None, family: str) -> TokenEstimate:
     data = load_tokenization()
     models = data.get("models", {})
     if (model_name or "") in models and models[model_name] is None:
-        raise ConfigError(f"no token estimate for {model_name}: its tokenizer differs from its family's and "
-                          "has no measured chars-per-token figure",
+        raise ConfigError(f"no token estimate for {model_name}: its tokenizer has no measured chars-per-token "
+                          "figure",
                           "pass `tokenizer=tokenizer.json` for an exact count")
     key = models.get(model_name or "") or data.get("families", {}).get(family)
     if key is None:

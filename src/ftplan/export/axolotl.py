@@ -97,10 +97,13 @@ def axolotl_config(model: ModelSpec, job: Job, layout: Layout, *, kind: str, hsd
         cfg["lora_r"] = lo.r
         cfg["lora_alpha"] = lo.alpha
         cfg["lora_dropout"] = float(lo.dropout)
-        if "all-linear" in lo.target_modules:
+        from ..job import peft_target_modules
+
+        targets = peft_target_modules(model, lo)
+        if targets == "all-linear":
             cfg["lora_target_linear"] = True
         else:
-            cfg["lora_target_modules"] = list(lo.target_modules)
+            cfg["lora_target_modules"] = list(targets)
     cfg["datasets"] = Commented([_dataset_entry(dataset)],
                                 'chat rows with a "messages" list (role/content), as train.py reads them')
     cfg["dataset_prepared_path"] = "last_run_prepared"

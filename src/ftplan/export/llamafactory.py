@@ -54,7 +54,11 @@ SCHEMA_KEYS: dict[str, tuple[type, ...]] = {
 _TEMPLATES = {"llama": "llama3", "qwen2": "qwen", "qwen3": "qwen3", "qwen3_moe": "qwen3", "mistral": "mistral",
               "mixtral": "mistral", "gemma2": "gemma2", "gemma3": "gemma3", "gemma3_text": "gemma3",
               "phi3": "phi", "deepseek_v3": "deepseek3", "gpt_oss": "gpt_oss",
-              "glm4_moe": "glm4_moe", "qwen3_5": "qwen3_5", "qwen3_5_moe": "qwen3_5", "qwen3_next": "qwen3"}
+              "glm4_moe": "glm4_moe", "qwen3_5": "qwen3_5", "qwen3_5_moe": "qwen3_5", "qwen3_next": "qwen3",
+              # 0.9.5 has no olmo2/olmo3/smollm3 template: OLMo 2 Instruct's Tulu tags (<|user|>/<|assistant|>)
+              # are its "olmo"; OLMo 3 Instruct and SmolLM3 speak ChatML (<|im_start|>...<|im_end|>), without
+              # their default system prompts and tool formats there ("chatml", "smollm")
+              "olmo2": "olmo", "olmo3": "chatml", "smollm3": "smollm", "llama4_text": "llama4"}
 #: Kimi K2 (planned as deepseek_v3) speaks Moonshot's <|im_user|>/<|im_assistant|>/<|im_middle|> format,
 #: which 0.9.5 registers as kimi_vl; Phi-4-mini's <|user|>...<|end|> format as phi4_mini. The catalog's
 #: Qwen3-Next is the Instruct checkpoint, which 0.9.5's constants.py registers with qwen3_nothink (the
@@ -98,7 +102,10 @@ def llamafactory_config(model: ModelSpec, job: Job, layout: Layout, *, kind: str
         cfg["lora_rank"] = lo.r
         cfg["lora_alpha"] = lo.alpha
         cfg["lora_dropout"] = float(lo.dropout)
-        cfg["lora_target"] = "all" if "all-linear" in lo.target_modules else ",".join(lo.target_modules)
+        from ..job import peft_target_modules
+
+        targets = peft_target_modules(model, lo)
+        cfg["lora_target"] = "all" if targets == "all-linear" else ",".join(targets)
     if kind == "deepspeed":
         cfg["deepspeed"] = "ds_config.json"
     cfg["dataset"] = Commented("train", "registered in dataset_info.json (dataset_dir)")

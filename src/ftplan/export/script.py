@@ -85,8 +85,9 @@ def script_constants(model: ModelSpec, job: Job, layout: Layout, *, model_ref: s
     else:
         load = job.quant.compute_dtype
     optim, optim_args = HF_OPTIM[job.optimizer]
-    targets = list(job.lora.target_modules)
-    target: object = "all-linear" if "all-linear" in targets else targets
+    from ..job import peft_target_modules
+
+    target: object = peft_target_modules(model, job.lora)
     sharded_qlora = job.method == "qlora" and layout.strategy in ("zero3", "fsdp") and layout.world_size > 1
     return {
         "MODEL": model_ref,

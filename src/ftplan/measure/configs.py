@@ -58,6 +58,16 @@ __all__ = ["TINY_CONFIGS", "tiny_config", "text_config", "default_attention"]
 #:   its projections fused: ``in_proj_qkvz``, ``in_proj_ba``; a plain quarter rotary, no mrope),
 #:   qwen2_moe's block (4 experts top-2 of 24, renormalised, a shared expert of 40 and its sigmoid
 #:   gate) on layers 0-1 and a dense MLP of 120 on layer 2 (``mlp_only_layers=[2]``); untied.
+#: * olmo2: no pre-norms (post-attention and post-feed-forward RMSNorms on the branch outputs), q/k
+#:   RMSNorms over the whole projections, fp32 rope tables, GQA, untied.
+#: * olmo3: olmo2's layers, layer_types sliding(16)/full/sliding (one rope table pair per type), GQA.
+#: * smollm3: llama's layers with ``no_rope_layer_interval=2`` (layer 1 of 3 is NoPE), GQA, tied.
+#: * llama4_text: Llama 4's text model: 4 layers, MoE on layers 1 and 3
+#:   (``interleave_moe_layer_step=2``, as Maverick) with 4 experts top-2 of ``intermediate_size=24``
+#:   and a shared expert of 24, dense layers of ``intermediate_size_mlp=120``; rope on layers 0-1
+#:   (complex rope, L2 q/k norm, chunked attention of 16 tokens) and NoPE on layers 2-3 (full
+#:   causal attention, temperature tuning with ``floor_scale=8``): every (rope, MoE) combination
+#:   once; GQA 4 / 2 heads of 16; untied.
 #: * mistral4: deepseek_v3's tiny MLA/MoE shapes (8 routed experts top-2 in 2 groups, 1 shared,
 #:   layer 0 dense) with Mistral Small 4's softmax router and yarn rope with llama-4 query scaling
 #:   (``original_max_position_embeddings=8``); untied.
@@ -320,6 +330,65 @@ TINY_CONFIGS: dict[str, dict] = {
         "max_position_embeddings": 256,
         "tie_word_embeddings": False,
     },
+    "olmo2": {
+        "model_type": "olmo2",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 120,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 256,
+        "tie_word_embeddings": False,
+    },
+    "olmo3": {
+        "model_type": "olmo3",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 120,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 256,
+        "sliding_window": 16,
+        "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+        "tie_word_embeddings": False,
+    },
+    "smollm3": {
+        "model_type": "smollm3",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 120,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 256,
+        "no_rope_layer_interval": 2,
+        "tie_word_embeddings": True,
+        "pad_token_id": None, "bos_token_id": None, "eos_token_id": None,  # SmolLM3Config's are > vocab
+    },
+    "llama4_text": {
+        "model_type": "llama4_text",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 24,
+        "intermediate_size_mlp": 120,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "interleave_moe_layer_step": 2,
+        "no_rope_layers": [1, 1, 0, 0],
+        "use_qk_norm": True,
+        "attention_chunk_size": 16,
+        "attn_temperature_tuning": True,
+        "floor_scale": 8,
+        "attn_scale": 0.1,
+        "max_position_embeddings": 256,
+        "tie_word_embeddings": False,
+    },
     "mistral4": {
         "model_type": "mistral4",
         "vocab_size": 512,
@@ -366,6 +435,8 @@ def text_config(config: dict) -> tuple[str, dict]:
             # AutoModelForCausalLM on a Qwen3.5 image-text config builds Qwen3_5ForCausalLM from
             # the text config alone (its own tie_word_embeddings; no vision tower)
             return ttype, text
+        if ttype == "llama4_text":
+            _llama4_strict_bool(text)
         # a few top-level fields matter for the text model too
         for k in ("tie_word_embeddings", "vocab_size"):
             if k in cfg and k not in text:
@@ -383,6 +454,15 @@ def text_config(config: dict) -> tuple[str, dict]:
         # (Mxfp4Config(dequantize=True)), which is what ftplan plans and a random-weight build is
         cfg.pop("quantization_config")
     return model_type, cfg
+
+
+def _llama4_strict_bool(text: dict) -> None:
+    """Llama 4 Scout's published config.json says ``"attn_temperature_tuning": 4``, which
+    transformers 4.51 read as true and 5.24's strict ``Llama4TextConfig`` refuses (a bool field):
+    build it as the bool it stands for (the planning answer says so, see ``memory._llama4_note``)."""
+    v = text.get("attn_temperature_tuning")
+    if isinstance(v, int) and not isinstance(v, bool):
+        text["attn_temperature_tuning"] = bool(v)
 
 
 _TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -432,6 +512,12 @@ def tiny_config(config: dict) -> dict:
                 out["rope_parameters"] = {**out["rope_parameters"], "partial_rotary_factor": 0.5}
     if isinstance(cfg.get("layer_types"), list):
         out["layer_types"] = cfg["layer_types"][:2] if len(cfg["layer_types"]) >= 2 else cfg["layer_types"]
+    if model_type == "olmo3" and isinstance(cfg.get("layer_types"), list) and len(set(cfg["layer_types"])) > 1:
+        out["layer_types"] = ["sliding_attention", "full_attention"]  # one layer of each kind
+    if isinstance(cfg.get("no_rope_layers"), list):  # smollm3: keep one NoPE layer if it has any
+        out["no_rope_layers"] = [1, 0] if 0 in cfg["no_rope_layers"] else [1, 1]
+    elif model_type == "smollm3":
+        out["no_rope_layer_interval"] = 2
     if isinstance(cfg.get("mlp_only_layers"), list):
         out["mlp_only_layers"] = [i for i in cfg["mlp_only_layers"] if i < 2]
     if cfg.get("max_window_layers") is not None:
@@ -455,8 +541,17 @@ def tiny_config(config: dict) -> dict:
         out.update(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
                    linear_value_head_dim=16, layer_types=["linear_attention", "full_attention"])
         out.pop("full_attention_interval", None)
+    if model_type == "llama4_text":
+        # dense layers shrink too; the per-layer schedules keep the first two layers' entries
+        out["intermediate_size_mlp"] = 192
+        if isinstance(cfg.get("moe_layers"), list):
+            out["moe_layers"] = [i for i in cfg["moe_layers"] if isinstance(i, int) and i < 2]
+        if isinstance(cfg.get("no_rope_layers"), list) and len(cfg["no_rope_layers"]) >= 2:
+            out["no_rope_layers"] = cfg["no_rope_layers"][:2]
     for k in ("torch_dtype", "dtype", "bos_token_id", "eos_token_id", "pad_token_id"):
         out.pop(k, None)  # token ids of the real vocabulary do not fit the tiny one
+    if model_type == "smollm3":  # SmolLM3Config's default pad_token_id (128004) would not either
+        out["pad_token_id"] = None
     out["model_type"] = model_type
     return out
 

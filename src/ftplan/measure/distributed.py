@@ -388,7 +388,14 @@ def _build(case: Case):
 
 
 def _peft_targets(case: Case):
-    return "all-linear" if case.lora_targets == "all-linear" else case.lora_targets.split(",")
+    if case.lora_targets == "all-linear":
+        from ..job import LoraSpec, peft_target_modules
+        from ..model import model_from_config
+        from .configs import TINY_CONFIGS
+
+        # (llama4_text: the modules all-linear stands for; PEFT wraps its router and fails)
+        return peft_target_modules(model_from_config(TINY_CONFIGS[case.family]), LoraSpec())
+    return case.lora_targets.split(",")
 
 
 def _build_qlora(cfg: dict, case: Case):

@@ -309,11 +309,15 @@ def build_for_job(config: dict, job, device: str, seed: int = 0) -> nn.Module:
             from peft import prepare_model_for_kbit_training
 
             model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
-        targets = list(job.lora.target_modules)
+        from ..job import peft_target_modules
+        from ..model import model_from_config
+
+        # (all-linear, or on llama4_text the modules it stands for: PEFT wraps its router and fails)
+        targets = peft_target_modules(model_from_config(config), job.lora)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             model = apply_lora(model, r=job.lora.r, alpha=job.lora.alpha, dropout=job.lora.dropout,
-                               target_modules="all-linear" if "all-linear" in targets else targets).model
+                               target_modules=targets).model
         if job.method == "qlora" and job.adapter_dtype != "fp32":
             # TRL >= 1.0 SFTTrainer (sft_trainer.py, "_is_quantized_model"): every trainable
             # parameter but DoRA's magnitude vector to bf16

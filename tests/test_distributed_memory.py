@@ -101,6 +101,8 @@ TORCH_CASES = [
     Case(family="gemma4", engine="fsdp2"),
     # gemma4's MoE block: a dense MLP beside the experts, the router's Linear and two scale vectors
     Case(family="gemma4_moe", engine="fsdp2"),
+    # mistral4: MLA, DeepSeek-V3's block with a compute-dtype softmax router, llama-4 query scaling
+    Case(family="mistral4", engine="fsdp2"),
 ]
 PEFT_CASES = [Case(family="mixtral", engine="fsdp2", method="lora"),
               # PEFT's all-linear adapts only gpt_oss's attention: its experts stay frozen
@@ -145,7 +147,9 @@ PEFT_CASES = [Case(family="mixtral", engine="fsdp2", method="lora"),
               # LoRA dropout on the bf16 adapters: the dropout's bf16 output and (on CPU) bf16 mask
               Case(family="llama", engine="fsdp2", method="lora", lora_dropout=0.1),
               # glm4_moe_lite: MLA (equal q/k and v head dims) with the wrapped fp32 router and experts
-              Case(family="glm4_moe_lite", engine="fsdp2", method="lora")]
+              Case(family="glm4_moe_lite", engine="fsdp2", method="lora"),
+              # mistral4: PEFT's all-linear adapts the nn.Linear modules only (no MoE mapping)
+              Case(family="mistral4", engine="fsdp2", method="lora")]
 QLORA_CASES = [Case(family="llama", engine="fsdp2", method="qlora"), Case(family="qwen2", engine="fsdp2", method="qlora"),
                Case(family="mixtral", engine="fsdp2", method="qlora"), Case(family="gpt_oss", engine="fsdp2", method="qlora"),
                # FSDP1 QLoRA (bf16 quant storage: transformers' update_fsdp_plugin_peft mixed precision)
@@ -190,6 +194,7 @@ DS_CASES = [
     Case(family="qwen2", engine="deepspeed", zero_stage=3, steps=2, reduce_bucket_size=3_000),
     Case(family="gemma4", engine="deepspeed", zero_stage=3, steps=2),
     Case(family="gemma4_moe", engine="deepspeed", zero_stage=3, steps=2),
+    Case(family="mistral4", engine="deepspeed", zero_stage=3, steps=2),
 ]
 #: ZeRO-3 + QLoRA (bitsandbytes nf4 in bf16 quant storage)
 #: (qwen2, tied embeddings, is not held: its step-2 forward prefetch holds 6,016 B per rank more than

@@ -27,7 +27,7 @@ from ftplan.job import Job, Layout, validate_job
 from ftplan.memory import estimate_memory, moe_block_saved_bytes
 from ftplan.runtime import estimate_runtime
 
-FAMILIES = ("mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss", "glm4_moe", "glm4_moe_lite")
+FAMILIES = ("mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss", "glm4_moe", "glm4_moe_lite", "mistral4")
 
 
 @pytest.fixture(scope="module")

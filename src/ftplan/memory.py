@@ -781,6 +781,8 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
         total += _gdn_saved(g.linear_attention, b, s, h, dt, job, tp)
     elif a.is_mla:
         total += _mla_saved(a, t, b, s, h, dt, heads, backend, job.attn_impl)
+        if a.query_pos_scale:
+            total += _query_pos_scale_saved(b, s, dt, job)
     else:
         q = heads * a.head_dim
         kv_heads = max(1, a.num_kv_heads // tp)
@@ -1011,6 +1013,14 @@ def _moe_saved(m: MoeSpec, t: int, h: int, dt: _Dtypes, tp: int, wrapped: bool =
         out = routed * 8 + routed * c
         per_row = routed * c
         w_bytes = c
+    elif m.router == "mistral4":
+        # DeepSeek-V2's softmax router (mistral4): a plain linear of the compute dtype, the
+        # softmax probabilities in it, the top-k ids the gather keeps and, renormalised, the sum
+        # and the quotient (in-place ``/=`` on the gathered weights keeps a clone)
+        router_in = t * h * c
+        out = t * m.num_experts * c + routed * 8 + ((t * c + routed * c) if m.renormalize else 0)
+        per_row = routed * c  # scaled by routed_scaling_factor: a new tensor
+        w_bytes = c
     elif m.router == "deepseek_v3":
         # an fp32 linear (autocast turns it back to the compute dtype: HF Trainer's, or accelerate's
         # around FSDP's compute-dtype weights); the sigmoid scores and the top-k weights stay in
@@ -1038,9 +1048,9 @@ def _moe_saved(m: MoeSpec, t: int, h: int, dt: _Dtypes, tp: int, wrapped: bool =
         else:
             per_row = routed * 4
             w_bytes = 4
-    if m.shared_gate and dt.full and dt.norm_out == c:
-        # (qwen3_5_moe) the router reads the same compute-dtype tensor as the shared expert's
-        # linears, whose input _mlp_saved counts: one storage
+    if (m.shared_gate or (m.router == "mistral4" and m.shared is not None)) and dt.full and dt.norm_out == c:
+        # (qwen3_5_moe; mistral4's compute-dtype router) the router reads the same compute-dtype
+        # tensor as the shared expert's linears, whose input _mlp_saved counts: one storage
         router_in = 0
     if dt.full or wrapped or dt.linear_saves_input:  # (a frozen router under ZeRO-3's linear too)
         out += router_in
@@ -1145,6 +1155,16 @@ def _gemma4_moe_saved(m: MoeSpec, t: int, h: int, dt: _Dtypes) -> int:
     out += routed * e * ((h + 2 * i + i + i + h) if full else (2 * i + i + h))
     out += _norm_saved(t, h, e, full, style="gemma4", weight_bytes=nw)  # post_feedforward_layernorm_2
     return out
+
+
+def _query_pos_scale_saved(b: int, s: int, dt: _Dtypes, job: Job) -> int:
+    """mistral4's llama-4 query scaling: ``query * scale.to(query.dtype)`` keeps the scale, one
+    value per position row of ``position_ids`` (``(1, s)`` when the trainer passes none;
+    padding-free batches pass one row per sequence), in the query's dtype: ``torch.cat`` of
+    q_b_proj's output (compute dtype) and the rotated part (RoPE's cos/sin come in the residual
+    stream's dtype), the wider of the two."""
+    rows = b if job.is_padding_free else 1
+    return rows * s * max(dt.compute, dt.resid)
 
 
 def _mla_saved(a, t: int, b: int, s: int, h: int, dt: _Dtypes, heads: int, backend: str,
@@ -2174,8 +2194,14 @@ def estimate_memory(
                      + ("; QLoRA starts from a bf16 copy of the checkpoint (transformers refuses a "
                         "BitsAndBytesConfig for an MXFP4 one)" if job.method == "qlora" else ""))
     elif isinstance(qc, Mapping) and qc.get("quant_method") == "fp8":
-        notes.append("checkpoint in block-scaled FP8 (DeepSeek-V3 style): planned on the bf16 weights transformers "
-                     "makes of it with FineGrainedFP8Config(dequantize=True), as the exported train.py loads it"
+        kind = "block-scaled FP8 (DeepSeek-V3 style)" if qc.get("weight_block_size") else "FP8"
+        inner = model.config.get("text_config") if isinstance(model.config, Mapping) else None
+        wrapped = isinstance(inner, Mapping) and inner.get("model_type") == "mistral4"
+        notes.append(f"checkpoint in {kind}: planned on the bf16 weights transformers makes of it with "
+                     "FineGrainedFP8Config(dequantize=True), "
+                     + ("the text model only (the exported train.py refuses this Mistral3ForConditionalGeneration "
+                        "checkpoint: it loads a Mistral4ForCausalLM copy of the text weights)" if wrapped
+                        else "as the exported train.py loads it")
                      + ("; QLoRA starts from a bf16 copy of the checkpoint (transformers refuses a "
                         "BitsAndBytesConfig for an FP8 one)" if job.method == "qlora" else ""))
     job = _engine_qlora_recipe(job, layout, notes)

@@ -55,9 +55,10 @@ class Family:
     o_bias_key: str | None = "attention_bias"  # config key that turns the o_proj bias on
     always_qkv_bias: bool = False  # qwen2: q/k/v always have a bias, o_proj never
     mlp_bias_key: str | None = None
-    #: None | "mixtral" | "qwen3_moe" | "deepseek_v3" | "gpt_oss"; "deepseek_v3" is the
+    #: None | "mixtral" | "qwen3_moe" | "deepseek_v3" | "gpt_oss" | ...; "deepseek_v3" is the
     #: DeepSeek-V3 MoE block (sigmoid group-limited router with e_score_correction_bias, shared
-    #: experts, first_k_dense_replace dense layers), which glm4_moe's modeling code repeats verbatim
+    #: experts, first_k_dense_replace dense layers), which glm4_moe's modeling code repeats verbatim;
+    #: "mistral4" is that block with DeepSeek-V2's softmax router (router "mistral4")
     moe: str | None = None
     mla: bool = False
     #: per-head learned attention sinks (gpt_oss: ``self_attn.sinks``, one logit per head joined to
@@ -392,6 +393,25 @@ FAMILIES: dict[str, Family] = {
             # models/glm4_moe_lite ships in the 5.0.0 wheel already (mlp_layer_types as in 5.24;
             # checked on PyPI): the default 5.0 floor
         ),
+        Family(
+            # Mistral Small 4 (Mistral4Config, transformers 5.24): DeepSeek-V3's MLA attention and
+            # MoE block layout (fused experts, shared experts, first_k_dense_replace dense layers,
+            # group-limited top-k) with DeepSeek-V2's router: a softmax over logits of the input's
+            # dtype (no fp32 weight, no e_score_correction_bias); the query is scaled per position
+            # by llama-4's ``1 + beta * log(1 + floor(pos / original_max))`` before attention.
+            # The public checkpoint is a Mistral3ForConditionalGeneration (Pixtral vision tower)
+            # whose text_config is mistral4: ftplan plans the text model (Mistral4ForCausalLM)
+            "mistral4",
+            {**_LLAMA_LIKE, "vocab_size": 131072, "hidden_size": 4096, "intermediate_size": 12288,
+             "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 32,
+             "n_routed_experts": 128, "num_experts_per_tok": 4, "n_shared_experts": 1,
+             "moe_intermediate_size": 2048, "first_k_dense_replace": 0, "q_lora_rank": 1024,
+             "kv_lora_rank": 256, "qk_nope_head_dim": 64, "qk_rope_head_dim": 64,
+             "v_head_dim": 128, "max_position_embeddings": 1048576, "n_group": 1, "topk_group": 1,
+             "norm_topk_prob": True, "routed_scaling_factor": 1.0},
+            moe="mistral4", mla=True, peft_wraps_experts=False,
+            min_transformers="5.4",
+        ),
     ]
 }
 
@@ -423,6 +443,7 @@ _ARCH_TO_TYPE = {
     "Gemma4ForCausalLM": "gemma4",
     "Gemma4ForConditionalGeneration": "gemma4",
     "Glm4MoeLiteForCausalLM": "glm4_moe_lite",
+    "Mistral4ForCausalLM": "mistral4",
 }
 #: text model_types that name a family under another key (the inner type of a multimodal config)
 _TEXT_TYPE_ALIASES = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe", "llama4": "llama4_text",
@@ -494,6 +515,10 @@ class AttentionSpec:
     q_lora_rank: int | None = None
     kv_lora_rank: int | None = None
     qk_rope_head_dim: int | None = None
+    #: llama-4 attention scaling (mistral4): the query is multiplied by a per-position
+    #: ``(rows, 1, s, 1)`` scale ``1 + beta * log(1 + floor(pos / original_max))`` before the
+    #: kernel, which the product keeps for the query's gradient
+    query_pos_scale: bool = False
 
     @property
     def head_major_q(self) -> bool:
@@ -573,7 +598,8 @@ class MoeSpec:
     expert_intermediate_size: int
     shared: MlpSpec | None = None  # shared experts, run on every token
     #: router implementation (the family's): "mixtral"/"qwen3_moe" softmax in fp32, "deepseek_v3"
-    #: sigmoid in the logits' dtype; qwen3_moe casts the top-k weights back to the logits' dtype;
+    #: sigmoid in the logits' dtype, "mistral4" softmax in the compute dtype (a plain linear, no
+    #: fp32 weight); qwen3_moe casts the top-k weights back to the logits' dtype;
     #: "gpt_oss" takes the top-k logits first and softmaxes only those, in the logits' dtype
     router: str = "mixtral"
     #: the router weight stays fp32 whatever the model's dtype: transformers >= 5.24 lists
@@ -1053,7 +1079,8 @@ def text_config(raw: Mapping[str, Any]) -> dict[str, Any]:
 #: config keys whose explicit null transformers keeps as None (the config class does not put its
 #: default back): Mistral-7B-v0.3's ``"sliding_window": null`` is no window, not MistralConfig's
 #: 4096; Llama4TextConfig's null ``attention_chunk_size`` turns chunked attention off; an MLA
-#: config's null ``q_lora_rank`` is a plain q_proj, no low-rank q (DeepseekV3Config, Glm4MoeLiteConfig)
+#: config's null ``q_lora_rank`` is a plain q_proj, no low-rank q (DeepseekV3Config, Glm4MoeLiteConfig,
+#: Mistral4Config keep None)
 _NULL_IS_A_VALUE = frozenset({"sliding_window", "attention_chunk_size", "q_lora_rank"})
 
 
@@ -1148,6 +1175,7 @@ def model_from_config(
         attn = AttentionSpec(
             num_heads=heads, num_kv_heads=heads, head_dim=nope + rope, v_head_dim=v_dim,
             qkv_bias=bias, o_bias=bias, q_lora_rank=q_rank, kv_lora_rank=kv_rank, qk_rope_head_dim=rope,
+            query_pos_scale=mt == "mistral4",
         )
     else:
         hd = head_dim or h // heads
@@ -1438,7 +1466,7 @@ def _layer_plan(fam: Family, c: _Check, n: int) -> _LayerPlan:
     elif fam.moe == "deepseek_v3" and fam.mlp_layer_types:
         moe_at, any_moe = _mlp_layer_types(c, n)
         cuts.update(range(n) if cfg.get("mlp_layer_types") is not None else (min(1, n),))
-    elif fam.moe == "deepseek_v3":
+    elif fam.moe in ("deepseek_v3", "mistral4"):
         k = c.int("first_k_dense_replace", minimum=0, optional=True) or 0
         moe_at = lambda i: i >= k  # noqa: E731
         cuts.add(min(k, n))
@@ -1626,7 +1654,10 @@ def _moe_spec(fam: Family, c: _Check, any_moe: bool) -> MoeSpec | None:
         experts, top_k, inter = (c.int("n_routed_experts"), c.int("num_experts_per_tok"),
                                  c.int("moe_intermediate_size"))
         shared_n = c.int("n_shared_experts", minimum=0, optional=True) or 0
-        router = "deepseek_v3"
+        # mistral4: DeepSeek-V2's softmax router on DeepSeek-V3's block
+        router = "mistral4" if fam.moe == "mistral4" else "deepseek_v3"
+        if fam.moe == "mistral4":
+            renorm = c.bool("norm_topk_prob")
         shared = MlpSpec(inter * shared_n) if shared_n and inter else None
     if experts is not None and top_k is not None and top_k > experts:
         c.bad(f"num_experts_per_tok={top_k} exceeds the {experts} experts")

@@ -367,12 +367,30 @@ def _architecture_config(raw):
          f"{', '.join(map(str, raw.get('architectures') or [])) or 'none'}): update transformers")
 
 
+def _causal_lm_class(raw):
+    """The causal LM class of a model type AutoModelForCausalLM does not map (transformers 5.24:
+    mistral4, whose Mistral4ForCausalLM only the pretraining and image-text auto classes name), else
+    None. Mistral Small 4's own checkpoint is a Mistral3ForConditionalGeneration (a Pixtral vision
+    tower around the mistral4 text model), which AutoModelForCausalLM does not load either."""
+    import transformers
+
+    text = raw.get("text_config")
+    if raw.get("model_type") == "mistral4":
+        return transformers.Mistral4ForCausalLM
+    if isinstance(text, dict) and text.get("model_type") == "mistral4":
+        fail("this checkpoint is a Mistral3ForConditionalGeneration (vision tower + mistral4 text model), which "
+             "AutoModelForCausalLM does not load; ftplan planned its text model: point --model at a "
+             "Mistral4ForCausalLM copy of the text weights")
+    return None
+
+
 def load_model(model_ref):
     import torch
     from transformers import AutoModelForCausalLM
 
     kwargs = {"dtype": getattr(torch, MODEL_DTYPE), "attn_implementation": ATTN_IMPLEMENTATION}
     raw = _config_dict(model_ref)
+    model_cls = _causal_lm_class(raw) or AutoModelForCausalLM
     config = _architecture_config(raw)
     if config is not None:
         kwargs["config"] = config
@@ -406,7 +424,7 @@ def load_model(model_ref):
                 kwargs["device_map"] = {"": int(os.environ.get("LOCAL_RANK", "0"))}
             else:
                 kwargs["device_map"] = {"": "cpu"}
-    model = AutoModelForCausalLM.from_pretrained(model_ref, **kwargs)
+    model = model_cls.from_pretrained(model_ref, **kwargs)
     model.config.use_cache = False
     if METHOD == "qlora" and SHARDED_QLORA:
         # FSDP / ZeRO-3 QLoRA (TRL's and PEFT's recipe): no prepare_model_for_kbit_training, whose fp32 upcast

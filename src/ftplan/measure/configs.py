@@ -80,6 +80,9 @@ __all__ = ["TINY_CONFIGS", "tiny_config", "text_config", "default_attention"]
 #:   topk_group 1, 1 shared expert, ``routed_scaling_factor=1.8``); no ``mlp_layer_types``, so
 #:   Glm4MoeLiteConfig's default: layer 0 dense, layers 1-2 MoE (``first_k_dense_replace=1`` and
 #:   ``partial_rotary_factor=1.0`` as the real config.json carries them); untied.
+#: * mistral4: deepseek_v3's tiny MLA/MoE shapes (8 routed experts top-2 in 2 groups, 1 shared,
+#:   layer 0 dense) with Mistral Small 4's softmax router and yarn rope with llama-4 query scaling
+#:   (``original_max_position_embeddings=8``); untied.
 TINY_CONFIGS: dict[str, dict] = {
     "llama": {
         "model_type": "llama",
@@ -446,6 +449,35 @@ TINY_CONFIGS: dict[str, dict] = {
         "pad_token_id": 0,
         "tie_word_embeddings": False,
     },
+    "mistral4": {
+        "model_type": "mistral4",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 120,
+        "moe_intermediate_size": 24,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "q_lora_rank": 32,
+        "kv_lora_rank": 16,
+        "qk_nope_head_dim": 16,
+        "qk_rope_head_dim": 8,
+        "v_head_dim": 16,
+        "n_routed_experts": 8,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 2,
+        "n_group": 2,
+        "topk_group": 1,
+        "first_k_dense_replace": 1,
+        "rope_interleave": True,
+        # yarn with llama-4 query scaling, as Mistral-Small-4's config (original length 8 < the
+        # tests' sequences, so the per-position scale really varies)
+        "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 32.0,
+                            "original_max_position_embeddings": 8, "beta_fast": 32.0, "beta_slow": 1.0,
+                            "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1},
+        "max_position_embeddings": 256,
+        "tie_word_embeddings": False,
+    },
 }
 TINY_CONFIGS["gemma4_moe"] = {**TINY_CONFIGS["gemma4"], "enable_moe_block": True, "num_experts": 4,
                               "top_k_experts": 2, "moe_intermediate_size": 24}
@@ -533,6 +565,13 @@ def tiny_config(config: dict) -> dict:
         out["head_dim"] = 8
         if cfg.get("q_lora_rank"):
             out["q_lora_rank"] = 32
+        if model_type == "mistral4":
+            # Mistral4's (llama) rotary turns head_dim * partial_rotary_factor features, head_dim
+            # being qk_nope + qk_rope: the 8 rope features of the 16-wide tiny head
+            out["head_dim"] = 16
+            out.pop("qk_head_dim", None)
+            if isinstance(out.get("rope_parameters"), dict):
+                out["rope_parameters"] = {**out["rope_parameters"], "partial_rotary_factor": 0.5}
     if isinstance(cfg.get("layer_types"), list):
         out["layer_types"] = cfg["layer_types"][:2] if len(cfg["layer_types"]) >= 2 else cfg["layer_types"]
     if model_type == "olmo3" and isinstance(cfg.get("layer_types"), list) and len(set(cfg["layer_types"])) > 1:

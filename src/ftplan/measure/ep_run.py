@@ -72,7 +72,6 @@ def _nbytes(t) -> int:
 
 def _measure(family: str, path: str, rank: int, world: int, ep: int, batch: int, seq: int) -> EpRankMeasure:
     import torch
-    from transformers import AutoModelForCausalLM
     from transformers.distributed import DistributedConfig
     from transformers.distributed import expert_parallel as EPM
 
@@ -82,8 +81,10 @@ def _measure(family: str, path: str, rank: int, world: int, ep: int, batch: int,
     # pure bf16 (no autocast): a precision the single-process formulas are held byte-exact in
     with open(os.path.join(path, "config.json")) as f:
         attn = default_attention(json.load(f))
-    model = AutoModelForCausalLM.from_pretrained(path, distributed_config=cfg, dtype=torch.bfloat16,
-                                                 attn_implementation=attn)
+    from .hf import CausalLM  # (mistral4: no AutoModelForCausalLM mapping)
+
+    model = CausalLM.from_pretrained(path, distributed_config=cfg, dtype=torch.bfloat16,
+                                     attn_implementation=attn)
     model.train()
     rows: list[int] = []
     orig = EPM.AllToAllEP._dispatch_tokens

@@ -30,6 +30,7 @@ __all__ = [
     "DTYPES",
     "torch_dtype",
     "build_model",
+    "CausalLM",
     "build_for_job",
     "attn_implementation",
     "materialize_meta",
@@ -70,6 +71,34 @@ def torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
 # Building
 # --------------------------------------------------------------------------------------------------
 
+#: model types whose causal LM transformers 5.24's ``AutoModelForCausalLM`` does not map: only its
+#: pretraining and image-text auto classes name ``Mistral4ForCausalLM`` (mistral4)
+CAUSAL_LM_CLASSES = {"mistral4": "Mistral4ForCausalLM"}
+
+
+class CausalLM:
+    """``AutoModelForCausalLM`` where transformers maps the model type, else the family's own
+    causal LM class (:data:`CAUSAL_LM_CLASSES`)."""
+
+    @staticmethod
+    def from_config(config, **kwargs):
+        import transformers
+
+        name = CAUSAL_LM_CLASSES.get(getattr(config, "model_type", None))
+        if name is None:
+            return transformers.AutoModelForCausalLM.from_config(config, **kwargs)
+        return getattr(transformers, name)._from_config(config, **kwargs)
+
+    @staticmethod
+    def from_pretrained(path, **kwargs):
+        import transformers
+
+        config = kwargs.get("config") or transformers.AutoConfig.from_pretrained(path)
+        name = CAUSAL_LM_CLASSES.get(getattr(config, "model_type", None))
+        cls = transformers.AutoModelForCausalLM if name is None else getattr(transformers, name)
+        return cls.from_pretrained(path, **kwargs)
+
+
 
 def build_model(
     config: dict,
@@ -105,7 +134,7 @@ def build_model(
     Returns:
         The model, in train mode.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     model_type, cfg = text_config(config)
     tdtype = torch_dtype(dtype)
@@ -118,9 +147,9 @@ def build_model(
         warnings.simplefilter("ignore")
         if device == "meta":
             with torch.device("meta"):
-                model = AutoModelForCausalLM.from_config(hf_config, **kwargs)
+                model = CausalLM.from_config(hf_config, **kwargs)
         else:
-            model = AutoModelForCausalLM.from_config(hf_config, **kwargs)
+            model = CausalLM.from_config(hf_config, **kwargs)
             model = model.to(device)
     if quantization is not None:
         model = _requantize(model, quantization, tdtype, attn_implementation, experts_implementation)
@@ -137,7 +166,7 @@ def _requantize(
 ) -> nn.Module:
     import tempfile
 
-    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+    from transformers import BitsAndBytesConfig
 
     q = quantization.lower()
     if q in ("nf4", "nf4-dq", "fp4", "fp4-dq"):
@@ -157,7 +186,7 @@ def _requantize(
     with tempfile.TemporaryDirectory() as d, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model.save_pretrained(d)
-        return AutoModelForCausalLM.from_pretrained(d, quantization_config=qc, device_map="cpu", **kwargs)
+        return CausalLM.from_pretrained(d, quantization_config=qc, device_map="cpu", **kwargs)
 
 
 def attn_implementation(job) -> str:
@@ -232,7 +261,7 @@ def build_for_job(config: dict, job, device: str, seed: int = 0) -> nn.Module:
     holds it: trainable parameters set, 4-bit quantized for QLoRA (one layer at a time, never a
     whole bf16 copy), PEFT LoRA applied (QLoRA: after ``prepare_model_for_kbit_training`` under
     PEFT's recipe; under TRL's the adapters are cast to bf16 afterwards, as ``SFTTrainer`` does)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     from ..job import PRECISIONS
 
@@ -261,7 +290,7 @@ def build_for_job(config: dict, job, device: str, seed: int = 0) -> nn.Module:
             from accelerate import init_empty_weights
 
             with init_empty_weights(include_buffers=False):
-                model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype, attn_implementation=attn)
+                model = CausalLM.from_config(hf_config, dtype=dtype, attn_implementation=attn)
             # transformers 5 does not tie the output embedding of a model made under
             # init_empty_weights; from_pretrained does (tie_word_embeddings): tie before the meta
             # weights get storage, so a tied lm_head is one tensor, as in the real load
@@ -271,7 +300,7 @@ def build_for_job(config: dict, job, device: str, seed: int = 0) -> nn.Module:
             model.is_loaded_in_4bit = True  # what from_pretrained(quantization_config=...) sets
         else:
             with dev:
-                model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype, attn_implementation=attn)
+                model = CausalLM.from_config(hf_config, dtype=dtype, attn_implementation=attn)
             model.to(dev)
     model.config.use_cache = False
     model.train()

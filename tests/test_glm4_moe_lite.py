@@ -16,7 +16,7 @@ import warnings
 import pytest
 
 from ftplan.errors import ConfigError
-from ftplan.job import Job, LoraSpec, lora_wraps_experts
+from ftplan.job import LoraSpec, lora_wraps_experts
 from ftplan.model import FAMILIES, model_from_config
 
 
@@ -128,32 +128,14 @@ VARIANTS = {
 ])
 def test_saved_activations_exact_variants(variant, method, ckpt, attn, precision):
     pytest.importorskip("peft")
-    import torch
-    from peft import LoraConfig, get_peft_model
+    from test_memory_vs_torch import _run
 
-    import ftplan.measure.torchref as TR
     from ftplan.memory import model_states, saved_activation_bytes
 
+    import ftplan.measure.torchref as TR
+
     cfg = {**TR.TINY_CONFIGS["glm4_moe_lite"], **VARIANTS[variant]}
-    mixed = precision == "bf16-mixed"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = TR.build_model(cfg, dtype="fp32" if method == "full" and mixed else "bf16",
-                               attn_implementation=attn)
-        if method == "lora":
-            model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0,
-                                                     target_modules="all-linear", task_type="CAUSAL_LM"))
-        orig = TR._model_dtype
-        if mixed:
-            TR._model_dtype = lambda m: torch.float32  # HF Trainer bf16=True: autocast
-        try:
-            r = TR.measure_step(model, batch=2, seq_len=24, gradient_checkpointing=ckpt, dtype="bf16")
-        finally:
-            TR._model_dtype = orig
-    casts = sum(x.nbytes for x in r.records if x.param_copy)
-    job = Job(method=method, precision=precision, micro_batch=2, seq_len=24, gradient_checkpointing=ckpt,
-              attn_impl=attn, lora=LoraSpec(r=8, alpha=16, dropout=0.0), loss="hf")
-    spec = model_from_config(cfg)
+    spec, job, r, casts = _run("glm4_moe_lite", method, ckpt, 2, 24, attn=attn, precision=precision, cfg=cfg)
     assert saved_activation_bytes(spec, job, backend="cpu") == r.saved_activation_bytes - casts
     states = model_states(spec, job)
     assert states.trainable_weights == r.trainable_param_bytes and states.gradients == r.grad_bytes

@@ -133,7 +133,6 @@ def test_saved_activations_exact_variants(variant, method, ckpt, precision):
     pytest.importorskip("peft")
     from test_memory_vs_torch import _run
 
-
     attn = "eager" if variant == "eager" else "sdpa"
     cfg = {**_tiny(), **VARIANTS[variant]}
     spec, job, r, casts = _run("mistral4", method, ckpt, 2, 24, attn=attn, precision=precision, cfg=cfg)

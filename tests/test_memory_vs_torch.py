@@ -219,6 +219,19 @@ def _run_qlora(family, ckpt, recipe, dropout=0.1):
     return model_from_config(cfg), job, r
 
 
+def _check_qlora(family, ckpt, recipe, dropout=0.1, activations=True):
+    """One QLoRA step (:func:`_run_qlora`) against the plan: model states byte-exact, and (with
+    ``activations``) the saved activations less the adapters' autocast copies (PEFT's fp32 adapters;
+    TRL's bf16 ones make none)."""
+    spec, job, r = _run_qlora(family, ckpt, recipe, dropout=dropout)
+    st = model_states(spec, job)
+    assert (st.frozen_weights, st.trainable_weights, st.gradients, st.optimizer_states) == (
+        r.frozen_param_bytes, r.trainable_param_bytes, r.grad_bytes, r.optimizer_state_bytes)
+    if activations:
+        casts = sum(x.nbytes for x in r.records if x.producer == "TBackward0") if recipe == "peft" else 0
+        assert saved_activation_bytes(spec, job, backend="cpu") == r.saved_activation_bytes - casts
+
+
 @pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3_text", "gpt_oss"])
 @pytest.mark.parametrize("recipe", ["peft", "trl"])
 def test_model_states_exact_qlora(family, recipe):

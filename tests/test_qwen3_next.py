@@ -247,17 +247,9 @@ def test_qlora_model_states_exact(recipe, ckpt):
     saved activations of a QLoRA step over ParamWrapper-wrapped experts are not held, for mixtral
     either: 75 KB under with PEFT's recipe, 29 KB over with TRL's on the tiny model.)"""
     pytest.importorskip("bitsandbytes")
-    from test_memory_vs_torch import _run_qlora
+    from test_memory_vs_torch import _check_qlora
 
-    from ftplan.memory import model_states
-
-    spec, job, r = _run_qlora("qwen3_next", ckpt, recipe, dropout=0.0)
-    st = model_states(spec, job)
-    assert (st.frozen_weights, st.trainable_weights, st.gradients, st.optimizer_states) == (
-        r.frozen_param_bytes, r.trainable_param_bytes, r.grad_bytes, r.optimizer_state_bytes)
-    if ckpt:
-        casts = sum(x.nbytes for x in r.records if x.producer == "TBackward0") if recipe == "peft" else 0
-        assert saved_activation_bytes(spec, job, backend="cpu") == r.saved_activation_bytes - casts
+    _check_qlora("qwen3_next", ckpt, recipe, dropout=0.0, activations=ckpt)
 
 
 @pytest.mark.torch

@@ -78,3 +78,16 @@ def test_smollm2_has_no_borrowed_token_estimate():
         with pytest.raises(ConfigError, match=f"{name}.*tokenizer"):
             token_estimate(name, "llama")
     assert token_estimate("llama-3.1-8b", "llama").tokenizer == "llama3"
+
+
+def test_qwen3_5_0_8b_is_its_checkpoint_less_vision_tower_and_mtp_head():
+    """The model report the config was read from lists 873,438,784 tensor elements; less the 12-block
+    vision tower (768 wide, MLP 3072, merger 3072 -> 1024) and the one-layer MTP head it lists, it is
+    ftplan's count of the text model exactly."""
+    v, f = 768, 3072
+    block = (v * 3 * v + 3 * v) + (v * v + v) + (f * v + f) + (v * f + v) + 4 * v
+    vision = 12 * block + (f * f + f + 1024 * f + 1024 + 2 * v) + (v * 3 * 2 * 16 * 16 + v) + 2304 * v
+    h, i = 1024, 3584
+    mtp = h * 2 * h + 2 * h + 3 * i * h + (4096 * h + 2 * 512 * h + h * 2048 + 2 * 256) + 3 * h
+    assert (vision, mtp) == (100_592_896, 20_452_864)
+    assert CATALOG["qwen3.5-0.8b"].spec().params.total == 873_438_784 - vision - mtp == 752_393_024

@@ -28,6 +28,8 @@ CATALOG = load_model_catalog()
     ("Qwen/Qwen2.5-Coder-32B-Instruct", "qwen2.5-32b"),
     ("deepseek-ai/DeepSeek-R1-Distill-Llama-8B", "llama-3.1-8b"),
     ("deepseek-ai/DeepSeek-R1-Distill-Llama-70B", "llama-3.3-70b"),
+    ("moonshotai/Kimi-K2-Thinking", "kimi-k2"),
+    ("Qwen/Qwen3.5-0.8B-Base", "qwen3.5-0.8b"),
 ])
 def test_new_hub_ids_and_aliases_resolve(ref, name):
     assert get_model(ref).name == name

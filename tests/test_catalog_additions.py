@@ -29,6 +29,8 @@ CATALOG = load_model_catalog()
     ("deepseek-ai/DeepSeek-R1-Distill-Llama-8B", "llama-3.1-8b"),
     ("deepseek-ai/DeepSeek-R1-Distill-Llama-70B", "llama-3.3-70b"),
     ("moonshotai/Kimi-K2-Thinking", "kimi-k2"),
+    ("microsoft/Phi-4-reasoning", "phi-4"),
+    ("microsoft/Phi-4-reasoning-plus", "phi-4"),
     ("Qwen/Qwen3.5-0.8B-Base", "qwen3.5-0.8b"),
 ])
 def test_new_hub_ids_and_aliases_resolve(ref, name):

@@ -28,6 +28,7 @@ CATALOG = load_model_catalog()
     ("Qwen/Qwen2.5-Coder-32B-Instruct", "qwen2.5-32b"),
     ("deepseek-ai/DeepSeek-R1-Distill-Llama-8B", "llama-3.1-8b"),
     ("deepseek-ai/DeepSeek-R1-Distill-Llama-70B", "llama-3.3-70b"),
+    ("deepseek-ai/DeepSeek-R1-Distill-Qwen-32B", "qwen2.5-32b"),
     ("moonshotai/Kimi-K2-Thinking", "kimi-k2"),
     ("microsoft/Phi-4-reasoning", "phi-4"),
     ("microsoft/Phi-4-reasoning-plus", "phi-4"),
@@ -70,9 +71,11 @@ def test_small_dense_totals_equal_the_checkpoints_counts(name, exact, card):
 
 
 def test_coder_and_distill_aliases_share_their_entries_architecture():
-    assert _b(CATALOG["qwen2.5-7b"].spec().params.total) == 7.62  # Qwen2.5-Coder-7B card: "7.61B" (6.53B non-embedding)
-    p = CATALOG["qwen2.5-7b"].spec().params
-    assert _b(p.total - p.embedding - p.lm_head) == 6.53
+    p = CATALOG["qwen2.5-7b"].spec().params  # Qwen2.5-Coder-7B card: "7.61B", 6.53B non-embedding
+    assert round(p.total / 1e9, 2) == 7.62 and _b(p.total - p.embedding - p.lm_head) == 6.53
+    # the hub's safetensors totals of the distills (HF API records saved in public code)
+    assert get_model("deepseek-ai/DeepSeek-R1-Distill-Llama-8B").spec().params.total == 8_030_261_248
+    assert get_model("deepseek-ai/DeepSeek-R1-Distill-Qwen-32B").spec().params.total == 32_763_876_352
 
 
 def test_smollm2_has_no_borrowed_token_estimate():

@@ -434,6 +434,10 @@ FAMILIES: dict[str, Family] = {
              "max_position_embeddings": 196608, "num_local_experts": 256, "num_experts_per_tok": 8},
             qkv_bias_key=None, o_bias_key=None, moe="mixtral", qk_norm=True, qk_norm_whole=True,
             partial_rotary_factor=1.0, rotary_dim_key="rotary_dim",
+            # models/minimax_m2 ships in the 5.0.0 wheel, but MiniMaxM2Config reads the checkpoints'
+            # rotary_dim from 5.18.0 on (5.0.0, 5.16.1 and 5.17.0 ignore it and rotate the whole head:
+            # not the model the checkpoints were trained as; checked with pip download --no-deps)
+            min_transformers="5.18",
         ),
     ]
 }

@@ -213,3 +213,21 @@ def test_minimax_m2_7_counts_against_the_model_card():
     assert round(p.total / 1e9) == 229 and round((p.active - p.embedding - p.lm_head) / 1e9) == 10
     assert m.spec().attention.rotary_dim == 64 and m.spec().max_position_embeddings == 204800
     assert m.config["quantization_config"]["quant_method"] == "fp8"
+
+
+@pytest.mark.torch
+def test_tiny_config_of_the_checkpoint_keeps_its_rotary_share():
+    """``ftplan measure --tiny`` shrinks the real config: the legacy rotary_dim shrinks with the
+    head (8 of 16, the checkpoints' half), the real vocabulary's bos/eos ids are dropped, and the
+    shrunk model builds with ftplan's counts."""
+    from ftplan.measure.configs import tiny_config
+    from ftplan.measure.torchref import build_model, params_by_category
+
+    t = tiny_config(get_model("minimax-m2.7").config)
+    assert (t["head_dim"], t["rotary_dim"], t["bos_token_id"], t["eos_token_id"]) == (16, 8, None, None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        real = build_model(t, device="meta")
+    spec = model_from_config(t)
+    assert real.config.rope_parameters["partial_rotary_factor"] == 0.5 and spec.attention.rotary_dim == 8
+    assert params_by_category(real) == spec.params.by_category()

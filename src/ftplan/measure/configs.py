@@ -646,6 +646,8 @@ def tiny_config(config: dict) -> dict:
         out.pop(k, None)  # token ids of the real vocabulary do not fit the tiny one
     if model_type == "smollm3":  # SmolLM3Config's default pad_token_id (128004) would not either
         out["pad_token_id"] = None
+    if model_type == "minimax_m2":  # nor MiniMaxM2Config's default bos/eos ids (200034, 200020)
+        out["bos_token_id"] = out["eos_token_id"] = None
     out["model_type"] = model_type
     return out
 

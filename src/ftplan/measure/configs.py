@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 
 from ..errors import ConfigError
-from ..model import MODEL_TYPE_ALIASES
+from ..model import FAMILIES, MODEL_TYPE_ALIASES
 
 __all__ = ["TINY_CONFIGS", "tiny_config", "text_config", "default_attention"]
 
@@ -605,9 +605,11 @@ def tiny_config(config: dict) -> dict:
         out["mlp_only_layers"] = [i for i in cfg["mlp_only_layers"] if i < 2]
     if cfg.get("max_window_layers") is not None:
         out["max_window_layers"] = min(int(cfg["max_window_layers"]), 2)
-    if isinstance(cfg.get("rotary_dim"), int) and isinstance(cfg.get("head_dim"), int) and cfg["head_dim"] > 0:
-        # minimax_m2's legacy rotary width: the same share of the tiny head
-        out["rotary_dim"] = max(2, cfg["rotary_dim"] * out["head_dim"] // cfg["head_dim"] // 2 * 2)
+    head = cfg.get("head_dim") or (FAMILIES[model_type].defaults.get("head_dim") if model_type in FAMILIES else None)
+    if isinstance(cfg.get("rotary_dim"), int) and isinstance(head, int) and head > 0:
+        # minimax_m2's legacy rotary width (head_dim: the config's, else the config class's): the
+        # same share of the tiny head
+        out["rotary_dim"] = max(2, cfg["rotary_dim"] * out["head_dim"] // head // 2 * 2)
     if cfg.get("query_pre_attn_scalar"):
         out["query_pre_attn_scalar"] = 16
     if model_type == "gemma4_text":

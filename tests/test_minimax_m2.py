@@ -231,3 +231,16 @@ def test_tiny_config_of_the_checkpoint_keeps_its_rotary_share():
     spec = model_from_config(t)
     assert real.config.rope_parameters["partial_rotary_factor"] == 0.5 and spec.attention.rotary_dim == 8
     assert params_by_category(real) == spec.params.by_category()
+
+
+def test_minimax_m2_5_entry_and_its_alias():
+    """MiniMax-M2.5 (alias MiniMax-M2): M2.7's architecture with a 196,608-token bound, FP8 as
+    published."""
+    from ftplan.catalog.models import resolve_model
+
+    m25, m27 = get_model("minimax-m2.5"), get_model("minimax-m2.7")
+    assert resolve_model("MiniMaxAI/MiniMax-M2").name == "minimax-m2.5"
+    a, b = m25.spec(), m27.spec()
+    assert a.params == b.params and a.groups == b.groups and a.params.total == DEFAULT_PARAMS
+    assert (a.max_position_embeddings, b.max_position_embeddings) == (196608, 204800)
+    assert m25.config["quantization_config"] == m27.config["quantization_config"]

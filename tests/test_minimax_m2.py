@@ -244,3 +244,18 @@ def test_minimax_m2_5_entry_and_its_alias():
     assert a.params == b.params and a.groups == b.groups and a.params.total == DEFAULT_PARAMS
     assert (a.max_position_embeddings, b.max_position_embeddings) == (196608, 204800)
     assert m25.config["quantization_config"] == m27.config["quantization_config"]
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("method,mode", [("lora", "selective"), ("lora", "every-k")])
+def test_checkpointing_variants_exact(method, mode):
+    """torchtitan's op SAC and every-k with PEFT's wrapped router and experts: saved bytes and the
+    SAC cache exact (the grid holds full fine-tuning's SAC; selective-attention, full-reentrant and
+    every-k in full fine-tuning held too, by hand)."""
+    from ftplan.memory import activation_parts
+    from test_checkpointing_vs_torch import _job, _measure
+
+    spec, r = _measure("minimax_m2", method, mode)
+    job = _job("minimax_m2", method, mode, 2, 24, "hf")
+    assert saved_activation_bytes(spec, job, backend="cpu") == r.device_bytes - r.weight_copy_bytes
+    assert activation_parts(spec, job, backend="cpu").sac_cache_bytes == r.sac_cache_bytes

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
@@ -39,6 +39,15 @@ sys.path.insert(0, str(Path(__file__).parent))
 from test_memory_vs_torch import _check_qlora, _run, _run_fp32_base  # noqa: E402
 
 pytestmark = pytest.mark.torch
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models: one intra-op thread is ~10x faster than two on a busy 2-core machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 def _mqa(family: str, kv_heads: int = 1) -> dict:

@@ -442,8 +442,9 @@ def _lora_recompute_working_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt:
     Measured on CPU (``measure_loss_peak`` with a vocabulary too small for the loss to set the
     peak: ``benchmarks/measurements/layer_recompute_cpu.json``,
     ``tests/test_loss_peak_vs_torch.py::test_layer_recompute_record``): exact for llama, mistral,
-    qwen2 and qwen3 (bf16 or fp32 base, no dropout; the rank does not enter); phi3 holds
-    3 x tokens x hidden bytes more and gemma3 up to 2 x; with dropout the CPU run holds
+    qwen2, qwen3 and phi3 (bf16 or fp32 base, no dropout; the rank does not enter; phi3's saved v
+    keeps its fused qkv output, :func:`_kv_saved`); gemma3 holds up to 2 x tokens x hidden bytes
+    more; with dropout the CPU run holds
     8 x tokens x r bytes less. Only LoRA on a dense MLP's down projection under autocast
     (what was measured); MoE layers and pure bf16 are not modelled (0). A frozen down projection
     (attention-only LoRA) leaves the product and the five hidden-wide tensors: read off the H100

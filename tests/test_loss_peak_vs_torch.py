@@ -175,8 +175,9 @@ LAYER_RECORDS = Path(__file__).resolve().parents[1] / "benchmarks" / "measuremen
 LAYER_DOC = json.loads(LAYER_RECORDS.read_text())
 #: what each family's recompute holds beyond ftplan's formula, in bytes per token per hidden unit
 #: (measured and documented in memory._lora_recompute_working_bytes): exact for the llama-style
-#: families; phi3 (fused qkv and gate_up) holds 3 bytes more, gemma3 (four norms) up to 2
-LAYER_EXTRA_PER_TH = {"llama": (0, 0), "mistral": (0, 0), "qwen2": (0, 0), "qwen3": (0, 0), "phi3": (3, 3),
+#: families and phi3 (its 3 bytes more were the saved v's view of the fused qkv output, counted
+#: since memory._kv_saved), gemma3 (four norms) up to 2
+LAYER_EXTRA_PER_TH = {"llama": (0, 0), "mistral": (0, 0), "qwen2": (0, 0), "qwen3": (0, 0), "phi3": (0, 0),
                       "gemma3_text": (0, 2)}
 
 

@@ -125,13 +125,13 @@ def test_saved_activations_exact_pure_bf16(family, ckpt):
     assert saved_activation_bytes(spec, job, backend="cpu") == r.saved_activation_bytes - casts
 
 
-def _run_fp32_base(family, ckpt, batch, seq):
+def _run_fp32_base(family, ckpt, batch, seq, attn=None, cfg=None):
     """LoRA on a base loaded in fp32 (TRL SFTTrainer's default for a model id: ``Job.base_dtype``)
     under HF Trainer's bf16 autocast: PEFT's fp32 adapters on every linear."""
     from peft import LoraConfig, get_peft_model
 
-    cfg = TR.TINY_CONFIGS[family]
-    attn = ATTN.get(family, "sdpa")
+    cfg = cfg or TR.TINY_CONFIGS[family]
+    attn = attn or ATTN.get(family, "sdpa")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = TR.build_model(cfg, dtype="fp32", attn_implementation=attn)
@@ -182,7 +182,7 @@ def test_saved_activations_exact_fp32_base_moe_checkpointed(family):
     assert saved_activation_bytes(model_from_config(cfg), job, backend="cpu") == r.saved_activation_bytes
 
 
-def _run_qlora(family, ckpt, recipe, dropout=0.1):
+def _run_qlora(family, ckpt, recipe, dropout=0.1, batch=2, seq=24, attn=None, cfg=None):
     """QLoRA as each recipe builds it: bitsandbytes nf4 (double quant) on CPU through
     ``from_pretrained(quantization_config=...)``, then PEFT's recipe (``prepare_model_for_kbit_training``,
     fp32 adapters) or TRL 1.16 ``SFTTrainer``'s (no kbit preparation; ``get_peft_model``, then every
@@ -191,8 +191,8 @@ def _run_qlora(family, ckpt, recipe, dropout=0.1):
     pytest.importorskip("bitsandbytes")
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
-    cfg = TR.TINY_CONFIGS[family]
-    attn = ATTN.get(family, "sdpa")
+    cfg = cfg or TR.TINY_CONFIGS[family]
+    attn = attn or ATTN.get(family, "sdpa")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = TR.build_model(cfg, dtype="bf16", quantization="nf4-dq", attn_implementation=attn)
@@ -210,20 +210,20 @@ def _run_qlora(family, ckpt, recipe, dropout=0.1):
         orig = TR._model_dtype
         TR._model_dtype = lambda m: torch.float32
         try:
-            r = TR.measure_step(model, batch=2, seq_len=24, gradient_checkpointing=ckpt, dtype="bf16")
+            r = TR.measure_step(model, batch=batch, seq_len=seq, gradient_checkpointing=ckpt, dtype="bf16")
         finally:
             TR._model_dtype = orig
-    job = Job(method="qlora", micro_batch=2, seq_len=24, gradient_checkpointing=ckpt, attn_impl=attn,
+    job = Job(method="qlora", micro_batch=batch, seq_len=seq, gradient_checkpointing=ckpt, attn_impl=attn,
               lora=LoraSpec(r=8, alpha=16, dropout=dropout), loss="hf",
               quant=QuantSpec(recipe=recipe))
     return model_from_config(cfg), job, r
 
 
-def _check_qlora(family, ckpt, recipe, dropout=0.1, activations=True):
+def _check_qlora(family, ckpt, recipe, dropout=0.1, activations=True, **run):
     """One QLoRA step (:func:`_run_qlora`) against the plan: model states byte-exact, and (with
     ``activations``) the saved activations less the adapters' autocast copies (PEFT's fp32 adapters;
     TRL's bf16 ones make none)."""
-    spec, job, r = _run_qlora(family, ckpt, recipe, dropout=dropout)
+    spec, job, r = _run_qlora(family, ckpt, recipe, dropout=dropout, **run)
     st = model_states(spec, job)
     assert (st.frozen_weights, st.trainable_weights, st.gradients, st.optimizer_states) == (
         r.frozen_param_bytes, r.trainable_param_bytes, r.grad_bytes, r.optimizer_state_bytes)

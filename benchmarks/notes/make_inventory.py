@@ -676,6 +676,14 @@ than every s used, so windowed layers are measured where the window matters.
    model dtype). DeepSeek-V3 MLA (qk head dim ≠ v head dim) falls back to the *math* kernel on CPU, which
    saves the s² softmax like eager. Gemma2 has no sdpa path in transformers 5 (soft-capping). CUDA kernels
    differ (flash / mem-efficient save q, k, v, out, an lse with padded length, RNG seed/offset).
+   **One kv head (MQA) or no repetition** (kv heads = heads; also per rank under TP): `repeat_kv`'s
+   `expand().reshape()` is then a *view* (0 stride over the heads) or the input itself, and a saved view
+   keeps only the storage it views: sdpa (after `repeat_kv`, any batch) saves it as is; eager's
+   `torch.matmul` folds (b, heads) with `reshape`, a view at b = 1, a copy of every head at b > 1. The
+   storage is k after RoPE (kv heads) and v's projection output (phi3: the whole fused qkv output, also
+   under sdpa's native GQA); where k or v is not in the compute dtype (HF autocast: RoPE promotes k to
+   the fp32 residual stream of full fine-tuning; PEFT's kbit recipe: fp32 4-bit outputs), autocast's
+   cast is a dense copy of every head. `memory._kv_saved`, `tests/test_mqa.py`.
 7. **MoE (transformers v5 fused experts, default `experts_implementation="grouped_mm"`, also on CPU)** saves
    per MoE layer, with S = b·s·k (k = top-k): router input (h, shared with the experts' input if no other
    saver), router probabilities (E), routing weights/normaliser (k + 1), top-k indices (int64 k); in the

@@ -23,8 +23,8 @@ from fractions import Fraction
 
 from .catalog.constants import MemoryConstants, memory_constants
 from .job import PRECISIONS, Job, Layout, lora_targets, lora_wraps_experts, planned_attention, validate_job
-from .model import (FAMILIES, GatedDeltaNetSpec, LayerGroup, LinearSpec, MlpSpec, ModelSpec, MoeSpec, layer_group_order,
-                    layer_linears, planned_as_note)
+from .model import (FAMILIES, AttentionSpec, GatedDeltaNetSpec, LayerGroup, LinearSpec, MlpSpec, ModelSpec, MoeSpec,
+                    layer_group_order, layer_linears, nope_layer_indices, planned_as_note)
 from .sharding import (activation_job, casts_whole_module, communicator_groups, engine_compute, layout_memory,
                        quant_state_bytes)
 from .units import dtype_bytes
@@ -442,8 +442,9 @@ def _lora_recompute_working_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt:
     Measured on CPU (``measure_loss_peak`` with a vocabulary too small for the loss to set the
     peak: ``benchmarks/measurements/layer_recompute_cpu.json``,
     ``tests/test_loss_peak_vs_torch.py::test_layer_recompute_record``): exact for llama, mistral,
-    qwen2 and qwen3 (bf16 or fp32 base, no dropout; the rank does not enter); phi3 holds
-    3 x tokens x hidden bytes more and gemma3 up to 2 x; with dropout the CPU run holds
+    qwen2, qwen3 and phi3 (bf16 or fp32 base, no dropout; the rank does not enter; phi3's saved v
+    keeps its fused qkv output, :func:`_kv_saved`); gemma3 holds up to 2 x tokens x hidden bytes
+    more; with dropout the CPU run holds
     8 x tokens x r bytes less. Only LoRA on a dense MLP's down projection under autocast
     (what was measured); MoE layers and pure bf16 are not modelled (0). A frozen down projection
     (attention-only LoRA) leaves the product and the five hidden-wide tensors: read off the H100
@@ -773,10 +774,7 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
                       + _norm_saved(t, h, dt.resid, dt.full, style=style, weight_bytes=nw))
         else:
             total += _norm_saved(t, h, dt.resid, dt.full, style=style)  # post-attention norm
-    # a materialised mask: a sliding window shorter than the row, or padding-free's block-diagonal
-    # mask (flash attention handles both without one)
-    masked = job.attn_impl != "flash" and ((g.window is not None and s > g.window) or job.is_padding_free
-                                           or (a is not None and a.chunk is not None and s > a.chunk))
+    masked = _masked(g, job, s)
     if g.linear_attention is not None:
         total += _gdn_saved(g.linear_attention, b, s, h, dt, job, tp)
     elif a.is_mla:
@@ -786,8 +784,6 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
     else:
         q = heads * a.head_dim
         kv_heads = max(1, a.num_kv_heads // tp)
-        gqa_native = job.attn_impl == "flash" or (job.attn_impl == "sdpa" and not masked and a.head_dim <= 256)
-        kv_saved = kv_heads if gqa_native else heads
         n_qkv = 1 if a.fused_qkv else (2 if a.k_eq_v else 3)  # gemma4 k_eq_v: no v_proj
         total += _linear_inputs(t, h, n_qkv, dt.norm_out if dt.full else dt.resid, dt)
         total += _llama4_attention_extras(a, b, s, heads, kv_heads)
@@ -806,7 +802,7 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
                 # k_norm's and v_norm's ``.float()`` are that one storage
                 total -= t * kv_heads * a.head_dim * 4
         if job.attn_impl == "eager" and a.sinks:
-            total += t * q * c + 2 * t * heads * a.head_dim * c  # q and repeated k, v
+            total += t * q * c + _kv_saved(a, model, dt, b, s, heads, kv_heads, _kv_kernel(g, job, s))
             # gpt_oss: the scores joined with the sink logits (torch.cat promotes to the sinks'
             # dtype), the row max's int64 indices, the softmax in that dtype over s + 1 columns,
             # and, when it is wider than v, the cast of its first s columns for the matmul
@@ -816,7 +812,7 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
             total += b * heads * s * s * c if comb != c else 0
             total += t * q * c if dt.full else 0  # o_proj input (contiguous copy of the output)
         elif job.attn_impl == "eager":
-            total += t * q * c + 2 * t * heads * a.head_dim * c  # q and repeated k, v
+            total += t * q * c + _kv_saved(a, model, dt, b, s, heads, kv_heads, _kv_kernel(g, job, s))
             # fp32 softmax output and (when the compute dtype is narrower) its cast for the matmul;
             # Llama 4's eager softmax runs in the scores' dtype: the compute dtype promoted by the
             # mask's (the residual dtype)
@@ -826,7 +822,7 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
                 total += b * heads * s * s * c  # tanh output of the soft-capping
             total += t * q * c if dt.full else 0  # o_proj input (contiguous copy of the output)
         else:
-            total += t * q * c + 2 * t * kv_saved * a.head_dim * c  # q, k, v after rope
+            total += t * q * c + _kv_saved(a, model, dt, b, s, heads, kv_heads, _kv_kernel(g, job, s))  # q, k, v
             total += t * heads * a.v_head_dim * c + b * heads * s * 4  # output + logsumexp
             if a.head_major_q and dt.full and backend == "cpu":
                 # q sliced from the fused projection is made contiguous head-major (as is a partial
@@ -858,6 +854,85 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
                             ep=ep, ep_rows=ep_rows)
     total += _lora_saved(g, model, job, dt, t, tp, backend)
     return total
+
+
+def _masked(g: LayerGroup, job: Job, s: int) -> bool:
+    """The layer's attention takes a materialised mask: a sliding window (Llama 4: an attention
+    chunk) shorter than the row, or padding-free's block-diagonal mask (flash attention handles
+    both without one)."""
+    a = g.attention
+    return job.attn_impl != "flash" and ((g.window is not None and s > g.window) or job.is_padding_free
+                                         or (a is not None and a.chunk is not None and s > a.chunk))
+
+
+def _kv_kernel(g: LayerGroup, job: Job, s: int) -> str:
+    """How the layer's attention gets k and v (:func:`_kv_saved`): "eager", "flash", "native"
+    (sdpa's ``enable_gqa``: transformers 5 passes unrepeated kv heads when there is no mask and
+    the head dim is at most 256, ``use_gqa_in_sdpa``), or "sdpa" (after ``repeat_kv``)."""
+    if job.attn_impl in ("eager", "flash"):
+        return job.attn_impl
+    return "native" if not _masked(g, job, s) and g.attention.head_dim <= 256 else "sdpa"
+
+
+def _kv_saved(a: AttentionSpec, model: ModelSpec, dt: _Dtypes, b: int, s: int, heads: int, kv_heads: int,
+              kernel: str) -> int:
+    """Bytes of the k and v one layer's attention kernel saves for backward (``heads`` and
+    ``kv_heads`` per rank). ``kernel``: "eager" (transformers' ``repeat_kv``, then ``torch.matmul``
+    of 4-D tensors), "sdpa" (``repeat_kv``, then sdpa: a mask or a head dim over 256), "native"
+    (sdpa's ``enable_gqa``: the kv heads as they are), "flash".
+
+    ``repeat_kv`` (``expand`` then ``reshape``) copies k and v to ``heads`` heads, but with one kv
+    head (multi-query attention) the reshape is a view with a 0 stride over the heads, and without
+    repetition (``kv_heads == heads``) it returns its input. sdpa saves such a view as it gets it;
+    ``torch.matmul`` folds the batch and head dims into one with ``reshape``, a view only at batch
+    1 (a 0 head stride, or a head-major tensor of one row), a copy at batch > 1. A saved view keeps
+    the storage it views alive: k's after the rope (a fresh tensor of ``kv_heads`` heads), v's
+    projection output (phi3's fused qkv projection: the whole ``(heads + 2 kv_heads)``-head
+    output). Where k or v is not in the compute dtype (the rope promotes k to the fp32 residual
+    stream under HF Trainer's autocast; bitsandbytes' 4-bit linears return fp32 under PEFT's kbit
+    recipe), autocast's cast is a new dense tensor: the repeated heads (sdpa's native GQA: the kv
+    heads). Measured on CPU (``tests/test_mqa.py``)."""
+    t = b * s
+    c = dt.compute
+    if kernel == "flash":
+        return t * kv_heads * (a.head_dim + a.v_head_dim) * c
+    n = kv_heads if kernel == "native" else heads
+    unrepeated = kv_heads == 1 or kv_heads == heads  # repeat_kv is a view
+    view = kernel == "native" or (unrepeated and (kernel == "sdpa" or b == 1))
+    fam = FAMILIES[model.family]
+    # k's dtype: the projection's output, promoted by the rope's cos/sin (the residual stream's
+    # dtype), except where the rope casts back (OLMo's fp32 rope, Llama 4's complex one) or is absent
+    k_bytes = dt.base_out if fam.fp32_rope or a.complex_rope or not a.rope else max(dt.base_out, dt.resid)
+    k = t * (kv_heads if view and k_bytes == c else n) * a.head_dim * c
+    if view and dt.base_out == c:
+        v = t * ((heads + 2 * kv_heads) * a.head_dim if a.fused_qkv else kv_heads * a.v_head_dim) * c
+    else:
+        v = t * n * a.v_head_dim * c
+    return k + v
+
+
+def _nope_kv_savings(model: ModelSpec, job: Job, dt: _Dtypes, tp: int) -> dict[int, int]:
+    """Bytes each NoPE layer (smollm3, by layer index) saves less than the rope layers of its
+    group, which :func:`_layer_saved_bytes` counts for every layer: k not promoted by the rope
+    (:func:`_kv_saved`) stays a view where the rope layers' k is cast. The recompute peak keeps
+    the rope layers' figure (a group whose checkpointed layers are all NoPE is over-counted)."""
+    idx = nope_layer_indices(model)
+    if not idx:
+        return {}
+    b, s = _batch_shape(job)
+    order = layer_group_order(model)
+    out = {}
+    for i in idx:
+        g = model.groups[order[i]]
+        a = g.attention
+        if a is None or a.is_mla or not a.rope:
+            continue
+        heads, kv_heads, kernel = a.num_heads // tp, max(1, a.num_kv_heads // tp), _kv_kernel(g, job, s)
+        d = (_kv_saved(a, model, dt, b, s, heads, kv_heads, kernel)
+             - _kv_saved(dataclasses.replace(a, rope=False), model, dt, b, s, heads, kv_heads, kernel))
+        if d:
+            out[i] = d
+    return out
 
 
 def _llama4_attention_extras(a, b: int, s: int, heads: int, kv_heads: int) -> int:
@@ -2008,8 +2083,10 @@ def activation_parts(model: ModelSpec, job: Job, layout: Layout | None = None, *
     # its compute-dtype weight copy (for the input's gradient) where the layer is not checkpointed
     base_copy = [int(dtype_bytes(PRECISIONS[job.precision]["compute"])) * _frozen_copy_elems(model, job, g, backend)
                  for g in model.groups]
+    # smollm3's NoPE layers share their group with the rope layers but can save k unrepeated
+    nope = _nope_kv_savings(model, job, dt, tp)
     if mode == "none":
-        saved = sum(g.count * (x + bc) for (g, x), bc in zip(per_layer, base_copy))
+        saved = sum(g.count * (x + bc) for (g, x), bc in zip(per_layer, base_copy)) - sum(nope.values())
         if not dt.full:
             saved -= _first_layer_discount(model, job, dt, backend) + _lowprec_first_layer(model, job, dt, backend)
     else:
@@ -2023,6 +2100,8 @@ def activation_parts(model: ModelSpec, job: Job, layout: Layout | None = None, *
             if n_ck:
                 recompute = max(recompute, x - cache + _lora_recompute_working_bytes(g, model, job, dt, t, tp),
                                 x - cache + _eager_attention_backward_bytes(g, model, job, dt, tp, backend))
+        if mode == "every-k":  # the NoPE layers that are not checkpointed
+            saved -= sum(d for i, d in nope.items() if i % job.checkpoint_every)
         recompute += (_recompute_weight_copy_bytes(model, job, layout, backend)
                       + _lowprec_recompute_copies(model, job, layout))
     x0, bc0 = per_layer[0][1], base_copy[0]

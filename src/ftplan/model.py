@@ -31,6 +31,7 @@ __all__ = [
     "ModelSpec",
     "model_from_config",
     "nope_layer_count",
+    "nope_layer_indices",
     "layer_group_order",
     "layer_linears",
 ]
@@ -1565,14 +1566,20 @@ def _nope_rule(c: _Check, n: int) -> Any:
     return lambda i: (i + 1) % k == 0
 
 
-def nope_layer_count(model: ModelSpec) -> int:
-    """Decoder layers without rotary embedding (smollm3's NoPE layers; 0 for other families)."""
+def nope_layer_indices(model: ModelSpec) -> tuple[int, ...]:
+    """Indices of the decoder layers without rotary embedding (smollm3's NoPE layers, which share
+    their layer group with the rope layers; empty for other families)."""
     fam = FAMILIES.get(model.family)
     if fam is None or not fam.nope_layers or not model.config:
-        return 0
+        return ()
     check = _Check(_with_defaults(fam, text_config(model.config)))
     rule = _nope_rule(check, model.num_layers)
-    return 0 if check.problems else sum(1 for i in range(model.num_layers) if rule(i))
+    return () if check.problems else tuple(i for i in range(model.num_layers) if rule(i))
+
+
+def nope_layer_count(model: ModelSpec) -> int:
+    """Decoder layers without rotary embedding (smollm3's NoPE layers; 0 for other families)."""
+    return len(nope_layer_indices(model))
 
 
 def _int_list(c: _Check, key: str, n: int, *, values: tuple[int, ...] | None = None) -> list[int] | None:

@@ -687,7 +687,32 @@ def layout_memory(model: ModelSpec, job: Job, layout: Layout, st, consts: Memory
         # 1e9 in ftplan's ds_config.json); backward adds the largest gradient and its
         # reduce-scatter copy (an upper bound by at most the largest gradient)
         gatherable = _ds_gatherable_elems(model, job, consts, layout.ep)
-        transient = min(gatherable, consts.deepspeed_max_live_parameters) * c + 2 * largest
+        live_cap = consts.deepspeed_max_live_parameters
+        if job.method == "full":
+            transient = min(gatherable, live_cap) * c + 2 * largest
+        else:
+            # LoRA / QLoRA: the peak is in forward, not backward (read in deepspeed 0.19
+            # runtime/zero/partitioned_param_coordinator.py and partition_parameters.py, traced on
+            # the gloo ranks). A module's parameters are released after its forward unless the
+            # trace uses them again within stage3_max_reuse_distance (``__params_to_release``);
+            # a frozen module whose output needs no gradient has no backward hook, so it is not in
+            # the trace's backward and is released at once: the input embedding and the first
+            # layer's projections reading the grad-free layer input (``_ds_forward_only_elems``).
+            # Everything else stays gathered until its backward. Prefetch (``fetch_sub_module``)
+            # all-gathers the next parameters of the trace in groups of up to
+            # stage3_prefetch_bucket_size elements plus the parameter that crosses it; a group of
+            # several is gathered into one flat buffer and ``AllGatherCoalescedHandle.wait`` splits
+            # it into a ``torch.cat`` copy per parameter before the buffer is freed, so one group
+            # is held twice for a moment. LoRA's backward adds only the adapters' small gradients
+            # and the ipg bucket's flattened copy (stage3.py ``__avg_scatter_grads`` ->
+            # ``reduce_scatter_coalesced``) while modules are already being released: below the
+            # forward's peak whenever a group exceeds them. Upper bound: which group is split
+            # while the rest is gathered is the trace's business (0 to one group over the peak)
+            live = gatherable - _ds_forward_only_elems(model, job, consts, layout.ep)
+            group = (_ds_prefetch_bucket(model, consts) + _ds_largest_gathered(model, job, consts, layout.ep)
+                     if gatherable else 0)
+            bwd = 2 * largest + min(bucket, n_train) * c
+            transient = min(live, live_cap) * c + max(group * c, bwd)
     if layout.offload_optimizer:
         # fp32 master, AdamW states and fp32 gradient partitions (DeepSpeed keeps an accumulation
         # copy of them too: ZeRO-3 in the compute dtype, ZeRO-1/2 in fp32) live in host RAM
@@ -995,6 +1020,58 @@ def _ds_gatherable_elems(model: ModelSpec, job: Job, consts: MemoryConstants, ep
     experts under expert parallelism)."""
     limit = consts.deepspeed_auto_persistence_h * model.hidden_size
     return sum(t.numel * u.count for u in fsdp_units(model, job, "fsdp2", ep=ep) for t in u.tensors if t.numel > limit)
+
+
+def _ds_largest_gathered(model: ModelSpec, job: Job, consts: MemoryConstants, ep: int = 1) -> int:
+    """Elements of the largest parameter ZeRO-3 gathers (above the persistence threshold)."""
+    limit = consts.deepspeed_auto_persistence_h * model.hidden_size
+    return max((t.numel for u in fsdp_units(model, job, "fsdp2", ep=ep) for t in u.tensors if t.numel > limit),
+               default=0)
+
+
+def _ds_prefetch_bucket(model: ModelSpec, consts: MemoryConstants) -> int:
+    """``stage3_prefetch_bucket_size`` elements: HF Trainer's ``auto`` (0.9 x hidden_size^2), what
+    ftplan's ds_config.json writes."""
+    return int(consts.deepspeed_auto_prefetch_bucket_h2 * model.hidden_size ** 2)
+
+
+#: families whose text model reads ``self.embed_tokens.weight`` in its own forward (transformers
+#: 5.24 modeling_llama4.py ``Llama4TextModel.forward``: ``input_ids.to(self.embed_tokens.weight.device)``):
+#: DeepSpeed's ``ZeROOrderedDict.__getitem__`` (runtime/zero/parameter_offload.py) registers a
+#: parameter read while not available as an external parameter of the module on top of its forward
+#: stack, which then holds it gathered from its forward to the end of its backward (the whole step)
+_EMBEDDING_READ_BY_MODEL = frozenset({"llama4_text"})
+
+
+def _ds_forward_only_elems(model: ModelSpec, job: Job, consts: MemoryConstants, ep: int = 1) -> int:
+    """Gathered elements ZeRO-3 releases right after their forward in LoRA / QLoRA without
+    checkpointing: frozen modules whose output needs no gradient, which therefore register no
+    backward hook and are absent from the trace's backward (deepspeed 0.19
+    ``PartitionedParameterCoordinator.__params_to_release``): the (untied) input embedding and the
+    first layer's projections that read the grad-free layer input (their base weights, packed 4-bit
+    ones included; a ``lora_A`` beside them has a gradient and stays). Held on the ZeRO-3 LoRA/QLoRA
+    gloo cases. With checkpointing none are left out (transformers' ``enable_input_require_grads``
+    may make the embedding's output need a gradient)."""
+    from .memory import _READS_LAYER_INPUT  # (memory imports this module)
+    from .model import layer_group_order
+
+    if job.method == "full" or job.ac_mode != "none":
+        return 0
+    limit = consts.deepspeed_auto_persistence_h * model.hidden_size
+    out = 0
+    if not model.tie_word_embeddings and model.family not in _EMBEDDING_READ_BY_MODEL:
+        v = model.vocab_size * model.hidden_size
+        out += v if v > limit else 0
+    first = model.groups[layer_group_order(model)[0]]
+    skip = set(job.quant.skip_modules)
+    for lin in layer_linears(model, first):
+        if lin.module not in _READS_LAYER_INPUT:
+            continue
+        n = lin.in_features * lin.out_features
+        if job.method == "qlora" and lin.module not in skip:
+            n //= int(2 * _quant_storage_bytes(job))
+        out += n if n > limit else 0
+    return out
 
 
 def _ds_persistent_elems(model: ModelSpec, job: Job, consts: MemoryConstants) -> tuple[int, int]:

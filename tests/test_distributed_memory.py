@@ -196,6 +196,10 @@ DS_CASES = [
     Case(family="gemma4_moe", engine="deepspeed", zero_stage=3, steps=2),
     Case(family="mistral4", engine="deepspeed", zero_stage=3, steps=2),
 ]
+#: ZeRO-1/2 + LoRA (before the ZeRO-3 cases, whose F.linear replacement stays for the process):
+#: gpt_oss's flat adapters put a partition boundary inside a bucket of small gradients, which
+#: ZeRO-2 all-reduces as one flattened copy (sharding.zero12_rank_bytes; 7,172 B under before)
+DS_LORA12_CASES = [Case(family="gpt_oss", engine="deepspeed", zero_stage=2, method="lora")]
 #: ZeRO-3 + QLoRA (bitsandbytes nf4 in bf16 quant storage)
 #: (mixtral is not in CI: its prefetch group of an expert weight can be held next to one more
 #: buffer on rank 0, 4,916 B above the formula's upper bound in 1 run of 2 on 2026-11-25 (36,864 B
@@ -556,6 +560,8 @@ def _two_rank_cases() -> list[Case]:
         if HAS_BNB:
             cases += QLORA_CASES
     if HAS_DS:
+        if HAS_PEFT:
+            cases += DS_LORA12_CASES
         cases += DS_CASES
         if HAS_PEFT and HAS_BNB:
             cases += DS_QLORA_CASES

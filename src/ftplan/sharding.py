@@ -768,26 +768,55 @@ def zero12_rank_bytes(model: ModelSpec, job: Job, n: int, bucket: int, stage: in
       state") frees only the gradients of its own partition: every other rank's large gradient
       stays alive until backward ends (the epilogue clears them);
     * the transient peak is at the arrival of a gradient: the pending large one + the arriving one
-      (+ ZeRO-1's kept gradients). Not counted: the flattened copy of a bucket of small gradients
-      per destination rank during its reduction (< one bucket)."""
+      (+ ZeRO-1's kept gradients);
+    * a reduction whose elements reach two ranks' partitions (a bucket of small gradients, or a
+      large gradient, across a partition boundary) is all-reduced as one flattened copy:
+      ``average_tensor`` puts every destination's slices under one all-reduce key
+      (``use_multi_rank_bucket_allreduce``, on by default) and ``allreduce_bucket`` flattens them
+      (``_flatten_dense_tensors``: a ``torch.cat``; a single slice is reduced in place). The copy is
+      made at the flush, while the arriving gradient is alive (or at the epilogue's last flush).
+      Seen on gpt_oss LoRA ZeRO-2: its 4,096-element bucket straddles the boundary, +8,192 B."""
     order = ds_flat_order(model, job, ep)
     total = _aligned(sum(order), n)
     part = total // n
     lo, hi = rank * part, (rank + 1) * part
     touch = []
+    offs = []
     pos = 0
     for k in order:
         touch.append(pos < hi and pos + k > lo)
+        offs.append(pos)
         pos += k
     grads = sum(k for k, t in zip(order, touch) if t)
+
+    def straddles(a: int, b: int) -> bool:  # elements [a, b) reach two ranks' partitions
+        return a // part != (b - 1) // part
+
     kept = pending = 0
     pending_mine = True
+    pending_off = 0
+    content = c_lo = c_hi = 0  # the small gradients in the bucket and their flat range [c_lo, c_hi)
     peak = 0
-    for k, mine in zip(reversed(order), reversed(touch)):
-        peak = max(peak, kept + pending + k)
+    for k, mine, off in zip(reversed(order), reversed(touch), reversed(offs)):
+        copy = 0
+        if pending:  # the large gradient is reduced when the next one arrives
+            copy = pending if straddles(pending_off, pending_off + pending) else 0
+        elif content and content + k > bucket:
+            copy = content if straddles(c_lo, c_hi) else 0
+            content = 0
+        peak = max(peak, kept + pending + k + copy)
         if pending and stage == 1 and not pending_mine:
             kept += pending
-        pending, pending_mine = (k, mine) if k > bucket else (0, True)
+        pending, pending_mine, pending_off = (k, mine, off) if k > bucket else (0, True, 0)
+        if k <= bucket:
+            c_hi = c_hi if content else off + k
+            c_lo = off
+            content += k
+    # the epilogue reduces what is left
+    if pending:
+        peak = max(peak, kept + pending + (pending if straddles(pending_off, pending_off + pending) else 0))
+    elif content and straddles(c_lo, c_hi):
+        peak = max(peak, kept + content)
     if pending and stage == 1 and not pending_mine:
         kept += pending
     return grads, max(peak, kept)

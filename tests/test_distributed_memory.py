@@ -22,7 +22,7 @@ every byte each rank holds is counted through a
   frozen linears too;
 * within a stated bound, where the engine keeps bytes the formula does not name one by one:
   a late DeepSpeed ZeRO-1/2 gradient (timing), its small scalars and ZeRO-3's persistent
-  parameters gathered twice,
+  parameters gathered twice, which ZeRO-3 LoRA/QLoRA prefetch group is held twice in forward,
   DDP's broadcast of the model buffers (see ``BOUNDS``).
 
 What runs where and what does not (with the errors) is in ``benchmarks/notes/distributed_cpu.md``.

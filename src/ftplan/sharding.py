@@ -706,9 +706,10 @@ def layout_memory(model: ModelSpec, job: Job, layout: Layout, st, consts: Memory
             # is held twice for a moment. LoRA's backward adds only the adapters' small gradients
             # and the ipg bucket's flattened copy (stage3.py ``__avg_scatter_grads`` ->
             # ``reduce_scatter_coalesced``) while modules are already being released: below the
-            # forward's peak whenever a group exceeds them. Upper bound: which group is split
-            # while the rest is gathered is the trace's business (0 to one group over the peak)
-            live = gatherable - _ds_forward_only_elems(model, job, consts, layout.ep)
+            # forward's peak whenever a group exceeds them. The largest possible group is counted:
+            # which group is split while the rest is gathered is the trace's business, so this is
+            # an upper bound by up to one group (BOUNDS["ds_gather_group"] in the gloo tests)
+            live = gatherable - _ds_forward_only_elems(model, job, consts)
             group = (_ds_prefetch_bucket(model, consts) + _ds_largest_gathered(model, job, consts, layout.ep)
                      if gatherable else 0)
             bwd = 2 * largest + min(bucket, n_train) * c
@@ -1088,7 +1089,7 @@ def _ds_prefetch_bucket(model: ModelSpec, consts: MemoryConstants) -> int:
 _EMBEDDING_READ_BY_MODEL = frozenset({"llama4_text"})
 
 
-def _ds_forward_only_elems(model: ModelSpec, job: Job, consts: MemoryConstants, ep: int = 1) -> int:
+def _ds_forward_only_elems(model: ModelSpec, job: Job, consts: MemoryConstants) -> int:
     """Gathered elements ZeRO-3 releases right after their forward in LoRA / QLoRA without
     checkpointing: frozen modules whose output needs no gradient, which therefore register no
     backward hook and are absent from the trace's backward (deepspeed 0.19

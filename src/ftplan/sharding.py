@@ -39,7 +39,7 @@ from fractions import Fraction
 
 from .catalog.constants import MemoryConstants
 from .job import PRECISIONS, Job, Layout, lora_targets, lora_wraps_experts
-from .model import LayerGroup, ModelSpec, layer_linears
+from .model import LAYER_INPUT_PROJECTIONS, LayerGroup, ModelSpec, layer_group_order, layer_linears
 from .units import dtype_bytes
 
 __all__ = ["LayoutMemory", "layout_memory", "communicator_groups", "activation_job", "engine_compute", "fsdp_units",
@@ -1098,9 +1098,6 @@ def _ds_forward_only_elems(model: ModelSpec, job: Job, consts: MemoryConstants) 
     ones included; a ``lora_A`` beside them has a gradient and stays). Held on the ZeRO-3 LoRA/QLoRA
     gloo cases. With checkpointing none are left out (transformers' ``enable_input_require_grads``
     may make the embedding's output need a gradient)."""
-    from .memory import _READS_LAYER_INPUT  # (memory imports this module)
-    from .model import layer_group_order
-
     if job.method == "full" or job.ac_mode != "none":
         return 0
     limit = consts.deepspeed_auto_persistence_h * model.hidden_size
@@ -1111,7 +1108,7 @@ def _ds_forward_only_elems(model: ModelSpec, job: Job, consts: MemoryConstants) 
     first = model.groups[layer_group_order(model)[0]]
     skip = set(job.quant.skip_modules)
     for lin in layer_linears(model, first):
-        if lin.module not in _READS_LAYER_INPUT:
+        if lin.module not in LAYER_INPUT_PROJECTIONS:
             continue
         n = lin.in_features * lin.out_features
         if job.method == "qlora" and lin.module not in skip:

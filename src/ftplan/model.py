@@ -943,6 +943,14 @@ def mlp_linears(m: MlpSpec, h: int, n: int, category: str) -> list[LinearSpec]:
 _attention_linears, _mlp_linears = attention_linears, mlp_linears  # their names before they were public
 
 
+#: a decoder layer's projections that read its (normed) input: with a frozen embedding (LoRA,
+#: QLoRA) the first layer's read an input that needs no gradient (the same set as
+#: ``memory._READS_LAYER_INPUT``, which the activation formulas use; tests keep them equal)
+LAYER_INPUT_PROJECTIONS = frozenset({"q_proj", "k_proj", "v_proj", "qkv_proj", "q_a_proj", "kv_a_proj_with_mqa",
+                                     "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a",
+                                     "in_proj_qkvz", "in_proj_ba"})
+
+
 def layer_linears(model: ModelSpec, g: LayerGroup) -> list[LinearSpec]:
     """One decoder layer's ``nn.Linear`` modules of group ``g`` in registration order (attention,
     dense MLP or the shared expert's MLP), one of each; routed experts are fused 3-D parameters,

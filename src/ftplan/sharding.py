@@ -39,7 +39,7 @@ from fractions import Fraction
 
 from .catalog.constants import MemoryConstants
 from .job import PRECISIONS, Job, Layout, lora_targets, lora_wraps_experts
-from .model import LayerGroup, ModelSpec, layer_linears
+from .model import LAYER_INPUT_PROJECTIONS, LayerGroup, ModelSpec, layer_group_order, layer_linears
 from .units import dtype_bytes
 
 __all__ = ["LayoutMemory", "layout_memory", "communicator_groups", "activation_job", "engine_compute", "fsdp_units",
@@ -687,7 +687,33 @@ def layout_memory(model: ModelSpec, job: Job, layout: Layout, st, consts: Memory
         # 1e9 in ftplan's ds_config.json); backward adds the largest gradient and its
         # reduce-scatter copy (an upper bound by at most the largest gradient)
         gatherable = _ds_gatherable_elems(model, job, consts, layout.ep)
-        transient = min(gatherable, consts.deepspeed_max_live_parameters) * c + 2 * largest
+        live_cap = consts.deepspeed_max_live_parameters
+        if job.method == "full":
+            transient = min(gatherable, live_cap) * c + 2 * largest
+        else:
+            # LoRA / QLoRA: the peak is in forward, not backward (read in deepspeed 0.19
+            # runtime/zero/partitioned_param_coordinator.py and partition_parameters.py, traced on
+            # the gloo ranks). A module's parameters are released after its forward unless the
+            # trace uses them again within stage3_max_reuse_distance (``__params_to_release``);
+            # a frozen module whose output needs no gradient has no backward hook, so it is not in
+            # the trace's backward and is released at once: the input embedding and the first
+            # layer's projections reading the grad-free layer input (``_ds_forward_only_elems``).
+            # Everything else stays gathered until its backward. Prefetch (``fetch_sub_module``)
+            # all-gathers the next parameters of the trace in groups of up to
+            # stage3_prefetch_bucket_size elements plus the parameter that crosses it; a group of
+            # several is gathered into one flat buffer and ``AllGatherCoalescedHandle.wait`` splits
+            # it into a ``torch.cat`` copy per parameter before the buffer is freed, so one group
+            # is held twice for a moment. LoRA's backward adds only the adapters' small gradients
+            # and the ipg bucket's flattened copy (stage3.py ``__avg_scatter_grads`` ->
+            # ``reduce_scatter_coalesced``) while modules are already being released: below the
+            # forward's peak whenever a group exceeds them. The largest possible group is counted:
+            # which group is split while the rest is gathered is the trace's business, so this is
+            # an upper bound by up to one group (BOUNDS["ds_gather_group"] in the gloo tests)
+            live = gatherable - _ds_forward_only_elems(model, job, consts)
+            group = (_ds_prefetch_bucket(model, consts) + _ds_largest_gathered(model, job, consts, layout.ep)
+                     if gatherable else 0)
+            bwd = 2 * largest + min(bucket, n_train) * c
+            transient = min(live, live_cap) * c + max(group * c, bwd)
     if layout.offload_optimizer:
         # fp32 master, AdamW states and fp32 gradient partitions (DeepSpeed keeps an accumulation
         # copy of them too: ZeRO-3 in the compute dtype, ZeRO-1/2 in fp32) live in host RAM
@@ -743,26 +769,71 @@ def zero12_rank_bytes(model: ModelSpec, job: Job, n: int, bucket: int, stage: in
       state") frees only the gradients of its own partition: every other rank's large gradient
       stays alive until backward ends (the epilogue clears them);
     * the transient peak is at the arrival of a gradient: the pending large one + the arriving one
-      (+ ZeRO-1's kept gradients). Not counted: the flattened copy of a bucket of small gradients
-      per destination rank during its reduction (< one bucket)."""
+      (+ ZeRO-1's kept gradients);
+    * a reduction whose elements reach two ranks' partitions is cut into one slice per partition;
+      ``average_tensor`` puts every destination's slices under one all-reduce key
+      (``use_multi_rank_bucket_allreduce``, on by default), ``allreduce_and_scatter`` groups them
+      into small buckets closed once they exceed ``reduce_bucket_size`` elements and
+      ``allreduce_bucket`` flattens a small bucket of two or more slices
+      (``_flatten_dense_tensors``: a ``torch.cat``; a single slice is reduced in place): a bucket
+      of small gradients across a boundary is copied whole, a large gradient only when its first
+      slice is within the bucket size. The copy is made at the flush, while the arriving gradient
+      is alive (or at the epilogue's last flush). Exact on gpt_oss LoRA ZeRO-2 (2 ranks: +8,192 B)
+      and on 4 ranks on llama LoRA ZeRO-2, qwen2 ZeRO-1/2, mixtral ZeRO-2; 8,060 B over on llama
+      ZeRO-2 (4 ranks), where the gradients arrive in the registration order reversed only
+      approximately (a layer's input-norm gradient arrives after its attention's, and it, not the
+      embedding's, triggers the flush of the copied bucket)."""
     order = ds_flat_order(model, job, ep)
     total = _aligned(sum(order), n)
     part = total // n
     lo, hi = rank * part, (rank + 1) * part
     touch = []
+    offs = []
     pos = 0
     for k in order:
         touch.append(pos < hi and pos + k > lo)
+        offs.append(pos)
         pos += k
     grads = sum(k for k, t in zip(order, touch) if t)
+
+    def flat_copy(a: int, b: int) -> int:
+        """Elements ``allreduce_and_scatter`` flattens when reducing flat elements [a, b): their
+        per-partition slices, in order, go into small buckets closed once they exceed the bucket
+        size; a small bucket of two or more slices is flattened (the largest one counts)."""
+        cuts = [a] + [q * part for q in range(a // part + 1, (b - 1) // part + 1)] + [b]
+        out = acc = count = 0
+        for x, y in zip(cuts, cuts[1:]):
+            acc, count = acc + y - x, count + 1
+            if acc > bucket:
+                out = max(out, acc if count > 1 else 0)
+                acc = count = 0
+        return max(out, acc if count > 1 else 0)
+
     kept = pending = 0
     pending_mine = True
+    pending_off = 0
+    content = c_lo = c_hi = 0  # the small gradients in the bucket and their flat range [c_lo, c_hi)
     peak = 0
-    for k, mine in zip(reversed(order), reversed(touch)):
-        peak = max(peak, kept + pending + k)
+    for k, mine, off in zip(reversed(order), reversed(touch), reversed(offs)):
+        copy = 0
+        if pending:  # the large gradient is reduced when the next one arrives
+            copy = flat_copy(pending_off, pending_off + pending)
+        elif content and content + k > bucket:
+            copy = flat_copy(c_lo, c_hi)
+            content = 0
+        peak = max(peak, kept + pending + k + copy)
         if pending and stage == 1 and not pending_mine:
             kept += pending
-        pending, pending_mine = (k, mine) if k > bucket else (0, True)
+        pending, pending_mine, pending_off = (k, mine, off) if k > bucket else (0, True, 0)
+        if k <= bucket:
+            c_hi = c_hi if content else off + k
+            c_lo = off
+            content += k
+    # the epilogue reduces what is left
+    if pending:
+        peak = max(peak, kept + pending + flat_copy(pending_off, pending_off + pending))
+    elif content:
+        peak = max(peak, kept + flat_copy(c_lo, c_hi))
     if pending and stage == 1 and not pending_mine:
         kept += pending
     return grads, max(peak, kept)
@@ -995,6 +1066,55 @@ def _ds_gatherable_elems(model: ModelSpec, job: Job, consts: MemoryConstants, ep
     experts under expert parallelism)."""
     limit = consts.deepspeed_auto_persistence_h * model.hidden_size
     return sum(t.numel * u.count for u in fsdp_units(model, job, "fsdp2", ep=ep) for t in u.tensors if t.numel > limit)
+
+
+def _ds_largest_gathered(model: ModelSpec, job: Job, consts: MemoryConstants, ep: int = 1) -> int:
+    """Elements of the largest parameter ZeRO-3 gathers (above the persistence threshold)."""
+    limit = consts.deepspeed_auto_persistence_h * model.hidden_size
+    return max((t.numel for u in fsdp_units(model, job, "fsdp2", ep=ep) for t in u.tensors if t.numel > limit),
+               default=0)
+
+
+def _ds_prefetch_bucket(model: ModelSpec, consts: MemoryConstants) -> int:
+    """``stage3_prefetch_bucket_size`` elements: HF Trainer's ``auto`` (0.9 x hidden_size^2), what
+    ftplan's ds_config.json writes."""
+    return int(consts.deepspeed_auto_prefetch_bucket_h2 * model.hidden_size ** 2)
+
+
+#: families whose text model reads ``self.embed_tokens.weight`` in its own forward (transformers
+#: 5.24 modeling_llama4.py ``Llama4TextModel.forward``: ``input_ids.to(self.embed_tokens.weight.device)``):
+#: DeepSpeed's ``ZeROOrderedDict.__getitem__`` (runtime/zero/parameter_offload.py) registers a
+#: parameter read while not available as an external parameter of the module on top of its forward
+#: stack, which then holds it gathered from its forward to the end of its backward (the whole step)
+_EMBEDDING_READ_BY_MODEL = frozenset({"llama4_text"})
+
+
+def _ds_forward_only_elems(model: ModelSpec, job: Job, consts: MemoryConstants) -> int:
+    """Gathered elements ZeRO-3 releases right after their forward in LoRA / QLoRA without
+    checkpointing: frozen modules whose output needs no gradient, which therefore register no
+    backward hook and are absent from the trace's backward (deepspeed 0.19
+    ``PartitionedParameterCoordinator.__params_to_release``): the (untied) input embedding and the
+    first layer's projections that read the grad-free layer input (their base weights, packed 4-bit
+    ones included; a ``lora_A`` beside them has a gradient and stays). Held on the ZeRO-3 LoRA/QLoRA
+    gloo cases. With checkpointing none are left out (transformers' ``enable_input_require_grads``
+    may make the embedding's output need a gradient)."""
+    if job.method == "full" or job.ac_mode != "none":
+        return 0
+    limit = consts.deepspeed_auto_persistence_h * model.hidden_size
+    out = 0
+    if not model.tie_word_embeddings and model.family not in _EMBEDDING_READ_BY_MODEL:
+        v = model.vocab_size * model.hidden_size
+        out += v if v > limit else 0
+    first = model.groups[layer_group_order(model)[0]]
+    skip = set(job.quant.skip_modules)
+    for lin in layer_linears(model, first):
+        if lin.module not in LAYER_INPUT_PROJECTIONS:
+            continue
+        n = lin.in_features * lin.out_features
+        if job.method == "qlora" and lin.module not in skip:
+            n //= int(2 * _quant_storage_bytes(job))
+        out += n if n > limit else 0
+    return out
 
 
 def _ds_persistent_elems(model: ModelSpec, job: Job, consts: MemoryConstants) -> tuple[int, int]:

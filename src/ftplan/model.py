@@ -23,6 +23,7 @@ __all__ = [
     "FAMILIES",
     "AttentionSpec",
     "GatedDeltaNetSpec",
+    "ShortConvSpec",
     "MlpSpec",
     "MoeSpec",
     "LayerGroup",
@@ -124,6 +125,18 @@ class Family:
     #: 0 dense, the rest sparse), not ``first_k_dense_replace`` (glm4_moe_lite: Glm4MoeLiteConfig
     #: keeps a checkpoint's first_k_dense_replace but its decoder layers never read it)
     mlp_layer_types: bool = False
+    #: LFM2 (lfm2): ``layer_types`` mixes ``conv`` layers (a gated short convolution,
+    #: ``ShortConvSpec``) with ``full_attention`` layers; without ``layer_types`` the layers listed
+    #: in ``full_attn_idxs`` are attention (default: all of them), the others conv
+    short_conv: bool = False
+    #: the MLP's width is derived from the config as Lfm2MLP does (``block_ff_dim``, else
+    #: ``intermediate_size``; with ``block_auto_adjust_ff_dim`` two thirds of it, times
+    #: ``block_ffn_dim_multiplier``, rounded up to ``block_multiple_of``)
+    block_ff_dim: bool = False
+    #: the MLP's module names (gate, up, down) where they are not llama's (lfm2: w1, w3, w2)
+    mlp_names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
+    #: the attention output projection's module name (lfm2: ``out_proj``)
+    o_proj_name: str = "o_proj"
 
 
 #: first transformers wheel with models/gemma4: 5.5.0 (the 5.4.0 wheel has none; checked with
@@ -412,6 +425,23 @@ FAMILIES: dict[str, Family] = {
             moe="mistral4", mla=True, peft_wraps_experts=False,
             min_transformers="5.4",
         ),
+        Family(
+            # LFM2 (Lfm2Config, transformers 5.24): gated short-convolution layers (Lfm2ShortConv:
+            # in_proj -> B, C, x; B * x through a depthwise causal Conv1d of conv_L_cache taps;
+            # C * that; out_proj) between GQA attention layers with per-head q/k RMSNorms
+            # (q_layernorm / k_layernorm) and an out_proj; a SwiGLU MLP (w1, w3, w2) whose width
+            # Lfm2MLP derives from the config; llama's RMSNorm and rope; tied embeddings; the final
+            # norm is called embedding_norm. config.json's ``block_ff_dim`` and ``tie_embedding``
+            # override intermediate_size / tie_word_embeddings (Lfm2Config.__post_init__)
+            "lfm2",
+            {**_LLAMA_LIKE, "vocab_size": 65536, "hidden_size": 2560, "intermediate_size": 12288,
+             "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+             "max_position_embeddings": 128000, "tie_word_embeddings": True, "conv_bias": False,
+             "conv_L_cache": 3, "block_multiple_of": 256, "block_ffn_dim_multiplier": 1.0,
+             "block_auto_adjust_ff_dim": True, "full_attn_idxs": None, "layer_types": None},
+            qk_norm=True, qkv_bias_key=None, o_bias_key=None, short_conv=True, block_ff_dim=True,
+            mlp_names=("w1", "w3", "w2"), o_proj_name="out_proj",
+        ),
     ]
 }
 
@@ -444,6 +474,7 @@ _ARCH_TO_TYPE = {
     "Gemma4ForConditionalGeneration": "gemma4",
     "Glm4MoeLiteForCausalLM": "glm4_moe_lite",
     "Mistral4ForCausalLM": "mistral4",
+    "Lfm2ForCausalLM": "lfm2",
 }
 #: text model_types that name a family under another key (the inner type of a multimodal config)
 _TEXT_TYPE_ALIASES = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe", "llama4": "llama4_text",
@@ -519,6 +550,8 @@ class AttentionSpec:
     #: ``(rows, 1, s, 1)`` scale ``1 + beta * log(1 + floor(pos / original_max))`` before the
     #: kernel, which the product keeps for the query's gradient
     query_pos_scale: bool = False
+    #: the output projection's module name (lfm2: ``out_proj``)
+    o_name: str = "o_proj"
 
     @property
     def head_major_q(self) -> bool:
@@ -585,10 +618,28 @@ class GatedDeltaNetSpec:
 
 
 @dataclass(frozen=True)
+class ShortConvSpec:
+    """LFM2's gated short convolution (``conv`` layers, transformers' ``Lfm2ShortConv``):
+    ``in_proj`` (hidden -> 3 x hidden, chunked into the gates B and C and the value x), ``B * x``
+    through a depthwise causal ``Conv1d`` of ``conv_kernel`` taps (``conv_L_cache``) over the
+    hidden channels, ``C *`` its output, ``out_proj`` (hidden -> hidden). ``bias``
+    (``conv_bias``): the conv and both linears carry biases. No norm, no rope, no KV inside."""
+
+    conv_kernel: int
+    bias: bool = False
+
+    def vector_params(self, h: int) -> int:
+        """Parameters outside the linears: the conv weight ``(h, 1, K)`` (and its bias)."""
+        return h * self.conv_kernel + (h if self.bias else 0)
+
+
+@dataclass(frozen=True)
 class MlpSpec:
     intermediate_size: int
     bias: bool = False
     fused_gate_up: bool = False
+    #: module names of the gate, up and down projections (lfm2: w1, w3, w2)
+    names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
 
 
 @dataclass(frozen=True)
@@ -648,11 +699,14 @@ class LayerGroup:
     norms_per_layer: int
     window: int | None = None  # sliding-window size, None for full attention
     linear_attention: GatedDeltaNetSpec | None = None
+    #: LFM2's ``conv`` layers: a gated short convolution as the token mixer (``attention`` None)
+    short_conv: ShortConvSpec | None = None
 
     @property
     def is_linear(self) -> bool:
-        """A Gated DeltaNet layer (no softmax attention, no KV, no rope)."""
-        return self.linear_attention is not None
+        """A layer without softmax attention (no KV, no rope): a Gated DeltaNet or LFM2's short
+        convolution."""
+        return self.linear_attention is not None or self.short_conv is not None
 
 
 @dataclass(frozen=True)
@@ -743,7 +797,13 @@ class ModelSpec:
 
     @property
     def is_hybrid(self) -> bool:
-        """Some layers mix tokens with a linear-attention (Gated DeltaNet) layer."""
+        """Some layers mix tokens with a linear-attention (Gated DeltaNet) layer or LFM2's short
+        convolution instead of softmax attention."""
+        return any(g.is_linear for g in self.groups)
+
+    @property
+    def has_gated_deltanet(self) -> bool:
+        """Some layers are Gated DeltaNet layers (qwen3_5, qwen3_5_moe, qwen3_next)."""
         return any(g.linear_attention is not None for g in self.groups)
 
     def __hash__(self) -> int:
@@ -814,6 +874,11 @@ class ModelSpec:
                 cats["attention"] += g.count * la.vector_params
                 active += g.count * la.vector_params
                 continue
+            if g.short_conv is not None:  # the conv weight (and bias); no norm inside
+                norms += g.count * per_layer
+                cats["attention"] += g.count * g.short_conv.vector_params(h)
+                active += g.count * g.short_conv.vector_params(h)
+                continue
             if a.qk_norm:
                 per_layer += sum(a.qk_norm_sizes)
             if a.is_mla:
@@ -860,10 +925,20 @@ def linear_attention_linears(la: GatedDeltaNetSpec, h: int, n: int) -> list[Line
     ]
 
 
+def short_conv_linears(sc: ShortConvSpec, h: int, n: int) -> list[LinearSpec]:
+    """LFM2's short convolution's ``nn.Linear`` modules in registration order (after the Conv1d):
+    ``in_proj`` (B, C, x) and ``out_proj``."""
+    return [LinearSpec("in_proj", h, 3 * h, n, sc.bias, "attention"),
+            LinearSpec("out_proj", h, h, n, sc.bias, "attention")]
+
+
 def mixer_linears(g: LayerGroup, h: int, n: int) -> list[LinearSpec]:
-    """The token mixer's linears of group ``g`` (attention or Gated DeltaNet), ``n`` of each."""
+    """The token mixer's linears of group ``g`` (attention, Gated DeltaNet or LFM2's short
+    convolution), ``n`` of each."""
     if g.linear_attention is not None:
         return linear_attention_linears(g.linear_attention, h, n)
+    if g.short_conv is not None:
+        return short_conv_linears(g.short_conv, h, n)
     assert g.attention is not None
     return attention_linears(g.attention, h, n)
 
@@ -897,18 +972,19 @@ def attention_linears(a: AttentionSpec, h: int, n: int) -> list[LinearSpec]:
         ]
         if not a.k_eq_v:
             out.append(LinearSpec("v_proj", h, kv, n, a.qkv_bias, "attention"))
-    out.append(LinearSpec("o_proj", a.num_heads * a.v_head_dim, h, n, a.o_bias, "attention"))
+    out.append(LinearSpec(a.o_name, a.num_heads * a.v_head_dim, h, n, a.o_bias, "attention"))
     return out
 
 
 def mlp_linears(m: MlpSpec, h: int, n: int, category: str) -> list[LinearSpec]:
     i = m.intermediate_size
+    gate, up_name, down = m.names
     if m.fused_gate_up:
         up = [LinearSpec("gate_up_proj", h, 2 * i, n, m.bias, category)]
     else:
-        up = [LinearSpec("gate_proj", h, i, n, m.bias, category),
-              LinearSpec("up_proj", h, i, n, m.bias, category)]
-    return up + [LinearSpec("down_proj", i, h, n, m.bias, category)]
+        up = [LinearSpec(gate, h, i, n, m.bias, category),
+              LinearSpec(up_name, h, i, n, m.bias, category)]
+    return up + [LinearSpec(down, i, h, n, m.bias, category)]
 
 
 _attention_linears, _mlp_linears = attention_linears, mlp_linears  # their names before they were public
@@ -974,6 +1050,8 @@ CONFIG_LIMITS: dict[str, int] = {
     "interleave_moe_layer_step": 4096,
     "no_rope_layer_interval": 4096,
     "attention_chunk_size": 1 << 31,
+    "conv_L_cache": 1024,
+    "block_multiple_of": 1 << 20,
 }
 #: largest logit soft-capping value accepted (published: 30 and 50)
 _MAX_SOFTCAP = 1e6
@@ -1127,6 +1205,12 @@ def model_from_config(
     for k in ("num_key_value_heads", "head_dim"):
         if cfg0.get(k) is None:
             cfg[k] = fam.defaults.get(k)
+    if fam.short_conv:
+        # Lfm2Config.__post_init__: config.json's block_ff_dim and tie_embedding (LFM2's own
+        # names) override intermediate_size and tie_word_embeddings
+        for old, new in (("block_ff_dim", "intermediate_size"), ("tie_embedding", "tie_word_embeddings")):
+            if old in cfg0:
+                cfg[new] = cfg0[old]
 
     c = _Check(cfg)
     h = c.int("hidden_size")
@@ -1155,6 +1239,7 @@ def model_from_config(
         c.bad(f"partial_rotary_factor={prf}: transformers' MLA attention rotates all qk_rope_head_dim "
               "features and fails on narrower rope tables (only 1.0 runs)")
     linear = _linear_attention_spec(c, fam.gdn_fused_proj) if fam.hybrid_linear else None
+    conv = _short_conv_spec(c) if fam.short_conv else None
     plan = _layer_plan(fam, c, n_layers or 1)
     if fam.nope_layers:
         _nope_rule(c, n_layers or 1)  # (validates no_rope_layers)
@@ -1185,15 +1270,18 @@ def model_from_config(
             softcap=softcap, sinks=fam.attention_sinks,
             rotary_dim=int(hd * prf) if prf is not None else None, output_gate=fam.output_gate,
             qk_norm_whole=fam.qk_norm_whole and qk_norm,
-            v_norm=fam.gemma4,
+            v_norm=fam.gemma4, o_name=fam.o_proj_name,
         )
-    mlp = MlpSpec(inter or 0, bias=mlp_bias, fused_gate_up=fam.fused_gate_up)
+    if fam.block_ff_dim and inter is not None:
+        inter = _lfm2_ff_dim(c, inter)
+    mlp = MlpSpec(inter or 0, bias=mlp_bias, fused_gate_up=fam.fused_gate_up, names=fam.mlp_names)
     if fam.moe == "llama4":  # dense layers use intermediate_size_mlp (intermediate_size: experts)
         mlp = MlpSpec(c.int("intermediate_size_mlp") or 0)
     groups = tuple(
         LayerGroup(count, None if is_linear else _variant_attention(attn, variant, c, fam),
                    None if is_moe else mlp, moe if is_moe else None,
-                   fam.norms_per_layer, window, linear if is_linear else None)
+                   fam.norms_per_layer, window, linear if is_linear else None,
+                   conv if is_linear else None)
         for count, window, is_moe, is_linear, variant in _layer_kinds(plan, n_layers)
     )
     if g4 is not None:
@@ -1355,6 +1443,36 @@ def _linear_attention_spec(c: _Check, fused: bool = False) -> GatedDeltaNetSpec 
     return GatedDeltaNetSpec(kh, vh, kd, vd, kernel, fused_proj=fused)  # type: ignore[arg-type]
 
 
+def _short_conv_spec(c: _Check) -> ShortConvSpec | None:
+    """LFM2's short convolution: ``conv_L_cache`` taps, ``conv_bias``."""
+    k = c.int("conv_L_cache")
+    bias = c.bool("conv_bias")
+    return None if k is None else ShortConvSpec(k, bias)
+
+
+def _lfm2_ff_dim(c: _Check, inter: int) -> int:
+    """The MLP width Lfm2MLP builds: with ``block_auto_adjust_ff_dim``, ``int(2 * inter / 3)``,
+    then (``block_ffn_dim_multiplier`` not null) ``int(multiplier * that)`` rounded up to a
+    multiple of ``block_multiple_of``; the configured width otherwise."""
+    if not c.bool("block_auto_adjust_ff_dim"):
+        return inter
+    out = int(2 * inter / 3)
+    mult = c.cfg.get("block_ffn_dim_multiplier")
+    if mult is None:
+        return out
+    if isinstance(mult, bool) or not isinstance(mult, (int, float)) or not 0 < mult <= 1024:
+        c.bad(f"block_ffn_dim_multiplier must be a number in (0, 1024], got {_show(mult)}")
+        return out
+    of = c.int("block_multiple_of") or 1
+    out = int(mult * out)
+    out = of * ((out + of - 1) // of)
+    if out < 1 or out > CONFIG_LIMITS["intermediate_size"]:
+        c.bad(f"the MLP width derived from block_ff_dim / intermediate_size is {out:,}, outside "
+              f"[1, {CONFIG_LIMITS['intermediate_size']:,}]")
+        return max(1, min(out, CONFIG_LIMITS["intermediate_size"]))
+    return out
+
+
 def _mla_fields(c: _Check) -> tuple[int, int, int, int, int | None] | None:
     nope = c.int("qk_nope_head_dim")
     rope = c.int("qk_rope_head_dim")
@@ -1395,6 +1513,8 @@ def _layer_plan(fam: Family, c: _Check, n: int) -> _LayerPlan:
     types = cfg.get("layer_types") if not fam.gemma4 else _gemma4_layer_types(c, n)
     allowed = _LAYER_TYPES + (("linear_attention",) if fam.hybrid_linear else ()) + (
         ("chunked_attention",) if fam.moe == "llama4" else ())
+    if fam.short_conv:  # Lfm2Model masks per layer type: only these two exist
+        allowed = ("full_attention", "conv")
     if types is not None and not (isinstance(types, list) and all(t in allowed for t in types)):
         c.bad(f"layer_types must be a list of {' / '.join(allowed)}")
         types = None
@@ -1409,8 +1529,8 @@ def _layer_plan(fam: Family, c: _Check, n: int) -> _LayerPlan:
     pattern = (c.int("sliding_window_pattern", optional=True) or 6) if mt == "gemma3_text" and window else 6
     if mt == "smollm3" and not c.bool("use_sliding_window"):
         window = None  # SmolLM3Attention: a window only with use_sliding_window
-    if mt == "olmo2":
-        window = None  # Olmo2Attention has no sliding window (Olmo2Config no such field)
+    if mt == "olmo2" or fam.short_conv:
+        window = None  # Olmo2Attention / Lfm2Attention have no sliding window (no such config field)
     if not window:
         window_at = lambda i: None  # noqa: E731
     elif types is not None:
@@ -1491,6 +1611,19 @@ def _layer_plan(fam: Family, c: _Check, n: int) -> _LayerPlan:
             if period > 1 and k != period:
                 cuts.update(range(n))
             period = max(period, k)
+    if fam.short_conv:
+        # Lfm2Config: layer_types when given (every non-"conv" layer is attention), else the
+        # full_attn_idxs layers are attention (default: all), the others conv
+        if types is not None and len(types) != n:
+            c.bad(f"layer_types has {len(types):,} entries for num_hidden_layers={n}")
+        elif types is not None:
+            linear_at = lambda i: types[i] == "conv"  # noqa: E731
+            cuts.update(range(n))
+        elif cfg.get("full_attn_idxs") is not None:
+            idxs = _int_list(c, "full_attn_idxs", n)
+            attn_set = frozenset(idxs or ())
+            linear_at = lambda i: i not in attn_set  # noqa: E731
+            cuts.update(range(n))
     variant_at = _llama4_attention_layers(c, n, types) if fam.moe == "llama4" else (lambda i: None)
     return _LayerPlan(window_at, moe_at, period, tuple(sorted(x for x in cuts if 0 <= x <= n)), any_moe,
                       linear_at, variant_at)

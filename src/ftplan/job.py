@@ -756,8 +756,8 @@ def validate_job(model: ModelSpec, job: Job, layout: Layout | None = None) -> No
         if layout.tp > 1:
             # transformers' tp_plan gathers the Gated DeltaNet's projections whole on every rank
             # (colwise_gather_output): no head-parallel split ftplan could plan
-            _check(not model.is_hybrid, p, f"tensor parallelism is not modelled for the linear-attention layers of "
-                   f"{model.name}", "tp")
+            _check(not model.is_hybrid, p, f"tensor parallelism is not modelled for the linear-attention / "
+                   f"short-convolution layers of {model.name}", "tp")
             # olmo2/olmo3: the q/k norms span the whole projection, so their tp_plan gathers q, k and v
             # whole on every rank (colwise_gather_output) and splits o_proj's input: not the head split
             _check(not a.qk_norm_whole, p, f"tensor parallelism is not modelled for {model.name}'s q/k norms over "

@@ -982,13 +982,15 @@ def _short_conv_saved(sc: ShortConvSpec, b: int, s: int, h: int, dt: _Dtypes, tp
     return out
 
 
-def short_conv_kernel_saved_bytes(sc: ShortConvSpec, b: int, s: int, h: int, compute_bytes: int = 2) -> int:
+def short_conv_kernel_saved_bytes(sc: ShortConvSpec, b: int, s: int, h: int, in_bytes: int = 2) -> int:
     """The conv terms of :func:`_short_conv_saved` with causal-conv1d's CUDA kernel
-    (``CausalConv1dFn`` saves its input, weight and bias and writes an ``s``-long output: not
-    measured, read from Dao-AILab/causal-conv1d ``causal_conv1d/causal_conv1d_interface.py``):
-    the input, and the ``s``-long output that ``C *`` keeps. Compare :func:`_short_conv_torch_conv_bytes`."""
+    (``CausalConv1dFn`` saves its input, weight and bias and writes an ``s``-long output in the
+    input's dtype: not measured, read from Dao-AILab/causal-conv1d
+    ``causal_conv1d/causal_conv1d_interface.py``): ``B * x`` itself (``in_bytes``: in_proj's
+    output dtype; no cast to the weight's dtype, no autocast inside the autograd Function) and
+    the ``s``-long output that ``C *`` keeps. Compare :func:`_short_conv_torch_conv_bytes`."""
     t = b * s
-    return t * h * compute_bytes + t * h * compute_bytes
+    return 2 * t * h * in_bytes
 
 
 def _short_conv_torch_conv_bytes(sc: ShortConvSpec, b: int, s: int, h: int, dt: _Dtypes) -> int:
@@ -1664,12 +1666,15 @@ def _layer_matmul_outputs(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes
     a = g.attention
     col = {"q_proj", "k_proj", "v_proj", "qkv_proj", "q_b_proj", "kv_b_proj", "gate_proj", "up_proj",
            "gate_up_proj", "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "in_proj_qkvz", "in_proj_ba"}
-    if a is None:  # Gated DeltaNet: its delta rule's matmuls are bmm, not mm
+    if g.short_conv is not None:  # LFM2's short convolution: in_proj and out_proj (the conv is no mm)
+        order = ["in_proj", "out_proj"]
+        col = col | {"in_proj"}
+    elif a is None:  # Gated DeltaNet: its delta rule's matmuls are bmm, not mm
         order = ["in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "in_proj_qkvz", "in_proj_ba", "out_proj"]
     elif a.is_mla:
         order = ["q_a_proj", "q_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"]
     else:
-        order = ["qkv_proj", "q_proj", "k_proj", "v_proj", "o_proj"]
+        order = ["qkv_proj", "q_proj", "k_proj", "v_proj", a.o_name]
     for name in order:
         if name in lins:
             lin = lins[name]
@@ -1678,8 +1683,9 @@ def _layer_matmul_outputs(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes
 
     def mlp_proj(mlp: MlpSpec) -> None:
         for lin in mlp_linears(mlp, model.hidden_size, 1, "mlp"):
-            if lin.module in ("gate_up_proj", "gate_proj", "up_proj", "down_proj"):
-                proj(lin, lin.out_features // tp if lin.module in col else lin.out_features)
+            if lin.module in ("gate_up_proj", *mlp.names):
+                proj(lin, lin.out_features // tp if lin.module in col or lin.module in mlp.names[:2]
+                     else lin.out_features)
 
     mlp = g.mlp if g.mlp is not None else None
     if g.moe is not None and g.moe.router_is_module:
@@ -2209,12 +2215,12 @@ def _short_conv_kernel_note(model: ModelSpec, job: Job) -> str:
     h = model.hidden_size
     groups = [g for g in model.groups if g.short_conv is not None]
     n = sum(g.count for g in groups)
-    per_layer = max(_short_conv_torch_conv_bytes(g.short_conv, b, s, h, dt)
-                    - short_conv_kernel_saved_bytes(g.short_conv, b, s, h, dt.compute) for g in groups)
+    diff = max(_short_conv_torch_conv_bytes(g.short_conv, b, s, h, dt)
+               - short_conv_kernel_saved_bytes(g.short_conv, b, s, h, dt.base_out) for g in groups)
     return (f"short-convolution layers ({n}) planned on transformers' torch path (causal_conv1d_fn's F.conv1d); "
             f"with causal-conv1d installed (its CUDA kernel, which transformers then uses) each saves about "
-            f"{max(per_layer, 0) / 2**10:,.0f} KiB less (no padded conv output, no cast of the conv weight); "
-            "not measured")
+            f"{abs(diff) / 2**10:,.0f} KiB {'less' if diff >= 0 else 'more'} (no padded conv output, no casts "
+            "around the conv); not measured")
 
 
 def _engine_qlora_recipe(job: Job, layout: Layout, notes: list[str]) -> Job:

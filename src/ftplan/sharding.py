@@ -242,6 +242,11 @@ def _layer_tensors(model: ModelSpec, g: LayerGroup, job: Job, tb: Fraction, fb: 
         out += [Tensor(la.conv_dim, la.conv_dim * la.conv_kernel, wb, full),
                 Tensor(la.num_v_heads, la.num_v_heads, wb, full), Tensor(la.num_v_heads, la.num_v_heads, wb, full),
                 Tensor(la.v_head_dim, la.v_head_dim, wb, full)]
+    sc = g.short_conv
+    if sc is not None:  # LFM2's short convolution: the Conv1d weight (h, 1, K) and bias, then its linears
+        out.append(Tensor(h, h * sc.conv_kernel, wb, full))
+        if sc.bias:
+            out.append(Tensor(h, h, wb, full))
     for lin in layer_linears(model, g):
         n = lin.in_features * lin.out_features
         if job.method == "qlora" and lin.module not in skip:

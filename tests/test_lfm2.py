@@ -276,3 +276,20 @@ def test_tiny_config_of_a_real_config():
         warnings.simplefilter("ignore")
         real = build_model(tiny, device="meta")
     assert spec.params.by_category() == params_by_category(real)
+
+
+def test_catalog_lfm2_1_2b():
+    """The catalog's LFM2-1.2B: 10 conv and 6 attention layers, the MLP 8192 wide, 1,170,340,608
+    parameters (the hub safetensors' and the model card's count); LFM2's own tokenizer has no
+    chars-per-token figure (no borrowed estimate)."""
+    from ftplan.catalog.models import get_model
+    from ftplan.catalog.tokenization import token_estimate
+
+    entry = get_model("LiquidAI/LFM2-1.2B")
+    spec = entry.spec()
+    assert entry.name == "lfm2-1.2b" and spec.params.total == entry.published_params == 1_170_340_608
+    assert sorted((g.count, g.short_conv is not None) for g in spec.groups) == [(6, False), (10, True)]
+    assert spec.tie_word_embeddings and {g.mlp.intermediate_size for g in spec.groups} == {8192}
+    assert spec.params == model_from_config(LFM2_1_2B).params
+    with pytest.raises(ConfigError, match="tokenizer"):
+        token_estimate("lfm2-1.2b", "lfm2")

@@ -293,3 +293,10 @@ def test_catalog_lfm2_1_2b():
     assert spec.params == model_from_config(LFM2_1_2B).params
     with pytest.raises(ConfigError, match="tokenizer"):
         token_estimate("lfm2-1.2b", "lfm2")
+
+
+def test_llamafactory_template():
+    """LLaMA-Factory 0.9.5 registers the ``lfm2`` template (LiquidAI's ChatML-like format) for LFM2.5."""
+    from ftplan.export.llamafactory import template_for
+
+    assert template_for(model_from_config(LFM2_1_2B)) == "lfm2"

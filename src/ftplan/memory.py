@@ -142,8 +142,8 @@ def _full_tensor_count(model: ModelSpec) -> int:
         if g.linear_attention is not None:  # conv1d weight, dt_bias, A_log, the gated norm
             n += g.count * (g.norms_per_layer + 4 + (1 if g.moe is not None else 0))  # (+ router)
             continue
-        if g.short_conv is not None:  # LFM2: the Conv1d weight (and bias)
-            n += g.count * (g.norms_per_layer + (2 if g.short_conv.bias else 1))
+        if g.short_conv is not None:  # LFM2: the Conv1d weight (and bias) (+ router)
+            n += g.count * (g.norms_per_layer + (2 if g.short_conv.bias else 1) + (1 if g.moe is not None else 0))
             continue
         per = g.norms_per_layer + (2 if g.attention.qk_norm else 0)
         if g.attention.is_mla:
@@ -1072,10 +1072,13 @@ def _moe_saved(m: MoeSpec, t: int, h: int, dt: _Dtypes, tp: int, wrapped: bool =
         out = routed * 8 + routed * c
         per_row = routed * c
         w_bytes = c
-    elif m.router == "mistral4":
+    elif m.router in ("mistral4", "lfm2_moe"):
         # DeepSeek-V2's softmax router (mistral4): a plain linear of the compute dtype, the
         # softmax probabilities in it, the top-k ids the gather keeps and, renormalised, the sum
-        # and the quotient (in-place ``/=`` on the gathered weights keeps a clone)
+        # and the quotient (in-place ``/=`` on the gathered weights keeps a clone). LFM2-MoE's
+        # sigmoid router saves the same: the sigmoid's output, the top-k ids (topk over the
+        # scores plus the fp32 expert bias and the gather of the unbiased scores share them), the
+        # gathered weights and their sum + 1e-6 for the division
         router_in = t * h * c
         out = t * m.num_experts * c + routed * 8 + ((t * c + routed * c) if m.renormalize else 0)
         per_row = routed * c  # scaled by routed_scaling_factor: a new tensor

@@ -442,6 +442,24 @@ FAMILIES: dict[str, Family] = {
             qk_norm=True, qkv_bias_key=None, o_bias_key=None, short_conv=True, block_ff_dim=True,
             mlp_names=("w1", "w3", "w2"), o_proj_name="out_proj",
         ),
+        Family(
+            # LFM2-MoE (Lfm2MoeConfig, transformers 5.24): lfm2's conv / attention layers; the first
+            # num_dense_layers layers a SwiGLU MLP of intermediate_size as given (no block_* width
+            # rule), the others a sparse block: a sigmoid router (an nn.Parameter ``gate.weight``,
+            # logits in the compute dtype; top-k on the scores plus an fp32 ``expert_bias`` buffer,
+            # the unbiased scores gathered, renormalised when norm_topk_prob, times
+            # routed_scaling_factor) and fused 3-D experts (w1/w3 as gate_up_proj, w2 as down_proj).
+            # PEFT 0.21.2 has no MoE mapping for it: all-linear wraps the nn.Linear modules only
+            "lfm2_moe",
+            {**_LLAMA_LIKE, "vocab_size": 65536, "hidden_size": 2048, "intermediate_size": 7168,
+             "moe_intermediate_size": 1792, "num_hidden_layers": 32, "num_attention_heads": 32,
+             "num_key_value_heads": 8, "max_position_embeddings": 128000, "tie_word_embeddings": True,
+             "conv_bias": False, "conv_L_cache": 3, "num_dense_layers": 2, "num_experts_per_tok": 4,
+             "num_experts": 32, "use_expert_bias": True, "routed_scaling_factor": 1.0,
+             "norm_topk_prob": True, "layer_types": None},
+            qk_norm=True, qkv_bias_key=None, o_bias_key=None, short_conv=True,
+            mlp_names=("w1", "w3", "w2"), o_proj_name="out_proj", moe="lfm2_moe", peft_wraps_experts=False,
+        ),
     ]
 }
 
@@ -475,6 +493,7 @@ _ARCH_TO_TYPE = {
     "Glm4MoeLiteForCausalLM": "glm4_moe_lite",
     "Mistral4ForCausalLM": "mistral4",
     "Lfm2ForCausalLM": "lfm2",
+    "Lfm2MoeForCausalLM": "lfm2_moe",
 }
 #: text model_types that name a family under another key (the inner type of a multimodal config)
 _TEXT_TYPE_ALIASES = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe", "llama4": "llama4_text",
@@ -650,7 +669,8 @@ class MoeSpec:
     shared: MlpSpec | None = None  # shared experts, run on every token
     #: router implementation (the family's): "mixtral"/"qwen3_moe" softmax in fp32, "deepseek_v3"
     #: sigmoid in the logits' dtype, "mistral4" softmax in the compute dtype (a plain linear, no
-    #: fp32 weight); qwen3_moe casts the top-k weights back to the logits' dtype;
+    #: fp32 weight), "lfm2_moe" a sigmoid there (the same bytes saved); qwen3_moe casts the top-k
+    #: weights back to the logits' dtype;
     #: "gpt_oss" takes the top-k logits first and softmaxes only those, in the logits' dtype
     router: str = "mixtral"
     #: the router weight stays fp32 whatever the model's dtype: transformers >= 5.24 lists
@@ -1209,7 +1229,7 @@ def model_from_config(
         # Lfm2Config.__post_init__: config.json's block_ff_dim and tie_embedding (LFM2's own
         # names) override intermediate_size and tie_word_embeddings
         for old, new in (("block_ff_dim", "intermediate_size"), ("tie_embedding", "tie_word_embeddings")):
-            if old in cfg0:
+            if old in cfg0 and (fam.block_ff_dim or old == "tie_embedding"):  # (Lfm2MoeConfig: tie_embedding only)
                 cfg[new] = cfg0[old]
 
     c = _Check(cfg)
@@ -1586,8 +1606,10 @@ def _layer_plan(fam: Family, c: _Check, n: int) -> _LayerPlan:
     elif fam.moe == "deepseek_v3" and fam.mlp_layer_types:
         moe_at, any_moe = _mlp_layer_types(c, n)
         cuts.update(range(n) if cfg.get("mlp_layer_types") is not None else (min(1, n),))
-    elif fam.moe in ("deepseek_v3", "mistral4"):
-        k = c.int("first_k_dense_replace", minimum=0, optional=True) or 0
+    elif fam.moe in ("deepseek_v3", "mistral4", "lfm2_moe"):
+        # (lfm2_moe: the first num_dense_layers layers are dense)
+        k = c.int("num_dense_layers" if fam.moe == "lfm2_moe" else "first_k_dense_replace", minimum=0,
+                  optional=True) or 0
         moe_at = lambda i: i >= k  # noqa: E731
         cuts.add(min(k, n))
         any_moe = k < n
@@ -1772,6 +1794,15 @@ def _moe_spec(fam: Family, c: _Check, any_moe: bool) -> MoeSpec | None:
             return None
         experts, top_k, inter = (c.int("num_experts"), c.int("top_k_experts"), c.int("moe_intermediate_size"))
         router, shared = "gemma4", None
+    elif fam.moe == "lfm2_moe":
+        # Lfm2MoeTopKRouter: sigmoid scores, top-k (with the expert bias), renormalised when
+        # norm_topk_prob; no shared expert
+        if not any_moe:
+            return None
+        experts, top_k, inter = (c.int("num_experts"), c.int("num_experts_per_tok"),
+                                 c.int("moe_intermediate_size"))
+        router, shared = "lfm2_moe", None
+        renorm = c.bool("norm_topk_prob")
     elif fam.moe in ("qwen3_5_moe", "qwen3_next"):
         # Qwen3_5MoeTopKRouter is qwen3_moe's with norm_topk_prob always on; qwen3_next's
         # (qwen2_moe's) renormalises when norm_topk_prob

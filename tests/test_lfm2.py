@@ -300,3 +300,102 @@ def test_llamafactory_template():
     from ftplan.export.llamafactory import template_for
 
     assert template_for(model_from_config(LFM2_1_2B)) == "lfm2"
+
+
+# ---- LFM2-MoE (lfm2_moe) ---------------------------------------------------------------------
+_LT = ["conv"] * 24
+for _i in (2, 6, 10, 14, 18, 21):
+    _LT[_i] = "full_attention"
+#: LFM2-8B-A1B's shape as public loaders' trimmed copies of its config.json give it (index ids
+#: 61253251750, 55007484134, 58787885414: the last lists the attention layers); not a verbatim file
+LFM2_8B_A1B = {
+    "architectures": ["Lfm2MoeForCausalLM"], "model_type": "lfm2_moe", "vocab_size": 65536, "hidden_size": 2048,
+    "intermediate_size": 7168, "moe_intermediate_size": 1792, "num_hidden_layers": 24, "num_attention_heads": 32,
+    "num_key_value_heads": 8, "max_position_embeddings": 128000, "conv_bias": False, "conv_L_cache": 3,
+    "num_dense_layers": 2, "num_experts": 32, "num_experts_per_tok": 4, "norm_topk_prob": True,
+    "use_expert_bias": True, "routed_scaling_factor": 1.0, "layer_types": _LT,
+}
+
+
+@pytest.mark.torch
+def test_lfm2_moe_8b_a1b_counts():
+    """Parameters on meta equal transformers' Lfm2MoeForCausalLM category by category: 8.34B, 1.56B
+    active (1.42B without the embedding), the card's "8.3B total, 1.5B active"; the dense layers'
+    MLP keeps intermediate_size as given (no block_* rule)."""
+    pytest.importorskip("transformers")
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.models.lfm2_moe import Lfm2MoeConfig
+
+    from ftplan.measure.torchref import params_by_category
+
+    hf = Lfm2MoeConfig(**{k: v for k, v in LFM2_8B_A1B.items() if k not in ("model_type", "architectures")})
+    with warnings.catch_warnings(), torch.device("meta"):
+        warnings.simplefilter("ignore")
+        real = AutoModelForCausalLM.from_config(hf)
+    spec = model_from_config(LFM2_8B_A1B)
+    assert spec.params.by_category() == params_by_category(real)
+    assert spec.params.total == 8_339_929_856 and spec.params.active == 1_557_740_288
+    assert {g.mlp.intermediate_size for g in spec.groups if g.mlp is not None} == {7168}
+    kinds = ["conv" if spec.groups[i].short_conv is not None else "full_attention" for i in layer_group_order(spec)]
+    assert kinds == _LT
+
+
+@pytest.mark.torch
+def test_lfm2_moe_peft_all_linear_leaves_experts_and_router():
+    """PEFT 0.21.2 has no MoE mapping for lfm2_moe: all-linear wraps the nn.Linear modules (the dense
+    layers' w1/w3/w2 too), no ParamWrapper on the fused experts or the router parameter."""
+    pytest.importorskip("peft")
+    import ftplan.measure.torchref as TR
+
+    spec = model_from_config(TR.TINY_CONFIGS["lfm2_moe"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        applied = TR.apply_lora(TR.build_model(TR.TINY_CONFIGS["lfm2_moe"], dtype="bf16"), r=4, alpha=8, dropout=0.0)
+    assert not any(type(m).__name__ == "ParamWrapper" for m in applied.model.modules())
+    assert set(applied.targeted_suffixes) == set(lora_targets(spec, LoraSpec(r=4))) == {
+        "in_proj", "out_proj", "q_proj", "k_proj", "v_proj", "w1", "w2", "w3"}
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("variant,method,ckpt", [
+    ({"use_expert_bias": False}, "full", False), ({"norm_topk_prob": False}, "lora", False),
+    ({"routed_scaling_factor": 2.5, "use_expert_bias": False, "norm_topk_prob": False}, "full", True),
+])
+def test_lfm2_moe_router_variants_exact(variant, method, ckpt):
+    """Without the expert bias top-k runs on the sigmoid scores themselves; without renormalisation
+    the gathered scores are only scaled: saved bytes exact either way."""
+    import ftplan.measure.torchref as TR
+    from test_memory_vs_torch import _run
+
+    cfg = {**TR.TINY_CONFIGS["lfm2_moe"], **variant}
+    spec, job, r, casts = _run("lfm2_moe", method, ckpt, 2, 24, cfg=cfg)
+    assert saved_activation_bytes(spec, job, backend="cpu") == r.saved_activation_bytes - casts
+
+
+@pytest.mark.torch
+def test_lfm2_moe_eager_exact():
+    from test_memory_vs_torch import _run
+
+    spec, job, r, casts = _run("lfm2_moe", "lora", False, 2, 24, attn="eager")
+    assert saved_activation_bytes(spec, job, backend="cpu") == r.saved_activation_bytes - casts
+
+
+def test_lfm2_moe_refusals():
+    from ftplan.api import estimate
+
+    with pytest.raises(ConfigError, match="expert parallelism on .*hybrid short-convolution layers is not modelled"):
+        estimate(LFM2_8B_A1B, method="lora", ep=2, gpus=2, strategy="fsdp")
+    with pytest.raises(ConfigError, match="tensor parallelism is not modelled"):
+        estimate(LFM2_8B_A1B, method="lora", tp=2, gpus=2)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("recipe,ckpt", [("peft", False), ("trl", False), ("peft", True)])
+def test_lfm2_moe_qlora_exact(recipe, ckpt):
+    """bitsandbytes packs the nn.Linear modules; the fused experts and the router parameter stay in
+    the load dtype (fp32 after PEFT's kbit upcast): states and saved bytes exact."""
+    pytest.importorskip("bitsandbytes")
+    from test_memory_vs_torch import _check_qlora
+
+    _check_qlora("lfm2_moe", ckpt, recipe)

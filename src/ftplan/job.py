@@ -630,7 +630,8 @@ def _check_ep(model: ModelSpec, layout: Layout, p: list[Problem]) -> None:
                          "use `ep=1`"))
         return
     if model.is_hybrid:
-        p.append(Problem("ep", f"expert parallelism on {model.name}'s hybrid Gated DeltaNet layers is not modelled "
+        kind = "Gated DeltaNet" if model.has_gated_deltanet else "short-convolution"
+        p.append(Problem("ep", f"expert parallelism on {model.name}'s hybrid {kind} layers is not modelled "
                                "(not held against transformers' EP engine)", "use `ep=1`"))
         return
     if any(g.moe is not None and g.moe.dense_dispatch for g in model.groups):

@@ -8,7 +8,8 @@ LoRA under FSDP2 and in full under FSDP1/FSDP2 and ZeRO-3; qwen3_5 with LoRA und
 under FSDP2 and ZeRO-3; qwen3_5_moe in full under ZeRO-3, with LoRA under FSDP2 and ZeRO-3; qwen3_next
 in full and with LoRA under FSDP2 and ZeRO-3; olmo3 in full and LoRA under ZeRO-3, smollm3 with LoRA
 under FSDP2; llama4_text in full and with LoRA under FSDP2 and ZeRO-3, in full under FSDP1, QLoRA under
-FSDP2; glm4_moe_lite with LoRA under FSDP2 and in full under ZeRO-3), and
+FSDP2; glm4_moe_lite with LoRA under FSDP2 and in full under ZeRO-3; minimax_m2 with LoRA under
+FSDP2 and ZeRO-3), and
 every byte each rank holds is counted through a
 ``TorchDispatchMode``. The formulas (``ftplan.sharding.layout_memory``, CPU form) must give:
 
@@ -149,7 +150,10 @@ PEFT_CASES = [Case(family="mixtral", engine="fsdp2", method="lora"),
               # glm4_moe_lite: MLA (equal q/k and v head dims) with the wrapped fp32 router and experts
               Case(family="glm4_moe_lite", engine="fsdp2", method="lora"),
               # mistral4: PEFT's all-linear adapts the nn.Linear modules only (no MoE mapping)
-              Case(family="mistral4", engine="fsdp2", method="lora")]
+              Case(family="mistral4", engine="fsdp2", method="lora"),
+              # minimax_m2: whole-projection q/k norms, a half rotary, the wrapped sigmoid router and
+              # experts (FSDP2 full and ZeRO-3 full hold too, run by hand, not added)
+              Case(family="minimax_m2", engine="fsdp2", method="lora")]
 QLORA_CASES = [Case(family="llama", engine="fsdp2", method="qlora"), Case(family="qwen2", engine="fsdp2", method="qlora"),
                Case(family="mixtral", engine="fsdp2", method="qlora"), Case(family="gpt_oss", engine="fsdp2", method="qlora"),
                # FSDP1 QLoRA (bf16 quant storage: transformers' update_fsdp_plugin_peft mixed precision)
@@ -222,7 +226,9 @@ DS_QLORA_CASES = [Case(family="llama", engine="deepspeed", zero_stage=3, method=
                   # llama4_text: the LoRA targets all-linear stands for (PEFT wraps its router and fails)
                   Case(family="llama4_text", engine="deepspeed", zero_stage=3, method="lora", steps=2),
                   Case(family="gemma4", engine="deepspeed", zero_stage=3, method="lora", steps=2),
-                  Case(family="gemma4_moe", engine="deepspeed", zero_stage=3, method="lora", steps=2)]
+                  Case(family="gemma4_moe", engine="deepspeed", zero_stage=3, method="lora", steps=2),
+                  # minimax_m2: the wrapped router and experts in DeepSpeed's bf16 mode, ZeRO-3's linear
+                  Case(family="minimax_m2", engine="deepspeed", zero_stage=3, method="lora", steps=2)]
 #: 4 ranks: shard degree 4, and HSDP (2 replicas x 2 shards)
 FOUR_CASES = [
     Case(family="llama", engine="fsdp2"),

@@ -1,7 +1,7 @@
 """MoE expert parallelism (``ftplan.expert_parallel``) held against transformers' own EP engine.
 
-Two gloo processes on CPU load tiny real mixtral, qwen3_moe, deepseek_v3, gpt_oss, glm4_moe and
-glm4_moe_lite models with
+Two gloo processes on CPU load tiny real mixtral, qwen3_moe, deepseek_v3, gpt_oss, glm4_moe,
+glm4_moe_lite, mistral4 and minimax_m2 models with
 ``DistributedConfig(fsdp_size=2, ep_size=2)`` (FSDP2 + expert parallelism with all-to-all
 token dispatch), route their own tokens, run forward, backward and an AdamW step
 (:mod:`ftplan.measure.ep_run`). Per rank: parameter and gradient bytes are exact, optimizer
@@ -27,7 +27,8 @@ from ftplan.job import Job, Layout, validate_job
 from ftplan.memory import estimate_memory, moe_block_saved_bytes
 from ftplan.runtime import estimate_runtime
 
-FAMILIES = ("mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss", "glm4_moe", "glm4_moe_lite", "mistral4")
+FAMILIES = ("mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss", "glm4_moe", "glm4_moe_lite", "mistral4",
+            "minimax_m2")
 
 
 @pytest.fixture(scope="module")

@@ -717,7 +717,8 @@ def measure(model: str, job: Job | None = None, layout: Layout | None = None, *,
 
     jv, lv = split_values(options, JOB_OPTIONS, LAYOUT_OPTIONS)
     probs = _Problems()
-    j = probs.run(lambda: build_job(jv, base=job))
+    spec = _spec_for_defaults(model)
+    j = probs.run(lambda: build_job(jv, spec, base=job))
     lay = probs.run(lambda: build_layout(lv, base=layout))
     if j is not None and j.low_precision:
         probs.add("precision", f"`ftplan measure` runs the base precisions only, not {j.low_precision}",
@@ -726,6 +727,16 @@ def measure(model: str, job: Job | None = None, layout: Layout | None = None, *,
     return _measure(model, j, lay, steps=steps, warmup=warmup, device=device, tiny=tiny, seed=seed,
                     out=None if out is None else str(out), cache=cache if cache is not None else ModelCache(),
                     echo=echo)
+
+
+def _spec_for_defaults(model: Any) -> ModelSpec | None:
+    """The model's spec for the job's automatic defaults (``lora_dropout`` 0 where PEFT wraps MoE
+    experts), as ``estimate`` gets them; ``None`` when it does not resolve here (the run itself then
+    names the problem)."""
+    try:
+        return resolve_model(model)
+    except FtplanError:
+        return None
 
 
 def validate(paths: Sequence[str | os.PathLike] | None = None,
@@ -755,7 +766,8 @@ def train(model_dir: str | os.PathLike, dataset: str, out: str | os.PathLike, jo
 
     jv, lv = split_values(options, JOB_OPTIONS, LAYOUT_OPTIONS)
     probs = _Problems()
-    j = probs.run(lambda: build_job(jv, base=job))
+    spec = _spec_for_defaults(model_dir)
+    j = probs.run(lambda: build_job(jv, spec, base=job))
     lay = probs.run(lambda: build_layout(lv, base=layout))
     if j is not None and j.low_precision:
         probs.add("precision", f"`ftplan train` runs the base precisions only, not {j.low_precision}",

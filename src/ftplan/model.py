@@ -125,6 +125,10 @@ class Family:
     #: 0 dense, the rest sparse), not ``first_k_dense_replace`` (glm4_moe_lite: Glm4MoeLiteConfig
     #: keeps a checkpoint's first_k_dense_replace but its decoder layers never read it)
     mlp_layer_types: bool = False
+    #: a legacy config key giving the rotary width in features (minimax_m2: ``rotary_dim``), which
+    #: the config class turns into ``partial_rotary_factor = rotary_dim / head_dim`` when neither
+    #: ``rope_parameters`` nor a top-level ``partial_rotary_factor`` gives one
+    rotary_dim_key: str | None = None
     #: LFM2 (lfm2): ``layer_types`` mixes ``conv`` layers (a gated short convolution,
     #: ``ShortConvSpec``) with ``full_attention`` layers; without ``layer_types`` the layers listed
     #: in ``full_attn_idxs`` are attention (default: all of them), the others conv
@@ -426,6 +430,29 @@ FAMILIES: dict[str, Family] = {
             min_transformers="5.4",
         ),
         Family(
+            # MiniMax-M2 / M2.1 / M2.5 / M2.7 (MiniMaxM2Config, transformers 5.24): every layer
+            # GQA attention with q/k RMSNorms over the whole projection (as olmo2's, but llama's
+            # RMSNorm: the weight multiplies the cast-back tensor) and a partial rotary (the
+            # checkpoints' legacy ``rotary_dim``, 64 of head_dim 128; the config class's default is
+            # the whole head), then mixtral's MoE block: fused 3-D experts of intermediate_size
+            # (no shared expert) behind a router whose logits are the weight's dtype, scored by an
+            # fp32 sigmoid plus the ``e_score_correction_bias`` buffer for the choice, the chosen
+            # sigmoid scores renormalised. That router saves what mixtral's fp32-softmax router
+            # saves (the fp32 scores of all experts, the top-k ids, the sum and the quotient), so it
+            # is planned as "mixtral". transformers maps minimax_m2's weight conversions onto
+            # mixtral's, so PEFT's all-linear wraps the experts and the router (ParamWrapper)
+            "minimax_m2",
+            {**_LLAMA_LIKE, "vocab_size": 200064, "hidden_size": 3072, "intermediate_size": 1536,
+             "num_hidden_layers": 62, "num_attention_heads": 48, "num_key_value_heads": 8, "head_dim": 128,
+             "max_position_embeddings": 196608, "num_local_experts": 256, "num_experts_per_tok": 8},
+            qkv_bias_key=None, o_bias_key=None, moe="mixtral", qk_norm=True, qk_norm_whole=True,
+            partial_rotary_factor=1.0, rotary_dim_key="rotary_dim",
+            # models/minimax_m2 ships in the 5.0.0 wheel, but MiniMaxM2Config reads the checkpoints'
+            # rotary_dim from 5.18.0 on (5.0.0, 5.16.1 and 5.17.0 ignore it and rotate the whole head:
+            # not the model the checkpoints were trained as; checked with pip download --no-deps)
+            min_transformers="5.18",
+        ),
+        Family(
             # LFM2 (Lfm2Config, transformers 5.24): gated short-convolution layers (Lfm2ShortConv:
             # in_proj -> B, C, x; B * x through a depthwise causal Conv1d of conv_L_cache taps;
             # C * that; out_proj) between GQA attention layers with per-head q/k RMSNorms
@@ -492,6 +519,7 @@ _ARCH_TO_TYPE = {
     "Gemma4ForConditionalGeneration": "gemma4",
     "Glm4MoeLiteForCausalLM": "glm4_moe_lite",
     "Mistral4ForCausalLM": "mistral4",
+    "MiniMaxM2ForCausalLM": "minimax_m2",
     "Lfm2ForCausalLM": "lfm2",
     "Lfm2MoeForCausalLM": "lfm2_moe",
 }
@@ -1440,6 +1468,16 @@ def _partial_rotary_factor(fam: Family, c: _Check) -> float | None:
             return _rotary_share(c, rp["partial_rotary_factor"], f"{key}.partial_rotary_factor")
     if c.cfg.get("partial_rotary_factor") is not None:
         return _rotary_share(c, c.cfg["partial_rotary_factor"], "partial_rotary_factor")
+    if fam.rotary_dim_key is not None and c.cfg.get(fam.rotary_dim_key) is not None:
+        # (MiniMaxM2Config.convert_rope_params_to_dict: rotary_dim / head_dim)
+        rd = c.int(fam.rotary_dim_key)
+        hd = c.int("head_dim")
+        if rd is None or hd is None:
+            return None
+        if rd > hd:
+            c.bad(f"{fam.rotary_dim_key}={rd} exceeds head_dim={hd}")
+            return None
+        return rd / hd
     return fam.partial_rotary_factor
 
 
@@ -1549,8 +1587,8 @@ def _layer_plan(fam: Family, c: _Check, n: int) -> _LayerPlan:
     pattern = (c.int("sliding_window_pattern", optional=True) or 6) if mt == "gemma3_text" and window else 6
     if mt == "smollm3" and not c.bool("use_sliding_window"):
         window = None  # SmolLM3Attention: a window only with use_sliding_window
-    if mt == "olmo2" or fam.short_conv:
-        window = None  # Olmo2Attention / Lfm2Attention have no sliding window (no such config field)
+    if mt in ("olmo2", "minimax_m2") or fam.short_conv:
+        window = None  # Olmo2Attention / MiniMaxM2Attention / Lfm2Attention have no sliding window (nor their configs)
     if not window:
         window_at = lambda i: None  # noqa: E731
     elif types is not None:

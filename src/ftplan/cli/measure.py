@@ -69,7 +69,7 @@ def row_to_argv(row: dict) -> list[str]:
 
 def _row_job(row: dict, where: str):
     try:
-        return build_job(row_values(row))
+        return build_job(row_values(row), api._spec_for_defaults(row.get("model")))
     except FtplanError as e:
         raise ConfigError(f"{where}: {e.message}", "matrix keys are job options: method, micro_batch, seq_len, "
                           "gc, optimizer, precision, lora_r, ...") from None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 
 from ..errors import ConfigError
-from ..model import MODEL_TYPE_ALIASES
+from ..model import FAMILIES, MODEL_TYPE_ALIASES
 
 __all__ = ["TINY_CONFIGS", "tiny_config", "text_config", "default_attention"]
 
@@ -83,6 +83,11 @@ __all__ = ["TINY_CONFIGS", "tiny_config", "text_config", "default_attention"]
 #: * mistral4: deepseek_v3's tiny MLA/MoE shapes (8 routed experts top-2 in 2 groups, 1 shared,
 #:   layer 0 dense) with Mistral Small 4's softmax router and yarn rope with llama-4 query scaling
 #:   (``original_max_position_embeddings=8``); untied.
+#: * minimax_m2: MiniMax-M2's layers: GQA 4 / 2 heads of ``head_dim=32`` (q width 128 != hidden 64, as
+#:   6144 != 3072), q/k RMSNorms over the whole projections, a half rotary through the checkpoints'
+#:   legacy ``rotary_dim`` (16 of 32, as 64 of 128), mixtral-style fused experts (8 of
+#:   ``intermediate_size=24``, top-2, no shared expert) behind the sigmoid router with its
+#:   ``e_score_correction_bias``; untied; the real vocabulary's bos/eos ids dropped.
 #: * lfm2: LFM2's hybrid layers conv/full/conv (gated short convolutions of 3 taps around one GQA
 #:   attention layer, 4 heads / 2 kv heads of 16, per-head q/k norms), the MLP width derived from
 #:   ``block_ff_dim=150`` as Lfm2MLP does (int(2 * 150 / 3) = 100, rounded up to
@@ -485,6 +490,22 @@ TINY_CONFIGS: dict[str, dict] = {
         "max_position_embeddings": 256,
         "tie_word_embeddings": False,
     },
+    "minimax_m2": {
+        "model_type": "minimax_m2",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 24,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "rotary_dim": 16,
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+        "max_position_embeddings": 256,
+        "tie_word_embeddings": False,
+        "bos_token_id": None, "eos_token_id": None,  # MiniMaxM2Config's are > vocab
+    },
     "lfm2": {
         "model_type": "lfm2",
         "vocab_size": 512,
@@ -627,6 +648,11 @@ def tiny_config(config: dict) -> dict:
         out["mlp_only_layers"] = [i for i in cfg["mlp_only_layers"] if i < 2]
     if cfg.get("max_window_layers") is not None:
         out["max_window_layers"] = min(int(cfg["max_window_layers"]), 2)
+    head = cfg.get("head_dim") or (FAMILIES[model_type].defaults.get("head_dim") if model_type in FAMILIES else None)
+    if isinstance(cfg.get("rotary_dim"), int) and isinstance(head, int) and head > 0:
+        # minimax_m2's legacy rotary width (head_dim: the config's, else the config class's): the
+        # same share of the tiny head
+        out["rotary_dim"] = max(2, cfg["rotary_dim"] * out["head_dim"] // head // 2 * 2)
     if cfg.get("query_pre_attn_scalar"):
         out["query_pre_attn_scalar"] = 16
     if model_type == "gemma4_text":
@@ -675,6 +701,8 @@ def tiny_config(config: dict) -> dict:
         out.pop(k, None)  # token ids of the real vocabulary do not fit the tiny one
     if model_type == "smollm3":  # SmolLM3Config's default pad_token_id (128004) would not either
         out["pad_token_id"] = None
+    if model_type == "minimax_m2":  # nor MiniMaxM2Config's default bos/eos ids (200034, 200020)
+        out["bos_token_id"] = out["eos_token_id"] = None
     out["model_type"] = model_type
     return out
 

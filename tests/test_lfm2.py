@@ -388,6 +388,8 @@ def test_lfm2_moe_refusals():
         estimate(LFM2_8B_A1B, method="lora", ep=2, gpus=2, strategy="fsdp")
     with pytest.raises(ConfigError, match="tensor parallelism is not modelled"):
         estimate(LFM2_8B_A1B, method="lora", tp=2, gpus=2)
+    with pytest.raises(ConfigError, match="layer_types is required for lfm2_moe"):
+        model_from_config({k: v for k, v in LFM2_8B_A1B.items() if k != "layer_types"})
 
 
 @pytest.mark.torch

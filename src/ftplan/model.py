@@ -1679,6 +1679,11 @@ def _layer_plan(fam: Family, c: _Check, n: int) -> _LayerPlan:
         elif types is not None:
             linear_at = lambda i: types[i] == "conv"  # noqa: E731
             cuts.update(range(n))
+        elif fam.moe == "lfm2_moe":
+            # Lfm2MoeConfig has no full_attn_idxs and no default layout: transformers' decoder
+            # layers index layer_types, which a config without it leaves None
+            c.bad("layer_types is required for lfm2_moe (Lfm2MoeConfig has no default layout: "
+                  "transformers cannot build the model without it)")
         elif cfg.get("full_attn_idxs") is not None:
             idxs = _int_list(c, "full_attn_idxs", n)
             attn_set = frozenset(idxs or ())

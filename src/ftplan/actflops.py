@@ -38,15 +38,17 @@ def _layer_mm_flops(g: LayerGroup, model: ModelSpec, job: Job) -> tuple[float, f
     other = 0.0  # addmm (biased) and grouped_mm experts: never cached
     lins = {lin.module: lin for lin in layer_linears(model, g)}
     a = g.attention
-    if a is None:  # Gated DeltaNet: the projections (its delta rule's matmuls are bmm, never cached)
+    if g.short_conv is not None:  # LFM2's short convolution: its two projections (the conv is no mm)
+        order = ["in_proj", "out_proj"]
+    elif a is None:  # Gated DeltaNet: the projections (its delta rule's matmuls are bmm, never cached)
         order = ["in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "in_proj_qkvz", "in_proj_ba", "out_proj"]
     else:
         order = (["q_a_proj", "q_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj"] if a.is_mla
-                 else ["qkv_proj", "q_proj", "k_proj", "v_proj"]) + ["o_proj"]
+                 else ["qkv_proj", "q_proj", "k_proj", "v_proj"]) + [a.o_name]
     mlp = g.mlp
     if g.moe is not None and g.mlp is None:  # (gemma4 keeps a dense MLP beside its experts)
         mlp = g.moe.shared
-    mlp_names = ["gate_up_proj", "gate_proj", "up_proj", "down_proj"]
+    mlp_names = ["gate_up_proj", *(mlp.names if mlp is not None else ("gate_proj", "up_proj", "down_proj"))]
 
     def proj(name: str) -> None:
         nonlocal other

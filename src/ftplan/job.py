@@ -630,7 +630,8 @@ def _check_ep(model: ModelSpec, layout: Layout, p: list[Problem]) -> None:
                          "use `ep=1`"))
         return
     if model.is_hybrid:
-        p.append(Problem("ep", f"expert parallelism on {model.name}'s hybrid Gated DeltaNet layers is not modelled "
+        kind = "Gated DeltaNet" if model.has_gated_deltanet else "short-convolution"
+        p.append(Problem("ep", f"expert parallelism on {model.name}'s hybrid {kind} layers is not modelled "
                                "(not held against transformers' EP engine)", "use `ep=1`"))
         return
     if any(g.moe is not None and g.moe.dense_dispatch for g in model.groups):
@@ -756,8 +757,8 @@ def validate_job(model: ModelSpec, job: Job, layout: Layout | None = None) -> No
         if layout.tp > 1:
             # transformers' tp_plan gathers the Gated DeltaNet's projections whole on every rank
             # (colwise_gather_output): no head-parallel split ftplan could plan
-            _check(not model.is_hybrid, p, f"tensor parallelism is not modelled for the linear-attention layers of "
-                   f"{model.name}", "tp")
+            _check(not model.is_hybrid, p, f"tensor parallelism is not modelled for the linear-attention / "
+                   f"short-convolution layers of {model.name}", "tp")
             # olmo2/olmo3: the q/k norms span the whole projection, so their tp_plan gathers q, k and v
             # whole on every rank (colwise_gather_output) and splits o_proj's input: not the head split
             _check(not a.qk_norm_whole, p, f"tensor parallelism is not modelled for {model.name}'s q/k norms over "

@@ -358,7 +358,8 @@ def job_problems(model: ModelSpec, job: Job) -> list[Problem]:
             out.append(Problem("precision", f"`precision={r.name}`: {', '.join(bad)} of {model.name} have dims "
                                             f"not divisible by {m}, which {r.library} cannot quantize"))
     if model.is_hybrid:
-        out.append(Problem("precision", f"`precision={r.name}` on a hybrid linear-attention model ({model.name}) "
+        kind = "linear-attention" if model.has_gated_deltanet else "short-convolution"
+        out.append(Problem("precision", f"`precision={r.name}` on a hybrid {kind} model ({model.name}) "
                                         "is not modelled yet", "use `precision=bf16-mixed`"))
         return out
     if job.method == "lora" and r.is_torchao_float8 and any(g.attention.is_mla for g in model.groups):

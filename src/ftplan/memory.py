@@ -24,7 +24,7 @@ from fractions import Fraction
 from .catalog.constants import MemoryConstants, memory_constants
 from .job import PRECISIONS, Job, Layout, lora_targets, lora_wraps_experts, planned_attention, validate_job
 from .model import (FAMILIES, AttentionSpec, GatedDeltaNetSpec, LayerGroup, LinearSpec, MlpSpec, ModelSpec, MoeSpec,
-                    layer_group_order, layer_linears, nope_layer_indices, planned_as_note)
+                    ShortConvSpec, layer_group_order, layer_linears, nope_layer_indices, planned_as_note)
 from .sharding import (activation_job, casts_whole_module, communicator_groups, engine_compute, layout_memory,
                        quant_state_bytes)
 from .units import dtype_bytes
@@ -142,6 +142,9 @@ def _full_tensor_count(model: ModelSpec) -> int:
         if g.linear_attention is not None:  # conv1d weight, dt_bias, A_log, the gated norm
             n += g.count * (g.norms_per_layer + 4 + (1 if g.moe is not None else 0))  # (+ router)
             continue
+        if g.short_conv is not None:  # LFM2: the Conv1d weight (and bias) (+ router)
+            n += g.count * (g.norms_per_layer + (2 if g.short_conv.bias else 1) + (1 if g.moe is not None else 0))
+            continue
         per = g.norms_per_layer + (2 if g.attention.qk_norm else 0)
         if g.attention.is_mla:
             per += 1 + (1 if g.attention.q_lora_rank else 0)
@@ -230,6 +233,9 @@ def _full_matrices(model: ModelSpec) -> list[tuple[int, int, int, int]]:
             # the depthwise conv weight (C, 1, K): Adafactor factors it over (C, 1) and (C, K)
             la = g.linear_attention
             out.append((la.conv_dim, la.conv_dim * la.conv_kernel, la.conv_dim * la.conv_kernel, g.count))
+        if g.short_conv is not None:  # LFM2's depthwise conv weight (h, 1, K), as above
+            k = g.short_conv.conv_kernel
+            out.append((h, h * k, h * k, g.count))
     return out
 
 
@@ -264,6 +270,10 @@ def _full_vectors(model: ModelSpec) -> list[tuple[int, int]]:
         if g.linear_attention is not None:
             la = g.linear_attention
             out += [(la.num_v_heads, 2 * g.count), (la.v_head_dim, g.count)]  # dt_bias, A_log; norm
+            continue
+        if g.short_conv is not None:
+            if g.short_conv.bias:
+                out.append((h, g.count))  # the conv's bias
             continue
         if a.sinks:
             out.append((a.num_heads, g.count))
@@ -461,7 +471,7 @@ def _lora_recompute_working_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt:
     if not (job.uses_lora and dt.autocast and g.mlp is not None and g.moe is None):
         return 0
     i = g.mlp.intermediate_size // tp
-    if not _lora_on(model, job, "down_proj"):
+    if not _lora_on(model, job, g.mlp.names[2]):
         # a frozen down projection: the product it does not save and the hidden-wide tensors
         return t * i * dt.base_out + 5 * t * model.hidden_size * dt.compute + 8
     if job.method == "qlora":
@@ -777,6 +787,8 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
     masked = _masked(g, job, s)
     if g.linear_attention is not None:
         total += _gdn_saved(g.linear_attention, b, s, h, dt, job, tp)
+    elif g.short_conv is not None:
+        total += _short_conv_saved(g.short_conv, b, s, h, dt, tp)
     elif a.is_mla:
         total += _mla_saved(a, t, b, s, h, dt, heads, backend, job.attn_impl)
         if a.query_pos_scale:
@@ -1018,6 +1030,53 @@ def _gdn_saved(la: GatedDeltaNetSpec, b: int, s: int, h: int, dt: _Dtypes, job: 
     return out
 
 
+def _short_conv_saved(sc: ShortConvSpec, b: int, s: int, h: int, dt: _Dtypes, tp: int = 1) -> int:
+    """What one LFM2 short-convolution layer (``Lfm2ShortConv``) saves through transformers'
+    torch path (``causal_conv1d_fn``: ``F.conv1d`` over ``s + K - 1`` padded positions, sliced to
+    ``s``): in_proj's input (full fine-tuning), its ``(b, s, 3h)`` output (``B * x`` saves the
+    B and x chunks, ``C * conv`` the C chunk: one storage), the conv's input (``B * x`` cast to the
+    conv weight's dtype, then by autocast to the compute dtype: one compute-dtype tensor), the
+    weight's compute-dtype cast when the weight is fp32 under autocast (a view of the parameter:
+    autocast's cache skips it), the conv output (compute dtype, ``s + K - 1`` positions; cast back
+    to in_proj's output dtype when that differs, e.g. bitsandbytes' fp32, and then that cast is
+    what ``C *`` keeps) and out_proj's input (full fine-tuning).
+
+    causal-conv1d's CUDA kernel (``causal_conv1d_fn`` from the ``causal_conv1d`` package, which
+    transformers picks up once it is installed) saves the conv's input and weight only, and
+    writes an ``s``-long output: this is the CPU / torch path."""
+    c = dt.compute
+    t = b * s
+    k = sc.conv_kernel
+    o = dt.base_out  # in_proj's output dtype
+    fp32_w = dt.autocast and (dt.train_w == 4 or (not dt.full and dt.norm_out == 4))
+    out = _linear_inputs(t, h, 1, dt.norm_out if dt.full else dt.resid, dt)  # in_proj's input
+    out += t * 3 * h * o  # in_proj's output: B, C, x
+    out += t * h * c + (h * k * c if fp32_w else 0)  # the conv's input (and its weight's cast)
+    out += t * h * o if o != c else b * h * (s + k - 1) * c  # what C * conv keeps
+    out += t * h * c if dt.full else 0  # out_proj's input
+    return out
+
+
+def short_conv_kernel_saved_bytes(sc: ShortConvSpec, b: int, s: int, h: int, in_bytes: int = 2) -> int:
+    """The conv terms of :func:`_short_conv_saved` with causal-conv1d's CUDA kernel
+    (``CausalConv1dFn`` saves its input, weight and bias and writes an ``s``-long output in the
+    input's dtype: not measured, read from Dao-AILab/causal-conv1d
+    ``causal_conv1d/causal_conv1d_interface.py``): ``B * x`` itself (``in_bytes``: in_proj's
+    output dtype; no cast to the weight's dtype, no autocast inside the autograd Function) and
+    the ``s``-long output that ``C *`` keeps. Compare :func:`_short_conv_torch_conv_bytes`."""
+    t = b * s
+    return 2 * t * h * in_bytes
+
+
+def _short_conv_torch_conv_bytes(sc: ShortConvSpec, b: int, s: int, h: int, dt: _Dtypes) -> int:
+    """The conv terms of :func:`_short_conv_saved` on the torch path (what
+    :func:`short_conv_kernel_saved_bytes` replaces): input, weight cast, the padded output."""
+    t = b * s
+    c, o, k = dt.compute, dt.base_out, sc.conv_kernel
+    fp32_w = dt.autocast and (dt.train_w == 4 or (not dt.full and dt.norm_out == 4))
+    return t * h * c + (h * k * c if fp32_w else 0) + (t * h * o if o != c else b * h * (s + k - 1) * c)
+
+
 def gdn_kernel_saved_bytes(la: GatedDeltaNetSpec, b: int, s: int, compute_bytes: int = 2, tp: int = 1) -> int:
     """What the Gated DeltaNet's conv and delta rule save with the CUDA kernels transformers picks
     up once ``causal-conv1d`` and ``flash-linear-attention`` are installed (not measured: read off
@@ -1088,10 +1147,13 @@ def _moe_saved(m: MoeSpec, t: int, h: int, dt: _Dtypes, tp: int, wrapped: bool =
         out = routed * 8 + routed * c
         per_row = routed * c
         w_bytes = c
-    elif m.router == "mistral4":
+    elif m.router in ("mistral4", "lfm2_moe"):
         # DeepSeek-V2's softmax router (mistral4): a plain linear of the compute dtype, the
         # softmax probabilities in it, the top-k ids the gather keeps and, renormalised, the sum
-        # and the quotient (in-place ``/=`` on the gathered weights keeps a clone)
+        # and the quotient (in-place ``/=`` on the gathered weights keeps a clone). LFM2-MoE's
+        # sigmoid router saves the same: the sigmoid's output, the top-k ids (topk over the
+        # scores plus the fp32 expert bias and the gather of the unbiased scores share them), the
+        # gathered weights and their sum + 1e-6 for the division
         router_in = t * h * c
         out = t * m.num_experts * c + routed * 8 + ((t * c + routed * c) if m.renormalize else 0)
         per_row = routed * c  # scaled by routed_scaling_factor: a new tensor
@@ -1326,7 +1388,7 @@ def _lora_saved(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t: int, 
             if src in seen:
                 continue
             seen.add(src)
-            if lin.module == "o_proj" and _kernel_keeps_o_proj_input(g, job, backend):
+            if _is_o_proj(g, lin.module) and _kernel_keeps_o_proj_input(g, job, backend):
                 continue  # the attention kernel's saved output
         out += t * width * (mask + c)
     return out + _zero3_base_inputs(g, model, job, dt, t, backend, seen if shared else set())[0]
@@ -1334,9 +1396,17 @@ def _lora_saved(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t: int, 
 
 def _linear_source(module: str) -> str:
     """The tensor a decoder-layer linear reads (one storage however many linears read it): qwen2_moe's
-    ``shared_expert_gate`` reads the MoE block's input, as the shared expert's gate/up do."""
+    ``shared_expert_gate`` reads the MoE block's input, as the shared expert's gate/up do (lfm2's
+    w1 / w3 are its gate / up)."""
     return ("layer_input" if module in _READS_LAYER_INPUT
-            else "mlp_input" if module in ("gate_proj", "up_proj", "gate_up_proj", "shared_expert_gate") else module)
+            else "mlp_input" if module in ("gate_proj", "up_proj", "gate_up_proj", "shared_expert_gate", "w1", "w3")
+            else module)
+
+
+def _is_o_proj(g: LayerGroup, module: str) -> bool:
+    """``module`` is the attention's output projection (o_proj; lfm2's attention ``out_proj``, not
+    the short convolution's)."""
+    return g.attention is not None and module == g.attention.o_name
 
 
 def _router_keeps_mlp_input(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes) -> bool:
@@ -1372,7 +1442,7 @@ def _zero3_base_inputs(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
         if not lin.is_module:
             continue
         src = _linear_source(lin.module)
-        if src in seen or (lin.module == "o_proj" and _kernel_keeps_o_proj_input(g, job, backend)):
+        if src in seen or (_is_o_proj(g, lin.module) and _kernel_keeps_o_proj_input(g, job, backend)):
             continue
         seen.add(src)
         b = dt.resid if src in ("layer_input", "mlp_input") else dt.compute  # a norm's output, or a product
@@ -1536,7 +1606,7 @@ def _liger_head_bytes(model: ModelSpec, job: Job, dt: _Dtypes, tp: int) -> tuple
 #: attention projections that read the (normed) decoder-layer input
 _READS_LAYER_INPUT = frozenset({"q_proj", "k_proj", "v_proj", "qkv_proj", "q_a_proj", "kv_a_proj_with_mqa",
                                 "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a",
-                                "in_proj_qkvz", "in_proj_ba"})
+                                "in_proj_qkvz", "in_proj_ba", "in_proj"})  # (in_proj: lfm2's short conv)
 
 
 def _first_layer_discount(model: ModelSpec, job: Job, dt: _Dtypes, backend: str) -> int:
@@ -1674,12 +1744,15 @@ def _layer_matmul_outputs(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes
     a = g.attention
     col = {"q_proj", "k_proj", "v_proj", "qkv_proj", "q_b_proj", "kv_b_proj", "gate_proj", "up_proj",
            "gate_up_proj", "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "in_proj_qkvz", "in_proj_ba"}
-    if a is None:  # Gated DeltaNet: its delta rule's matmuls are bmm, not mm
+    if g.short_conv is not None:  # LFM2's short convolution: in_proj and out_proj (the conv is no mm)
+        order = ["in_proj", "out_proj"]
+        col = col | {"in_proj"}
+    elif a is None:  # Gated DeltaNet: its delta rule's matmuls are bmm, not mm
         order = ["in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "in_proj_qkvz", "in_proj_ba", "out_proj"]
     elif a.is_mla:
         order = ["q_a_proj", "q_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"]
     else:
-        order = ["qkv_proj", "q_proj", "k_proj", "v_proj", "o_proj"]
+        order = ["qkv_proj", "q_proj", "k_proj", "v_proj", a.o_name]
     for name in order:
         if name in lins:
             lin = lins[name]
@@ -1688,8 +1761,9 @@ def _layer_matmul_outputs(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes
 
     def mlp_proj(mlp: MlpSpec) -> None:
         for lin in mlp_linears(mlp, model.hidden_size, 1, "mlp"):
-            if lin.module in ("gate_up_proj", "gate_proj", "up_proj", "down_proj"):
-                proj(lin, lin.out_features // tp if lin.module in col else lin.out_features)
+            if lin.module in ("gate_up_proj", *mlp.names):
+                proj(lin, lin.out_features // tp if lin.module in col or lin.module in mlp.names[:2]
+                     else lin.out_features)
 
     mlp = g.mlp if g.mlp is not None else None
     if g.moe is not None and g.moe.router_is_module:
@@ -2214,6 +2288,23 @@ def _gdn_kernel_note(model: ModelSpec, job: Job, layout: Layout) -> str:
             f"the rest); the estimate is high by up to {scope}")
 
 
+def _short_conv_kernel_note(model: ModelSpec, job: Job) -> str:
+    """Which conv path LFM2's short-convolution layers are planned on, and what causal-conv1d's
+    CUDA kernel would change (per layer: the conv output's K - 1 padded positions and an fp32
+    weight's cast; the kernel writes an ``s``-long output)."""
+    b, s = _batch_shape(job)
+    dt = _act_dtypes(job, "cuda")
+    h = model.hidden_size
+    groups = [g for g in model.groups if g.short_conv is not None]
+    n = sum(g.count for g in groups)
+    diff = max(_short_conv_torch_conv_bytes(g.short_conv, b, s, h, dt)
+               - short_conv_kernel_saved_bytes(g.short_conv, b, s, h, dt.base_out) for g in groups)
+    return (f"short-convolution layers ({n}) planned on transformers' torch path (causal_conv1d_fn's F.conv1d); "
+            f"with causal-conv1d installed (its CUDA kernel, which transformers then uses) each saves about "
+            f"{abs(diff) / 2**10:,.0f} KiB {'less' if diff >= 0 else 'more'} (no padded conv output, no casts "
+            "around the conv); not measured")
+
+
 def _engine_qlora_recipe(job: Job, layout: Layout, notes: list[str]) -> Job:
     """Under FSDP and DeepSpeed both QLoRA recipes hold the same bytes: neither upcasts the
     non-quantized weights (they must share the 4-bit storage dtype to shard), accelerate upcasts
@@ -2440,8 +2531,10 @@ def estimate_memory(
         "transient": int(transient) + consts.cublas_workspace_bytes,
         "allocator_reserve": reserve,
     }
-    if model.is_hybrid and backend == "cuda":
+    if model.has_gated_deltanet and backend == "cuda":
         notes.append(_gdn_kernel_note(model, job, layout))
+    if any(g.short_conv is not None for g in model.groups) and backend == "cuda":
+        notes.append(_short_conv_kernel_note(model, job))
     n_router32 = _fp32_router_elems(model)
     if n_router32 and not casts_whole_module(job, layout.engine):
         notes.append(f"router weights in fp32 ({n_router32 * 4 / 2**20:,.0f} MiB whole; transformers >= 5.24 keeps "

@@ -23,6 +23,7 @@ __all__ = [
     "FAMILIES",
     "AttentionSpec",
     "GatedDeltaNetSpec",
+    "ShortConvSpec",
     "MlpSpec",
     "MoeSpec",
     "LayerGroup",
@@ -129,6 +130,18 @@ class Family:
     #: the config class turns into ``partial_rotary_factor = rotary_dim / head_dim`` when neither
     #: ``rope_parameters`` nor a top-level ``partial_rotary_factor`` gives one
     rotary_dim_key: str | None = None
+    #: LFM2 (lfm2): ``layer_types`` mixes ``conv`` layers (a gated short convolution,
+    #: ``ShortConvSpec``) with ``full_attention`` layers; without ``layer_types`` the layers listed
+    #: in ``full_attn_idxs`` are attention (default: all of them), the others conv
+    short_conv: bool = False
+    #: the MLP's width is derived from the config as Lfm2MLP does (``block_ff_dim``, else
+    #: ``intermediate_size``; with ``block_auto_adjust_ff_dim`` two thirds of it, times
+    #: ``block_ffn_dim_multiplier``, rounded up to ``block_multiple_of``)
+    block_ff_dim: bool = False
+    #: the MLP's module names (gate, up, down) where they are not llama's (lfm2: w1, w3, w2)
+    mlp_names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
+    #: the attention output projection's module name (lfm2: ``out_proj``)
+    o_proj_name: str = "o_proj"
 
 
 #: first transformers wheel with models/gemma4: 5.5.0 (the 5.4.0 wheel has none; checked with
@@ -440,6 +453,41 @@ FAMILIES: dict[str, Family] = {
             # not the model the checkpoints were trained as; checked with pip download --no-deps)
             min_transformers="5.18",
         ),
+        Family(
+            # LFM2 (Lfm2Config, transformers 5.24): gated short-convolution layers (Lfm2ShortConv:
+            # in_proj -> B, C, x; B * x through a depthwise causal Conv1d of conv_L_cache taps;
+            # C * that; out_proj) between GQA attention layers with per-head q/k RMSNorms
+            # (q_layernorm / k_layernorm) and an out_proj; a SwiGLU MLP (w1, w3, w2) whose width
+            # Lfm2MLP derives from the config; llama's RMSNorm and rope; tied embeddings; the final
+            # norm is called embedding_norm. config.json's ``block_ff_dim`` and ``tie_embedding``
+            # override intermediate_size / tie_word_embeddings (Lfm2Config.__post_init__)
+            "lfm2",
+            {**_LLAMA_LIKE, "vocab_size": 65536, "hidden_size": 2560, "intermediate_size": 12288,
+             "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+             "max_position_embeddings": 128000, "tie_word_embeddings": True, "conv_bias": False,
+             "conv_L_cache": 3, "block_multiple_of": 256, "block_ffn_dim_multiplier": 1.0,
+             "block_auto_adjust_ff_dim": True, "full_attn_idxs": None, "layer_types": None},
+            qk_norm=True, qkv_bias_key=None, o_bias_key=None, short_conv=True, block_ff_dim=True,
+            mlp_names=("w1", "w3", "w2"), o_proj_name="out_proj",
+        ),
+        Family(
+            # LFM2-MoE (Lfm2MoeConfig, transformers 5.24): lfm2's conv / attention layers; the first
+            # num_dense_layers layers a SwiGLU MLP of intermediate_size as given (no block_* width
+            # rule), the others a sparse block: a sigmoid router (an nn.Parameter ``gate.weight``,
+            # logits in the compute dtype; top-k on the scores plus an fp32 ``expert_bias`` buffer,
+            # the unbiased scores gathered, renormalised when norm_topk_prob, times
+            # routed_scaling_factor) and fused 3-D experts (w1/w3 as gate_up_proj, w2 as down_proj).
+            # PEFT 0.21.2 has no MoE mapping for it: all-linear wraps the nn.Linear modules only
+            "lfm2_moe",
+            {**_LLAMA_LIKE, "vocab_size": 65536, "hidden_size": 2048, "intermediate_size": 7168,
+             "moe_intermediate_size": 1792, "num_hidden_layers": 32, "num_attention_heads": 32,
+             "num_key_value_heads": 8, "max_position_embeddings": 128000, "tie_word_embeddings": True,
+             "conv_bias": False, "conv_L_cache": 3, "num_dense_layers": 2, "num_experts_per_tok": 4,
+             "num_experts": 32, "use_expert_bias": True, "routed_scaling_factor": 1.0,
+             "norm_topk_prob": True, "layer_types": None},
+            qk_norm=True, qkv_bias_key=None, o_bias_key=None, short_conv=True,
+            mlp_names=("w1", "w3", "w2"), o_proj_name="out_proj", moe="lfm2_moe", peft_wraps_experts=False,
+        ),
     ]
 }
 
@@ -473,6 +521,8 @@ _ARCH_TO_TYPE = {
     "Glm4MoeLiteForCausalLM": "glm4_moe_lite",
     "Mistral4ForCausalLM": "mistral4",
     "MiniMaxM2ForCausalLM": "minimax_m2",
+    "Lfm2ForCausalLM": "lfm2",
+    "Lfm2MoeForCausalLM": "lfm2_moe",
 }
 #: text model_types that name a family under another key (the inner type of a multimodal config)
 _TEXT_TYPE_ALIASES = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe", "llama4": "llama4_text",
@@ -548,6 +598,8 @@ class AttentionSpec:
     #: ``(rows, 1, s, 1)`` scale ``1 + beta * log(1 + floor(pos / original_max))`` before the
     #: kernel, which the product keeps for the query's gradient
     query_pos_scale: bool = False
+    #: the output projection's module name (lfm2: ``out_proj``)
+    o_name: str = "o_proj"
 
     @property
     def head_major_q(self) -> bool:
@@ -614,10 +666,28 @@ class GatedDeltaNetSpec:
 
 
 @dataclass(frozen=True)
+class ShortConvSpec:
+    """LFM2's gated short convolution (``conv`` layers, transformers' ``Lfm2ShortConv``):
+    ``in_proj`` (hidden -> 3 x hidden, chunked into the gates B and C and the value x), ``B * x``
+    through a depthwise causal ``Conv1d`` of ``conv_kernel`` taps (``conv_L_cache``) over the
+    hidden channels, ``C *`` its output, ``out_proj`` (hidden -> hidden). ``bias``
+    (``conv_bias``): the conv and both linears carry biases. No norm, no rope, no KV inside."""
+
+    conv_kernel: int
+    bias: bool = False
+
+    def vector_params(self, h: int) -> int:
+        """Parameters outside the linears: the conv weight ``(h, 1, K)`` (and its bias)."""
+        return h * self.conv_kernel + (h if self.bias else 0)
+
+
+@dataclass(frozen=True)
 class MlpSpec:
     intermediate_size: int
     bias: bool = False
     fused_gate_up: bool = False
+    #: module names of the gate, up and down projections (lfm2: w1, w3, w2)
+    names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
 
 
 @dataclass(frozen=True)
@@ -628,7 +698,8 @@ class MoeSpec:
     shared: MlpSpec | None = None  # shared experts, run on every token
     #: router implementation (the family's): "mixtral"/"qwen3_moe" softmax in fp32, "deepseek_v3"
     #: sigmoid in the logits' dtype, "mistral4" softmax in the compute dtype (a plain linear, no
-    #: fp32 weight); qwen3_moe casts the top-k weights back to the logits' dtype;
+    #: fp32 weight), "lfm2_moe" a sigmoid there (the same bytes saved); qwen3_moe casts the top-k
+    #: weights back to the logits' dtype;
     #: "gpt_oss" takes the top-k logits first and softmaxes only those, in the logits' dtype
     router: str = "mixtral"
     #: the router weight stays fp32 whatever the model's dtype: transformers >= 5.24 lists
@@ -677,11 +748,14 @@ class LayerGroup:
     norms_per_layer: int
     window: int | None = None  # sliding-window size, None for full attention
     linear_attention: GatedDeltaNetSpec | None = None
+    #: LFM2's ``conv`` layers: a gated short convolution as the token mixer (``attention`` None)
+    short_conv: ShortConvSpec | None = None
 
     @property
     def is_linear(self) -> bool:
-        """A Gated DeltaNet layer (no softmax attention, no KV, no rope)."""
-        return self.linear_attention is not None
+        """A layer without softmax attention (no KV, no rope): a Gated DeltaNet or LFM2's short
+        convolution."""
+        return self.linear_attention is not None or self.short_conv is not None
 
 
 @dataclass(frozen=True)
@@ -772,7 +846,13 @@ class ModelSpec:
 
     @property
     def is_hybrid(self) -> bool:
-        """Some layers mix tokens with a linear-attention (Gated DeltaNet) layer."""
+        """Some layers mix tokens with a linear-attention (Gated DeltaNet) layer or LFM2's short
+        convolution instead of softmax attention."""
+        return any(g.is_linear for g in self.groups)
+
+    @property
+    def has_gated_deltanet(self) -> bool:
+        """Some layers are Gated DeltaNet layers (qwen3_5, qwen3_5_moe, qwen3_next)."""
         return any(g.linear_attention is not None for g in self.groups)
 
     def __hash__(self) -> int:
@@ -843,6 +923,11 @@ class ModelSpec:
                 cats["attention"] += g.count * la.vector_params
                 active += g.count * la.vector_params
                 continue
+            if g.short_conv is not None:  # the conv weight (and bias); no norm inside
+                norms += g.count * per_layer
+                cats["attention"] += g.count * g.short_conv.vector_params(h)
+                active += g.count * g.short_conv.vector_params(h)
+                continue
             if a.qk_norm:
                 per_layer += sum(a.qk_norm_sizes)
             if a.is_mla:
@@ -889,10 +974,20 @@ def linear_attention_linears(la: GatedDeltaNetSpec, h: int, n: int) -> list[Line
     ]
 
 
+def short_conv_linears(sc: ShortConvSpec, h: int, n: int) -> list[LinearSpec]:
+    """LFM2's short convolution's ``nn.Linear`` modules in registration order (after the Conv1d):
+    ``in_proj`` (B, C, x) and ``out_proj``."""
+    return [LinearSpec("in_proj", h, 3 * h, n, sc.bias, "attention"),
+            LinearSpec("out_proj", h, h, n, sc.bias, "attention")]
+
+
 def mixer_linears(g: LayerGroup, h: int, n: int) -> list[LinearSpec]:
-    """The token mixer's linears of group ``g`` (attention or Gated DeltaNet), ``n`` of each."""
+    """The token mixer's linears of group ``g`` (attention, Gated DeltaNet or LFM2's short
+    convolution), ``n`` of each."""
     if g.linear_attention is not None:
         return linear_attention_linears(g.linear_attention, h, n)
+    if g.short_conv is not None:
+        return short_conv_linears(g.short_conv, h, n)
     assert g.attention is not None
     return attention_linears(g.attention, h, n)
 
@@ -926,18 +1021,19 @@ def attention_linears(a: AttentionSpec, h: int, n: int) -> list[LinearSpec]:
         ]
         if not a.k_eq_v:
             out.append(LinearSpec("v_proj", h, kv, n, a.qkv_bias, "attention"))
-    out.append(LinearSpec("o_proj", a.num_heads * a.v_head_dim, h, n, a.o_bias, "attention"))
+    out.append(LinearSpec(a.o_name, a.num_heads * a.v_head_dim, h, n, a.o_bias, "attention"))
     return out
 
 
 def mlp_linears(m: MlpSpec, h: int, n: int, category: str) -> list[LinearSpec]:
     i = m.intermediate_size
+    gate, up_name, down = m.names
     if m.fused_gate_up:
         up = [LinearSpec("gate_up_proj", h, 2 * i, n, m.bias, category)]
     else:
-        up = [LinearSpec("gate_proj", h, i, n, m.bias, category),
-              LinearSpec("up_proj", h, i, n, m.bias, category)]
-    return up + [LinearSpec("down_proj", i, h, n, m.bias, category)]
+        up = [LinearSpec(gate, h, i, n, m.bias, category),
+              LinearSpec(up_name, h, i, n, m.bias, category)]
+    return up + [LinearSpec(down, i, h, n, m.bias, category)]
 
 
 _attention_linears, _mlp_linears = attention_linears, mlp_linears  # their names before they were public
@@ -1011,6 +1107,8 @@ CONFIG_LIMITS: dict[str, int] = {
     "interleave_moe_layer_step": 4096,
     "no_rope_layer_interval": 4096,
     "attention_chunk_size": 1 << 31,
+    "conv_L_cache": 1024,
+    "block_multiple_of": 1 << 20,
 }
 #: largest logit soft-capping value accepted (published: 30 and 50)
 _MAX_SOFTCAP = 1e6
@@ -1164,6 +1262,12 @@ def model_from_config(
     for k in ("num_key_value_heads", "head_dim"):
         if cfg0.get(k) is None:
             cfg[k] = fam.defaults.get(k)
+    if fam.short_conv:
+        # Lfm2Config.__post_init__: config.json's block_ff_dim and tie_embedding (LFM2's own
+        # names) override intermediate_size and tie_word_embeddings
+        for old, new in (("block_ff_dim", "intermediate_size"), ("tie_embedding", "tie_word_embeddings")):
+            if old in cfg0 and (fam.block_ff_dim or old == "tie_embedding"):  # (Lfm2MoeConfig: tie_embedding only)
+                cfg[new] = cfg0[old]
 
     c = _Check(cfg)
     h = c.int("hidden_size")
@@ -1192,6 +1296,7 @@ def model_from_config(
         c.bad(f"partial_rotary_factor={prf}: transformers' MLA attention rotates all qk_rope_head_dim "
               "features and fails on narrower rope tables (only 1.0 runs)")
     linear = _linear_attention_spec(c, fam.gdn_fused_proj) if fam.hybrid_linear else None
+    conv = _short_conv_spec(c) if fam.short_conv else None
     plan = _layer_plan(fam, c, n_layers or 1)
     if fam.nope_layers:
         _nope_rule(c, n_layers or 1)  # (validates no_rope_layers)
@@ -1222,15 +1327,18 @@ def model_from_config(
             softcap=softcap, sinks=fam.attention_sinks,
             rotary_dim=int(hd * prf) if prf is not None else None, output_gate=fam.output_gate,
             qk_norm_whole=fam.qk_norm_whole and qk_norm,
-            v_norm=fam.gemma4,
+            v_norm=fam.gemma4, o_name=fam.o_proj_name,
         )
-    mlp = MlpSpec(inter or 0, bias=mlp_bias, fused_gate_up=fam.fused_gate_up)
+    if fam.block_ff_dim and inter is not None:
+        inter = _lfm2_ff_dim(c, inter)
+    mlp = MlpSpec(inter or 0, bias=mlp_bias, fused_gate_up=fam.fused_gate_up, names=fam.mlp_names)
     if fam.moe == "llama4":  # dense layers use intermediate_size_mlp (intermediate_size: experts)
         mlp = MlpSpec(c.int("intermediate_size_mlp") or 0)
     groups = tuple(
         LayerGroup(count, None if is_linear else _variant_attention(attn, variant, c, fam),
                    None if is_moe else mlp, moe if is_moe else None,
-                   fam.norms_per_layer, window, linear if is_linear else None)
+                   fam.norms_per_layer, window, linear if is_linear else None,
+                   conv if is_linear else None)
         for count, window, is_moe, is_linear, variant in _layer_kinds(plan, n_layers)
     )
     if g4 is not None:
@@ -1402,6 +1510,36 @@ def _linear_attention_spec(c: _Check, fused: bool = False) -> GatedDeltaNetSpec 
     return GatedDeltaNetSpec(kh, vh, kd, vd, kernel, fused_proj=fused)  # type: ignore[arg-type]
 
 
+def _short_conv_spec(c: _Check) -> ShortConvSpec | None:
+    """LFM2's short convolution: ``conv_L_cache`` taps, ``conv_bias``."""
+    k = c.int("conv_L_cache")
+    bias = c.bool("conv_bias")
+    return None if k is None else ShortConvSpec(k, bias)
+
+
+def _lfm2_ff_dim(c: _Check, inter: int) -> int:
+    """The MLP width Lfm2MLP builds: with ``block_auto_adjust_ff_dim``, ``int(2 * inter / 3)``,
+    then (``block_ffn_dim_multiplier`` not null) ``int(multiplier * that)`` rounded up to a
+    multiple of ``block_multiple_of``; the configured width otherwise."""
+    if not c.bool("block_auto_adjust_ff_dim"):
+        return inter
+    out = int(2 * inter / 3)
+    mult = c.cfg.get("block_ffn_dim_multiplier")
+    if mult is None:
+        return out
+    if isinstance(mult, bool) or not isinstance(mult, (int, float)) or not 0 < mult <= 1024:
+        c.bad(f"block_ffn_dim_multiplier must be a number in (0, 1024], got {_show(mult)}")
+        return out
+    of = c.int("block_multiple_of") or 1
+    out = int(mult * out)
+    out = of * ((out + of - 1) // of)
+    if out < 1 or out > CONFIG_LIMITS["intermediate_size"]:
+        c.bad(f"the MLP width derived from block_ff_dim / intermediate_size is {out:,}, outside "
+              f"[1, {CONFIG_LIMITS['intermediate_size']:,}]")
+        return max(1, min(out, CONFIG_LIMITS["intermediate_size"]))
+    return out
+
+
 def _mla_fields(c: _Check) -> tuple[int, int, int, int, int | None] | None:
     nope = c.int("qk_nope_head_dim")
     rope = c.int("qk_rope_head_dim")
@@ -1442,6 +1580,8 @@ def _layer_plan(fam: Family, c: _Check, n: int) -> _LayerPlan:
     types = cfg.get("layer_types") if not fam.gemma4 else _gemma4_layer_types(c, n)
     allowed = _LAYER_TYPES + (("linear_attention",) if fam.hybrid_linear else ()) + (
         ("chunked_attention",) if fam.moe == "llama4" else ())
+    if fam.short_conv:  # Lfm2Model masks per layer type: only these two exist
+        allowed = ("full_attention", "conv")
     if types is not None and not (isinstance(types, list) and all(t in allowed for t in types)):
         c.bad(f"layer_types must be a list of {' / '.join(allowed)}")
         types = None
@@ -1456,8 +1596,8 @@ def _layer_plan(fam: Family, c: _Check, n: int) -> _LayerPlan:
     pattern = (c.int("sliding_window_pattern", optional=True) or 6) if mt == "gemma3_text" and window else 6
     if mt == "smollm3" and not c.bool("use_sliding_window"):
         window = None  # SmolLM3Attention: a window only with use_sliding_window
-    if mt in ("olmo2", "minimax_m2"):
-        window = None  # Olmo2Attention / MiniMaxM2Attention have no sliding window (nor their configs)
+    if mt in ("olmo2", "minimax_m2") or fam.short_conv:
+        window = None  # Olmo2Attention / MiniMaxM2Attention / Lfm2Attention have no sliding window (nor their configs)
     if not window:
         window_at = lambda i: None  # noqa: E731
     elif types is not None:
@@ -1513,8 +1653,10 @@ def _layer_plan(fam: Family, c: _Check, n: int) -> _LayerPlan:
     elif fam.moe == "deepseek_v3" and fam.mlp_layer_types:
         moe_at, any_moe = _mlp_layer_types(c, n)
         cuts.update(range(n) if cfg.get("mlp_layer_types") is not None else (min(1, n),))
-    elif fam.moe in ("deepseek_v3", "mistral4"):
-        k = c.int("first_k_dense_replace", minimum=0, optional=True) or 0
+    elif fam.moe in ("deepseek_v3", "mistral4", "lfm2_moe"):
+        # (lfm2_moe: the first num_dense_layers layers are dense)
+        k = c.int("num_dense_layers" if fam.moe == "lfm2_moe" else "first_k_dense_replace", minimum=0,
+                  optional=True) or 0
         moe_at = lambda i: i >= k  # noqa: E731
         cuts.add(min(k, n))
         any_moe = k < n
@@ -1538,6 +1680,24 @@ def _layer_plan(fam: Family, c: _Check, n: int) -> _LayerPlan:
             if period > 1 and k != period:
                 cuts.update(range(n))
             period = max(period, k)
+    if fam.short_conv:
+        # Lfm2Config: layer_types when given (every non-"conv" layer is attention), else the
+        # full_attn_idxs layers are attention (default: all), the others conv
+        if types is not None and len(types) != n:
+            c.bad(f"layer_types has {len(types):,} entries for num_hidden_layers={n}")
+        elif types is not None:
+            linear_at = lambda i: types[i] == "conv"  # noqa: E731
+            cuts.update(range(n))
+        elif fam.moe == "lfm2_moe":
+            # Lfm2MoeConfig has no full_attn_idxs and no default layout: transformers' decoder
+            # layers index layer_types, which a config without it leaves None
+            c.bad("layer_types is required for lfm2_moe (Lfm2MoeConfig has no default layout: "
+                  "transformers cannot build the model without it)")
+        elif cfg.get("full_attn_idxs") is not None:
+            idxs = _int_list(c, "full_attn_idxs", n)
+            attn_set = frozenset(idxs or ())
+            linear_at = lambda i: i not in attn_set  # noqa: E731
+            cuts.update(range(n))
     variant_at = _llama4_attention_layers(c, n, types) if fam.moe == "llama4" else (lambda i: None)
     return _LayerPlan(window_at, moe_at, period, tuple(sorted(x for x in cuts if 0 <= x <= n)), any_moe,
                       linear_at, variant_at)
@@ -1692,6 +1852,15 @@ def _moe_spec(fam: Family, c: _Check, any_moe: bool) -> MoeSpec | None:
             return None
         experts, top_k, inter = (c.int("num_experts"), c.int("top_k_experts"), c.int("moe_intermediate_size"))
         router, shared = "gemma4", None
+    elif fam.moe == "lfm2_moe":
+        # Lfm2MoeTopKRouter: sigmoid scores, top-k (with the expert bias), renormalised when
+        # norm_topk_prob; no shared expert
+        if not any_moe:
+            return None
+        experts, top_k, inter = (c.int("num_experts"), c.int("num_experts_per_tok"),
+                                 c.int("moe_intermediate_size"))
+        router, shared = "lfm2_moe", None
+        renorm = c.bool("norm_topk_prob")
     elif fam.moe in ("qwen3_5_moe", "qwen3_next"):
         # Qwen3_5MoeTopKRouter is qwen3_moe's with norm_topk_prob always on; qwen3_next's
         # (qwen2_moe's) renormalises when norm_topk_prob

@@ -235,6 +235,13 @@ def recompute_fractions(job: Job, eff: Efficiency | None = None, model: ModelSpe
     return out
 
 
+def short_conv_flops_per_token(sc: Any, hidden: int) -> float:
+    """Forward FLOPs per token of LFM2's depthwise causal conv: ``K`` multiply-adds per channel
+    (``2 K h``; 12k for LFM2-1.2B, against 34M in the layer's two projections). Priced with the
+    attention kernels: cheap either way."""
+    return 2.0 * sc.conv_kernel * hidden
+
+
 def delta_rule_flops_per_token(la: Any, seq_len: int) -> float:
     """Forward FLOPs per token of one Gated DeltaNet layer's chunked delta rule (the projections
     and the conv are counted elsewhere: linears, elementwise).
@@ -297,6 +304,11 @@ def flops_per_token(model: ModelSpec, job: Job) -> FlopsPerToken:
     attn = 0.0
     for g in model.groups:
         a = g.attention
+        if g.short_conv is not None:
+            # LFM2's short convolution: its depthwise causal conv (K taps per channel) stands in for
+            # attention; its projections are among the linears above
+            attn += g.count * short_conv_flops_per_token(g.short_conv, h)
+            continue
         if a is None:  # a Gated DeltaNet layer: its chunked delta rule stands in for attention
             attn += g.count * delta_rule_flops_per_token(g.linear_attention, job.seq_len)
             continue
@@ -715,6 +727,10 @@ def _elementwise_dims(model: ModelSpec, job: Job, tp: int, eff: Efficiency,
             # Gated DeltaNet (not measured): the conv, silu and l2norm over the q/k/v channels
             # priced as q/k features, the gated norm over the value width as attention output
             qk, attn_out = la.conv_dim, la.value_dim
+        elif g.short_conv is not None:
+            # LFM2's short convolution (not measured): B * x and C * conv read the 3h-wide in_proj
+            # output, priced as q/k features; the conv output and its transposed copy as attention output
+            qk, attn_out = 3 * h, h
         else:
             qk, attn_out = (a.num_heads + a.num_kv_heads) * a.head_dim, a.num_heads * a.v_head_dim
         per_layer = (inv.per_hidden * h + (wide * (inv.per_intermediate * inter + inv.per_qk * qk)

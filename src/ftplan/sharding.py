@@ -242,6 +242,11 @@ def _layer_tensors(model: ModelSpec, g: LayerGroup, job: Job, tb: Fraction, fb: 
         out += [Tensor(la.conv_dim, la.conv_dim * la.conv_kernel, wb, full),
                 Tensor(la.num_v_heads, la.num_v_heads, wb, full), Tensor(la.num_v_heads, la.num_v_heads, wb, full),
                 Tensor(la.v_head_dim, la.v_head_dim, wb, full)]
+    sc = g.short_conv
+    if sc is not None:  # LFM2's short convolution: the Conv1d weight (h, 1, K) and bias, then its linears
+        out.append(Tensor(h, h * sc.conv_kernel, wb, full))
+        if sc.bias:
+            out.append(Tensor(h, h, wb, full))
     for lin in layer_linears(model, g):
         n = lin.in_features * lin.out_features
         if job.method == "qlora" and lin.module not in skip:
@@ -337,12 +342,12 @@ def fsdp_units(model: ModelSpec, job: Job, engine: str = "fsdp2", reshard_after_
 
 def _units_in_layer_order(model: ModelSpec) -> bool:
     """gemma4's layer groups differ in size (full-attention layers have their own head size) and
-    interleave (5 sliding, 1 full): the units follow the layers' real order, which decides which
-    units are gathered together."""
+    interleave (5 sliding, 1 full), as LFM2's conv and attention layers do: the units follow the
+    layers' real order, which decides which units are gathered together."""
     from .model import FAMILIES
 
     fam = FAMILIES.get(model.family)
-    return fam is not None and fam.gemma4 and len(model.groups) > 1
+    return fam is not None and (fam.gemma4 or fam.short_conv) and len(model.groups) > 1
 
 
 def _layers_in_order(model: ModelSpec, layers: list[Unit]) -> list[Unit]:

@@ -74,7 +74,7 @@ def _categorise(model: nn.Module, name: str, param: nn.Parameter) -> str:
         return "lm_head"
     if is_norm(owner):
         return "norms"
-    if any(s in ("self_attn", "attention", "attn", "linear_attn") for s in segs):
+    if any(s in ("self_attn", "attention", "attn", "linear_attn", "conv") for s in segs):  # (lfm2: conv)
         return "attention"
     if any(s.startswith("shared_expert") for s in segs):
         if segs and segs[-1] == "shared_expert_gate":
@@ -106,7 +106,7 @@ def params_by_category(model: nn.Module) -> dict[str, int]:
     Categories: ``embedding`` (token embeddings), ``attention`` (every projection weight/bias inside
     ``self_attn``: q/k/v/o, fused ``qkv_proj``, MLA ``q_a_proj``/``q_b_proj``/``kv_a_proj_with_mqa``/
     ``kv_b_proj``; a Gated DeltaNet's ``linear_attn`` projections, conv1d, ``dt_bias`` and
-    ``A_log``), ``mlp`` (dense MLPs and MoE *shared* experts), ``experts`` (routed experts: the
+    ``A_log``; LFM2's short convolution ``conv``: in_proj, the Conv1d, out_proj), ``mlp`` (dense MLPs and MoE *shared* experts), ``experts`` (routed experts: the
     fused 3-D ``experts.gate_up_proj``/``experts.down_proj``), ``router`` (MoE gate weights and any
     router bias *parameter*), ``norms`` (every norm weight incl. q_norm/k_norm/q_a_layernorm/
     kv_a_layernorm and the final norm), ``lm_head`` (0 when tied). Models with PEFT adapters get an

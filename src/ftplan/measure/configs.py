@@ -88,6 +88,13 @@ __all__ = ["TINY_CONFIGS", "tiny_config", "text_config", "default_attention"]
 #:   legacy ``rotary_dim`` (16 of 32, as 64 of 128), mixtral-style fused experts (8 of
 #:   ``intermediate_size=24``, top-2, no shared expert) behind the sigmoid router with its
 #:   ``e_score_correction_bias``; untied; the real vocabulary's bos/eos ids dropped.
+#: * lfm2: LFM2's hybrid layers conv/full/conv (gated short convolutions of 3 taps around one GQA
+#:   attention layer, 4 heads / 2 kv heads of 16, per-head q/k norms), the MLP width derived from
+#:   ``block_ff_dim=150`` as Lfm2MLP does (int(2 * 150 / 3) = 100, rounded up to
+#:   ``block_multiple_of=24``: 120), tied embeddings (as every LFM2 checkpoint).
+#: * lfm2_moe: lfm2's layers conv/full/conv with layer 0 dense (``num_dense_layers=1``, an MLP of
+#:   ``intermediate_size=120`` as given) and layers 1-2 LFM2-MoE's sparse block (4 experts top-2 of 24,
+#:   the sigmoid router with the fp32 expert bias, renormalised), tied.
 TINY_CONFIGS: dict[str, dict] = {
     "llama": {
         "model_type": "llama",
@@ -499,6 +506,42 @@ TINY_CONFIGS: dict[str, dict] = {
         "tie_word_embeddings": False,
         "bos_token_id": None, "eos_token_id": None,  # MiniMaxM2Config's are > vocab
     },
+    "lfm2": {
+        "model_type": "lfm2",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "block_ff_dim": 150,
+        "block_multiple_of": 24,
+        "block_ffn_dim_multiplier": 1.0,
+        "block_auto_adjust_ff_dim": True,
+        "num_hidden_layers": 3,
+        "layer_types": ["conv", "full_attention", "conv"],
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "conv_L_cache": 3,
+        "conv_bias": False,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
+        "max_position_embeddings": 256,
+        "tie_word_embeddings": True,
+    },
+    "lfm2_moe": {
+        "model_type": "lfm2_moe",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 120,
+        "moe_intermediate_size": 24,
+        "num_hidden_layers": 3,
+        "num_dense_layers": 1,
+        "layer_types": ["conv", "full_attention", "conv"],
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "conv_L_cache": 3,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
+        "max_position_embeddings": 256,
+        "tie_word_embeddings": True,
+    },
 }
 TINY_CONFIGS["gemma4_moe"] = {**TINY_CONFIGS["gemma4"], "enable_moe_block": True, "num_experts": 4,
                               "top_k_experts": 2, "moe_intermediate_size": 24}
@@ -644,6 +687,16 @@ def tiny_config(config: dict) -> dict:
             out["moe_layers"] = [i for i in cfg["moe_layers"] if isinstance(i, int) and i < 2]
         if isinstance(cfg.get("no_rope_layers"), list) and len(cfg["no_rope_layers"]) >= 2:
             out["no_rope_layers"] = cfg["no_rope_layers"][:2]
+    if model_type == "lfm2_moe":
+        # one layer of each kind, the first dense and the second MoE
+        out.update(layer_types=["conv", "full_attention"], num_dense_layers=1)
+    if model_type == "lfm2":
+        # one layer of each kind; the MLP width LFM2 derives (block_ff_dim overrides
+        # intermediate_size) shrinks to 2/3 of 192, a multiple of 32: 128
+        out.update(layer_types=["conv", "full_attention"], intermediate_size=192, block_multiple_of=32)
+        out.pop("full_attn_idxs", None)
+        out.pop("block_ff_dim", None)
+        out.pop("head_dim", None)  # Lfm2Config has none: hidden // heads
     for k in ("torch_dtype", "dtype", "bos_token_id", "eos_token_id", "pad_token_id"):
         out.pop(k, None)  # token ids of the real vocabulary do not fit the tiny one
     if model_type == "smollm3":  # SmolLM3Config's default pad_token_id (128004) would not either

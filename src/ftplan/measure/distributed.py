@@ -488,7 +488,8 @@ def _wrap_fsdp2(case: Case, model, world: int):
     tied = out is not None and emb.weight is out.weight
     if not tied:
         fully_shard(emb, **kw)
-    norm = inner.model.norm
+    # the final norm (lfm2 / lfm2_moe call theirs embedding_norm)
+    norm = inner.model.norm if hasattr(inner.model, "norm") else inner.model.embedding_norm
     tail = [norm, emb, out] if tied else [norm, out]
     fully_shard(tail, **{**kw, "reshard_after_forward": False})
     fully_shard(model, **{k: v for k, v in kw.items() if k != "reshard_after_forward"})

@@ -712,11 +712,3 @@ def test_fsdp2_transient_as_torch_2_15_measured():
         _CONSTS = saved
 
 
-def test_layer_input_projections_agree():
-    """sharding.py (ZeRO-3's forward-only parameters) and memory.py (the first layer's saved
-    tensors) name the same projections that read a decoder layer's input (model.py's set; memory.py
-    keeps its own copy)."""
-    from ftplan import memory
-    from ftplan.model import LAYER_INPUT_PROJECTIONS
-
-    assert memory._READS_LAYER_INPUT == LAYER_INPUT_PROJECTIONS

@@ -23,8 +23,9 @@ from fractions import Fraction
 
 from .catalog.constants import MemoryConstants, memory_constants
 from .job import PRECISIONS, Job, Layout, lora_targets, lora_wraps_experts, planned_attention, validate_job
-from .model import (FAMILIES, AttentionSpec, GatedDeltaNetSpec, LayerGroup, LinearSpec, MlpSpec, ModelSpec, MoeSpec,
-                    ShortConvSpec, layer_group_order, layer_linears, nope_layer_indices, planned_as_note)
+from .model import (FAMILIES, LAYER_INPUT_PROJECTIONS, AttentionSpec, GatedDeltaNetSpec, LayerGroup, LinearSpec,
+                    MlpSpec, ModelSpec, MoeSpec, ShortConvSpec, layer_group_order, layer_linears, nope_layer_indices,
+                    planned_as_note)
 from .sharding import (activation_job, casts_whole_module, communicator_groups, engine_compute, layout_memory,
                        quant_state_bytes)
 from .units import dtype_bytes
@@ -1604,9 +1605,8 @@ def _liger_head_bytes(model: ModelSpec, job: Job, dt: _Dtypes, tp: int) -> tuple
 
 
 #: attention projections that read the (normed) decoder-layer input
-_READS_LAYER_INPUT = frozenset({"q_proj", "k_proj", "v_proj", "qkv_proj", "q_a_proj", "kv_a_proj_with_mqa",
-                                "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a",
-                                "in_proj_qkvz", "in_proj_ba", "in_proj"})  # (in_proj: lfm2's short conv)
+#: the projections that read a decoder layer's input (one set with sharding's ZeRO-3 release rule)
+_READS_LAYER_INPUT = LAYER_INPUT_PROJECTIONS
 
 
 def _first_layer_discount(model: ModelSpec, job: Job, dt: _Dtypes, backend: str) -> int:

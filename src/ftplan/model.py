@@ -1040,11 +1040,11 @@ _attention_linears, _mlp_linears = attention_linears, mlp_linears  # their names
 
 
 #: a decoder layer's projections that read its (normed) input: with a frozen embedding (LoRA,
-#: QLoRA) the first layer's read an input that needs no gradient (the same set as
-#: ``memory._READS_LAYER_INPUT``, which the activation formulas use; tests keep them equal)
+#: QLoRA) the first layer's read an input that needs no gradient (memory.py's activation formulas
+#: and sharding.py's ZeRO-3 release rule both use this set)
 LAYER_INPUT_PROJECTIONS = frozenset({"q_proj", "k_proj", "v_proj", "qkv_proj", "q_a_proj", "kv_a_proj_with_mqa",
                                      "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a",
-                                     "in_proj_qkvz", "in_proj_ba"})
+                                     "in_proj_qkvz", "in_proj_ba", "in_proj"})  # (in_proj: lfm2's short conv)
 
 
 def layer_linears(model: ModelSpec, g: LayerGroup) -> list[LinearSpec]:

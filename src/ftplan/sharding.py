@@ -341,13 +341,11 @@ def fsdp_units(model: ModelSpec, job: Job, engine: str = "fsdp2", reshard_after_
 
 
 def _units_in_layer_order(model: ModelSpec) -> bool:
-    """gemma4's layer groups differ in size (full-attention layers have their own head size) and
-    interleave (5 sliding, 1 full), as LFM2's conv and attention layers do: the units follow the
-    layers' real order, which decides which units are gathered together."""
-    from .model import FAMILIES
-
-    fam = FAMILIES.get(model.family)
-    return fam is not None and (fam.gemma4 or fam.short_conv) and len(model.groups) > 1
+    """Layer groups of different sizes that interleave (gemma4's sliding and full-attention layers
+    with their own head size, LFM2's conv and attention layers, Qwen3.5's Gated DeltaNet and
+    attention layers): the units follow the layers' real order, which decides which units are
+    gathered together (FSDP2 prefetches the next one)."""
+    return len(model.groups) > 1
 
 
 def _layers_in_order(model: ModelSpec, layers: list[Unit]) -> list[Unit]:

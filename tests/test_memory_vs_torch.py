@@ -125,6 +125,14 @@ def test_saved_activations_exact_pure_bf16(family, ckpt):
     assert saved_activation_bytes(spec, job, backend="cpu") == r.saved_activation_bytes - casts
 
 
+def _check_fp32_base(family, ckpt=False, batch=2, seq=24):
+    """A family's fp32-base LoRA run (:func:`_run_fp32_base`): the autocast weight copies are
+    ftplan's master weights, the rest of the saved bytes its saved activations."""
+    spec, job, r, casts = _run_fp32_base(family, ckpt, batch, seq)
+    assert model_states(spec, job).master_weights == casts
+    assert saved_activation_bytes(spec, job, backend="cpu") == r.saved_activation_bytes - casts
+
+
 def _run_fp32_base(family, ckpt, batch, seq, attn=None, cfg=None):
     """LoRA on a base loaded in fp32 (TRL SFTTrainer's default for a model id: ``Job.base_dtype``)
     under HF Trainer's bf16 autocast: PEFT's fp32 adapters on every linear."""

@@ -173,12 +173,22 @@ def fit(values: dict[tuple[int, int], int]) -> tuple[list[Fraction], bool]:
 # ------------------------------------------------------------------------------------------------
 
 
+def _mlp_width(cfg: dict) -> int:
+    """The dense MLP's width as the model builds it (LFM2 derives it from ``block_ff_dim``)."""
+    from ftplan.model import model_from_config
+
+    widths = [g.mlp.intermediate_size for g in model_from_config(cfg).groups if g.mlp is not None]
+    return widths[0] if widths else cfg.get("intermediate_size", 0)
+
+
 def symbols(fam: str, cfg: dict, lora_r: int | None) -> dict[str, int]:
     h = cfg["hidden_size"]
     nh = cfg["num_attention_heads"]
     kv = cfg.get("num_key_value_heads") or nh
     hd = cfg.get("head_dim") or h // nh
-    out: dict[str, int] = {"h": h, "I": cfg["intermediate_size"], "V": cfg["vocab_size"], "nh": nh, "kv": kv}
+    out: dict[str, int] = {"h": h, "I": _mlp_width(cfg), "V": cfg["vocab_size"], "nh": nh, "kv": kv}
+    if not out["I"]:  # no dense MLP (every layer MoE)
+        del out["I"]
     if fam == "deepseek_v3":
         nope, rope, vhd = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
         out.update(
@@ -195,9 +205,10 @@ def symbols(fam: str, cfg: dict, lora_r: int | None) -> dict[str, int]:
     else:
         out.update({"nh*hd": nh * hd, "kv*hd": kv * hd, "hd": hd})
     if "moe_intermediate_size" in cfg or fam == "mixtral":
-        k = cfg["num_experts_per_tok"]
-        im = cfg.get("moe_intermediate_size", cfg["intermediate_size"])
-        ne = cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts")
+        from ftplan.model import model_from_config
+
+        moe = next(g.moe for g in model_from_config(cfg).groups if g.moe is not None)
+        k, im, ne = moe.top_k, moe.expert_intermediate_size, moe.num_experts
         out.update({"k*h": k * h, "k*Im": k * im, "E": ne, "k": k})
         if fam != "mixtral":
             out["Im"] = im
@@ -365,12 +376,20 @@ class Result:
         return self.per_point[MAIN]
 
 
+def _all_linear(fam: str) -> str | list[str]:
+    """PEFT's ``all-linear``, or the explicit list ftplan exports where it fails (llama4_text's router)."""
+    from ftplan.job import LoraSpec, peft_target_modules
+    from ftplan.model import model_from_config
+
+    return peft_target_modules(model_from_config(tr.TINY_CONFIGS[fam]), LoraSpec(r=8, alpha=16))
+
+
 def build(v: Variant) -> tuple[torch.nn.Module, tr.LoraApplied | None]:
     model = tr.build_model(tr.TINY_CONFIGS[v.fam], dtype=v.dtype, attn_implementation=v.attn)
     la = None
     if v.mode.startswith("lora"):
         d = float(v.mode.split("_d")[1])
-        la = tr.apply_lora(model, r=8, alpha=16, dropout=d, target_modules="all-linear")
+        la = tr.apply_lora(model, r=8, alpha=16, dropout=d, target_modules=_all_linear(v.fam))
         model = la.model
     return model, la
 
@@ -504,7 +523,7 @@ def profiler_section(families: list[str]) -> list[str]:
                 continue
             model = tr.build_model(tr.TINY_CONFIGS[fam], dtype=dtype, attn_implementation=attn)
             if lora_d is not None:
-                model = tr.apply_lora(model, r=8, alpha=16, dropout=lora_d, target_modules="all-linear").model
+                model = tr.apply_lora(model, r=8, alpha=16, dropout=lora_d, target_modules=_all_linear(fam)).model
             for gc in (False, True):
                 lb = tr.live_bytes_after_forward(model, batch=MAIN[0], seq_len=MAIN[1], gradient_checkpointing=gc)
                 ex = lb.explain()

@@ -51,10 +51,10 @@ def test_rotary_share_is_read_where_transformers_reads_it():
     assert model_from_config({"model_type": "llama"}).attention.rotary_dim is None
 
 
-def test_peft_all_linear_wraps_the_experts_and_the_router():
-    """transformers' conversion mapping sends glm4_moe to the qwen2_moe pattern, so PEFT 0.21
-    moves gate/up/down and gate to target_parameters: ParamWrapper on the fused experts and on the
-    fp32 router, and the dense layer's MLP and the shared experts are not adapted."""
+def _check_glm_all_linear(family: str) -> set[str]:
+    """PEFT 0.21 all-linear on a GLM MoE family (glm4_moe, glm4_moe_lite): ParamWrapper on the fused
+    experts and the fp32 router; the dense first layer's MLP and the shared experts not adapted.
+    Returns the trainable parameter names."""
     pytest.importorskip("peft")
     from peft import LoraConfig, get_peft_model
 
@@ -62,7 +62,7 @@ def test_peft_all_linear_wraps_the_experts_and_the_router():
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = get_peft_model(TR.build_model(TR.TINY_CONFIGS["glm4_moe"], dtype="bf16"),
+        model = get_peft_model(TR.build_model(TR.TINY_CONFIGS[family], dtype="bf16"),
                                LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules="all-linear",
                                           task_type="CAUSAL_LM"))
     names = {n for n, p in model.named_parameters() if p.requires_grad}
@@ -70,6 +70,16 @@ def test_peft_all_linear_wraps_the_experts_and_the_router():
     assert any("mlp.gate" in n and "lora_A" in n for n in names)
     assert not any("shared_experts" in n for n in names)
     assert not any("layers.0.mlp" in n for n in names)
+    return names
+
+
+def test_peft_all_linear_wraps_the_experts_and_the_router():
+    """transformers' conversion mapping sends glm4_moe to the qwen2_moe pattern, so PEFT 0.21
+    moves gate/up/down and gate to target_parameters: ParamWrapper on the fused experts and on the
+    fp32 router, and the dense layer's MLP and the shared experts are not adapted."""
+    import ftplan.measure.torchref as TR
+
+    _check_glm_all_linear("glm4_moe")
     spec = model_from_config(TR.TINY_CONFIGS["glm4_moe"])
     assert lora_wraps_experts(spec, LoraSpec())
 

@@ -11,7 +11,6 @@ explicit ``mlp_layer_types``, no q LoRA rank, a non-interleaved rope, different 
 
 from __future__ import annotations
 
-import warnings
 
 import pytest
 
@@ -86,21 +85,11 @@ def test_peft_all_linear_wraps_the_experts_and_the_router():
     """As glm4_moe: PEFT 0.21 puts ParamWrapper on the fused experts and on the fp32 router (which
     refuses lora_dropout > 0); the dense layer's MLP and the shared experts are not adapted; the MLA
     projections (q_a, q_b, kv_a_with_mqa, kv_b, o) are."""
-    pytest.importorskip("peft")
-    from peft import LoraConfig, get_peft_model
+    from test_glm4_moe import _check_glm_all_linear
 
     import ftplan.measure.torchref as TR
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = get_peft_model(TR.build_model(TR.TINY_CONFIGS["glm4_moe_lite"], dtype="bf16"),
-                               LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules="all-linear",
-                                          task_type="CAUSAL_LM"))
-    names = {n for n, p in model.named_parameters() if p.requires_grad}
-    assert any("mlp.experts" in n and "lora_A" in n for n in names)
-    assert any("mlp.gate" in n and "lora_A" in n for n in names)
-    assert not any("shared_experts" in n for n in names)
-    assert not any("layers.0.mlp" in n for n in names)
+    names = _check_glm_all_linear("glm4_moe_lite")
     for proj in ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"):
         assert any(f"layers.0.self_attn.{proj}.lora_A" in n for n in names)
     assert lora_wraps_experts(model_from_config(TR.TINY_CONFIGS["glm4_moe_lite"]), LoraSpec())

@@ -11,7 +11,6 @@ explicit ``mlp_layer_types``, no q LoRA rank, a non-interleaved rope, different 
 
 from __future__ import annotations
 
-
 import pytest
 
 from ftplan.errors import ConfigError

@@ -1196,7 +1196,11 @@ def _moe_saved(m: MoeSpec, t: int, h: int, dt: _Dtypes, tp: int, wrapped: bool =
         # (DeepSpeed's cast deepseek_v3 router: the linear saves the fp32 copy of the bf16 merged
         # weight, ``weight.float()``, which no autocast turns back)
         router_w = 4 if m.router == "deepseek_v3" and dt.engine_compute == "cast" else c
-        out += m.num_experts * h * router_w + m.num_experts * 3 * h * i * c + dt.router_delta_copy
+        # the merged experts ``W + BA`` take the base weight's dtype (type promotion over the
+        # compute-dtype delta): on CUDA autocast's grouped_mm saves its compute-dtype copy; on
+        # CPU grouped_mm runs in that dtype and saves the merged weight itself, fp32 under PEFT's
+        # QLoRA recipe (prepare_model_for_kbit_training upcasts the unquantized fused experts)
+        out += m.num_experts * h * router_w + m.num_experts * 3 * h * i * e + dt.router_delta_copy
     if m.dense_dispatch:
         return _llama4_moe_saved(m, t, h, dt, tp)
     if ep > 1:
@@ -1376,7 +1380,8 @@ def _lora_saved(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t: int, 
     # on their compute-dtype base) no cast happens: lora_A saves the layer's own
     # tensor, one storage per distinct input (q/k/v share the norm output, gate/up theirs, o_proj
     # reads the attention output the kernel already keeps)
-    shared = job.lora.dropout == 0 and a_bytes == c == dt.resid and (g.moe is None or bool(dt.engine_compute))
+    # (MoE layers too: TRL's QLoRA recipe on one GPU, held on CPU in tests/test_moe_qlora_activations.py)
+    shared = job.lora.dropout == 0 and a_bytes == c == dt.resid
     seen: set[str] = {"mlp_input"} if shared and _router_keeps_mlp_input(g, model, job, dt) else set()
     out = 0
     for lin in layer_linears(model, g):
@@ -2135,14 +2140,15 @@ def activation_parts(model: ModelSpec, job: Job, layout: Layout | None = None, *
         dt = dataclasses.replace(dt, casts_layer_inputs=True)
     if layout.strategy == "zero3" and not dt.full:
         dt = dataclasses.replace(dt, linear_saves_input=True, frozen_linears_save_input=not quantized_base)
-    if (backend == "cpu" and dt.engine_compute and job.uses_lora and model.is_moe
-            and lora_wraps_experts(model, job.lora)):
+    if (backend == "cpu" and job.uses_lora and model.is_moe and lora_wraps_experts(model, job.lora)
+            and (dt.engine_compute or _adapter_compute_bytes(job, dt) != 4)):
         # PEFT's wrapped router builds its delta weight with lora.Linear.get_delta_weight, which on
-        # CPU upcasts bf16 adapters (``weight.float()``): the matmul saves the fp32 copies of A
-        # (r x hidden) and B (experts x r), under FSDP's autocast recast to bf16. On CUDA (and
+        # CPU upcasts bf16 adapters (``weight.float()``: FSDP's / DeepSpeed's compute-dtype ones,
+        # TRL's QLoRA recipe's bf16 ones): the matmul saves the fp32 copies of A (r x hidden) and
+        # B (experts x r), under autocast (FSDP's, HF Trainer's) recast to bf16. On CUDA (and
         # with PEFT's fp32 adapters, whose autocast copies count with the weights) no copy
         moe = next(g.moe for g in model.groups if g.moe is not None)
-        r_b = dt.compute if dt.engine_compute == "autocast" else 4
+        r_b = dt.compute if dt.engine_compute == "autocast" or (not dt.engine_compute and dt.autocast) else 4
         dt = dataclasses.replace(dt, router_delta_copy=r_b * job.lora.r * (model.hidden_size + moe.num_experts))
     tp, pp = layout.tp, layout.pp
     t = job.micro_batch * job.seq_len

@@ -1232,7 +1232,9 @@ def _moe_saved(m: MoeSpec, t: int, h: int, dt: _Dtypes, tp: int, wrapped: bool =
         # autocast copy of its own where x is not in the compute dtype), the sigmoid's (t, 1)
         # output and the shared expert's output, both kept by the product
         out += _linear_inputs(t, h, 1, dt.norm_out, dt) if dt.norm_out != c else 0
-        out += t * c + t * h * dt.base_out
+        # (the gate's output comes in the base linears' output dtype: fp32 from bitsandbytes'
+        # 4-bit gate under PEFT's QLoRA recipe)
+        out += t * dt.base_out + t * h * dt.base_out
     return out // max(1, tp) if tp > 1 else out
 
 
@@ -1318,6 +1320,13 @@ def _mla_saved(a, t: int, b: int, s: int, h: int, dt: _Dtypes, heads: int, backe
     if a.q_lora_rank:
         out += _norm_saved(t, a.q_lora_rank, c, dt.full) + (t * a.q_lora_rank * c if dt.full else 0)
     out += _norm_saved(t, a.kv_lora_rank, c, dt.full) + (t * a.kv_lora_rank * c if dt.full else 0)
+    # bitsandbytes' 4-bit projections return fp32 under PEFT's QLoRA recipe (``dt.base_out``):
+    # kv_a_layernorm then reads a view of kv_a's fp32 output, whose whole storage (the rope part
+    # too) it keeps instead of an fp32 copy of the kv_lora_rank part; and autocast hands sdpa
+    # compute-dtype copies of q, k and v (v no longer a view of kv_b_proj's output)
+    fp32_proj = not dt.full and dt.base_out == 4 and c != 4
+    if fp32_proj:
+        out += t * a.qk_rope_head_dim * 4
     qk = heads * a.head_dim
     v = heads * a.v_head_dim
     if attn_impl == "eager":
@@ -1330,7 +1339,7 @@ def _mla_saved(a, t: int, b: int, s: int, h: int, dt: _Dtypes, heads: int, backe
         # qk and v head dims equal (GLM-4.7-Flash: 192 + 64 = 256): CPU's flash kernel keeps q, k,
         # v (a view of kv_b_proj's output, whose whole storage, k_nope and v, stays), its output
         # and the logsumexp; o_proj reads a separate contiguous copy of the output
-        kv_b = heads * (a.head_dim - a.qk_rope_head_dim + a.v_head_dim)
+        kv_b = v if fp32_proj else heads * (a.head_dim - a.qk_rope_head_dim + a.v_head_dim)
         out += 2 * t * qk * c + t * kv_b * c + t * v * c + b * heads * s * 4 + (t * v * c if dt.full else 0)
     elif backend == "cpu":
         # qk and v head dims differ: sdpa falls back to the math kernel, which on CPU upcasts to

@@ -696,9 +696,14 @@ def _act_dtypes(job: Job, backend: str, engine_compute: str = "") -> _Dtypes:
         resid = norm_w = int(dtype_bytes(job.unquantized_dtype))
         w = 0
         compute = int(dtype_bytes(job.quant.compute_dtype))
-    # transformers' grouped_mm experts: autocast covers them on CUDA; on CPU they run in the
-    # weight dtype
-    expert = compute if backend == "cuda" else (w or resid)
+    # transformers' grouped_mm experts run in their weights' dtype: ``torch._grouped_mm`` has no
+    # autocast kernel, on CPU or CUDA (torch 2.13's dispatcher; pytorch#174763), and transformers
+    # casts the input to the weight's dtype (integrations/moe.py ``_grouped_mm``, 5.24). LoRA's
+    # frozen experts are in the base's load dtype, QLoRA's unquantized ones in the recipe's
+    # (fp32 under PEFT's prepare_model_for_kbit_training), on CUDA as on CPU. (Full fine-tuning
+    # under mixed precision is still planned with compute-dtype experts on CUDA: its fp32 master
+    # experts would run in fp32 there too, not modelled yet)
+    expert = compute if backend == "cuda" and job.method == "full" else (w or resid)
     norm_out = max(norm_w, resid)
     # bitsandbytes' Linear4bit casts its output back to its input's dtype (fp32 after
     # prepare_model_for_kbit_training); other linears produce the compute dtype
@@ -1197,9 +1202,9 @@ def _moe_saved(m: MoeSpec, t: int, h: int, dt: _Dtypes, tp: int, wrapped: bool =
         # weight, ``weight.float()``, which no autocast turns back)
         router_w = 4 if m.router == "deepseek_v3" and dt.engine_compute == "cast" else c
         # the merged experts ``W + BA`` take the base weight's dtype (type promotion over the
-        # compute-dtype delta): on CUDA autocast's grouped_mm saves its compute-dtype copy; on
-        # CPU grouped_mm runs in that dtype and saves the merged weight itself, fp32 under PEFT's
-        # QLoRA recipe (prepare_model_for_kbit_training upcasts the unquantized fused experts)
+        # compute-dtype delta) and grouped_mm runs in it and saves the merged weight itself: fp32
+        # under PEFT's QLoRA recipe (prepare_model_for_kbit_training upcasts the unquantized
+        # fused experts)
         out += m.num_experts * h * router_w + m.num_experts * 3 * h * i * e + dt.router_delta_copy
     if m.dense_dispatch:
         return _llama4_moe_saved(m, t, h, dt, tp)

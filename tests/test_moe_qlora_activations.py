@@ -56,3 +56,19 @@ def test_saved_activations_exact_qlora_moe_no_checkpointing(family, recipe):
     st = model_states(spec, job)
     assert (st.frozen_weights, st.trainable_weights, st.gradients) == (
         r.frozen_param_bytes, r.trainable_param_bytes, r.grad_bytes)
+
+
+def test_odd_partial_rotary_width():
+    """An odd rotary width (head_dim 16 x partial_rotary_factor 0.3125 = 5): transformers' cos/sin
+    tables are ``2 * ceil(5 / 2) = 6`` wide (``arange(0, dim, 2)`` frequencies, doubled) and the
+    rotation covers 6 features; parameters do not depend on it."""
+    import ftplan.measure.torchref as TR
+    from test_memory_vs_torch import _run
+
+    rope = {"rope_type": "default", "rope_theta": 5e6, "partial_rotary_factor": 0.3125}
+    cfg = {k: v for k, v in {**TR.TINY_CONFIGS["minimax_m2"], "head_dim": 16, "rotary_dim": None,
+                             "rope_parameters": rope}.items() if v is not None}
+    spec, job, r, casts = _run("minimax_m2", "full", False, 2, 24, cfg=cfg)
+    assert spec.attention.rotary_dim == 5
+    assert saved_activation_bytes(spec, job, backend="cpu") == r.saved_activation_bytes - casts
+    assert spec.params.total * 4 == r.param_bytes

@@ -1965,6 +1965,13 @@ def _offload_events(model: ModelSpec, job: Job, dt: _Dtypes, tp: int,
     return ev, start
 
 
+def _rope_table_width(dim: int) -> int:
+    """Width of transformers' RoPE cos/sin tables over ``dim`` rotary features: the inverse
+    frequencies are ``arange(0, dim, 2)`` (``ceil(dim / 2)`` of them), doubled by ``cat((freqs,
+    freqs))``; an odd partial rotary width rotates ``dim + 1`` features (``q[..., :cos.shape[-1]]``)."""
+    return dim + dim % 2
+
+
 def _rope_bytes(model: ModelSpec, job: Job, dt: _Dtypes) -> int:
     """The RoPE cos and sin tables, shared by every layer: ``(1, s, d)`` each (mrope: ``(b, s, d)``)."""
     b, s = _batch_shape(job)
@@ -1975,7 +1982,7 @@ def _rope_bytes(model: ModelSpec, job: Job, dt: _Dtypes) -> int:
     # rotation pairs the two halves of a head: ``(1, s, d / 2)``); a partial rotary (glm4_moe)
     # builds them over its rotary features only (``(1, s, int(d * partial_rotary_factor))``)
     if a.rotary_dim is not None:
-        width = a.rotary_dim
+        width = _rope_table_width(a.rotary_dim)
     else:
         width = a.head_dim // 2 if model.family == "gpt_oss" else a.head_dim
     fam = FAMILIES[model.family]

@@ -177,9 +177,8 @@ def test_saved_activations_exact_rotary_variants(variant, method, ckpt):
 def test_qlora_exact(recipe):
     """QLoRA through bitsandbytes nf4 on CPU (it packs q/k/v/o only: the fused experts and the
     router stay bf16, PEFT's recipe upcasts them to fp32): model states exact for both recipes,
-    saved activations exact with checkpointing. Without checkpointing they are not held (ftplan
-    148 KB under with PEFT's recipe, 22 KB over with TRL's on the tiny model at 2 x 24 tokens:
-    QLoRA over ParamWrapper-wrapped experts, as for mixtral and qwen3_next)."""
+    saved activations exact with checkpointing (without it: tests/test_moe_qlora_activations.py,
+    the fp32 merged experts of PEFT's recipe)."""
     from test_memory_vs_torch import _check_qlora
 
     _check_qlora("minimax_m2", True, recipe, dropout=0.0)

@@ -243,9 +243,8 @@ def test_qlora_model_states_exact(recipe, ckpt):
     """bitsandbytes nf4 on CPU (dropout 0: ParamWrapper on the experts): the packed 4-bit linears
     (DeltaNet, attention, shared expert, dense MLP, shared_expert_gate), the unquantized fused
     experts, router and vectors, the adapters with their gradients and AdamW states, byte-exact
-    for both recipes; the saved activations exact with checkpointing. (Without checkpointing the
-    saved activations of a QLoRA step over ParamWrapper-wrapped experts are not held, for mixtral
-    either: 75 KB under with PEFT's recipe, 29 KB over with TRL's on the tiny model.)"""
+    for both recipes; the saved activations exact with checkpointing (without it:
+    tests/test_moe_qlora_activations.py)."""
     pytest.importorskip("bitsandbytes")
     from test_memory_vs_torch import _check_qlora
 

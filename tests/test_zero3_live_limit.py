@@ -83,14 +83,18 @@ def test_capped_formula_terms():
 
     consts = memory_constants()
     spec = model_from_config(TR.TINY_CONFIGS["mixtral"])
-    lora = Job(method="lora", lora=LoraSpec(r=8, alpha=16, dropout=0.0))
-    full = Job(method="full")
+    lora = Job(method="lora", lora=LoraSpec(r=8, alpha=16, dropout=0.0), gradient_checkpointing=False)
+    full = Job(method="full", gradient_checkpointing=False)
     assert _ds_largest_fetch(spec, lora, consts) == 117_504  # gate_up, down, 4 expert adapters
     assert _ds_largest_fetch(spec, full, consts) == 92_160
     assert _ds_view_held_elems(spec, lora, consts) == 2 * 25_344  # the expert adapters of both layers
     assert _ds_view_held_elems(spec, full, consts) == 2 * 92_160  # both layers' expert weights
     layout = Layout(2, 1, "zero3", ds_max_live_parameters=20_000)
     assert _ds_capped_gather_elems(spec, lora, consts, layout) == 20_000 + 117_504 + 50_688
+    # a checkpointed layer saves no view of its experts (every layer; every-k: layers 0, k, ...)
+    assert _ds_view_held_elems(spec, full.with_(gradient_checkpointing=True), consts) == 0
+    assert _ds_view_held_elems(spec, full.with_(gradient_checkpointing=True, checkpointing="every-k",
+                                                checkpoint_every=2), consts) == 92_160
     llama = model_from_config(TR.TINY_CONFIGS["llama"])
     assert _ds_view_held_elems(llama, full, consts) == 0
     assert _ds_largest_fetch(llama, full, consts) == 32_768  # the lm_head

@@ -1178,17 +1178,23 @@ def _ds_view_held_elems(model: ModelSpec, job: Job, consts: MemoryConstants, ep:
     all-linear: ``_LoraFactorsProxy`` hands reshaped views of lora_A/lora_B to ``torch.baddbmm``,
     which saves them; the frozen weight is only added to, not saved). Measured on the gloo ranks with
     stage3_max_live_parameters under the model size (tiny mixtral: two copies of the experts' weights
-    or adapters beside the layer being gathered again in backward)."""
+    or adapters beside the layer being gathered again in backward). A checkpointed layer saves none
+    of them (non-reentrant checkpointing keeps only its input; reentrant runs the forward without
+    autograd; selective checkpointing keeps op outputs): only the layers that are not checkpointed
+    count (all without checkpointing, every-k's others)."""
     if model.family in _DS_EXPERT_VIEWS_EXCLUDED:
         return 0
+    from .memory import checkpointed_layer_counts  # (memory imports this module)
+
+    ckpt = checkpointed_layer_counts(model, job)
     limit = consts.deepspeed_auto_persistence_h * model.hidden_size
     out = 0
-    for g in model.groups:
+    for g, k in zip(model.groups, ckpt):
         if g.moe is None:
             continue
         weights, adapters = _ds_expert_tensors(model, g, job, ep)
         held = adapters if adapters else weights[:2]
-        out += g.count * sum(t for t in held if t > limit)
+        out += (g.count - k) * sum(t for t in held if t > limit)
     return out
 
 

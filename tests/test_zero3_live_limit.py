@@ -98,3 +98,31 @@ def test_capped_formula_terms():
     llama = model_from_config(TR.TINY_CONFIGS["llama"])
     assert _ds_view_held_elems(llama, full, consts) == 0
     assert _ds_largest_fetch(llama, full, consts) == 32_768  # the lm_head
+
+
+def test_limits_are_layout_options_and_exported():
+    """The three ZeRO-3 limits are layout options: validated (ZeRO-3 only), written as given by the
+    DeepSpeed export, and what the formula uses."""
+    from ftplan.errors import ConfigError
+    from ftplan.export.deepspeed import deepspeed_config
+    from ftplan.job import Job, Layout, validate_job
+    from ftplan.memory import model_states
+    from ftplan.sharding import layout_memory
+
+    spec = model_from_config(TR.TINY_CONFIGS["llama"])
+    job = Job(method="full", gradient_checkpointing=False)
+    lay = Layout(2, 1, "zero3", ds_max_live_parameters=20_000, ds_max_reuse_distance=30_000,
+                 ds_prefetch_bucket_size=5_000)
+    zo = deepspeed_config(lay, job)["zero_optimization"]
+    assert (zo["stage3_max_live_parameters"], zo["stage3_max_reuse_distance"],
+            zo["stage3_prefetch_bucket_size"]) == (20_000, 30_000, 5_000)
+    zo = deepspeed_config(Layout(2, 1, "zero3"), job)["zero_optimization"]
+    assert (zo["stage3_max_live_parameters"], zo["stage3_prefetch_bucket_size"]) == (1_000_000_000, "auto")
+    with pytest.raises(ConfigError) as e:
+        validate_job(spec, job, Layout(2, 1, "zero2", ds_max_live_parameters=20_000))
+    assert "ds_max_live_parameters" in str(e.value.problems)
+    consts, st = memory_constants(), model_states(spec, job)
+    # the tiny llama (136,192 gathered elements) whole under ftplan's 1e9; above a 20,000 limit:
+    # the limit + the lm_head's own fetch, then 2 x the largest gradient (bf16)
+    assert layout_memory(spec, job, Layout(2, 1, "zero3"), st, consts, "cpu").transient == 2 * 136_192 + 4 * 32_768
+    assert layout_memory(spec, job, lay, st, consts, "cpu").transient == 2 * (20_000 + 32_768) + 4 * 32_768

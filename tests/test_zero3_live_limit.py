@@ -79,7 +79,7 @@ def test_zero3_transient_above_max_live():
 def test_capped_formula_terms():
     """The capped gather on the tiny models: mixtral's leaf block and view-held experts."""
     from ftplan.job import Job, Layout, LoraSpec
-    from ftplan.sharding import _ds_capped_gather_elems, _ds_view_held_elems
+    from ftplan.sharding import _ds_capped_gather_elems, _ds_gatherable_elems, _ds_view_held_elems
 
     consts = memory_constants()
     spec = model_from_config(TR.TINY_CONFIGS["mixtral"])
@@ -89,8 +89,11 @@ def test_capped_formula_terms():
     assert _ds_largest_fetch(spec, full, consts) == 92_160
     assert _ds_view_held_elems(spec, lora, consts) == 2 * 25_344  # the expert adapters of both layers
     assert _ds_view_held_elems(spec, full, consts) == 2 * 92_160  # both layers' expert weights
-    layout = Layout(2, 1, "zero3", ds_max_live_parameters=20_000)
+    layout = Layout(2, 1, "zero3", ds_max_live_parameters=20_000, ds_max_reuse_distance=20_000)
     assert _ds_capped_gather_elems(spec, lora, consts, layout) == 20_000 + 117_504 + 50_688
+    # a reuse distance left at 1e9 keeps every parameter the trace uses again: all of them
+    gatherable = _ds_capped_gather_elems(spec, lora, consts, Layout(2, 1, "zero3", ds_max_live_parameters=20_000))
+    assert gatherable == _ds_gatherable_elems(spec, lora, consts) + 50_688
     # a checkpointed layer saves no view of its experts (every layer; every-k: layers 0, k, ...)
     assert _ds_view_held_elems(spec, full.with_(gradient_checkpointing=True), consts) == 0
     assert _ds_view_held_elems(spec, full.with_(gradient_checkpointing=True, checkpointing="every-k",
@@ -123,6 +126,7 @@ def test_limits_are_layout_options_and_exported():
     assert "ds_max_live_parameters" in str(e.value.problems)
     consts, st = memory_constants(), model_states(spec, job)
     # the tiny llama (136,192 gathered elements) whole under ftplan's 1e9; above a 20,000 limit:
-    # the limit + the lm_head's own fetch, then 2 x the largest gradient (bf16)
+    # the larger of the limit and the reuse distance (what the trace may keep) + the lm_head's own
+    # fetch, then 2 x the largest gradient (bf16)
     assert layout_memory(spec, job, Layout(2, 1, "zero3"), st, consts, "cpu").transient == 2 * 136_192 + 4 * 32_768
-    assert layout_memory(spec, job, lay, st, consts, "cpu").transient == 2 * (20_000 + 32_768) + 4 * 32_768
+    assert layout_memory(spec, job, lay, st, consts, "cpu").transient == 2 * (30_000 + 32_768) + 4 * 32_768

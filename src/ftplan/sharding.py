@@ -1208,15 +1208,18 @@ def _ds_capped_gather_elems(model: ModelSpec, job: Job, consts: MemoryConstants,
       parameter crossing it, so the prefetch stops below max_live + the largest parameter;
     * a module is fetched on demand only when the prefetch has not reached it (nothing gathered
       ahead then): at most what the trace keeps for reuse (within ``stage3_max_reuse_distance``,
-      ``__params_to_release``; set equal to max_live in ftplan's config) + the largest module fetch
+      ``__params_to_release``: the reuse-kept parameters are used within the next max_reuse_distance
+      elements of the trace; equal to max_live in ftplan's config) + the largest module fetch
       (``_ds_largest_fetch``: a leaf MoE block whole, a fused-experts module);
     * released parameters whose gathered storage autograd still holds through a view
       (``_ds_view_held_elems``, every MoE layer's experts or their adapters) are not counted by the
       coordinator and come on top.
 
-    An upper bound: max_live + the largest module fetch + the view-held experts."""
-    live_cap, _reuse, _prefetch = _ds_zero3_limits(model, consts, layout)
-    return (live_cap + _ds_largest_fetch(model, job, consts, layout.ep)
+    An upper bound: max(max_live, max_reuse_distance) + the largest module fetch (at most every
+    gatherable parameter) + the view-held experts."""
+    live_cap, reuse, _prefetch = _ds_zero3_limits(model, consts, layout)
+    gatherable = _ds_gatherable_elems(model, job, consts, layout.ep)
+    return (min(max(live_cap, reuse) + _ds_largest_fetch(model, job, consts, layout.ep), gatherable)
             + _ds_view_held_elems(model, job, consts, layout.ep))
 
 

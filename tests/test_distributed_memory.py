@@ -201,13 +201,13 @@ DS_CASES = [
     Case(family="mistral4", engine="deepspeed", zero_stage=3, steps=2),
 ]
 #: ZeRO-1/2 + LoRA (before the ZeRO-3 cases, whose F.linear replacement stays for the process).
-#: Not in CI: gpt_oss ZeRO-2 LoRA, whose flat adapters put a partition boundary inside a bucket of
-#: small gradients that ZeRO-2 all-reduces as one flattened copy (sharding.zero12_rank_bytes; 7,172 B
-#: under before, exact since on most runs). In 1 full-suite run and 1 run of 3 alone (2026-11-25) both
-#: ranks still held that copy when backward ended, on the re-run too: grads 17,408 B against 10,240
-#: and transient 17,412 against 25,600 (the same 7,168 B, filed under grads). Timing, not bounded yet.
-#: (by hand: DS_LORA12_CASES = [Case(family="gpt_oss", engine="deepspeed", zero_stage=2, method="lora")])
-DS_LORA12_CASES: list[Case] = []
+#: gpt_oss ZeRO-2 LoRA: its flat adapters put a partition boundary inside a bucket of small
+#: gradients that ZeRO-2 all-reduces as one flattened copy (sharding.zero12_rank_bytes; 7,172 B
+#: under before, exact since on most runs). In about 1 run of 3 (2026-11-25) a rank still held
+#: that copy when backward ended: filed under grads (17,408 B on both ranks, 18,432 B on rank 0 in 2
+#: of 5 runs alone, against 10,240) and out of the transient (17,412 against 25,600):
+#: BOUNDS["ds_flat_copy"]; 5 of 5 runs alone within it
+DS_LORA12_CASES: list[Case] = [Case(family="gpt_oss", engine="deepspeed", zero_stage=2, method="lora")]
 #: ZeRO-3 + QLoRA (bitsandbytes nf4 in bf16 quant storage)
 #: (mixtral is not in CI: its prefetch group of an expert weight can be held next to one more
 #: buffer on rank 0, 4,916 B above the formula's upper bound in 1 run of 2 on 2026-11-25 (36,864 B
@@ -241,6 +241,15 @@ DS_QLORA_CASES = [Case(family="llama", engine="deepspeed", zero_stage=3, method=
                   Case(family="gemma4_moe", engine="deepspeed", zero_stage=3, method="lora", steps=2),
                   # minimax_m2: the wrapped router and experts in DeepSpeed's bf16 mode, ZeRO-3's linear
                   Case(family="minimax_m2", engine="deepspeed", zero_stage=3, method="lora", steps=2)]
+#: ZeRO-3 with stage3_max_live_parameters / max_reuse_distance (20,000) and the prefetch bucket
+#: (5,000) lowered under the tiny model's size, the regime of every real model under ftplan's 1e9:
+#: checked by tests/test_zero3_live_limit.py (an upper bound, not by _check), run in this process
+#: group to save a spawn. mixtral LoRA: its MoE block is a DeepSpeed default leaf module (gathered
+#: whole) and the expert adapters' views outlive their release
+DS_LIVE_CASES = [Case(family="mixtral", engine="deepspeed", zero_stage=3, method="lora", steps=2,
+                      max_live=20_000, reuse_distance=20_000, prefetch_bucket=5_000)]
+#: the two_ranks results of this session (tests/test_zero3_live_limit.py reads its cases here)
+TWO_RANK_RESULTS: dict = {}
 #: 4 ranks: shard degree 4, and HSDP (2 replicas x 2 shards)
 FOUR_CASES = [
     Case(family="llama", engine="fsdp2"),
@@ -374,12 +383,14 @@ def _check(case: Case, world: int, m: RankMeasure) -> list[str]:
                 # this rank's own gradient partition buffer and backward transient (the layout's
                 # prediction is the worst rank's: see test_deepspeed_zero12_worst_rank)
                 g_rank, t_rank = _zero12_rank(case, world, m.rank)
-                late = BOUNDS["ds_late_grad"](case)
+                flat = BOUNDS["ds_flat_copy"](case)
+                late = BOUNDS["ds_late_grad"](case) + flat
                 eq("grads (this rank)", m.grads - late / 2, g_rank, late / 2)
                 # exact on a quiet run; gloo's asynchronous reductions decide whether a large
-                # gradient in flight is freed before or after the peak (BOUNDS["ds_inflight_grad"])
+                # gradient in flight is freed before or after the peak (BOUNDS["ds_inflight_grad"]),
+                # and whether a flattened copy is freed in backward or after (BOUNDS["ds_flat_copy"])
                 eq("transient (this rank)", m.engine_transient_peak, t_rank,
-                   BOUNDS["ds_inflight_grad"](case) + BOUNDS["ds_scalars"])
+                   BOUNDS["ds_inflight_grad"](case) + BOUNDS["ds_scalars"] + flat)
                 return bad
             else:
                 # persistent (small) parameters are whole on every rank; ZeRO-3 keeps its gradient
@@ -441,6 +452,13 @@ BOUNDS = {
     "ddp_buffer_broadcast": 128,
     # DeepSpeed: the loss scaler's scalars and flags (4-byte tensors) in backward
     "ds_scalars": 256,
+    # ZeRO-1/2 LoRA: the flattened copy of a bucket of small gradients across a partition boundary
+    # (allreduce_bucket's _flatten_dense_tensors, gloo's asynchronous work) may still be alive when
+    # backward ends on a rank (about 1 run of 3 on gpt_oss: 7,168 and 8,192 B): counted in the
+    # transient by the formula, it is then measured as gradients and missing from the transient. At
+    # most one reduce bucket + one slice in bf16 (a bucket is closed once it exceeds reduce_bucket_size)
+    "ds_flat_copy": lambda case: (_ds_bucket(case) + 2 * _ds_largest_numel(case)
+                                  if case.method != "full" and case.zero_stage < 3 else 0),
     # ZeRO-1/2: the bf16 gradient of the largest tensor (the embedding, the last computed in
     # backward) may not be reduced and freed yet on a rank when backward ends, by timing: seen as
     # +61,440 B above the whole-parameter partition buffer on both ranks of llama ZeRO-2 (read back
@@ -575,6 +593,8 @@ def _two_rank_cases() -> list[Case]:
         cases += DS_CASES
         if HAS_PEFT and HAS_BNB:
             cases += DS_QLORA_CASES
+        if HAS_PEFT:
+            cases += DS_LIVE_CASES
     return cases
 
 
@@ -582,7 +602,8 @@ def _two_rank_cases() -> list[Case]:
 def two_ranks():
     """Every 2-rank case in one process group (one spawn: the imports dominate the cost)."""
     cases = _two_rank_cases()
-    return dict(zip(cases, run_cases(cases, 2, timeout_s=600)))
+    TWO_RANK_RESULTS.update(zip(cases, run_cases(cases, 2, timeout_s=600)))
+    return dict(TWO_RANK_RESULTS)
 
 
 def _check_group(results, cases, world):
@@ -618,7 +639,7 @@ def test_ddp_two_ranks(two_ranks):
 def test_deepspeed_zero_two_ranks(two_ranks):
     """DeepSpeed ZeRO-1/2/3 (bf16, HF Trainer's ``auto`` buckets as ftplan exports them), with
     optimizer and parameter offload, on DeepSpeed's CPU accelerator over gloo."""
-    _check_group(two_ranks, [c for c in two_ranks if c.engine == "deepspeed"], 2)
+    _check_group(two_ranks, [c for c in two_ranks if c.engine == "deepspeed" and not c.max_live], 2)
 
 
 @pytest.mark.skipif(not HAS_DS, reason="deepspeed is not installed")
@@ -633,9 +654,10 @@ def test_deepspeed_zero12_worst_rank(two_ranks):
                 continue
             p = _predict(case, 2)
             g, t = max(m.grads for m in res), max(m.engine_transient_peak for m in res)
-            if not 0 <= g - p["grads"] <= BOUNDS["ds_late_grad"](case):
+            if not 0 <= g - p["grads"] <= BOUNDS["ds_late_grad"](case) + BOUNDS["ds_flat_copy"](case):
                 bad[case] = f"{case.label}: largest rank's gradients {g}, predicted {float(p['grads']):.0f}"
-            if abs(t - p["transient"]) > BOUNDS["ds_inflight_grad"](case) + BOUNDS["ds_scalars"]:
+            if abs(t - p["transient"]) > (BOUNDS["ds_inflight_grad"](case) + BOUNDS["ds_scalars"]
+                                          + BOUNDS["ds_flat_copy"](case)):
                 bad[case] = f"{case.label}: largest rank's transient {t}, predicted {float(p['transient']):.0f}"
         return bad
 

@@ -118,7 +118,9 @@ def test_existing_flags_and_aliases_are_kept():
             "--base-dtype",  # the LoRA base's load dtype (TRL loads a model id in fp32)
             # runtime-only job options (issue 15)
             "--optimizer-impl", "--compile", "--torch-compile",
-            "--qlora-recipe"} == flags  # PEFT's or TRL SFTTrainer's QLoRA preparation
+            "--qlora-recipe",  # PEFT's or TRL SFTTrainer's QLoRA preparation
+            # DeepSpeed ZeRO-3's gather limits (sharding._ds_capped_gather_elems)
+            "--ds-max-live-parameters", "--ds-max-reuse-distance", "--ds-prefetch-bucket-size"} == flags
 
 
 def test_cli_values_build_the_job():

@@ -143,6 +143,7 @@ JOB_LIMITS: dict[str, float] = {
     "checkpoint_every": 4096,
     "ep": 1 << 16,
     "ds_reduce_bucket_size": 10**12,
+    "ds_zero3_elements": 10**13,
 }
 
 
@@ -442,6 +443,23 @@ class Layout:
                                         help="strategy zero1/2/3: DeepSpeed reduce_bucket_size in elements "
                                              "(0 = HF Trainer's auto, hidden_size^2; DeepSpeed's own default "
                                              "without a JSON config: 500000000)")
+    #: strategy zero3: DeepSpeed's ``stage3_max_live_parameters``, ``stage3_max_reuse_distance`` and
+    #: ``stage3_prefetch_bucket_size`` in elements; 0 = what ftplan's ds_config.json writes (1e9, 1e9
+    #: and HF Trainer's ``auto`` 0.9 x hidden_size^2; DeepSpeed's own defaults without a JSON config:
+    #: 1e9, 1e9, 5e7). They decide how much ZeRO-3 keeps gathered (sharding.py)
+    ds_max_live_parameters: int = option(0, minimum=0, maximum=JOB_LIMITS["ds_zero3_elements"],
+                                         label="DeepSpeed stage3_max_live_parameters",
+                                         help="strategy zero3: DeepSpeed stage3_max_live_parameters in elements "
+                                              "(0 = 1000000000, what ftplan's ds_config.json writes)")
+    ds_max_reuse_distance: int = option(0, minimum=0, maximum=JOB_LIMITS["ds_zero3_elements"],
+                                        label="DeepSpeed stage3_max_reuse_distance",
+                                        help="strategy zero3: DeepSpeed stage3_max_reuse_distance in elements "
+                                             "(0 = 1000000000, what ftplan's ds_config.json writes)")
+    ds_prefetch_bucket_size: int = option(0, minimum=0, maximum=JOB_LIMITS["ds_zero3_elements"],
+                                          label="DeepSpeed stage3_prefetch_bucket_size",
+                                          help="strategy zero3: DeepSpeed stage3_prefetch_bucket_size in elements "
+                                               "(0 = HF Trainer's auto, 0.9 x hidden_size^2; DeepSpeed's own "
+                                               "default without a JSON config: 50000000)")
 
     @property
     def world_size(self) -> int:
@@ -809,6 +827,10 @@ def validate_job(model: ModelSpec, job: Job, layout: Layout | None = None) -> No
         _check(layout.strategy in ("zero1", "zero2", "zero3"), p,
                "reduce_bucket_size is a DeepSpeed ZeRO option (strategy zero1, zero2 or zero3)",
                "ds_reduce_bucket_size", "drop `ds_reduce_bucket_size`, or use a ZeRO strategy")
+    for name in ("ds_max_live_parameters", "ds_max_reuse_distance", "ds_prefetch_bucket_size"):
+        if getattr(layout, name):
+            _check(layout.strategy == "zero3", p, f"{name.removeprefix('ds_')} is a DeepSpeed ZeRO-3 option "
+                   "(strategy zero3)", name, f"drop `{name}`, or use strategy zero3")
     if layout.fsdp_reduce_dtype != "compute":
         _check(layout.strategy == "fsdp", p, "the reduce dtype is an FSDP mixed-precision option (strategy fsdp)",
                "fsdp_reduce_dtype", "drop `fsdp_reduce_dtype`, or use strategy fsdp")

@@ -39,7 +39,7 @@ from fractions import Fraction
 
 from .catalog.constants import MemoryConstants
 from .job import PRECISIONS, Job, Layout, lora_targets, lora_wraps_experts
-from .model import LAYER_INPUT_PROJECTIONS, LayerGroup, ModelSpec, layer_group_order, layer_linears
+from .model import LAYER_INPUT_PROJECTIONS, LayerGroup, ModelSpec, layer_group_order, layer_linears, mlp_linears
 from .units import dtype_bytes
 
 __all__ = ["LayoutMemory", "layout_memory", "communicator_groups", "activation_job", "engine_compute", "fsdp_units",
@@ -690,9 +690,14 @@ def layout_memory(model: ModelSpec, job: Job, layout: Layout, st, consts: Memory
         # 1e9 in ftplan's ds_config.json); backward adds the largest gradient and its
         # reduce-scatter copy (an upper bound by at most the largest gradient)
         gatherable = _ds_gatherable_elems(model, job, consts, layout.ep)
-        live_cap = consts.deepspeed_max_live_parameters
+        live_cap, _reuse, prefetch = _ds_zero3_limits(model, consts, layout)
+        # a model that is gathered whole (under stage3_max_live_parameters) keeps what the old
+        # bound counts; above it, ``_ds_capped_gather_elems`` (deepspeed 0.19
+        # partitioned_param_coordinator.py): the cap stops the prefetch, not a module's own fetch
+        capped = _ds_capped_gather_elems(model, job, consts, layout)
         if job.method == "full":
-            transient = min(gatherable, live_cap) * c + 2 * largest
+            gathered = gatherable if gatherable <= live_cap else capped
+            transient = gathered * c + 2 * largest
         else:
             # LoRA / QLoRA: the peak is in forward, not backward (read in deepspeed 0.19
             # runtime/zero/partitioned_param_coordinator.py and partition_parameters.py, traced on
@@ -713,10 +718,13 @@ def layout_memory(model: ModelSpec, job: Job, layout: Layout, st, consts: Memory
             # which group is split while the rest is gathered is the trace's business, so this is
             # an upper bound by up to one group (BOUNDS["ds_gather_group"] in the gloo tests)
             live = gatherable - _ds_forward_only_elems(model, job, consts)
-            group = (_ds_prefetch_bucket(model, consts) + _ds_largest_gathered(model, job, consts, layout.ep)
-                     if gatherable else 0)
+            group = (prefetch + _ds_largest_gathered(model, job, consts, layout.ep) if gatherable else 0)
+            if live > live_cap:
+                # above the cap a module's own fetch (a fused-experts module, a leaf MoE block) is
+                # one coalesced group too
+                group = max(group, _ds_largest_fetch(model, job, consts, layout.ep))
             bwd = 2 * largest + min(bucket, n_train) * c
-            transient = min(live, live_cap) * c + max(group * c, bwd)
+            transient = (live if live <= live_cap else capped) * c + max(group * c, bwd)
     if layout.offload_optimizer:
         # fp32 master, AdamW states and fp32 gradient partitions (DeepSpeed keeps an accumulation
         # copy of them too: ZeRO-3 in the compute dtype, ZeRO-1/2 in fp32) live in host RAM
@@ -1078,10 +1086,141 @@ def _ds_largest_gathered(model: ModelSpec, job: Job, consts: MemoryConstants, ep
                default=0)
 
 
-def _ds_prefetch_bucket(model: ModelSpec, consts: MemoryConstants) -> int:
-    """``stage3_prefetch_bucket_size`` elements: HF Trainer's ``auto`` (0.9 x hidden_size^2), what
-    ftplan's ds_config.json writes."""
-    return int(consts.deepspeed_auto_prefetch_bucket_h2 * model.hidden_size ** 2)
+def _ds_prefetch_bucket(model: ModelSpec, consts: MemoryConstants, layout: Layout | None = None) -> int:
+    """``stage3_prefetch_bucket_size`` elements: the layout's explicit value, else HF Trainer's
+    ``auto`` (0.9 x hidden_size^2), what ftplan's ds_config.json writes."""
+    explicit = getattr(layout, "ds_prefetch_bucket_size", 0) if layout is not None else 0
+    return int(explicit) if explicit else int(consts.deepspeed_auto_prefetch_bucket_h2 * model.hidden_size ** 2)
+
+
+def _ds_zero3_limits(model: ModelSpec, consts: MemoryConstants, layout: Layout | None = None) -> tuple[int, int, int]:
+    """(``stage3_max_live_parameters``, ``stage3_max_reuse_distance``, ``stage3_prefetch_bucket_size``)
+    in elements: the layout's explicit values (``Layout.ds_max_live_parameters`` ...), else what
+    ftplan's ds_config.json writes (1e9, 1e9, HF Trainer's ``auto``)."""
+    live = getattr(layout, "ds_max_live_parameters", 0) if layout is not None else 0
+    reuse = getattr(layout, "ds_max_reuse_distance", 0) if layout is not None else 0
+    return (int(live or consts.deepspeed_max_live_parameters), int(reuse or consts.deepspeed_max_live_parameters),
+            _ds_prefetch_bucket(model, consts, layout))
+
+
+#: transformers MoE blocks DeepSpeed 0.19 makes ZeRO-3 leaf modules by default
+#: (runtime/zero/leaf_module_config.py ``DEFAULT_LEAF_MODULE_CLASSES``: MixtralSparseMoeBlock,
+#: Qwen2MoeSparseMoeBlock, Qwen3MoeSparseMoeBlock): no hooks inside, the block's parameters (router,
+#: every expert, shared experts, adapters) are fetched together by the block's own hook
+_DS_LEAF_MOE_FAMILIES = frozenset({"mixtral", "qwen3_moe"})
+
+#: families whose fused experts run through transformers 5's ``@use_experts_implementation``
+#: without ``is_transposed`` (``grouped_mm`` passes ``weight.transpose(-2, -1)``, ``eager``
+#: ``F.linear(x, gate_up_proj[e])``): autograd saves a *view* of the gathered weight, and
+#: DeepSpeed's release (partition_parameters.py ``free_param``: ``param.data = torch.empty(0)``)
+#: drops only the parameter's reference: the gathered storage lives until the layer's backward.
+#: Not gpt_oss (``is_transposed``: the parameter itself is saved, which the release does free) nor
+#: llama4_text (``torch.bmm`` on the parameter itself)
+_DS_EXPERT_VIEWS_EXCLUDED = frozenset({"gpt_oss", "llama4_text"})
+
+
+def _ds_expert_tensors(model: ModelSpec, g: LayerGroup, job: Job, ep: int = 1) -> tuple[list[int], list[int]]:
+    """(fused expert weights and biases, the PEFT ``ParamWrapper`` adapters of the two expert weights)
+    of one MoE layer of group ``g``, elements per rank (``_layer_tensors``' shapes)."""
+    m = g.moe
+    h = model.hidden_size
+    e, i, r = m.num_experts // max(1, ep), m.expert_intermediate_size, job.lora.r
+    weights = [e * 2 * i * h, e * h * i] + ([e * 2 * i, e * h] if m.bias else [])
+    adapters = ([e * 2 * r * h, 2 * i * e * 2 * r, e * r * i, h * e * r]
+                if job.uses_lora and lora_wraps_experts(model, job.lora) else [])
+    return weights, adapters
+
+
+def _ds_largest_fetch(model: ModelSpec, job: Job, consts: MemoryConstants, ep: int = 1) -> int:
+    """Elements of the largest set of parameters one ZeRO-3 module fetch gathers at once
+    (``fetch_sub_module``: the module's own parameters, above the persistence threshold): the largest
+    gathered parameter, a fused-experts module (both expert weights), or a leaf MoE block whole
+    (``_DS_LEAF_MOE_FAMILIES``: router, experts, shared experts and adapters)."""
+    limit = consts.deepspeed_auto_persistence_h * model.hidden_size
+    out = _ds_largest_gathered(model, job, consts, ep)
+    for g in model.groups:
+        if g.moe is None:
+            continue
+        weights, adapters = _ds_expert_tensors(model, g, job, ep)
+        if model.family in _DS_LEAF_MOE_FAMILIES:
+            block = sum(t for t in weights + adapters if t > limit) + _moe_block_other_elems(model, g, job, limit)
+            out = max(out, block)
+        else:
+            out = max(out, sum(t for t in weights if t > limit))
+    return out
+
+
+def _moe_block_other_elems(model: ModelSpec, g: LayerGroup, job: Job, limit: float) -> int:
+    """Gathered elements of a MoE block besides its fused experts: the router, the shared experts'
+    linears and the adapters PEFT puts on them (each above the persistence threshold)."""
+    m = g.moe
+    h, r = model.hidden_size, job.lora.r
+    targets = lora_targets(model, job.lora) if job.uses_lora else frozenset()
+    out = [m.num_experts * h]
+    if job.uses_lora and lora_wraps_experts(model, job.lora):
+        out += [r * h, m.num_experts * r]
+    if m.shared is not None:
+        for lin in mlp_linears(m.shared, h, 1, "mlp"):
+            n = lin.in_features * lin.out_features
+            if job.method == "qlora" and lin.module not in set(job.quant.skip_modules):
+                n //= int(2 * _quant_storage_bytes(job))
+            out.append(n)
+            if lin.module in targets:
+                out += [r * lin.in_features, lin.out_features * r]
+    return sum(t for t in out if t > limit)
+
+
+def _ds_view_held_elems(model: ModelSpec, job: Job, consts: MemoryConstants, ep: int = 1) -> int:
+    """Gathered expert elements that stay alive after ZeRO-3 releases them, until each layer's
+    backward, summed over every MoE layer (``_DS_EXPERT_VIEWS_EXCLUDED``): the fused expert weights
+    (full fine-tuning, and LoRA/QLoRA when PEFT does not wrap the experts: the frozen weights are
+    read through the view too), or PEFT's ``ParamWrapper`` adapters of the experts (LoRA with
+    all-linear: ``_LoraFactorsProxy`` hands reshaped views of lora_A/lora_B to ``torch.baddbmm``,
+    which saves them; the frozen weight is only added to, not saved). Measured on the gloo ranks with
+    stage3_max_live_parameters under the model size (tiny mixtral: two copies of the experts' weights
+    or adapters beside the layer being gathered again in backward). A checkpointed layer saves none
+    of them (non-reentrant checkpointing keeps only its input; reentrant runs the forward without
+    autograd; selective checkpointing keeps op outputs): only the layers that are not checkpointed
+    count (all without checkpointing, every-k's others)."""
+    if model.family in _DS_EXPERT_VIEWS_EXCLUDED:
+        return 0
+    from .memory import checkpointed_layer_counts  # (memory imports this module)
+
+    ckpt = checkpointed_layer_counts(model, job)
+    limit = consts.deepspeed_auto_persistence_h * model.hidden_size
+    out = 0
+    for g, k in zip(model.groups, ckpt):
+        if g.moe is None:
+            continue
+        weights, adapters = _ds_expert_tensors(model, g, job, ep)
+        held = adapters if adapters else weights[:2]
+        out += (g.count - k) * sum(t for t in held if t > limit)
+    return out
+
+
+def _ds_capped_gather_elems(model: ModelSpec, job: Job, consts: MemoryConstants, layout: Layout) -> int:
+    """Gathered elements per rank at ZeRO-3's peak when the gatherable parameters exceed
+    ``stage3_max_live_parameters`` (deepspeed 0.19 ``PartitionedParameterCoordinator``, read and
+    traced on the gloo ranks with the limits lowered under the tiny models' size):
+
+    * ``fetch_sub_module`` all-gathers the running module's parameters whatever the limit; only its
+      prefetch is limited: ``min(max_live - n_available, prefetch_bucket)`` elements, the last
+      parameter crossing it, so the prefetch stops below max_live + the largest parameter;
+    * a module is fetched on demand only when the prefetch has not reached it (nothing gathered
+      ahead then): at most what the trace keeps for reuse (within ``stage3_max_reuse_distance``,
+      ``__params_to_release``: the reuse-kept parameters are used within the next max_reuse_distance
+      elements of the trace; equal to max_live in ftplan's config) + the largest module fetch
+      (``_ds_largest_fetch``: a leaf MoE block whole, a fused-experts module);
+    * released parameters whose gathered storage autograd still holds through a view
+      (``_ds_view_held_elems``, every MoE layer's experts or their adapters) are not counted by the
+      coordinator and come on top.
+
+    An upper bound: max(max_live, max_reuse_distance) + the largest module fetch (at most every
+    gatherable parameter) + the view-held experts."""
+    live_cap, reuse, _prefetch = _ds_zero3_limits(model, consts, layout)
+    gatherable = _ds_gatherable_elems(model, job, consts, layout.ep)
+    return (min(max(live_cap, reuse) + _ds_largest_fetch(model, job, consts, layout.ep), gatherable)
+            + _ds_view_held_elems(model, job, consts, layout.ep))
 
 
 #: families whose text model reads ``self.embed_tokens.weight`` in its own forward (transformers

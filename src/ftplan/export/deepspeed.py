@@ -65,10 +65,11 @@ def deepspeed_config(layout: Layout, job: Job) -> dict[str, Any]:
         zero["gather_16bit_weights_on_model_save"] = True  # AutoTP: save whole 16-bit weights
     if stage == 3:
         zero.update({
-            "stage3_prefetch_bucket_size": "auto",
+            # explicit Layout values are written as they are (the plan's memory assumed them)
+            "stage3_prefetch_bucket_size": layout.ds_prefetch_bucket_size or "auto",
             "stage3_param_persistence_threshold": "auto",
-            "stage3_max_live_parameters": 1_000_000_000,
-            "stage3_max_reuse_distance": 1_000_000_000,
+            "stage3_max_live_parameters": layout.ds_max_live_parameters or 1_000_000_000,
+            "stage3_max_reuse_distance": layout.ds_max_reuse_distance or 1_000_000_000,
             "sub_group_size": 1_000_000_000,
             "stage3_gather_16bit_weights_on_model_save": True,
         })

@@ -95,6 +95,12 @@ class Case:
     quant_storage: str = "bf16"
     #: DeepSpeed reduce_bucket_size in elements (``Layout.ds_reduce_bucket_size``); 0 = HF's auto
     reduce_bucket_size: int = 0
+    #: DeepSpeed ZeRO-3 stage3_max_live_parameters / stage3_max_reuse_distance / stage3_prefetch_bucket_size
+    #: in elements (``Layout.ds_max_live_parameters`` ...); 0 = what ftplan's ds_config.json writes
+    #: (1e9, 1e9, HF's auto 0.9 x hidden^2)
+    max_live: int = 0
+    reuse_distance: int = 0
+    prefetch_bucket: int = 0
     #: FSDP: reduce-scatter gradients in fp32 (``reduce_dtype=torch.float32``, torchtitan's default;
     #: ``Layout.fsdp_reduce_dtype``) instead of the mixed-precision dtype
     reduce_fp32: bool = False
@@ -134,6 +140,8 @@ class Case:
                       fsdp_version=1 if self.engine == "fsdp1" else 2,
                       reshard_after_forward=self.reshard_after_forward, hsdp=self.replicate > 1,
                       ddp_bucket_view=self.ddp_bucket_view, ds_reduce_bucket_size=self.reduce_bucket_size,
+                      ds_max_live_parameters=self.max_live, ds_max_reuse_distance=self.reuse_distance,
+                      ds_prefetch_bucket_size=self.prefetch_bucket,
                       fsdp_reduce_dtype="fp32" if self.reduce_fp32 else "compute")
 
     @property
@@ -161,6 +169,8 @@ class Case:
             parts.append("bucket-view")
         if self.engine == "deepspeed" and self.reduce_bucket_size:
             parts.append(f"bucket{self.reduce_bucket_size}")
+        if self.engine == "deepspeed" and (self.max_live or self.reuse_distance or self.prefetch_bucket):
+            parts.append(f"live{self.max_live}-reuse{self.reuse_distance}-prefetch{self.prefetch_bucket}")
         return "/".join(parts)
 
 
@@ -588,8 +598,10 @@ def _wrap_deepspeed(case: Case, model):
     zo.update({"overlap_comm": True, "contiguous_gradients": True,
                "reduce_bucket_size": case.reduce_bucket_size or h * h})
     if case.zero_stage == 3:
-        zo.update({"stage3_prefetch_bucket_size": int(0.9 * h * h), "stage3_param_persistence_threshold": 10 * h,
-                   "stage3_max_live_parameters": 1_000_000_000, "stage3_max_reuse_distance": 1_000_000_000,
+        zo.update({"stage3_prefetch_bucket_size": case.prefetch_bucket or int(0.9 * h * h),
+                   "stage3_param_persistence_threshold": 10 * h,
+                   "stage3_max_live_parameters": case.max_live or 1_000_000_000,
+                   "stage3_max_reuse_distance": case.reuse_distance or 1_000_000_000,
                    "sub_group_size": 1_000_000_000})
     else:
         zo.update({"allgather_partitions": True, "allgather_bucket_size": 500_000_000, "reduce_scatter": True})
@@ -691,6 +703,33 @@ class _Fsdp1SavedGrad:
         self._flat.clear()
 
 
+def _ds_trace(tr, engine) -> list:
+    """Debugging (FTPLAN_DIST_DEBUG=1): every ZeRO-3 module fetch and release, as (index into the
+    tracker's events, "F"/"R" + "f"/"b" for forward/backward, module ds_id, class, elements the
+    coordinator counts as gathered after it)."""
+    log: list = []
+    coord = getattr(getattr(engine, "optimizer", None), "parameter_offload", None)
+    coord = coord.get_param_coordinator() if coord is not None else None
+    if coord is None:
+        return log
+    cls = type(coord)
+    fetch, release = coord.fetch_sub_module, coord.release_sub_module
+    avail = lambda: getattr(coord, f"_{cls.__name__}__n_available_params")  # noqa: E731
+
+    def f(mod, forward):
+        out = fetch(mod, forward)
+        log.append((len(tr.events), "F" + "fb"[not forward], mod.ds_id, type(mod).__name__, avail()))
+        return out
+
+    def r(mod, forward=False):
+        out = release(mod, forward)
+        log.append((len(tr.events), "R" + "fb"[not forward], mod.ds_id, type(mod).__name__, avail()))
+        return out
+
+    coord.fetch_sub_module, coord.release_sub_module = f, r
+    return log
+
+
 def _run_case(case: Case, rank: int, world: int) -> RankMeasure:
     import contextlib
     import warnings
@@ -718,6 +757,7 @@ def _run_case(case: Case, rank: int, world: int) -> RankMeasure:
         with tr, groups, saved_grad:
             tr.phase = "wrap"
             m, opt, ac_dtype, _extra = _wrap(case, model, world, rank)
+            ds_trace = _ds_trace(tr, m) if case.engine == "deepspeed" and os.environ.get("FTPLAN_DIST_DEBUG") else None
 
             def _grad_hook(grad):
                 tr.mark(grad, "grad")
@@ -815,13 +855,16 @@ def _run_case(case: Case, rank: int, world: int) -> RankMeasure:
         out.detail["saved"] = rows
         out.detail["unsaved_activation_bytes"] = sum(fwd_end_live[k] for k in act_keys - seen_keys)
     if os.environ.get("FTPLAN_DIST_DEBUG"):
+        if ds_trace is not None:
+            out.detail["ds_trace"] = ds_trace
         out.detail["persistent_where"] = sorted((end_sizes[k], tr.meta[k][0] + " " + tr.where.get(k, tr.meta[k][1]))
                                                 for k in rest if end_sizes[k])
         out.detail["grads_where"] = sorted((bwd_end_live[k], tr.meta[k][0] + " " + tr.where.get(k, tr.meta[k][1]))
                                            for k in grad_keys)
         out.detail["events"] = [(ph, sid, d, tr.meta[sid][1] + " " + tr.where.get(sid, ""), tr.role.get(sid, ""),
-                                 sid in eng)
-                                for ph, sid, d in tr.events if ph in fb and (sid in eng or sid in grad_keys)]
+                                 sid in eng, i)
+                                for i, (ph, sid, d) in enumerate(tr.events)
+                                if ph in fb and (sid in eng or sid in grad_keys)]
     if case.offload_params and case.engine in ("fsdp1", "fsdp2"):
         out.host = out.params + out.grads + out.optimizer
     elif case.engine == "deepspeed":

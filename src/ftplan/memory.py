@@ -393,10 +393,11 @@ def _head_copy_elems(model: ModelSpec, job: Job) -> int:
 def _frozen_layer_copy_elems(model: ModelSpec, g: LayerGroup, backend: str) -> int:
     """Matmul weights of one decoder layer that autocast casts when the LoRA base is loaded in fp32
     (``Job.base_dtype="fp32"``): the projections and the router (frozen, so autocast's cache skips
-    them and each matmul saves its own copy for the input's gradient); the grouped_mm experts on
-    CUDA (on CPU they run in fp32)."""
+    them and each matmul saves its own copy for the input's gradient); not the grouped_mm
+    experts, which autocast does not cover (no autocast kernel for ``torch._grouped_mm``, CPU or
+    CUDA): they run in fp32."""
     n = _layer_matmul_weight_elems(model, g)
-    if g.moe is not None and backend != "cuda" and not g.moe.dense_dispatch:
+    if g.moe is not None and not g.moe.dense_dispatch:
         n -= g.moe.num_experts * 3 * model.hidden_size * g.moe.expert_intermediate_size
     return n
 
@@ -700,10 +701,10 @@ def _act_dtypes(job: Job, backend: str, engine_compute: str = "") -> _Dtypes:
     # autocast kernel, on CPU or CUDA (torch 2.13's dispatcher; pytorch#174763), and transformers
     # casts the input to the weight's dtype (integrations/moe.py ``_grouped_mm``, 5.24). LoRA's
     # frozen experts are in the base's load dtype, QLoRA's unquantized ones in the recipe's
-    # (fp32 under PEFT's prepare_model_for_kbit_training), on CUDA as on CPU. (Full fine-tuning
-    # under mixed precision is still planned with compute-dtype experts on CUDA: its fp32 master
-    # experts would run in fp32 there too, not modelled yet)
-    expert = compute if backend == "cuda" and job.method == "full" else (w or resid)
+    # (fp32 under PEFT's prepare_model_for_kbit_training), on CUDA as on CPU; full fine-tuning
+    # under autocast runs its fp32 master experts in fp32 (torch's non-bf16 grouped_mm fallback,
+    # a loop of mm, on CUDA)
+    expert = w or resid
     norm_out = max(norm_w, resid)
     # bitsandbytes' Linear4bit casts its output back to its input's dtype (fp32 after
     # prepare_model_for_kbit_training); other linears produce the compute dtype
@@ -2019,7 +2020,7 @@ def _layer_copy_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, ba
     c = dt.compute
     if job.method == "full":
         n = _layer_matmul_weight_elems(model, g)
-        if backend == "cpu" and g.moe is not None:  # grouped_mm experts run in fp32 on CPU
+        if g.moe is not None:  # grouped_mm experts: no autocast kernel (CPU or CUDA), they run in fp32
             n -= g.moe.num_experts * 3 * model.hidden_size * g.moe.expert_intermediate_size
         return n * c
     if job.adapter_dtype == prec["compute"]:

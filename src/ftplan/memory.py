@@ -1641,6 +1641,25 @@ def _first_layer_discount(model: ModelSpec, job: Job, dt: _Dtypes, backend: str)
     return out
 
 
+def _embedding_leaf_bytes(model: ModelSpec, job: Job, dt: _Dtypes) -> int:
+    """The embedding output the autograd graph holds beside the saved tensors. With a frozen
+    embedding under checkpointing, transformers' ``enable_input_require_grads`` hook makes the
+    embedding module's output a leaf that requires grad, which the graph's ``AccumulateGrad`` keeps,
+    ``(b, s, h)`` in the embedding's dtype, until backward ends. It is the first layer's checkpoint
+    input (counted with the layers) except where the model transforms it first: Granite
+    (``Family.embedding_scaled_outside``) multiplies it by ``embedding_multiplier`` outside the
+    module, so the leaf is a storage of its own. With TRL's activation offloading the checkpoint
+    input's host copy does not free it: the leaf stays on the device for every family. Measured
+    on CPU (the harness finds the graph's leaves: ``accounting.graph_leaf_bytes``;
+    tests/test_granite.py, test_checkpointing_vs_torch's offloading cases)."""
+    if dt.full or job.ac_mode == "none":
+        return 0
+    if not (job.activation_offloading or FAMILIES[model.family].embedding_scaled_outside):
+        return 0
+    b, s = _batch_shape(job)
+    return b * s * model.hidden_size * dt.resid
+
+
 def _model_level_saved(model: ModelSpec, job: Job, dt: _Dtypes) -> int:
     """Tensors saved once per model: token ids, the shared RoPE tables and, under (non-reentrant)
     checkpointing, what the layers' recompute closures capture: position ids and any
@@ -2209,6 +2228,9 @@ def activation_parts(model: ModelSpec, job: Job, layout: Layout | None = None, *
         # in backward each checkpointed layer's input comes back before its recompute
         if mode != "none":
             recompute += t * model.hidden_size * dt.resid
+    # the embedding-output leaf the graph holds outside the saved tensors (no hook sees it, so it
+    # stays on the device with offloading)
+    device += _embedding_leaf_bytes(model, job, dt)
     # the forward's peak: at the loss, with every checkpointed layer's autocast weight copies still
     # in autocast's cache (a layer's own forward transients are below its recompute in backward)
     cache = _autocast_cache_bytes(model, job, layout)

@@ -142,6 +142,11 @@ class Family:
     mlp_names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
     #: the attention output projection's module name (lfm2: ``out_proj``)
     o_proj_name: str = "o_proj"
+    #: the model scales the embedding output outside the embedding module (granite:
+    #: ``inputs_embeds * embedding_multiplier`` in GraniteModel.forward), so the first layer's input
+    #: is a new tensor; with a frozen embedding under checkpointing the unscaled output, a leaf
+    #: that ``enable_input_require_grads`` marks, stays alive as well (see memory.py)
+    embedding_scaled_outside: bool = False
 
 
 #: first transformers wheel with models/gemma4: 5.5.0 (the 5.4.0 wheel has none; checked with
@@ -488,6 +493,19 @@ FAMILIES: dict[str, Family] = {
             qk_norm=True, qkv_bias_key=None, o_bias_key=None, short_conv=True,
             mlp_names=("w1", "w3", "w2"), o_proj_name="out_proj", moe="lfm2_moe", peft_wraps_experts=False,
         ),
+        Family(
+            # IBM Granite 3.x dense (GraniteConfig, transformers 5.24): llama's decoder with muP
+            # multipliers, python floats of the config: the embedding output times
+            # embedding_multiplier, each attention and MLP output times residual_multiplier before
+            # its residual add, attention_multiplier as the softmax scale (not 1/sqrt(head_dim)), the
+            # logits divided by logits_scaling. A tensor-by-scalar mul/div saves nothing for
+            # backward, so the saved set, the parameters and the states are llama's; q/k/v/o share
+            # attention_bias; head_dim is no field of the config class (hidden // heads)
+            "granite",
+            {**_LLAMA_LIKE, "mlp_bias": False, "embedding_multiplier": 1.0, "logits_scaling": 1.0,
+             "residual_multiplier": 1.0, "attention_multiplier": 1.0},
+            mlp_bias_key="mlp_bias", embedding_scaled_outside=True,
+        ),
     ]
 }
 
@@ -523,6 +541,7 @@ _ARCH_TO_TYPE = {
     "MiniMaxM2ForCausalLM": "minimax_m2",
     "Lfm2ForCausalLM": "lfm2",
     "Lfm2MoeForCausalLM": "lfm2_moe",
+    "GraniteForCausalLM": "granite",
 }
 #: text model_types that name a family under another key (the inner type of a multimodal config)
 _TEXT_TYPE_ALIASES = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe", "llama4": "llama4_text",

@@ -65,7 +65,9 @@ _TEMPLATES = {"llama": "llama3", "qwen2": "qwen", "qwen3": "qwen3", "qwen3_moe":
               # MiniMax-M2 / M2.1: 0.9.5's constants.py registers both with minimax2 (]~b]ROLE ... [e~[, <think>)
               "minimax_m2": "minimax2",
               # LFM2: 0.9.5 registers lfm2 (LiquidAI's ChatML-like format with its tool tokens) for LFM2.5
-              "lfm2": "lfm2"}
+              "lfm2": "lfm2",
+              # Granite 3.x: 0.9.5's constants.py registers granite-3.x (3.0 to 3.3) with granite3
+              "granite": "granite3"}
 #: Kimi K2 (planned as deepseek_v3) speaks Moonshot's <|im_user|>/<|im_assistant|>/<|im_middle|> format,
 #: which 0.9.5 registers as kimi_vl; Phi-4-mini's <|user|>...<|end|> format as phi4_mini. The catalog's
 #: Qwen3-Next is the Instruct checkpoint, which 0.9.5's constants.py registers with qwen3_nothink (the

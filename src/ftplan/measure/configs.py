@@ -545,6 +545,24 @@ TINY_CONFIGS: dict[str, dict] = {
 }
 TINY_CONFIGS["gemma4_moe"] = {**TINY_CONFIGS["gemma4"], "enable_moe_block": True, "num_experts": 4,
                               "top_k_experts": 2, "moe_intermediate_size": 24}
+#: granite: llama's layers with Granite 3.x's muP multipliers (granite-3.3-8b's values: embedding 12,
+#: residual 0.22, attention 1/128, logits divided by 16), GQA, tied (as every Granite 3.x checkpoint).
+TINY_CONFIGS["granite"] = {
+    "model_type": "granite",
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 120,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
+    "embedding_multiplier": 12.0,
+    "residual_multiplier": 0.22,
+    "attention_multiplier": 0.0078125,
+    "logits_scaling": 16.0,
+    "tie_word_embeddings": True,
+    "pad_token_id": None, "bos_token_id": None, "eos_token_id": None,
+}
 
 
 def text_config(config: dict) -> tuple[str, dict]:

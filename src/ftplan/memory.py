@@ -800,6 +800,10 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
         n_qkv = 1 if a.fused_qkv else (2 if a.k_eq_v else 3)  # gemma4 k_eq_v: no v_proj
         total += _linear_inputs(t, h, n_qkv, dt.norm_out if dt.full else dt.resid, dt)
         total += _llama4_attention_extras(a, b, s, heads, kv_heads)
+        if a.rope and FAMILIES[model.family].rope_interleave_tables:
+            # ernie4_5: the layer's interleaved copies of the fp32 cos/sin (bf16 where FSDP2 cast the
+            # tables at the layer's input), ``(1, 1, s, d)`` each, which the rotary muls save
+            total += 2 * s * a.head_dim * (c if dt.casts_layer_inputs else 4)
         if a.qk_norm and a.qk_norm_whole:  # olmo2: one norm over each whole projection
             total += _norm_saved(t, q, c, dt.full, style=style) + _norm_saved(t, kv_heads * a.head_dim, c, dt.full,
                                                                                style=style)
@@ -1969,6 +1973,8 @@ def _rope_bytes(model: ModelSpec, job: Job, dt: _Dtypes) -> int:
     """The RoPE cos and sin tables, shared by every layer: ``(1, s, d)`` each (mrope: ``(b, s, d)``)."""
     b, s = _batch_shape(job)
     a = model.attention
+    if FAMILIES[model.family].rope_interleave_tables and job.ac_mode == "none":
+        return 0  # ernie4_5: the layers save their own interleaved copies; only the closures keep these
     if a.is_mla:
         return 2 * s * a.qk_rope_head_dim * dt.resid
     # gemma3 keeps a second pair for its local layers; gpt_oss's tables are half-width (the

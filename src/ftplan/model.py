@@ -147,6 +147,10 @@ class Family:
     #: is a new tensor; with a frozen embedding under checkpointing the unscaled output, a leaf
     #: that ``enable_input_require_grads`` marks, stays alive as well (see memory.py)
     embedding_scaled_outside: bool = False
+    #: each attention layer builds its own interleaved fp32 cos/sin for the rope (ernie4_5:
+    #: ``cos[..., :d/2].repeat_interleave(2)`` of the shared fp32 tables, ``(1, 1, s, d)`` each,
+    #: which the rotary muls save), and rotates q/k in fp32 before casting back (``fp32_rope``)
+    rope_interleave_tables: bool = False
 
 
 #: first transformers wheel with models/gemma4: 5.5.0 (the 5.4.0 wheel has none; checked with
@@ -506,6 +510,20 @@ FAMILIES: dict[str, Family] = {
              "residual_multiplier": 1.0, "attention_multiplier": 1.0},
             mlp_bias_key="mlp_bias", embedding_scaled_outside=True,
         ),
+        Family(
+            # Baidu ERNIE 4.5 dense (Ernie4_5Config, transformers 5.24): llama's layers with one
+            # use_bias switch for every projection (q/k/v/o and gate/up/down), head_dim 128, tied
+            # embeddings; the rotary embedding keeps its cos/sin fp32 and each layer rotates q and k
+            # in fp32 with GLM-style interleaved tables (``repeat_interleave`` copies of the fp32
+            # tables, saved per layer), casting them back to the projections' dtype
+            "ernie4_5",
+            {**{k: v for k, v in _LLAMA_LIKE.items() if k not in ("attention_bias", "sliding_window")},
+             "vocab_size": 103424, "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 18,
+             "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 128,
+             "max_position_embeddings": 131072, "tie_word_embeddings": True, "use_bias": False},
+            qkv_bias_key="use_bias", o_bias_key="use_bias", mlp_bias_key="use_bias", fp32_rope=True,
+            rope_interleave_tables=True,
+        ),
     ]
 }
 
@@ -542,6 +560,7 @@ _ARCH_TO_TYPE = {
     "Lfm2ForCausalLM": "lfm2",
     "Lfm2MoeForCausalLM": "lfm2_moe",
     "GraniteForCausalLM": "granite",
+    "Ernie4_5ForCausalLM": "ernie4_5",
 }
 #: text model_types that name a family under another key (the inner type of a multimodal config)
 _TEXT_TYPE_ALIASES = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe", "llama4": "llama4_text",

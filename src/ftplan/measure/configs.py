@@ -565,6 +565,23 @@ TINY_CONFIGS["granite"] = {
 }
 
 
+#: ernie4_5: ERNIE 4.5's dense layers (head_dim 32 != 64 / 4, GQA 4 / 2), fp32 interleaved rope,
+#: biased projections (use_bias; the 0.3B checkpoint has none: the switch's path), tied.
+TINY_CONFIGS["ernie4_5"] = {
+    "model_type": "ernie4_5",
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 120,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "max_position_embeddings": 256,
+    "use_bias": True,
+    "tie_word_embeddings": True,
+}
+
+
 def text_config(config: dict) -> tuple[str, dict]:
     """(model_type, kwargs for ``AutoConfig.for_model``) of a config.json dict (not modified);
     descends into ``text_config`` for multimodal wrappers (gemma3 -> gemma3_text)."""

@@ -561,6 +561,7 @@ _ARCH_TO_TYPE = {
     "Lfm2MoeForCausalLM": "lfm2_moe",
     "GraniteForCausalLM": "granite",
     "Ernie4_5ForCausalLM": "ernie4_5",
+    "Ernie4_5_ForCausalLM": "ernie4_5",  # (the remote-code class name of the first ERNIE 4.5 configs)
 }
 #: text model_types that name a family under another key (the inner type of a multimodal config)
 _TEXT_TYPE_ALIASES = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe", "llama4": "llama4_text",

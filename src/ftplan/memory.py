@@ -755,6 +755,12 @@ def _norm_weight_bytes(dt: _Dtypes) -> int:
     return dt.resid
 
 
+def _dropout_mask_bytes(in_bytes: int, backend: str) -> int:
+    """Bytes per element of the mask a training-mode ``F.dropout`` keeps: a bool mask on CUDA
+    (``native_dropout``), a scaled mask in the input's dtype on CPU."""
+    return 1 if backend == "cuda" else in_bytes
+
+
 def _linear_inputs(t: int, width: int, n_consumers: int, in_bytes: int, dt: _Dtypes) -> int:
     """Inputs saved by ``n_consumers`` trainable linears reading one tensor of ``in_bytes``:
     autocast makes one copy per linear when the input is not in the compute dtype."""
@@ -830,6 +836,13 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
             total += t * q * c if dt.full else 0  # o_proj input (contiguous copy of the output)
         elif job.attn_impl == "eager":
             total += t * q * c + _kv_saved(a, model, dt, b, s, heads, kv_heads, _kv_kernel(g, job, s))
+            if a.dropout:
+                # seed_oss: the dropout on the probabilities (``softmax(..).to(query.dtype)``: q's
+                # dtype after the rope, fp32 where the rope promoted it to the fp32 residual stream)
+                # keeps its mask; the matmul then saves the dropout's output (or autocast's cast of
+                # it) in place of the cast: the same bytes
+                q_bytes = max(dt.base_out, dt.resid) if a.rope else dt.base_out
+                total += b * heads * s * s * _dropout_mask_bytes(q_bytes, backend)
             # fp32 softmax output and (when the compute dtype is narrower) its cast for the matmul;
             # Llama 4's eager softmax runs in the scores' dtype: the compute dtype promoted by the
             # mask's (the residual dtype)
@@ -848,6 +861,10 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
                 total += t * heads * a.v_head_dim * c
             if masked:
                 total += b * s * s * c  # sdpa's float copy of the sliding-window mask, per layer
+        if a.out_dropout:
+            # seed_oss: residual dropout on o_proj's output keeps its mask; o_proj reads the
+            # attention output (compute dtype), so even bitsandbytes' 4-bit o_proj returns that
+            total += t * h * _dropout_mask_bytes(c, backend)
         if a.output_gate:
             # gated attention: ``attn_output * sigmoid(gate)`` saves the sigmoid and the
             # (b, s, heads * d) attention output, a copy of the kernel's where that is head-major
@@ -864,6 +881,8 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
                 total += t * heads * a.head_dim * 4
     if g.mlp is not None:
         total += _mlp_saved(g.mlp, t, h, dt, tp, g.norms_per_layer == 4)
+        if g.mlp.out_dropout:  # seed_oss: residual dropout on down_proj's output keeps its mask
+            total += t * h * _dropout_mask_bytes(dt.base_out, backend)
     if g.moe is not None and g.moe.router == "gemma4":
         total += _gemma4_moe_saved(g.moe, t, h, dt)
     elif g.moe is not None:
@@ -2563,6 +2582,15 @@ def estimate_memory(
         notes.append(_gdn_kernel_note(model, job, layout))
     if any(g.short_conv is not None for g in model.groups) and backend == "cuda":
         notes.append(_short_conv_kernel_note(model, job))
+    drop = [g.attention for g in model.attention_groups if g.attention.dropout or g.attention.out_dropout]
+    if drop:
+        a0 = drop[0]
+        kernel = ("eager attention keeps the probabilities' mask too" if job.attn_impl == "eager" else
+                  "the attention kernel (flash / memory-efficient) keeps only its RNG state for the "
+                  "probabilities' dropout (CPU sdpa instead runs its fp32 math kernel: not planned)")
+        notes.append(f"dropout in training (config attention_dropout {a0.dropout:g}, residual_dropout "
+                     f"{a0.out_dropout:g}): the residual dropouts keep a mask each (bool on CUDA); {kernel}; "
+                     "set them to 0 in config.json to train without")
     n_router32 = _fp32_router_elems(model)
     if n_router32 and not casts_whole_module(job, layout.engine):
         notes.append(f"router weights in fp32 ({n_router32 * 4 / 2**20:,.0f} MiB whole; transformers >= 5.24 keeps "

@@ -151,6 +151,11 @@ class Family:
     #: ``cos[..., :d/2].repeat_interleave(2)`` of the shared fp32 tables, ``(1, 1, s, d)`` each,
     #: which the rotary muls save), and rotates q/k in fp32 before casting back (``fp32_rope``)
     rope_interleave_tables: bool = False
+    #: config keys of dropouts applied inside the layers in training, which the masks they save
+    #: make visible (seed_oss: ``attention_dropout`` on the attention probabilities,
+    #: ``residual_dropout`` on the o_proj and down_proj outputs); None: not read (other families'
+    #: ``attention_dropout`` is 0.0 in every bundled config and is not modelled)
+    dropout_keys: tuple[str, str] | None = None
 
 
 #: first transformers wheel with models/gemma4: 5.5.0 (the 5.4.0 wheel has none; checked with
@@ -524,6 +529,20 @@ FAMILIES: dict[str, Family] = {
             qkv_bias_key="use_bias", o_bias_key="use_bias", mlp_bias_key="use_bias", fp32_rope=True,
             rope_interleave_tables=True,
         ),
+        Family(
+            # ByteDance Seed-OSS (SeedOssConfig, transformers 5.24): llama's layers with q/k/v biases
+            # (attention_bias, default on) apart from o_proj's (attention_out_bias, default off),
+            # head_dim 128, and dropouts in training: attention_dropout on the attention
+            # probabilities, residual_dropout on o_proj's and down_proj's outputs (both 0.1 by
+            # default), whose masks the layers save
+            "seed_oss",
+            {**_LLAMA_LIKE, "vocab_size": 155136, "hidden_size": 4096, "intermediate_size": 27648,
+             "num_hidden_layers": 64, "num_attention_heads": 80, "num_key_value_heads": 8, "head_dim": 128,
+             "max_position_embeddings": 524288, "attention_bias": True, "attention_out_bias": False,
+             "attention_dropout": 0.1, "residual_dropout": 0.1, "mlp_bias": False},
+            qkv_bias_key="attention_bias", o_bias_key="attention_out_bias", mlp_bias_key="mlp_bias",
+            dropout_keys=("attention_dropout", "residual_dropout"),
+        ),
     ]
 }
 
@@ -562,6 +581,7 @@ _ARCH_TO_TYPE = {
     "GraniteForCausalLM": "granite",
     "Ernie4_5ForCausalLM": "ernie4_5",
     "Ernie4_5_ForCausalLM": "ernie4_5",  # (the remote-code class name of the first ERNIE 4.5 configs)
+    "SeedOssForCausalLM": "seed_oss",
 }
 #: text model_types that name a family under another key (the inner type of a multimodal config)
 _TEXT_TYPE_ALIASES = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe", "llama4": "llama4_text",
@@ -639,6 +659,10 @@ class AttentionSpec:
     query_pos_scale: bool = False
     #: the output projection's module name (lfm2: ``out_proj``)
     o_name: str = "o_proj"
+    #: dropout in training (seed_oss): on the attention probabilities (``attention_dropout``) and
+    #: on o_proj's output (``residual_dropout``)
+    dropout: float = 0.0
+    out_dropout: float = 0.0
 
     @property
     def head_major_q(self) -> bool:
@@ -727,6 +751,8 @@ class MlpSpec:
     fused_gate_up: bool = False
     #: module names of the gate, up and down projections (lfm2: w1, w3, w2)
     names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
+    #: dropout on down_proj's output in training (seed_oss: ``residual_dropout``)
+    out_dropout: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -1326,6 +1352,7 @@ def model_from_config(
     mpe = c.int("max_position_embeddings", optional=True)
     qk_norm = fam.qk_norm or bool(fam.qk_norm_key and c.bool(fam.qk_norm_key))
     prf = _partial_rotary_factor(fam, c)
+    attn_p, resid_p = (_probability(c, k) for k in fam.dropout_keys) if fam.dropout_keys else (0.0, 0.0)
     if heads is not None and kv_heads is not None and heads % kv_heads:
         c.bad(f"num_key_value_heads={kv_heads} must divide num_attention_heads={heads}")
     if head_dim is None and h is not None and heads is not None and heads > h:
@@ -1366,11 +1393,12 @@ def model_from_config(
             softcap=softcap, sinks=fam.attention_sinks,
             rotary_dim=int(hd * prf) if prf is not None else None, output_gate=fam.output_gate,
             qk_norm_whole=fam.qk_norm_whole and qk_norm,
-            v_norm=fam.gemma4, o_name=fam.o_proj_name,
+            v_norm=fam.gemma4, o_name=fam.o_proj_name, dropout=attn_p, out_dropout=resid_p,
         )
     if fam.block_ff_dim and inter is not None:
         inter = _lfm2_ff_dim(c, inter)
-    mlp = MlpSpec(inter or 0, bias=mlp_bias, fused_gate_up=fam.fused_gate_up, names=fam.mlp_names)
+    mlp = MlpSpec(inter or 0, bias=mlp_bias, fused_gate_up=fam.fused_gate_up, names=fam.mlp_names,
+                  out_dropout=resid_p)
     if fam.moe == "llama4":  # dense layers use intermediate_size_mlp (intermediate_size: experts)
         mlp = MlpSpec(c.int("intermediate_size_mlp") or 0)
     groups = tuple(
@@ -1401,6 +1429,17 @@ def model_from_config(
         source=source,
         config=dict(raw),
     )
+
+
+def _probability(c: _Check, key: str) -> float:
+    """A dropout probability of the config, in [0, 1); one problem when it is not."""
+    v = c.cfg.get(key)
+    if v is None:
+        return 0.0
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 <= v < 1:
+        c.bad(f"{key} must be a number in [0, 1), got {_show(v)}")
+        return 0.0
+    return float(v)
 
 
 def _variant_attention(attn: AttentionSpec, variant: Any, c: _Check, fam: Family) -> AttentionSpec:

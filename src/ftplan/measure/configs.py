@@ -582,6 +582,27 @@ TINY_CONFIGS["ernie4_5"] = {
 }
 
 
+#: seed_oss: Seed-OSS's layers (q/k/v biases, none on o_proj, head_dim 32 != 64 / 4, GQA 4 / 2) with
+#: residual dropout 0.1 on o_proj's and down_proj's outputs; attention dropout off (CPU sdpa runs its
+#: math kernel in fp32 with a dropout, which the CUDA kernels ftplan plans do not: held by hand with
+#: eager attention instead, tests/test_seed_oss.py); untied.
+TINY_CONFIGS["seed_oss"] = {
+    "model_type": "seed_oss",
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 120,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "max_position_embeddings": 256,
+    "attention_dropout": 0.0,
+    "residual_dropout": 0.1,
+    "tie_word_embeddings": False,
+    "pad_token_id": None, "bos_token_id": None, "eos_token_id": None,
+}
+
+
 def text_config(config: dict) -> tuple[str, dict]:
     """(model_type, kwargs for ``AutoConfig.for_model``) of a config.json dict (not modified);
     descends into ``text_config`` for multimodal wrappers (gemma3 -> gemma3_text)."""

@@ -1171,6 +1171,13 @@ def _moe_saved(m: MoeSpec, t: int, h: int, dt: _Dtypes, tp: int, wrapped: bool =
         out = routed * 8 + routed * c
         per_row = routed * c
         w_bytes = c
+    elif m.router == "granitemoe":
+        # logits in the compute dtype, upcast to fp32 (``.float()``: saved by none); top-k keeps the
+        # int64 ids, the softmax over the k chosen logits its fp32 output; the weights cast back
+        router_in = t * h * c
+        out = routed * 8 + routed * 4
+        per_row = routed * e  # (the experts' dtype: fp32 experts on CPU under autocast cast them)
+        w_bytes = c
     elif m.router in ("mistral4", "lfm2_moe"):
         # DeepSeek-V2's softmax router (mistral4): a plain linear of the compute dtype, the
         # softmax probabilities in it, the top-k ids the gather keeps and, renormalised, the sum

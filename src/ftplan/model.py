@@ -543,6 +543,17 @@ FAMILIES: dict[str, Family] = {
             qkv_bias_key="attention_bias", o_bias_key="attention_out_bias", mlp_bias_key="mlp_bias",
             dropout_keys=("attention_dropout", "residual_dropout"),
         ),
+        Family(
+            # IBM Granite 3.x MoE (GraniteMoeConfig, transformers 5.24): granite's multipliers on
+            # mixtral's layout (every layer an MoE block: fused 3-D experts of intermediate_size, no
+            # shared expert) behind a router whose logits (the weight's dtype) are upcast to fp32,
+            # top-k first and a softmax over the k chosen logits only, cast back to the input's
+            # dtype. PEFT 0.21 has no MoE mapping for granitemoe: all-linear adapts the attention
+            "granitemoe",
+            {**_LLAMA_LIKE, "embedding_multiplier": 1.0, "logits_scaling": 1.0, "residual_multiplier": 1.0,
+             "attention_multiplier": 1.0, "num_local_experts": 8, "num_experts_per_tok": 2},
+            moe="granitemoe", peft_wraps_experts=False, embedding_scaled_outside=True,
+        ),
     ]
 }
 
@@ -582,6 +593,7 @@ _ARCH_TO_TYPE = {
     "Ernie4_5ForCausalLM": "ernie4_5",
     "Ernie4_5_ForCausalLM": "ernie4_5",  # (the remote-code class name of the first ERNIE 4.5 configs)
     "SeedOssForCausalLM": "seed_oss",
+    "GraniteMoeForCausalLM": "granitemoe",
 }
 #: text model_types that name a family under another key (the inner type of a multimodal config)
 _TEXT_TYPE_ALIASES = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe", "llama4": "llama4_text",
@@ -765,7 +777,8 @@ class MoeSpec:
     #: sigmoid in the logits' dtype, "mistral4" softmax in the compute dtype (a plain linear, no
     #: fp32 weight), "lfm2_moe" a sigmoid there (the same bytes saved); qwen3_moe casts the top-k
     #: weights back to the logits' dtype;
-    #: "gpt_oss" takes the top-k logits first and softmaxes only those, in the logits' dtype
+    #: "gpt_oss" takes the top-k logits first and softmaxes only those, in the logits' dtype;
+    #: "granitemoe" does that on an fp32 copy of the logits and casts the weights back
     router: str = "mixtral"
     #: the router weight stays fp32 whatever the model's dtype: transformers >= 5.24 lists
     #: ``gate.weight`` in the family's ``_keep_in_fp32_modules_strict`` (deepseek_v3)
@@ -1704,7 +1717,7 @@ def _layer_plan(fam: Family, c: _Check, n: int) -> _LayerPlan:
         window_at = lambda i: window  # noqa: E731
     # ---- MoE layers
     any_moe = False
-    if fam.moe in ("mixtral", "gpt_oss", "qwen3_5_moe"):
+    if fam.moe in ("mixtral", "gpt_oss", "qwen3_5_moe", "granitemoe"):
         moe_at = lambda i: True  # noqa: E731
         any_moe = True
     elif fam.moe in ("qwen3_moe", "qwen3_next"):
@@ -1909,7 +1922,7 @@ def _moe_spec(fam: Family, c: _Check, any_moe: bool) -> MoeSpec | None:
     if fam.moe is None:
         return None
     renorm = True
-    if fam.moe in ("mixtral", "gpt_oss"):
+    if fam.moe in ("mixtral", "gpt_oss", "granitemoe"):
         experts, top_k, inter = (c.int("num_local_experts"), c.int("num_experts_per_tok"),
                                  c.int("intermediate_size"))
         router, shared = fam.moe, None

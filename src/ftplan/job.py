@@ -656,6 +656,10 @@ def _check_ep(model: ModelSpec, layout: Layout, p: list[Problem]) -> None:
         p.append(Problem("ep", f"expert parallelism on {model.name}: transformers has no expert-parallel plan for "
                                "Llama 4 (its experts take every token, pre-scaled by the router, so nothing is "
                                "dispatched)", "use `ep=1`"))
+    if any(g.moe is not None and g.moe.router == "granitemoe" for g in model.groups):
+        p.append(Problem("ep", f"expert parallelism on {model.name}: transformers has no expert-parallel plan for "
+                               "Granite MoE (GraniteMoeConfig has no base_model_ep_plan)", "use `ep=1`"))
+        return
     if any(g.moe is not None and g.moe.router_is_module for g in model.groups):
         p.append(Problem("ep", f"expert parallelism on {model.name}'s Gemma 4 MoE block (a dense MLP beside the "
                                "experts) is not modelled (not held against transformers' EP engine)", "use `ep=1`"))

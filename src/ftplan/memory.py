@@ -761,6 +761,12 @@ def _norm_weight_bytes(dt: _Dtypes) -> int:
     return dt.resid
 
 
+def _dropout_mask_bytes(in_bytes: int, backend: str) -> int:
+    """Bytes per element of the mask a training-mode ``F.dropout`` keeps: a bool mask on CUDA
+    (``native_dropout``), a scaled mask in the input's dtype on CPU."""
+    return 1 if backend == "cuda" else in_bytes
+
+
 def _linear_inputs(t: int, width: int, n_consumers: int, in_bytes: int, dt: _Dtypes) -> int:
     """Inputs saved by ``n_consumers`` trainable linears reading one tensor of ``in_bytes``:
     autocast makes one copy per linear when the input is not in the compute dtype."""
@@ -806,6 +812,10 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
         n_qkv = 1 if a.fused_qkv else (2 if a.k_eq_v else 3)  # gemma4 k_eq_v: no v_proj
         total += _linear_inputs(t, h, n_qkv, dt.norm_out if dt.full else dt.resid, dt)
         total += _llama4_attention_extras(a, b, s, heads, kv_heads)
+        if a.rope and FAMILIES[model.family].rope_interleave_tables:
+            # ernie4_5: the layer's interleaved copies of the fp32 cos/sin (bf16 where FSDP2 cast the
+            # tables at the layer's input), ``(1, 1, s, d)`` each, which the rotary muls save
+            total += 2 * s * a.head_dim * (c if dt.casts_layer_inputs else 4)
         if a.qk_norm and a.qk_norm_whole:  # olmo2: one norm over each whole projection
             total += _norm_saved(t, q, c, dt.full, style=style) + _norm_saved(t, kv_heads * a.head_dim, c, dt.full,
                                                                                style=style)
@@ -832,6 +842,13 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
             total += t * q * c if dt.full else 0  # o_proj input (contiguous copy of the output)
         elif job.attn_impl == "eager":
             total += t * q * c + _kv_saved(a, model, dt, b, s, heads, kv_heads, _kv_kernel(g, job, s))
+            if a.dropout:
+                # seed_oss: the dropout on the probabilities (``softmax(..).to(query.dtype)``: q's
+                # dtype after the rope, fp32 where the rope promoted it to the fp32 residual stream)
+                # keeps its mask; the matmul then saves the dropout's output (or autocast's cast of
+                # it) in place of the cast: the same bytes
+                q_bytes = max(dt.base_out, dt.resid) if a.rope else dt.base_out
+                total += b * heads * s * s * _dropout_mask_bytes(q_bytes, backend)
             # fp32 softmax output and (when the compute dtype is narrower) its cast for the matmul;
             # Llama 4's eager softmax runs in the scores' dtype: the compute dtype promoted by the
             # mask's (the residual dtype)
@@ -850,6 +867,10 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
                 total += t * heads * a.v_head_dim * c
             if masked:
                 total += b * s * s * c  # sdpa's float copy of the sliding-window mask, per layer
+        if a.out_dropout:
+            # seed_oss: residual dropout on o_proj's output keeps its mask; o_proj reads the
+            # attention output (compute dtype), so even bitsandbytes' 4-bit o_proj returns that
+            total += t * h * _dropout_mask_bytes(c, backend)
         if a.output_gate:
             # gated attention: ``attn_output * sigmoid(gate)`` saves the sigmoid and the
             # (b, s, heads * d) attention output, a copy of the kernel's where that is head-major
@@ -866,6 +887,8 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
                 total += t * heads * a.head_dim * 4
     if g.mlp is not None:
         total += _mlp_saved(g.mlp, t, h, dt, tp, g.norms_per_layer == 4)
+        if g.mlp.out_dropout:  # seed_oss: residual dropout on down_proj's output keeps its mask
+            total += t * h * _dropout_mask_bytes(dt.base_out, backend)
     if g.moe is not None and g.moe.router == "gemma4":
         total += _gemma4_moe_saved(g.moe, t, h, dt)
     elif g.moe is not None:
@@ -1153,6 +1176,13 @@ def _moe_saved(m: MoeSpec, t: int, h: int, dt: _Dtypes, tp: int, wrapped: bool =
         router_in = t * h * c
         out = routed * 8 + routed * c
         per_row = routed * c
+        w_bytes = c
+    elif m.router == "granitemoe":
+        # logits in the compute dtype, upcast to fp32 (``.float()``: saved by none); top-k keeps the
+        # int64 ids, the softmax over the k chosen logits its fp32 output; the weights cast back
+        router_in = t * h * c
+        out = routed * 8 + routed * 4
+        per_row = routed * e  # (the experts' dtype: fp32 experts on CPU under autocast cast them)
         w_bytes = c
     elif m.router in ("mistral4", "lfm2_moe"):
         # DeepSeek-V2's softmax router (mistral4): a plain linear of the compute dtype, the
@@ -1661,6 +1691,25 @@ def _first_layer_discount(model: ModelSpec, job: Job, dt: _Dtypes, backend: str)
     return out
 
 
+def _embedding_leaf_bytes(model: ModelSpec, job: Job, dt: _Dtypes) -> int:
+    """The embedding output the autograd graph holds beside the saved tensors. With a frozen
+    embedding under checkpointing, transformers' ``enable_input_require_grads`` hook makes the
+    embedding module's output a leaf that requires grad, which the graph's ``AccumulateGrad`` keeps,
+    ``(b, s, h)`` in the embedding's dtype, until backward ends. It is the first layer's checkpoint
+    input (counted with the layers) except where the model transforms it first: Granite
+    (``Family.embedding_scaled_outside``) multiplies it by ``embedding_multiplier`` outside the
+    module, so the leaf is a storage of its own. With TRL's activation offloading the checkpoint
+    input's host copy does not free it: the leaf stays on the device for every family. Measured
+    on CPU (the harness finds the graph's leaves: ``accounting.graph_leaf_bytes``;
+    tests/test_granite.py, test_checkpointing_vs_torch's offloading cases)."""
+    if dt.full or job.ac_mode == "none":
+        return 0
+    if not (job.activation_offloading or FAMILIES[model.family].embedding_scaled_outside):
+        return 0
+    b, s = _batch_shape(job)
+    return b * s * model.hidden_size * dt.resid
+
+
 def _model_level_saved(model: ModelSpec, job: Job, dt: _Dtypes) -> int:
     """Tensors saved once per model: token ids, the shared RoPE tables and, under (non-reentrant)
     checkpointing, what the layers' recompute closures capture: position ids and any
@@ -1977,6 +2026,8 @@ def _rope_bytes(model: ModelSpec, job: Job, dt: _Dtypes) -> int:
     """The RoPE cos and sin tables, shared by every layer: ``(1, s, d)`` each (mrope: ``(b, s, d)``)."""
     b, s = _batch_shape(job)
     a = model.attention
+    if FAMILIES[model.family].rope_interleave_tables and job.ac_mode == "none":
+        return 0  # ernie4_5: the layers save their own interleaved copies; only the closures keep these
     if a.is_mla:
         return 2 * s * a.qk_rope_head_dim * dt.resid
     # gemma3 keeps a second pair for its local layers; gpt_oss's tables are half-width (the
@@ -2237,6 +2288,9 @@ def activation_parts(model: ModelSpec, job: Job, layout: Layout | None = None, *
         # in backward each checkpointed layer's input comes back before its recompute
         if mode != "none":
             recompute += t * model.hidden_size * dt.resid
+    # the embedding-output leaf the graph holds outside the saved tensors (no hook sees it, so it
+    # stays on the device with offloading)
+    device += _embedding_leaf_bytes(model, job, dt)
     # the forward's peak: at the loss, with every checkpointed layer's autocast weight copies still
     # in autocast's cache (a layer's own forward transients are below its recompute in backward)
     cache = _autocast_cache_bytes(model, job, layout)
@@ -2563,6 +2617,15 @@ def estimate_memory(
         notes.append(_gdn_kernel_note(model, job, layout))
     if any(g.short_conv is not None for g in model.groups) and backend == "cuda":
         notes.append(_short_conv_kernel_note(model, job))
+    drop = [g.attention for g in model.attention_groups if g.attention.dropout or g.attention.out_dropout]
+    if drop:
+        a0 = drop[0]
+        kernel = ("eager attention keeps the probabilities' mask too" if job.attn_impl == "eager" else
+                  "the attention kernel (flash / memory-efficient) keeps only its RNG state for the "
+                  "probabilities' dropout (CPU sdpa instead runs its fp32 math kernel: not planned)")
+        notes.append(f"dropout in training (config attention_dropout {a0.dropout:g}, residual_dropout "
+                     f"{a0.out_dropout:g}): the residual dropouts keep a mask each (bool on CUDA); {kernel}; "
+                     "set them to 0 in config.json to train without")
     n_router32 = _fp32_router_elems(model)
     if n_router32 and not casts_whole_module(job, layout.engine):
         notes.append(f"router weights in fp32 ({n_router32 * 4 / 2**20:,.0f} MiB whole; transformers >= 5.24 keeps "

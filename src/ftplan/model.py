@@ -142,6 +142,20 @@ class Family:
     mlp_names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
     #: the attention output projection's module name (lfm2: ``out_proj``)
     o_proj_name: str = "o_proj"
+    #: the model scales the embedding output outside the embedding module (granite:
+    #: ``inputs_embeds * embedding_multiplier`` in GraniteModel.forward), so the first layer's input
+    #: is a new tensor; with a frozen embedding under checkpointing the unscaled output, a leaf
+    #: that ``enable_input_require_grads`` marks, stays alive as well (see memory.py)
+    embedding_scaled_outside: bool = False
+    #: each attention layer builds its own interleaved fp32 cos/sin for the rope (ernie4_5:
+    #: ``cos[..., :d/2].repeat_interleave(2)`` of the shared fp32 tables, ``(1, 1, s, d)`` each,
+    #: which the rotary muls save), and rotates q/k in fp32 before casting back (``fp32_rope``)
+    rope_interleave_tables: bool = False
+    #: config keys of dropouts applied inside the layers in training, which the masks they save
+    #: make visible (seed_oss: ``attention_dropout`` on the attention probabilities,
+    #: ``residual_dropout`` on the o_proj and down_proj outputs); None: not read (other families'
+    #: ``attention_dropout`` is 0.0 in every bundled config and is not modelled)
+    dropout_keys: tuple[str, str] | None = None
 
 
 #: first transformers wheel with models/gemma4: 5.5.0 (the 5.4.0 wheel has none; checked with
@@ -488,6 +502,58 @@ FAMILIES: dict[str, Family] = {
             qk_norm=True, qkv_bias_key=None, o_bias_key=None, short_conv=True,
             mlp_names=("w1", "w3", "w2"), o_proj_name="out_proj", moe="lfm2_moe", peft_wraps_experts=False,
         ),
+        Family(
+            # IBM Granite 3.x dense (GraniteConfig, transformers 5.24): llama's decoder with muP
+            # multipliers, python floats of the config: the embedding output times
+            # embedding_multiplier, each attention and MLP output times residual_multiplier before
+            # its residual add, attention_multiplier as the softmax scale (not 1/sqrt(head_dim)), the
+            # logits divided by logits_scaling. A tensor-by-scalar mul/div saves nothing for
+            # backward, so the saved set, the parameters and the states are llama's; q/k/v/o share
+            # attention_bias; head_dim is no field of the config class (hidden // heads)
+            "granite",
+            {**_LLAMA_LIKE, "mlp_bias": False, "embedding_multiplier": 1.0, "logits_scaling": 1.0,
+             "residual_multiplier": 1.0, "attention_multiplier": 1.0},
+            mlp_bias_key="mlp_bias", embedding_scaled_outside=True,
+        ),
+        Family(
+            # Baidu ERNIE 4.5 dense (Ernie4_5Config, transformers 5.24): llama's layers with one
+            # use_bias switch for every projection (q/k/v/o and gate/up/down), head_dim 128, tied
+            # embeddings; the rotary embedding keeps its cos/sin fp32 and each layer rotates q and k
+            # in fp32 with GLM-style interleaved tables (``repeat_interleave`` copies of the fp32
+            # tables, saved per layer), casting them back to the projections' dtype
+            "ernie4_5",
+            {**{k: v for k, v in _LLAMA_LIKE.items() if k not in ("attention_bias", "sliding_window")},
+             "vocab_size": 103424, "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 18,
+             "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 128,
+             "max_position_embeddings": 131072, "tie_word_embeddings": True, "use_bias": False},
+            qkv_bias_key="use_bias", o_bias_key="use_bias", mlp_bias_key="use_bias", fp32_rope=True,
+            rope_interleave_tables=True,
+        ),
+        Family(
+            # ByteDance Seed-OSS (SeedOssConfig, transformers 5.24): llama's layers with q/k/v biases
+            # (attention_bias, default on) apart from o_proj's (attention_out_bias, default off),
+            # head_dim 128, and dropouts in training: attention_dropout on the attention
+            # probabilities, residual_dropout on o_proj's and down_proj's outputs (both 0.1 by
+            # default), whose masks the layers save
+            "seed_oss",
+            {**_LLAMA_LIKE, "vocab_size": 155136, "hidden_size": 4096, "intermediate_size": 27648,
+             "num_hidden_layers": 64, "num_attention_heads": 80, "num_key_value_heads": 8, "head_dim": 128,
+             "max_position_embeddings": 524288, "attention_bias": True, "attention_out_bias": False,
+             "attention_dropout": 0.1, "residual_dropout": 0.1, "mlp_bias": False},
+            qkv_bias_key="attention_bias", o_bias_key="attention_out_bias", mlp_bias_key="mlp_bias",
+            dropout_keys=("attention_dropout", "residual_dropout"),
+        ),
+        Family(
+            # IBM Granite 3.x MoE (GraniteMoeConfig, transformers 5.24): granite's multipliers on
+            # mixtral's layout (every layer an MoE block: fused 3-D experts of intermediate_size, no
+            # shared expert) behind a router whose logits (the weight's dtype) are upcast to fp32,
+            # top-k first and a softmax over the k chosen logits only, cast back to the input's
+            # dtype. PEFT 0.21 has no MoE mapping for granitemoe: all-linear adapts the attention
+            "granitemoe",
+            {**_LLAMA_LIKE, "embedding_multiplier": 1.0, "logits_scaling": 1.0, "residual_multiplier": 1.0,
+             "attention_multiplier": 1.0, "num_local_experts": 8, "num_experts_per_tok": 2},
+            moe="granitemoe", peft_wraps_experts=False, embedding_scaled_outside=True,
+        ),
     ]
 }
 
@@ -523,6 +589,11 @@ _ARCH_TO_TYPE = {
     "MiniMaxM2ForCausalLM": "minimax_m2",
     "Lfm2ForCausalLM": "lfm2",
     "Lfm2MoeForCausalLM": "lfm2_moe",
+    "GraniteForCausalLM": "granite",
+    "Ernie4_5ForCausalLM": "ernie4_5",
+    "Ernie4_5_ForCausalLM": "ernie4_5",  # (the remote-code class name of the first ERNIE 4.5 configs)
+    "SeedOssForCausalLM": "seed_oss",
+    "GraniteMoeForCausalLM": "granitemoe",
 }
 #: text model_types that name a family under another key (the inner type of a multimodal config)
 _TEXT_TYPE_ALIASES = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe", "llama4": "llama4_text",
@@ -600,6 +671,10 @@ class AttentionSpec:
     query_pos_scale: bool = False
     #: the output projection's module name (lfm2: ``out_proj``)
     o_name: str = "o_proj"
+    #: dropout in training (seed_oss): on the attention probabilities (``attention_dropout``) and
+    #: on o_proj's output (``residual_dropout``)
+    dropout: float = 0.0
+    out_dropout: float = 0.0
 
     @property
     def head_major_q(self) -> bool:
@@ -688,6 +763,8 @@ class MlpSpec:
     fused_gate_up: bool = False
     #: module names of the gate, up and down projections (lfm2: w1, w3, w2)
     names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
+    #: dropout on down_proj's output in training (seed_oss: ``residual_dropout``)
+    out_dropout: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -700,7 +777,8 @@ class MoeSpec:
     #: sigmoid in the logits' dtype, "mistral4" softmax in the compute dtype (a plain linear, no
     #: fp32 weight), "lfm2_moe" a sigmoid there (the same bytes saved); qwen3_moe casts the top-k
     #: weights back to the logits' dtype;
-    #: "gpt_oss" takes the top-k logits first and softmaxes only those, in the logits' dtype
+    #: "gpt_oss" takes the top-k logits first and softmaxes only those, in the logits' dtype;
+    #: "granitemoe" does that on an fp32 copy of the logits and casts the weights back
     router: str = "mixtral"
     #: the router weight stays fp32 whatever the model's dtype: transformers >= 5.24 lists
     #: ``gate.weight`` in the family's ``_keep_in_fp32_modules_strict`` (deepseek_v3)
@@ -1287,6 +1365,7 @@ def model_from_config(
     mpe = c.int("max_position_embeddings", optional=True)
     qk_norm = fam.qk_norm or bool(fam.qk_norm_key and c.bool(fam.qk_norm_key))
     prf = _partial_rotary_factor(fam, c)
+    attn_p, resid_p = (_probability(c, k) for k in fam.dropout_keys) if fam.dropout_keys else (0.0, 0.0)
     if heads is not None and kv_heads is not None and heads % kv_heads:
         c.bad(f"num_key_value_heads={kv_heads} must divide num_attention_heads={heads}")
     if head_dim is None and h is not None and heads is not None and heads > h:
@@ -1327,11 +1406,12 @@ def model_from_config(
             softcap=softcap, sinks=fam.attention_sinks,
             rotary_dim=int(hd * prf) if prf is not None else None, output_gate=fam.output_gate,
             qk_norm_whole=fam.qk_norm_whole and qk_norm,
-            v_norm=fam.gemma4, o_name=fam.o_proj_name,
+            v_norm=fam.gemma4, o_name=fam.o_proj_name, dropout=attn_p, out_dropout=resid_p,
         )
     if fam.block_ff_dim and inter is not None:
         inter = _lfm2_ff_dim(c, inter)
-    mlp = MlpSpec(inter or 0, bias=mlp_bias, fused_gate_up=fam.fused_gate_up, names=fam.mlp_names)
+    mlp = MlpSpec(inter or 0, bias=mlp_bias, fused_gate_up=fam.fused_gate_up, names=fam.mlp_names,
+                  out_dropout=resid_p)
     if fam.moe == "llama4":  # dense layers use intermediate_size_mlp (intermediate_size: experts)
         mlp = MlpSpec(c.int("intermediate_size_mlp") or 0)
     groups = tuple(
@@ -1362,6 +1442,17 @@ def model_from_config(
         source=source,
         config=dict(raw),
     )
+
+
+def _probability(c: _Check, key: str) -> float:
+    """A dropout probability of the config, in [0, 1); one problem when it is not."""
+    v = c.cfg.get(key)
+    if v is None:
+        return 0.0
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 <= v < 1:
+        c.bad(f"{key} must be a number in [0, 1), got {_show(v)}")
+        return 0.0
+    return float(v)
 
 
 def _variant_attention(attn: AttentionSpec, variant: Any, c: _Check, fam: Family) -> AttentionSpec:
@@ -1626,7 +1717,7 @@ def _layer_plan(fam: Family, c: _Check, n: int) -> _LayerPlan:
         window_at = lambda i: window  # noqa: E731
     # ---- MoE layers
     any_moe = False
-    if fam.moe in ("mixtral", "gpt_oss", "qwen3_5_moe"):
+    if fam.moe in ("mixtral", "gpt_oss", "qwen3_5_moe", "granitemoe"):
         moe_at = lambda i: True  # noqa: E731
         any_moe = True
     elif fam.moe in ("qwen3_moe", "qwen3_next"):
@@ -1831,7 +1922,7 @@ def _moe_spec(fam: Family, c: _Check, any_moe: bool) -> MoeSpec | None:
     if fam.moe is None:
         return None
     renorm = True
-    if fam.moe in ("mixtral", "gpt_oss"):
+    if fam.moe in ("mixtral", "gpt_oss", "granitemoe"):
         experts, top_k, inter = (c.int("num_local_experts"), c.int("num_experts_per_tok"),
                                  c.int("intermediate_size"))
         router, shared = fam.moe, None

@@ -65,7 +65,15 @@ _TEMPLATES = {"llama": "llama3", "qwen2": "qwen", "qwen3": "qwen3", "qwen3_moe":
               # MiniMax-M2 / M2.1: 0.9.5's constants.py registers both with minimax2 (]~b]ROLE ... [e~[, <think>)
               "minimax_m2": "minimax2",
               # LFM2: 0.9.5 registers lfm2 (LiquidAI's ChatML-like format with its tool tokens) for LFM2.5
-              "lfm2": "lfm2"}
+              "lfm2": "lfm2",
+              # Granite 3.x: 0.9.5's constants.py registers granite-3.x (3.0 to 3.3) with granite3
+              "granite": "granite3",
+              # ERNIE 4.5: 0.9.5's constants.py registers the -PT (instruct) checkpoints with ernie_nothink
+              "ernie4_5": "ernie_nothink",
+              # Seed-OSS: 0.9.5's constants.py registers Seed-OSS-36B (Base and Instruct) with seed_oss
+              "seed_oss": "seed_oss",
+              # Granite 3.x MoE (1b-a400m, 3b-a800m): registered with granite3 as the dense ones
+              "granitemoe": "granite3"}
 #: Kimi K2 (planned as deepseek_v3) speaks Moonshot's <|im_user|>/<|im_assistant|>/<|im_middle|> format,
 #: which 0.9.5 registers as kimi_vl; Phi-4-mini's <|user|>...<|end|> format as phi4_mini. The catalog's
 #: Qwen3-Next is the Instruct checkpoint, which 0.9.5's constants.py registers with qwen3_nothink (the

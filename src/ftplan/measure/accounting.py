@@ -37,6 +37,7 @@ __all__ = [
     "unique_named_parameters",
     "storage_key",
     "storage_nbytes",
+    "graph_leaf_bytes",
     "quant_state_tensors",
     "unique_bytes",
     "optimizer_state_bytes",
@@ -222,6 +223,35 @@ def storage_key(t: torch.Tensor) -> int:
 def storage_nbytes(t: torch.Tensor) -> int:
     """Bytes of the whole untyped storage behind ``t`` (views count their full base)."""
     return t.untyped_storage().nbytes()
+
+
+def graph_leaf_bytes(root: torch.Tensor, exclude: set[int]) -> dict[int, int]:
+    """Storages of the non-parameter leaves that require grad which the autograd graph of ``root``
+    holds (its ``AccumulateGrad`` nodes keep their variable alive until backward frees the graph),
+    by storage key, less the keys in ``exclude`` (parameters, buffers, storages counted already).
+
+    Such a leaf is the embedding output that transformers' ``enable_input_require_grads`` marks
+    with a frozen embedding (PEFT + checkpointing); it is usually also the first checkpointed
+    layer's input (counted as a saved tensor), except where the model transforms it before the
+    layers (Granite's ``embedding_multiplier``): then it is a storage of its own."""
+    out: dict[int, int] = {}
+    fn = root.grad_fn
+    if fn is None:
+        return out
+    seen: set[int] = set()
+    stack = [fn]
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        var = getattr(node, "variable", None)
+        if isinstance(var, torch.Tensor) and not isinstance(var, nn.Parameter):
+            k = storage_key(var)
+            if k and k not in exclude:
+                out[k] = storage_nbytes(var)
+        stack.extend(f for f, _ in node.next_functions)
+    return out
 
 
 @dataclasses.dataclass

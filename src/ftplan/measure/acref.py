@@ -305,6 +305,8 @@ def measure_variant(
         del out
         records = tracker.alive_records()
         device = {r.key: r.nbytes for r in records}
+        for k, nb in TR.graph_leaf_bytes(loss_t, set(device) | params).items():  # (no op saved them)
+            device.setdefault(k, nb)
         copies = sum(r.nbytes for r in records if r.param_copy)
         host = stash = 0
     else:
@@ -365,6 +367,9 @@ def measure_variant(
                 device.setdefault(k, nb)
             for r in closures._closure_records():
                 device[r.key] = r.nbytes
+            # leaves the graph holds that no hook saw (Granite's unscaled embedding output) stay
+            for k, nb in TR.graph_leaf_bytes(loss_t, set(device) | params).items():
+                device.setdefault(k, nb)
             records = trace
             copies = sum(device[k] for k in copy_keys if k not in params)
             # the graph (and the offloaded copies) are freed before the hooks go away

@@ -545,6 +545,84 @@ TINY_CONFIGS: dict[str, dict] = {
 }
 TINY_CONFIGS["gemma4_moe"] = {**TINY_CONFIGS["gemma4"], "enable_moe_block": True, "num_experts": 4,
                               "top_k_experts": 2, "moe_intermediate_size": 24}
+#: granite: llama's layers with Granite 3.x's muP multipliers (granite-3.3-8b's values: embedding 12,
+#: residual 0.22, attention 1/128, logits divided by 16), GQA, tied (as every Granite 3.x checkpoint).
+TINY_CONFIGS["granite"] = {
+    "model_type": "granite",
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 120,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
+    "embedding_multiplier": 12.0,
+    "residual_multiplier": 0.22,
+    "attention_multiplier": 0.0078125,
+    "logits_scaling": 16.0,
+    "tie_word_embeddings": True,
+    "pad_token_id": None, "bos_token_id": None, "eos_token_id": None,
+}
+
+
+#: ernie4_5: ERNIE 4.5's dense layers (head_dim 32 != 64 / 4, GQA 4 / 2), fp32 interleaved rope,
+#: biased projections (use_bias; the 0.3B checkpoint has none: the switch's path), tied.
+TINY_CONFIGS["ernie4_5"] = {
+    "model_type": "ernie4_5",
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 120,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "max_position_embeddings": 256,
+    "use_bias": True,
+    "tie_word_embeddings": True,
+}
+
+
+#: seed_oss: Seed-OSS's layers (q/k/v biases, none on o_proj, head_dim 32 != 64 / 4, GQA 4 / 2) with
+#: residual dropout 0.1 on o_proj's and down_proj's outputs; attention dropout off (CPU sdpa runs its
+#: math kernel in fp32 with a dropout, which the CUDA kernels ftplan plans do not: held by hand with
+#: eager attention instead, tests/test_seed_oss.py); untied.
+TINY_CONFIGS["seed_oss"] = {
+    "model_type": "seed_oss",
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 120,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "max_position_embeddings": 256,
+    "attention_dropout": 0.0,
+    "residual_dropout": 0.1,
+    "tie_word_embeddings": False,
+    "pad_token_id": None, "bos_token_id": None, "eos_token_id": None,
+}
+
+
+#: granitemoe: granite's multipliers (granite-3.x MoE values: embedding 12, residual 0.22, attention
+#: 1/64, logits divided by 6) on mixtral's layout: 4 experts top-2 of ``intermediate_size=24`` in every
+#: layer behind the fp32 top-k-then-softmax router, GQA, tied.
+TINY_CONFIGS["granitemoe"] = {
+    "model_type": "granitemoe",
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 24,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+    "max_position_embeddings": 256,
+    "embedding_multiplier": 12.0,
+    "residual_multiplier": 0.22,
+    "attention_multiplier": 0.015625,
+    "logits_scaling": 6.0,
+    "tie_word_embeddings": True,
+}
 
 
 def text_config(config: dict) -> tuple[str, dict]:

@@ -52,6 +52,7 @@ from .accounting import (
     CATEGORIES,
     SavedRecord,
     SavedTensorTracker,
+    graph_leaf_bytes,
     optimizer_state_bytes,
     params_by_category,
     storage_key,
@@ -96,6 +97,7 @@ __all__ = [
     "live_bytes_after_forward",
     "storage_key",
     "storage_nbytes",
+    "graph_leaf_bytes",
 ]
 
 #: the names these helpers had when they lived here: measurement modules and tests use them, and
@@ -229,6 +231,13 @@ def measure_step(
     for r in records:
         by_kind[r.op] += r.nbytes
         by_module[r.module or "<top>"] += r.nbytes
+    # leaves the graph holds that no op saved (Granite's unscaled embedding output, see
+    # graph_leaf_bytes): autograd keeps them until backward as it keeps a saved tensor
+    known = {r.key for r in records} | {storage_key(t) for t in [*model.parameters(), *model.buffers()]}
+    leaves = sum(graph_leaf_bytes(loss, known).values())
+    saved += leaves
+    if leaves:
+        by_kind["graph_leaf"] += leaves
 
     loss_value = float(loss.detach().float())
     if forward_only:

@@ -1,0 +1,151 @@
+"""Baidu ERNIE 4.5 dense (``ernie4_5``, ``Ernie4_5ForCausalLM``) against transformers 5.24 on CPU.
+
+llama's layers with one ``use_bias`` switch for every projection and a GLM-style rope in full
+precision: the rotary embedding returns fp32 cos/sin, and each layer rotates ``q.float()`` /
+``k.float()`` with its own ``repeat_interleave`` copies of the tables (``(1, 1, s, d)`` fp32 each,
+saved by the rotary muls) before casting back. Without checkpointing the shared tables are saved by
+no one; with it the recompute closures keep them.
+
+The generic grid (model states, saved activations under autocast and pure bf16, full and LoRA,
+checkpointing on/off, b = 1/2, sdpa; SAC in test_checkpointing_vs_torch) runs the tiny ernie4_5
+(biased, head_dim 32) from ``TINY_CONFIGS``; this file adds Ernie4_5Config's defaults, the
+parameter counts on meta, PEFT's all-linear targets, eager attention, SAC / every-k with LoRA,
+QLoRA, an fp32 LoRA base and the catalog entry.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+from ftplan.catalog.models import get_model
+from ftplan.job import LoraSpec, lora_targets
+from ftplan.memory import activation_parts, saved_activation_bytes
+from ftplan.model import FAMILIES, model_from_config
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+SMALL = {"model_type": "ernie4_5", "vocab_size": 512, "hidden_size": 64, "intermediate_size": 120,
+         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32}
+
+
+def _meta_params(cfg: dict) -> dict[str, int]:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from ftplan.measure.torchref import params_by_category
+
+    hf = AutoConfig.for_model(**cfg)
+    with warnings.catch_warnings(), torch.device("meta"):
+        warnings.simplefilter("ignore")
+        return params_by_category(AutoModelForCausalLM.from_config(hf))
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("cfg", [
+    {"model_type": "ernie4_5"},  # Ernie4_5Config's defaults: the 0.3B shape
+    {**SMALL, "use_bias": True}, {**SMALL, "tie_word_embeddings": False},
+])
+def test_defaults_and_params_match_transformers(cfg):
+    """Every default ftplan fills in equals Ernie4_5Config's; use_bias puts a bias on q/k/v/o and
+    gate/up/down; the counts equal transformers' on meta."""
+    pytest.importorskip("transformers")
+    from transformers import AutoConfig
+
+    tfc = AutoConfig.for_model("ernie4_5")
+    for key, value in FAMILIES["ernie4_5"].defaults.items():
+        assert getattr(tfc, key) == value, key
+    assert model_from_config(cfg).params.by_category() == _meta_params(cfg)
+
+
+@pytest.mark.torch
+def test_peft_all_linear_targets():
+    pytest.importorskip("peft")
+    import ftplan.measure.torchref as TR
+
+    spec = model_from_config(TR.TINY_CONFIGS["ernie4_5"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        applied = TR.apply_lora(TR.build_model(TR.TINY_CONFIGS["ernie4_5"], dtype="bf16"), r=4, alpha=8, dropout=0.0)
+    assert set(applied.targeted_suffixes) == set(lora_targets(spec, LoraSpec(r=4))) == {
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("method,ckpt,batch,seq", [("full", False, 2, 24), ("lora", True, 1, 40)])
+def test_eager_attention_exact(method, ckpt, batch, seq):
+    from test_memory_vs_torch import _run
+
+    spec, job, r, casts = _run("ernie4_5", method, ckpt, batch, seq, attn="eager")
+    assert saved_activation_bytes(spec, job, backend="cpu") == r.saved_activation_bytes - casts
+
+
+@pytest.mark.torch
+def test_rope_tables_per_layer():
+    """Without checkpointing each layer saves its two interleaved fp32 tables and nobody the shared
+    ones; with it the closures hold the shared pair (one (1, s, d) fp32 each)."""
+    from test_memory_vs_torch import _run
+
+    spec, job, r, casts = _run("ernie4_5", "lora", False, 2, 24)
+    tables = [x for x in r.records if x.shape == (1, 1, 24, 32) and x.dtype.endswith("float32")]
+    assert len(tables) == 2 * 2 and sum(x.nbytes for x in tables) == 2 * 2 * 24 * 32 * 4
+    assert saved_activation_bytes(spec, job, backend="cpu") == r.saved_activation_bytes - casts
+    ck = job.with_(gradient_checkpointing=True)
+    assert activation_parts(spec, ck, backend="cpu").model_level_bytes >= 2 * 24 * 32 * 4
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("method,mode", [("lora", "selective"), ("lora", "every-k")])
+def test_checkpointing_variants_exact(method, mode):
+    pytest.importorskip("trl")
+    import test_checkpointing_vs_torch as C
+
+    spec, r = C._measure("ernie4_5", method, mode)
+    job = C._job("ernie4_5", method, mode, 2, 24, "hf")
+    assert saved_activation_bytes(spec, job, backend="cpu") == r.device_bytes - r.weight_copy_bytes
+    assert activation_parts(spec, job, backend="cpu").sac_cache_bytes == r.sac_cache_bytes
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("recipe,ckpt", [("peft", False), ("trl", True)])
+def test_qlora_exact(recipe, ckpt):
+    """bitsandbytes nf4: q/k come out of Linear4bit in fp32 under PEFT's kbit upcast, where
+    ``q.float()`` is no copy."""
+    pytest.importorskip("bitsandbytes")
+    from test_memory_vs_torch import _check_qlora
+
+    _check_qlora("ernie4_5", ckpt, recipe)
+
+
+@pytest.mark.torch
+def test_fp32_base_lora_exact():
+    from test_memory_vs_torch import _check_fp32_base
+
+    _check_fp32_base("ernie4_5")
+
+
+@pytest.mark.torch
+def test_tiny_config_of_the_catalog_entry():
+    pytest.importorskip("torch")
+    from ftplan.measure.accounting import params_by_category
+    from ftplan.measure.configs import tiny_config
+    from ftplan.measure.hf import build_model
+
+    tiny = tiny_config(get_model("ernie-4.5-0.3b").config)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        real = build_model(tiny, device="meta")
+    assert model_from_config(tiny).params.by_category() == params_by_category(real)
+
+
+def test_catalog_count_and_template():
+    """ERNIE-4.5-0.3B: tied, 18 layers, GQA 16 / 2 of 128; 360,748,032 parameters (0.36B)."""
+    from ftplan.export.llamafactory import template_for
+
+    spec = get_model("ernie-4.5-0.3b").spec()
+    assert spec.params.total == 360_748_032 and spec.tie_word_embeddings
+    assert get_model("baidu/ERNIE-4.5-0.3B-PT").name == "ernie-4.5-0.3b"
+    assert template_for(spec) == "ernie_nothink"

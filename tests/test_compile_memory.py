@@ -1,0 +1,120 @@
+"""torch.compile's saved activations against real PyTorch on CPU.
+
+Each decoder layer of a tiny real Hugging Face model is compiled (``torch.compile(layer)``, as
+torchtitan and torchtune compile each transformer block) with ``backend="aot_eager"``, which in
+torch 2.13 partitions with ``min_cut_rematerialization_partition`` as inductor does (inductor's
+saved set is the same storage for storage on these layers: ``benchmarks/compile_saved_cpu.py``,
+by hand, as inductor compiles too slowly for CI). What the compiled layers save is counted through
+``saved_tensors_hooks`` (AOTAutograd's ``CompiledFunction`` saves through
+``ctx.save_for_backward``, so the hooks see every tensor) and must equal ftplan's compiled rule
+(``memory._compiled_layer_saved_bytes``) exactly: full fine-tuning (HF Trainer's autocast and pure
+bf16), PEFT LoRA with dropout (q/k/v biases and tied embeddings: qwen2), per-head q/k norms
+(qwen3), and checkpointing (each checkpointed layer keeps only its input, as eager). The
+embedding, the final norm, the head and the loss run eager, as in a per-block compile. LoRA
+without dropout, more families and inductor itself are in the by-hand script (PEFT's layers make
+a LoRA compile take ~10 s here).
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("peft")
+
+import ftplan.measure.torchref as TR  # noqa: E402
+from ftplan.job import Job, LoraSpec  # noqa: E402
+from ftplan.memory import _autocast_weight_elems, _head_copy_elems, estimate_memory, model_states, saved_activation_bytes  # noqa: E402
+from ftplan.model import model_from_config  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+
+@functools.lru_cache(maxsize=None)
+def _measure(family: str, method: str, precision: str, dropout: float, ckpt: bool, batch: int = 2,
+             seq: int = 24) -> tuple[int, int]:
+    """(bytes the forward saves, the autocast weight copies among them) for one compiled model."""
+    cfg = TR.TINY_CONFIGS[family]
+    mixed = precision.endswith("-mixed")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch._dynamo.reset()
+        model = TR.build_model(cfg, dtype="fp32" if method == "full" and mixed else "bf16", attn_implementation="sdpa")
+        if method == "lora":
+            from peft import LoraConfig, get_peft_model
+
+            model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=dropout,
+                                                     target_modules="all-linear", task_type="CAUSAL_LM"))
+        layers = next(m for n, m in model.named_modules() if n.endswith("model.layers"))
+        for i, layer in enumerate(layers):
+            layers[i] = torch.compile(layer, backend="aot_eager")
+        orig = TR._model_dtype
+        if mixed:  # HF Trainer bf16=True: autocast around the forward whatever the model dtype
+            TR._model_dtype = lambda m: torch.float32
+        try:
+            r = TR.measure_step(model, batch=batch, seq_len=seq, gradient_checkpointing=ckpt, dtype="bf16",
+                                forward_only=True)
+        finally:
+            TR._model_dtype = orig
+    assert r.checkpoint_calls == (len(layers) if ckpt else 0)
+    return r.saved_activation_bytes, r.saved_activation_bytes - sum(x.nbytes for x in r.records
+                                                                      if not x.param_copy)
+
+
+def _job(family, method, precision, dropout, ckpt, batch=2, seq=24):
+    return Job(method=method, precision=precision, micro_batch=batch, seq_len=seq, gradient_checkpointing=ckpt,
+               attn_impl="sdpa", lora=LoraSpec(r=8, alpha=16, dropout=dropout), loss="hf", torch_compile=True)
+
+
+def _weight_copies(spec, job) -> int:
+    """Autocast's compute-dtype weight copies the layers save (compiled as eager: every matmul
+    weight's in full fine-tuning, the adapters' under LoRA), checked against eager PyTorch in
+    tests/test_memory_vs_torch.py; counted with the weights, not the activations."""
+    if not job.precision.endswith("-mixed"):
+        return 0
+    if job.method == "full" and job.gradient_checkpointing:
+        return 2 * _head_copy_elems(spec, job)  # the checkpointed layers' copies are remade in backward
+    if job.method == "full":
+        return 2 * _autocast_weight_elems(spec, backend="cpu")
+    return model_states(spec, job).master_weights
+
+
+CASES = [
+    ("llama", "full", "bf16-mixed", 0.0, False),
+    ("llama", "full", "bf16", 0.0, False),
+    ("qwen2", "lora", "bf16-mixed", 0.05, False),
+    ("qwen3", "full", "bf16-mixed", 0.0, False),
+    ("llama", "full", "bf16-mixed", 0.0, True),
+]
+
+
+@pytest.mark.parametrize("family,method,precision,dropout,ckpt", CASES)
+def test_compiled_saved_activations_exact(family, method, precision, dropout, ckpt):
+    spec = model_from_config(TR.TINY_CONFIGS[family])
+    job = _job(family, method, precision, dropout, ckpt)
+    measured, _ = _measure(family, method, precision, dropout, ckpt)
+    assert saved_activation_bytes(spec, job, backend="cpu") + _weight_copies(spec, job) == measured
+
+
+def test_compile_saves_less_than_eager():
+    """The partitioner's point: without checkpointing a compiled llama layer saves less than eager
+    (the norms' fp32 upcasts and normalised tensors, SiLU's output are recomputed)."""
+    spec = model_from_config(TR.TINY_CONFIGS["llama"])
+    job = _job("llama", "full", "bf16-mixed", 0.0, False)
+    assert saved_activation_bytes(spec, job, backend="cpu") < saved_activation_bytes(
+        spec, job.with_(torch_compile=False), backend="cpu")
+
+
+def test_compile_note_says_what_is_modelled():
+    spec = model_from_config(TR.TINY_CONFIGS["llama"])
+    notes = estimate_memory(spec, _job("llama", "full", "bf16-mixed", 0.0, False)).notes
+    assert any(n.startswith("torch.compile: decoder layers' saved activations as AOTAutograd") for n in notes)
+    moe = model_from_config(TR.TINY_CONFIGS["mixtral"])
+    job = _job("mixtral", "lora", "bf16-mixed", 0.0, False)
+    notes = estimate_memory(moe, job).notes
+    assert any(n.startswith("torch.compile: saved activations planned as eager (MoE") for n in notes)
+    assert saved_activation_bytes(moe, job) == saved_activation_bytes(moe, job.with_(torch_compile=False))

@@ -18,7 +18,6 @@ a LoRA compile take ~10 s here).
 from __future__ import annotations
 
 import functools
-import warnings
 
 import pytest
 
@@ -27,42 +26,22 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 import ftplan.measure.torchref as TR  # noqa: E402
+from ftplan.measure.compileref import CompiledSaved, compiled_saved  # noqa: E402
 from ftplan.job import Job, LoraSpec  # noqa: E402
-from ftplan.memory import _autocast_weight_elems, _head_copy_elems, estimate_memory, model_states, saved_activation_bytes  # noqa: E402
+from ftplan.memory import (_autocast_weight_elems, _head_copy_elems, estimate_memory, model_states,  # noqa: E402
+                           saved_activation_bytes)
 from ftplan.model import model_from_config  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
 
 @functools.lru_cache(maxsize=None)
-def _measure(family: str, method: str, precision: str, dropout: float, ckpt: bool, batch: int = 2,
-             seq: int = 24) -> tuple[int, int]:
-    """(bytes the forward saves, the autocast weight copies among them) for one compiled model."""
-    cfg = TR.TINY_CONFIGS[family]
-    mixed = precision.endswith("-mixed")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch._dynamo.reset()
-        model = TR.build_model(cfg, dtype="fp32" if method == "full" and mixed else "bf16", attn_implementation="sdpa")
-        if method == "lora":
-            from peft import LoraConfig, get_peft_model
-
-            model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=dropout,
-                                                     target_modules="all-linear", task_type="CAUSAL_LM"))
-        layers = next(m for n, m in model.named_modules() if n.endswith("model.layers"))
-        for i, layer in enumerate(layers):
-            layers[i] = torch.compile(layer, backend="aot_eager")
-        orig = TR._model_dtype
-        if mixed:  # HF Trainer bf16=True: autocast around the forward whatever the model dtype
-            TR._model_dtype = lambda m: torch.float32
-        try:
-            r = TR.measure_step(model, batch=batch, seq_len=seq, gradient_checkpointing=ckpt, dtype="bf16",
-                                forward_only=True)
-        finally:
-            TR._model_dtype = orig
-    assert r.checkpoint_calls == (len(layers) if ckpt else 0)
-    return r.saved_activation_bytes, r.saved_activation_bytes - sum(x.nbytes for x in r.records
-                                                                      if not x.param_copy)
+def _measure(family: str, method: str, precision: str, dropout: float, ckpt: bool) -> CompiledSaved:
+    """One compiled model's forward, measured once per module run."""
+    r = compiled_saved(TR.TINY_CONFIGS[family], method=method, precision=precision, dropout=dropout,
+                       gradient_checkpointing=ckpt, backend="aot_eager", batch=2, seq_len=24)
+    assert r.checkpoint_calls == (TR.TINY_CONFIGS[family]["num_hidden_layers"] if ckpt else 0)
+    return r
 
 
 def _job(family, method, precision, dropout, ckpt, batch=2, seq=24):
@@ -96,8 +75,9 @@ CASES = [
 def test_compiled_saved_activations_exact(family, method, precision, dropout, ckpt):
     spec = model_from_config(TR.TINY_CONFIGS[family])
     job = _job(family, method, precision, dropout, ckpt)
-    measured, _ = _measure(family, method, precision, dropout, ckpt)
-    assert saved_activation_bytes(spec, job, backend="cpu") + _weight_copies(spec, job) == measured
+    r = _measure(family, method, precision, dropout, ckpt)
+    assert _weight_copies(spec, job) == r.weight_copy_bytes
+    assert saved_activation_bytes(spec, job, backend="cpu") == r.saved_bytes - r.weight_copy_bytes
 
 
 def test_compile_saves_less_than_eager():

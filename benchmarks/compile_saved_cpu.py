@@ -1,0 +1,93 @@
+"""torch.compile's saved activations on CPU, by hand: ftplan's rule against aot_eager and inductor.
+
+    python benchmarks/compile_saved_cpu.py [--inductor] [--whole-model] [--only FAMILY]
+
+Each case builds a tiny real Hugging Face model (``ftplan.measure.configs.TINY_CONFIGS``), compiles
+each decoder layer (``ftplan.measure.compileref.compiled_saved``), counts the bytes one forward
+saves for backward and compares them with ``saved_activation_bytes(..., torch_compile=True)``
+(autocast's weight copies taken out, as ftplan counts them with the weights). ``--inductor`` also
+compiles each case with inductor (tens of seconds a case on 2 cores) and checks that it saves the
+same bytes as aot_eager (both partition with ``min_cut_rematerialization_partition``), which the
+CI test (``tests/test_compile_memory.py``) relies on. ``--whole-model`` also compiles the whole
+model at once (HF Trainer's ``torch_compile=True``) and prints what that changes. Prints one line
+a case; exits 1 if a modelled case differs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from ftplan.job import Job, LoraSpec  # noqa: E402
+from ftplan.measure.compileref import compiled_saved  # noqa: E402
+from ftplan.measure.configs import TINY_CONFIGS  # noqa: E402
+from ftplan.memory import _compiled_layer_reason, _act_dtypes, saved_activation_bytes  # noqa: E402
+from ftplan.model import model_from_config  # noqa: E402
+
+#: (family, method, precision, LoRA dropout, checkpointing)
+CASES = [
+    ("llama", "full", "bf16-mixed", 0.0, False),
+    ("llama", "full", "bf16", 0.0, False),
+    ("llama", "full", "bf16-mixed", 0.0, True),
+    ("llama", "lora", "bf16-mixed", 0.0, False),
+    ("llama", "lora", "bf16-mixed", 0.05, False),
+    ("llama", "lora", "bf16-mixed", 0.05, True),
+    ("qwen2", "full", "bf16-mixed", 0.0, False),
+    ("qwen2", "lora", "bf16-mixed", 0.0, False),
+    ("qwen2", "lora", "bf16-mixed", 0.05, False),
+    ("qwen3", "full", "bf16-mixed", 0.0, False),
+    ("qwen3", "full", "bf16", 0.0, False),
+    ("qwen3", "lora", "bf16-mixed", 0.0, False),
+    ("qwen3", "lora", "bf16-mixed", 0.05, False),
+]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--inductor", action="store_true")
+    ap.add_argument("--whole-model", action="store_true")
+    ap.add_argument("--only", default=None)
+    args = ap.parse_args()
+    bad = 0
+    for fam, method, prec, drop, ckpt in CASES:
+        if args.only and fam != args.only:
+            continue
+        spec = model_from_config(TINY_CONFIGS[fam])
+        job = Job(method=method, precision=prec, micro_batch=2, seq_len=24, gradient_checkpointing=ckpt,
+                  attn_impl="sdpa", lora=LoraSpec(r=8, alpha=16, dropout=drop), loss="hf", torch_compile=True)
+        reason = _compiled_layer_reason(spec.groups[0], spec, job, _act_dtypes(job, "cpu"))
+        pred = saved_activation_bytes(spec, job, backend="cpu")
+        eager = saved_activation_bytes(spec, job.with_(torch_compile=False), backend="cpu")
+        t0 = time.perf_counter()
+        r = compiled_saved(TINY_CONFIGS[fam], method=method, precision=prec, dropout=drop, gradient_checkpointing=ckpt)
+        got = r.saved_bytes - r.weight_copy_bytes
+        line = (f"{fam:6s} {method:4s} {prec:10s} dropout {drop:<4} ckpt {ckpt!s:5s}  aot_eager {got:7d}  "
+                f"ftplan {pred:7d} ({'=' if got == pred else 'DIFF'})  eager-rule {eager:7d}  "
+                f"copies {r.weight_copy_bytes:6d}  {time.perf_counter() - t0:5.1f}s")
+        if reason:
+            line += f"  [not modelled: {reason}]"
+        elif got != pred:
+            bad += 1
+        if args.inductor:
+            t0 = time.perf_counter()
+            ri = compiled_saved(TINY_CONFIGS[fam], method=method, precision=prec, dropout=drop,
+                                gradient_checkpointing=ckpt, backend="inductor")
+            same = (ri.saved_bytes, ri.weight_copy_bytes) == (r.saved_bytes, r.weight_copy_bytes)
+            bad += not same
+            line += (f"  inductor {ri.saved_bytes - ri.weight_copy_bytes:7d} copies {ri.weight_copy_bytes:6d} "
+                     f"({'same' if same else 'DIFFERENT'}, {time.perf_counter() - t0:5.1f}s)")
+        if args.whole_model:
+            rw = compiled_saved(TINY_CONFIGS[fam], method=method, precision=prec, dropout=drop,
+                                gradient_checkpointing=ckpt, whole_model=True)
+            line += f"  whole-model {rw.saved_bytes - rw.weight_copy_bytes:7d} copies {rw.weight_copy_bytes:6d}"
+        print(line, flush=True)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -4,7 +4,7 @@
 
 Each case builds a tiny real Hugging Face model (``ftplan.measure.configs.TINY_CONFIGS``), compiles
 each decoder layer (``ftplan.measure.compileref.compiled_saved``), counts the bytes one forward
-saves for backward and compares them with ``saved_activation_bytes(..., torch_compile=True)``
+saves for backward and compares them with ftplan's (``activation_parts`` with ``torch_compile=True``)
 (autocast's weight copies taken out, as ftplan counts them with the weights). ``--inductor`` also
 compiles each case with inductor (tens of seconds a case on 2 cores) and checks that it saves the
 same bytes as aot_eager (both partition with ``min_cut_rematerialization_partition``), which the
@@ -26,11 +26,11 @@ sys.path.insert(0, str(ROOT / "src"))
 from ftplan.job import Job, LoraSpec  # noqa: E402
 from ftplan.measure.compileref import compiled_saved  # noqa: E402
 from ftplan.measure.configs import TINY_CONFIGS  # noqa: E402
-from ftplan.memory import _compiled_layer_reason, _act_dtypes, saved_activation_bytes  # noqa: E402
+from ftplan.memory import _act_dtypes, _compiled_layer_reason, activation_parts  # noqa: E402
 from ftplan.model import model_from_config  # noqa: E402
 
-#: (family, method, precision, LoRA dropout, checkpointing)
-CASES = [
+#: (family, method, precision, LoRA dropout, checkpointing[, adapter dtype])
+CASES: list[tuple] = [
     ("llama", "full", "bf16-mixed", 0.0, False),
     ("llama", "full", "bf16", 0.0, False),
     ("llama", "full", "bf16-mixed", 0.0, True),
@@ -44,6 +44,10 @@ CASES = [
     ("qwen3", "full", "bf16", 0.0, False),
     ("qwen3", "lora", "bf16-mixed", 0.0, False),
     ("qwen3", "lora", "bf16-mixed", 0.05, False),
+    # bf16 adapters on the bf16 base under autocast: LoRA as FSDP runs it (accelerate's autocast
+    # around param_dtype copies), planned with engine_compute="autocast"
+    ("llama", "lora", "bf16-mixed", 0.0, False, "bf16"),
+    ("qwen3", "lora", "bf16-mixed", 0.05, False, "bf16"),
 ]
 
 
@@ -54,19 +58,28 @@ def main() -> int:
     ap.add_argument("--only", default=None)
     args = ap.parse_args()
     bad = 0
-    for fam, method, prec, drop, ckpt in CASES:
+    for fam, method, prec, drop, ckpt, *adapter in CASES:
         if args.only and fam != args.only:
             continue
+        adapter = adapter[0] if adapter else "fp32"
         spec = model_from_config(TINY_CONFIGS[fam])
         job = Job(method=method, precision=prec, micro_batch=2, seq_len=24, gradient_checkpointing=ckpt,
                   attn_impl="sdpa", lora=LoraSpec(r=8, alpha=16, dropout=drop), loss="hf", torch_compile=True)
-        reason = _compiled_layer_reason(spec.groups[0], spec, job, _act_dtypes(job, "cpu"))
-        pred = saved_activation_bytes(spec, job, backend="cpu")
-        eager = saved_activation_bytes(spec, job.with_(torch_compile=False), backend="cpu")
+        engine = ""
+        if adapter == "bf16":
+            job, engine = job.with_(precision="bf16"), "autocast"
+        reason = _compiled_layer_reason(spec.groups[0], spec, job, _act_dtypes(job, "cpu", engine))
+
+        def planned(j):
+            p = activation_parts(spec, j, backend="cpu", engine_compute=engine)
+            return p.device_saved_bytes + p.loss_saved_bytes
+
+        pred, eager = planned(job), planned(job.with_(torch_compile=False))
         t0 = time.perf_counter()
-        r = compiled_saved(TINY_CONFIGS[fam], method=method, precision=prec, dropout=drop, gradient_checkpointing=ckpt)
+        r = compiled_saved(TINY_CONFIGS[fam], method=method, precision=prec, dropout=drop, gradient_checkpointing=ckpt,
+                           adapter_dtype=adapter)
         got = r.saved_bytes - r.weight_copy_bytes
-        line = (f"{fam:6s} {method:4s} {prec:10s} dropout {drop:<4} ckpt {ckpt!s:5s}  aot_eager {got:7d}  "
+        line = (f"{fam:6s} {method:4s} {prec:10s} {adapter + ' adapters ' if method == 'lora' else ''}dropout {drop:<4} ckpt {ckpt!s:5s}  aot_eager {got:7d}  "
                 f"ftplan {pred:7d} ({'=' if got == pred else 'DIFF'})  eager-rule {eager:7d}  "
                 f"copies {r.weight_copy_bytes:6d}  {time.perf_counter() - t0:5.1f}s")
         if reason:
@@ -76,14 +89,14 @@ def main() -> int:
         if args.inductor:
             t0 = time.perf_counter()
             ri = compiled_saved(TINY_CONFIGS[fam], method=method, precision=prec, dropout=drop,
-                                gradient_checkpointing=ckpt, backend="inductor")
+                                gradient_checkpointing=ckpt, backend="inductor", adapter_dtype=adapter)
             same = (ri.saved_bytes, ri.weight_copy_bytes) == (r.saved_bytes, r.weight_copy_bytes)
             bad += not same
             line += (f"  inductor {ri.saved_bytes - ri.weight_copy_bytes:7d} copies {ri.weight_copy_bytes:6d} "
                      f"({'same' if same else 'DIFFERENT'}, {time.perf_counter() - t0:5.1f}s)")
         if args.whole_model:
             rw = compiled_saved(TINY_CONFIGS[fam], method=method, precision=prec, dropout=drop,
-                                gradient_checkpointing=ckpt, whole_model=True)
+                                gradient_checkpointing=ckpt, whole_model=True, adapter_dtype=adapter)
             line += f"  whole-model {rw.saved_bytes - rw.weight_copy_bytes:7d} copies {rw.weight_copy_bytes:6d}"
         print(line, flush=True)
     return 1 if bad else 0

@@ -885,7 +885,7 @@ def _compiled_layer_reason(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtype
         return f"method {job.method}"
     if job.casts_fp32_base or job.low_precision or job.is_padding_free or job.activation_offloading:
         return "this job's options (fp32 LoRA base, low-precision recipe, padding-free or activation offloading)"
-    if job.uses_lora and not dt.autocast and int(dtype_bytes(job.adapter_dtype)) != dt.compute:
+    if job.uses_lora and not dt.autocast and _adapter_compute_bytes(job, dt) != dt.compute:
         return "LoRA adapters in another dtype than the compute dtype without autocast"
     if dt.linear_saves_input or dt.engine_compute == "cast":
         return "DeepSpeed"
@@ -916,8 +916,9 @@ def _compiled_layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _
     in the compute dtype (the norms' outputs, the gated product): all of them in full
     fine-tuning, those of LoRA targets under LoRA without dropout. LoRA: each adapter's r-wide
     ``lora_A`` output; with dropout a bool mask and the compute-dtype dropout output of each
-    adapter's input (instead of the shared input); without dropout PEFT's fp32 round trip makes
-    o_proj's adapter input a copy of the sdpa output. Exact against aot_eager and inductor on CPU
+    adapter's input (instead of the shared input); without dropout PEFT's round trip to fp32
+    adapters and back (autocast) makes o_proj's adapter input a copy of the sdpa output (not
+    with compute-dtype adapters: FSDP's gathered ones). Exact against aot_eager and inductor on CPU
     (tests/test_compile_memory.py)."""
     b, s = _batch_shape(job)
     t = b * s
@@ -941,8 +942,8 @@ def _compiled_layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _
         total += t * (q + kv_heads * a.head_dim) * c + t * (heads + kv_heads) * 4
     total += t * q * c + _kv_saved(a, model, dt, b, s, heads, kv_heads, _kv_kernel(g, job, s))
     total += t * heads * a.v_head_dim * c + b * heads * s * 4  # sdpa output (o_proj's input), logsumexp
-    if job.uses_lora and not drop and a.o_name in targets:
-        total += t * heads * a.v_head_dim * c
+    if job.uses_lora and not drop and a.o_name in targets and _adapter_compute_bytes(job, dt) != c:
+        total += t * heads * a.v_head_dim * c  # PEFT's cast to the adapters' dtype and autocast's back
     total += t * h * min(c, dt.resid)  # the attention branch, for the post-attention norm's backward
     total += t * h * c if read_by_trainable(gate, up) else 0
     total += 2 * t * i * c + (t * i * c if read_by_trainable(down) else 0)

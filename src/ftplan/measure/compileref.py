@@ -44,10 +44,13 @@ def _weight_shapes(model: torch.nn.Module) -> set[tuple[int, ...]]:
 
 def compiled_saved(config: dict, *, method: str = "full", precision: str = "bf16-mixed", dropout: float = 0.0,
                    gradient_checkpointing: bool = False, backend: str = "aot_eager", batch: int = 2,
-                   seq_len: int = 24, whole_model: bool = False, lora_r: int = 8) -> CompiledSaved:
+                   seq_len: int = 24, whole_model: bool = False, lora_r: int = 8,
+                   adapter_dtype: str = "fp32") -> CompiledSaved:
     """Build the tiny model of ``config`` (full: fp32 under HF Trainer's autocast for ``-mixed``,
     else bf16; LoRA: a bf16 base with PEFT's fp32 adapters on all-linear), compile it and count
     one forward's saved bytes (``model(input_ids, labels=input_ids)``, transformers' loss).
+    ``adapter_dtype="bf16"``: PEFT's ``autocast_adapter_dtype=False`` (adapters in the base's
+    bf16, as FSDP gathers them in ``param_dtype``).
 
     The weight copies are told apart by shape: a saved 2-D tensor shaped like a weight matrix
     (or its transpose) that is not a parameter; ``batch * seq_len`` must then differ from every
@@ -62,7 +65,8 @@ def compiled_saved(config: dict, *, method: str = "full", precision: str = "bf16
             from peft import LoraConfig, get_peft_model
 
             model = get_peft_model(model, LoraConfig(r=lora_r, lora_alpha=2 * lora_r, lora_dropout=dropout,
-                                                     target_modules="all-linear", task_type="CAUSAL_LM"))
+                                                     target_modules="all-linear", task_type="CAUSAL_LM"),
+                                   autocast_adapter_dtype=adapter_dtype == "fp32")
         if whole_model:
             compiled = torch.compile(model, backend=backend)
         else:

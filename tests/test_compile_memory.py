@@ -2,14 +2,15 @@
 
 Each decoder layer of a tiny real Hugging Face model is compiled (``torch.compile(layer)``, as
 torchtitan and torchtune compile each transformer block) with ``backend="aot_eager"``, which in
-torch 2.13 partitions with ``min_cut_rematerialization_partition`` as inductor does (inductor's
-saved set is the same storage for storage on these layers: ``benchmarks/compile_saved_cpu.py``,
-by hand, as inductor compiles too slowly for CI). What the compiled layers save is counted through
+torch 2.13 partitions with ``min_cut_rematerialization_partition`` as inductor does (inductor
+saves the same bytes on these layers: ``benchmarks/compile_saved_cpu.py --inductor``, by hand, as
+inductor compiles too slowly for CI; not on a compiled loss, where only inductor's decompositions
+let the partitioner recompute the log-softmax: benchmarks/notes/compile_saved.md). What the compiled layers save is counted through
 ``saved_tensors_hooks`` (AOTAutograd's ``CompiledFunction`` saves through
 ``ctx.save_for_backward``, so the hooks see every tensor) and must equal ftplan's compiled rule
-(``memory._compiled_layer_saved_bytes``) exactly: full fine-tuning (HF Trainer's autocast and pure
-bf16), PEFT LoRA with dropout (q/k/v biases and tied embeddings: qwen2), per-head q/k norms
-(qwen3), and checkpointing (each checkpointed layer keeps only its input, as eager). The
+(``memory._compiled_layer_saved_bytes``) exactly: full fine-tuning (HF Trainer's autocast: llama;
+pure bf16 with per-head q/k norms: qwen3), PEFT LoRA with dropout (q/k/v biases and tied
+embeddings: qwen2), and checkpointing (each checkpointed layer keeps only its input, as eager). The
 embedding, the final norm, the head and the loss run eager, as in a per-block compile. LoRA
 without dropout, more families and inductor itself are in the by-hand script (PEFT's layers make
 a LoRA compile take ~10 s here).
@@ -64,9 +65,8 @@ def _weight_copies(spec, job) -> int:
 
 CASES = [
     ("llama", "full", "bf16-mixed", 0.0, False),
-    ("llama", "full", "bf16", 0.0, False),
     ("qwen2", "lora", "bf16-mixed", 0.05, False),
-    ("qwen3", "full", "bf16-mixed", 0.0, False),
+    ("qwen3", "full", "bf16", 0.0, False),
     ("llama", "full", "bf16-mixed", 0.0, True),
 ]
 
@@ -96,5 +96,5 @@ def test_compile_note_says_what_is_modelled():
     moe = model_from_config(TR.TINY_CONFIGS["mixtral"])
     job = _job("mixtral", "lora", "bf16-mixed", 0.0, False)
     notes = estimate_memory(moe, job).notes
-    assert any(n.startswith("torch.compile: saved activations planned as eager (MoE") for n in notes)
+    assert any(n.startswith("torch.compile: saved activations planned as eager") and "MoE" in n for n in notes)
     assert saved_activation_bytes(moe, job) == saved_activation_bytes(moe, job.with_(torch_compile=False))

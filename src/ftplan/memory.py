@@ -883,6 +883,8 @@ def _compiled_layer_reason(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtype
     fam = FAMILIES[model.family]
     if job.method not in ("full", "lora"):
         return f"method {job.method}"
+    if job.ac_mode.startswith("selective"):
+        return "selective checkpointing"
     if job.casts_fp32_base or job.low_precision or job.is_padding_free or job.activation_offloading:
         return "this job's options (fp32 LoRA base, low-precision recipe, padding-free or activation offloading)"
     if job.uses_lora and not dt.autocast and _adapter_compute_bytes(job, dt) != dt.compute:
@@ -979,8 +981,11 @@ def _compile_note(model: ModelSpec, job: Job, dt: _Dtypes) -> str:
                 "(each decoder layer compiled, as torchtitan/torchtune do; held against aot_eager and inductor on "
                 "CPU; not checked on CUDA); embedding, head and loss eager")
     why = "; ".join(sorted(r for r in reasons if r))
-    return (f"torch.compile: saved activations planned as eager ({why}: the partitioner's saved set is modelled "
-            "only for llama-shaped dense layers, full or LoRA); compile changes the runtime only")
+    if "" in reasons:
+        return (f"torch.compile: the llama-shaped dense decoder layers' saved activations as AOTAutograd's min-cut "
+                f"partitioner keeps them (each layer compiled); the other layers ({why}) planned as eager")
+    return (f"torch.compile: saved activations planned as eager, compile changes the runtime only: not modelled "
+            f"for {why} (the partitioner's saved set is modelled for llama-shaped dense layers, full or LoRA)")
 
 
 def _masked(g: LayerGroup, job: Job, s: int) -> bool:

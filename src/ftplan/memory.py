@@ -973,9 +973,10 @@ def _compiled(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes) -> bool:
     return job.torch_compile and not _compiled_layer_reason(g, model, job, dt)
 
 
-def _compile_note(model: ModelSpec, job: Job, dt: _Dtypes) -> str:
-    """What an answer with ``torch_compile`` says about its saved activations."""
-    reasons = {_compiled_layer_reason(g, model, job, dt) for g in model.groups}
+def _compile_note(model: ModelSpec, job: Job, dt: _Dtypes, reason: str = "") -> str:
+    """What an answer with ``torch_compile`` says about its saved activations (``reason``: why
+    none of the layers is modelled, decided by the caller)."""
+    reasons = {reason} if reason else {_compiled_layer_reason(g, model, job, dt) for g in model.groups}
     if reasons == {""}:
         return ("torch.compile: decoder layers' saved activations as AOTAutograd's min-cut partitioner keeps them "
                 "(each decoder layer compiled, as torchtitan/torchtune do; held against aot_eager and inductor on "
@@ -2251,6 +2252,12 @@ def activation_parts(model: ModelSpec, job: Job, layout: Layout | None = None, *
     linears are bitsandbytes 4-bit layers, which ZeRO-3's ``F.linear`` replacement does not see)."""
     layout = layout or Layout()
     consts = consts or memory_constants()
+    compile_note = ""
+    if quantized_base and job.torch_compile:
+        # sharded QLoRA runs as LoRA on compute-dtype weights (activation_job), but its linears are
+        # bitsandbytes' 4-bit layers: the compiled saved set is not modelled there
+        compile_note = _compile_note(model, job, _act_dtypes(job, backend, engine_compute), "method qlora")
+        job = job.with_(torch_compile=False)
     dt = _act_dtypes(job, backend, engine_compute)
     if dt.engine_compute == "autocast" and layout.engine == "fsdp2":
         dt = dataclasses.replace(dt, casts_layer_inputs=True)
@@ -2345,7 +2352,7 @@ def activation_parts(model: ModelSpec, job: Job, layout: Layout | None = None, *
         autocast_cache_bytes=cache, forward_peak_bytes=forward_peak,
         layer_backward_bytes=max(recompute, attention_backward),
         first_layer_saved_bytes=first_saved,
-        compile_note=_compile_note(model, job, dt) if job.torch_compile else "")
+        compile_note=_compile_note(model, job, dt) if job.torch_compile else compile_note)
 
 
 def moe_block_saved_bytes(model: ModelSpec, job: Job, *, ep: int = 1, ep_rows: int | None = None,

@@ -45,12 +45,13 @@ def _weight_shapes(model: torch.nn.Module) -> set[tuple[int, ...]]:
 def compiled_saved(config: dict, *, method: str = "full", precision: str = "bf16-mixed", dropout: float = 0.0,
                    gradient_checkpointing: bool = False, backend: str = "aot_eager", batch: int = 2,
                    seq_len: int = 24, whole_model: bool = False, lora_r: int = 8,
-                   adapter_dtype: str = "fp32") -> CompiledSaved:
+                   adapter_dtype: str = "fp32", only_layers: tuple[int, ...] | None = None) -> CompiledSaved:
     """Build the tiny model of ``config`` (full: fp32 under HF Trainer's autocast for ``-mixed``,
     else bf16; LoRA: a bf16 base with PEFT's fp32 adapters on all-linear), compile it and count
     one forward's saved bytes (``model(input_ids, labels=input_ids)``, transformers' loss).
     ``adapter_dtype="bf16"``: PEFT's ``autocast_adapter_dtype=False`` (adapters in the base's
-    bf16, as FSDP gathers them in ``param_dtype``).
+    bf16, as FSDP gathers them in ``param_dtype``). ``only_layers``: compile just these decoder
+    layers (the others run eager).
 
     The weight copies are told apart by shape: a saved 2-D tensor shaped like a weight matrix
     (or its transpose) that is not a parameter; ``batch * seq_len`` must then differ from every
@@ -72,7 +73,8 @@ def compiled_saved(config: dict, *, method: str = "full", precision: str = "bf16
         else:
             layers = _layers(model)
             for i, layer in enumerate(layers):
-                layers[i] = torch.compile(layer, backend=backend)
+                if only_layers is None or i in only_layers:
+                    layers[i] = torch.compile(layer, backend=backend)
             compiled = model
         orig = TR._model_dtype
         if mixed:  # HF Trainer bf16=True: autocast around the forward whatever the model dtype

@@ -29,7 +29,7 @@ from ftplan.measure.configs import TINY_CONFIGS  # noqa: E402
 from ftplan.memory import _act_dtypes, _compiled_layer_reason, activation_parts  # noqa: E402
 from ftplan.model import model_from_config  # noqa: E402
 
-#: (family, method, precision, LoRA dropout, checkpointing[, adapter dtype])
+#: (family, method, precision, LoRA dropout, checkpointing[, adapter dtype[, the layers compiled]])
 CASES: list[tuple] = [
     ("llama", "full", "bf16-mixed", 0.0, False),
     ("llama", "full", "bf16", 0.0, False),
@@ -48,6 +48,13 @@ CASES: list[tuple] = [
     # around param_dtype copies), planned with engine_compute="autocast"
     ("llama", "lora", "bf16-mixed", 0.0, False, "bf16"),
     ("qwen3", "lora", "bf16-mixed", 0.05, False, "bf16"),
+    # smollm3's NoPE layer; only the modelled layers compiled where the others are planned eager:
+    # qwen3_moe's dense layer 0, lfm2's attention layer 1
+    ("smollm3", "full", "bf16-mixed", 0.0, False),
+    ("smollm3", "lora", "bf16-mixed", 0.05, False),
+    ("qwen3_moe", "full", "bf16-mixed", 0.0, False, "fp32", (0,)),
+    ("lfm2", "full", "bf16-mixed", 0.0, False, "fp32", (1,)),
+    ("lfm2", "lora", "bf16-mixed", 0.05, False, "fp32", (1,)),
 ]
 
 
@@ -58,17 +65,19 @@ def main() -> int:
     ap.add_argument("--only", default=None)
     args = ap.parse_args()
     bad = 0
-    for fam, method, prec, drop, ckpt, *adapter in CASES:
+    for fam, method, prec, drop, ckpt, *extra in CASES:
         if args.only and fam != args.only:
             continue
-        adapter = adapter[0] if adapter else "fp32"
+        adapter = extra[0] if extra else "fp32"
+        only = extra[1] if len(extra) > 1 else None
         spec = model_from_config(TINY_CONFIGS[fam])
         job = Job(method=method, precision=prec, micro_batch=2, seq_len=24, gradient_checkpointing=ckpt,
                   attn_impl="sdpa", lora=LoraSpec(r=8, alpha=16, dropout=drop), loss="hf", torch_compile=True)
         engine = ""
         if adapter == "bf16":
             job, engine = job.with_(precision="bf16"), "autocast"
-        reason = _compiled_layer_reason(spec.groups[0], spec, job, _act_dtypes(job, "cpu", engine))
+        reasons = {_compiled_layer_reason(g, spec, job, _act_dtypes(job, "cpu", engine)) for g in spec.groups}
+        reason = "" if "" in reasons else "; ".join(sorted(reasons))
 
         def planned(j):
             p = activation_parts(spec, j, backend="cpu", engine_compute=engine)
@@ -77,7 +86,7 @@ def main() -> int:
         pred, eager = planned(job), planned(job.with_(torch_compile=False))
         t0 = time.perf_counter()
         r = compiled_saved(TINY_CONFIGS[fam], method=method, precision=prec, dropout=drop, gradient_checkpointing=ckpt,
-                           adapter_dtype=adapter)
+                           adapter_dtype=adapter, only_layers=only)
         got = r.saved_bytes - r.weight_copy_bytes
         line = (f"{fam:6s} {method:4s} {prec:10s} {adapter + ' adapters ' if method == 'lora' else ''}dropout {drop:<4} ckpt {ckpt!s:5s}  aot_eager {got:7d}  "
                 f"ftplan {pred:7d} ({'=' if got == pred else 'DIFF'})  eager-rule {eager:7d}  "
@@ -89,7 +98,8 @@ def main() -> int:
         if args.inductor:
             t0 = time.perf_counter()
             ri = compiled_saved(TINY_CONFIGS[fam], method=method, precision=prec, dropout=drop,
-                                gradient_checkpointing=ckpt, backend="inductor", adapter_dtype=adapter)
+                                gradient_checkpointing=ckpt, backend="inductor", adapter_dtype=adapter,
+                                only_layers=only)
             same = (ri.saved_bytes, ri.weight_copy_bytes) == (r.saved_bytes, r.weight_copy_bytes)
             bad += not same
             line += (f"  inductor {ri.saved_bytes - ri.weight_copy_bytes:7d} copies {ri.weight_copy_bytes:6d} "

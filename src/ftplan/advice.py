@@ -146,6 +146,16 @@ def job_assumptions(job: Job, layout: Layout | None = None, *,
     if assumed("packing", "padding_free") and assumed("padding_free", "packing") and not job.is_padding_free:
         out.append(Assumption("packing", False, "no packing, no padding-free rows: each sequence is its own row",
                               "`packing` or `padding_free`", "TRL SFTConfig packing=False, padding_free=False"))
+    if job.torch_compile:
+        # how the model is compiled is not an option: an assumption whenever compile is on
+        out.append(Assumption(
+            "torch_compile", True,
+            "torch.compile: each decoder layer compiled (torchtitan, torchtune); AOTAutograd's min-cut partitioner "
+            "recomputes the norms, SiLU and casts in backward instead of saving them (llama-shaped dense layers; "
+            "others planned as eager); a whole-model compile (HF Trainer torch_compile=True) also materialises "
+            "the causal mask and repeats k/v: not modelled",
+            "leave out `compile`",
+            "torchtitan apply_compile / torchtune compile_model compile each transformer block"))
     if job.uses_lora and assumed("lora", "lora_r", "lora_alpha", "lora_dropout", "lora_targets"):
         lo = job.lora
         out.append(Assumption("lora", {"r": lo.r, "alpha": lo.alpha, "dropout": lo.dropout,

@@ -278,7 +278,7 @@ class Job:
     optimizer_impl: str = option("fused", choices=OPTIMIZER_IMPLS, label="optimizer implementation",
                                  help="fused (HF Trainer adamw_torch_fused, the default) | foreach "
                                       "(torch.optim default without fused=True) | forloop")
-    torch_compile: bool = option(False, flags=("--compile",), help="the model runs under torch.compile (runtime)")
+    torch_compile: bool = option(False, flags=("--compile",), help="the model runs under torch.compile: runtime, and the saved activations of llama-shaped dense decoder layers (each layer compiled)")
     #: LoRA: the dtype the frozen base is loaded in. ``compute``: the mixed-precision dtype (ftplan's
     #: exported script passes it to from_pretrained); ``fp32``: TRL's SFTTrainer given a model id
     #: without ``model_init_kwargs`` dtype (and the ``trl sft`` CLI's ``--dtype`` default), PEFT's

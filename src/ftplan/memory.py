@@ -778,6 +778,8 @@ def _linear_inputs(t: int, width: int, n_consumers: int, in_bytes: int, dt: _Dty
 def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, tp: int,
                        backend: str, ep: int = 1, ep_rows: int | None = None) -> int:
     """Bytes autograd saves for one decoder layer of group ``g`` for one micro-batch."""
+    if _compiled(g, model, job, dt):
+        return _compiled_layer_saved_bytes(g, model, job, dt, tp, backend)
     b, s = _batch_shape(job)
     t = b * s
     h = model.hidden_size
@@ -896,6 +898,124 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
                             ep=ep, ep_rows=ep_rows)
     total += _lora_saved(g, model, job, dt, t, tp, backend)
     return total
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.compile: what AOTAutograd's min-cut partitioner saves of a compiled decoder layer
+# ---------------------------------------------------------------------------------------------
+def _compiled_layer_reason(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes) -> str:
+    """Why the compiled saved set of group ``g`` is not modelled ("" where it is): the rule of
+    :func:`_compiled_layer_saved_bytes` is held against PyTorch only for llama-shaped dense layers
+    (RMSNorm before attention and MLP, unfused q/k/v, full rotary, optional per-head q/k norms,
+    sdpa without a mask, a gated MLP), full fine-tuning or LoRA on a compute-dtype base."""
+    a = g.attention
+    fam = FAMILIES[model.family]
+    if job.method not in ("full", "lora"):
+        return f"method {job.method}"
+    if job.ac_mode.startswith("selective"):
+        return "selective checkpointing"
+    if job.casts_fp32_base or job.low_precision or job.is_padding_free or job.activation_offloading:
+        return "this job's options (fp32 LoRA base, low-precision recipe, padding-free or activation offloading)"
+    if job.uses_lora and not dt.autocast and _adapter_compute_bytes(job, dt) != dt.compute:
+        return "LoRA adapters in another dtype than the compute dtype without autocast"
+    if dt.linear_saves_input or dt.engine_compute == "cast":
+        return "DeepSpeed"
+    if job.attn_impl != "sdpa":
+        return f"attention {job.attn_impl}"
+    if g.attention is None or g.mlp is None or g.moe is not None or g.is_linear:
+        return "MoE or linear-attention layers"
+    b, s = _batch_shape(job)
+    if (a.is_mla or a.sinks or a.output_gate or a.v_norm or a.k_eq_v or a.softcap is not None or not a.rope
+            or a.complex_rope or a.l2_qk_norm or a.temperature_tuning or a.chunk is not None or a.query_pos_scale
+            or a.qk_norm_whole or a.fused_qkv or a.rotary_dim is not None or g.mlp.fused_gate_up
+            or fam.norm_style != "llama" or fam.post_norms or g.norms_per_layer != 2 or _masked(g, job, s)):
+        return f"{model.family}'s layer shape"
+    return ""
+
+
+def _compiled_layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, tp: int,
+                                backend: str) -> int:
+    """Bytes one decoder layer saves for backward when it runs under ``torch.compile`` (each
+    decoder layer compiled, as torchtitan and torchtune do; inductor and aot_eager both partition
+    with ``min_cut_rematerialization_partition``, which recomputes cheap pointwise ops in backward
+    instead of saving them). Kept, per layer of t tokens: the layer input (residual dtype) and
+    both norms' fp32 rsqrt (the norms' fp32 upcasts, normalised tensors, SiLU and the rotary are
+    recomputed); q, k, v after the rotary, the sdpa output (o_proj's input: the same storage) and
+    its logsumexp, as eager sdpa saves them; per-head q/k norms: the projection outputs and their
+    rsqrt; the attention residual branch once (o_proj's output or the sum, the narrower of the
+    compute and residual dtypes); the gate and up outputs; and the inputs of trainable linears
+    in the compute dtype (the norms' outputs, the gated product): all of them in full
+    fine-tuning, those of LoRA targets under LoRA without dropout. LoRA: each adapter's r-wide
+    ``lora_A`` output; with dropout a bool mask and the compute-dtype dropout output of each
+    adapter's input (instead of the shared input); without dropout PEFT's round trip to fp32
+    adapters and back (autocast) makes o_proj's adapter input a copy of the sdpa output (not
+    with compute-dtype adapters: FSDP's gathered ones). Exact against aot_eager and inductor on CPU
+    (tests/test_compile_memory.py)."""
+    b, s = _batch_shape(job)
+    t = b * s
+    h = model.hidden_size
+    a = g.attention
+    c = dt.compute
+    heads = a.num_heads // tp
+    kv_heads = max(1, a.num_kv_heads // tp)
+    q = heads * a.head_dim
+    i = g.mlp.intermediate_size // tp
+    gate, up, down = g.mlp.names
+    targets = lora_targets(model, job.lora) if job.uses_lora else frozenset()
+    drop = job.uses_lora and job.lora.dropout > 0
+
+    def read_by_trainable(*modules: str) -> bool:
+        return dt.full or (not drop and any(m in targets for m in modules))
+
+    total = t * h * dt.resid + 2 * t * 4  # the layer input, the two norms' rsqrt
+    total += t * h * c if read_by_trainable("q_proj", "k_proj", "v_proj") else 0
+    if a.qk_norm:  # per-head q/k norms: the projections' outputs and one rsqrt per token and head
+        total += t * (q + kv_heads * a.head_dim) * c + t * (heads + kv_heads) * 4
+    total += t * q * c + _kv_saved(a, model, dt, b, s, heads, kv_heads, _kv_kernel(g, job, s))
+    total += t * heads * a.v_head_dim * c + b * heads * s * 4  # sdpa output (o_proj's input), logsumexp
+    if job.uses_lora and not drop and a.o_name in targets and _adapter_compute_bytes(job, dt) != c:
+        total += t * heads * a.v_head_dim * c  # PEFT's cast to the adapters' dtype and autocast's back
+    total += t * h * min(c, dt.resid)  # the attention branch, for the post-attention norm's backward
+    total += t * h * c if read_by_trainable(gate, up) else 0
+    total += 2 * t * i * c + (t * i * c if read_by_trainable(down) else 0)
+    for lin in layer_linears(model, g):
+        if lin.is_module and lin.module in targets:
+            total += t * job.lora.r * c + (t * lin.in_features * (1 + c) if drop else 0)
+    return total
+
+
+def _compiled_first_layer_discount(model: ModelSpec, job: Job, dt: _Dtypes) -> int:
+    """LoRA with a frozen embedding, no checkpointing, compiled: the first layer's input does not
+    require grad, so the partitioner keeps neither it nor the input norm's rsqrt, nor the
+    dropout masks of the adapters reading it."""
+    t = job.micro_batch * job.seq_len
+    h = model.hidden_size
+    out = t * h * dt.resid + t * 4
+    if job.lora.dropout > 0:
+        targets = lora_targets(model, job.lora)
+        out += sum(t * h for lin in layer_linears(model, model.groups[0])
+                   if lin.module in _READS_LAYER_INPUT and lin.module in targets)
+    return out
+
+
+def _compiled(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes) -> bool:
+    return job.torch_compile and not _compiled_layer_reason(g, model, job, dt)
+
+
+def _compile_note(model: ModelSpec, job: Job, dt: _Dtypes, reason: str = "") -> str:
+    """What an answer with ``torch_compile`` says about its saved activations (``reason``: why
+    none of the layers is modelled, decided by the caller)."""
+    reasons = {reason} if reason else {_compiled_layer_reason(g, model, job, dt) for g in model.groups}
+    if reasons == {""}:
+        return ("torch.compile: decoder layers' saved activations as AOTAutograd's min-cut partitioner keeps them "
+                "(each decoder layer compiled, as torchtitan/torchtune do; held against aot_eager and inductor on "
+                "CPU; not checked on CUDA); embedding, head and loss eager")
+    why = "; ".join(sorted(r for r in reasons if r))
+    if "" in reasons:
+        return (f"torch.compile: the llama-shaped dense decoder layers' saved activations as AOTAutograd's min-cut "
+                f"partitioner keeps them (each layer compiled); the other layers ({why}) planned as eager")
+    return (f"torch.compile: saved activations planned as eager, compile changes the runtime only: not modelled "
+            f"for {why} (the partitioner's saved set is modelled for llama-shaped dense layers, full or LoRA)")
 
 
 def _masked(g: LayerGroup, job: Job, s: int) -> bool:
@@ -2196,6 +2316,8 @@ class ActivationParts:
     layer_backward_bytes: int = 0
     #: what the first decoder layer keeps for backward (its checkpoint input when checkpointed)
     first_layer_saved_bytes: int = 0
+    #: with ``job.torch_compile``: what the answer assumes about the compiled layers' saved set
+    compile_note: str = ""
 
 
 def activation_parts(model: ModelSpec, job: Job, layout: Layout | None = None, *,
@@ -2208,6 +2330,12 @@ def activation_parts(model: ModelSpec, job: Job, layout: Layout | None = None, *
     linears are bitsandbytes 4-bit layers, which ZeRO-3's ``F.linear`` replacement does not see)."""
     layout = layout or Layout()
     consts = consts or memory_constants()
+    compile_note = ""
+    if quantized_base and job.torch_compile:
+        # sharded QLoRA runs as LoRA on compute-dtype weights (activation_job), but its linears are
+        # bitsandbytes' 4-bit layers: the compiled saved set is not modelled there
+        compile_note = _compile_note(model, job, _act_dtypes(job, backend, engine_compute), "method qlora")
+        job = job.with_(torch_compile=False)
     dt = _act_dtypes(job, backend, engine_compute)
     if dt.engine_compute == "autocast" and layout.engine == "fsdp2":
         dt = dataclasses.replace(dt, casts_layer_inputs=True)
@@ -2241,7 +2369,9 @@ def activation_parts(model: ModelSpec, job: Job, layout: Layout | None = None, *
     if mode == "none":
         saved = sum(g.count * (x + bc) for (g, x), bc in zip(per_layer, base_copy)) - sum(nope.values())
         if not dt.full:
-            saved -= _first_layer_discount(model, job, dt, backend) + _lowprec_first_layer(model, job, dt, backend)
+            saved -= (_compiled_first_layer_discount(model, job, dt) if _compiled(model.groups[0], model, job, dt)
+                      else _first_layer_discount(model, job, dt, backend)) + _lowprec_first_layer(model, job, dt,
+                                                                                                  backend)
     else:
         # HF non-reentrant (or reentrant) checkpointing keeps each checkpointed layer's
         # hidden-state input; selective checkpointing also caches the policy's op outputs; one
@@ -2303,7 +2433,8 @@ def activation_parts(model: ModelSpec, job: Job, layout: Layout | None = None, *
         offloaded_bytes=offloaded, host_pinned_bytes=pinned, device_saved_bytes=device,
         autocast_cache_bytes=cache, forward_peak_bytes=forward_peak,
         layer_backward_bytes=max(recompute, attention_backward),
-        first_layer_saved_bytes=first_saved)
+        first_layer_saved_bytes=first_saved,
+        compile_note=_compile_note(model, job, dt) if job.torch_compile else compile_note)
 
 
 def moe_block_saved_bytes(model: ModelSpec, job: Job, *, ep: int = 1, ep_rows: int | None = None,
@@ -2488,6 +2619,8 @@ def estimate_memory(
     act = activation_parts(model, activation_job(job, lm), layout, backend=backend, consts=consts,
                            engine_compute=engine_compute(job, layout), quantized_base=job.method == "qlora")
     saved, logits_saved, transient = act.device_saved_bytes, act.loss_saved_bytes, act.transient_bytes
+    if act.compile_note:
+        notes.append(act.compile_note)
     if act.host_pinned_bytes:
         # TRL activation offloading: pinned host copies (power-of-two blocks, cached across steps)
         host += act.host_pinned_bytes

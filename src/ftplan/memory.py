@@ -26,8 +26,8 @@ from .job import PRECISIONS, Job, Layout, lora_targets, lora_wraps_experts, plan
 from .model import (FAMILIES, LAYER_INPUT_PROJECTIONS, AttentionSpec, GatedDeltaNetSpec, LayerGroup, LinearSpec,
                     MlpSpec, ModelSpec, MoeSpec, ShortConvSpec, layer_group_order, layer_linears, nope_layer_indices,
                     planned_as_note)
-from .sharding import (activation_job, casts_whole_module, communicator_groups, engine_compute, layout_memory,
-                       quant_state_bytes)
+from .sharding import (activation_job, casts_whole_module, checkpointed_counts, communicator_groups, engine_compute,
+                       layout_memory, quant_state_bytes)
 from .units import dtype_bytes
 
 __all__ = [
@@ -1886,18 +1886,9 @@ def checkpointed_layer_counts(model: ModelSpec, job: Job) -> list[int]:
 
 
 def _checkpointed_counts(model: ModelSpec, job: Job) -> list[int]:
-    """Checkpointed decoder layers per group. ``every-k`` follows transformers' ``every_n_layers``
-    (HF Trainer ``activation_checkpointing_kwargs={"every_n_layers": k}``): layers 0, k, 2k, ..."""
-    mode = job.ac_mode
-    if mode == "none":
-        return [0] * len(model.groups)
-    if mode != "every-k":
-        return [g.count for g in model.groups]
-    counts = [0] * len(model.groups)
-    for i, gi in enumerate(layer_group_order(model)):
-        if i % job.checkpoint_every == 0:
-            counts[gi] += 1
-    return counts
+    """Checkpointed decoder layers per group (``sharding.checkpointed_counts``: DeepSpeed's
+    view-held experts need them too, and this module imports that one)."""
+    return checkpointed_counts(model, job)
 
 
 def _attention_kernel_outputs(g: LayerGroup, job: Job, dt: _Dtypes, tp: int, backend: str) -> int:

@@ -1184,9 +1184,7 @@ def _ds_view_held_elems(model: ModelSpec, job: Job, consts: MemoryConstants, ep:
     count (all without checkpointing, every-k's others)."""
     if model.family in _DS_EXPERT_VIEWS_EXCLUDED:
         return 0
-    from .memory import checkpointed_layer_counts  # (memory imports this module)
-
-    ckpt = checkpointed_layer_counts(model, job)
+    ckpt = checkpointed_counts(model, job)
     limit = consts.deepspeed_auto_persistence_h * model.hidden_size
     out = 0
     for g, k in zip(model.groups, ckpt):
@@ -1272,3 +1270,19 @@ def _ds_persistent_elems(model: ModelSpec, job: Job, consts: MemoryConstants) ->
             if t.numel <= limit:
                 out[0 if t.trainable else 1] += t.numel * u.count
     return out[0], out[1]
+
+
+def checkpointed_counts(model: ModelSpec, job: Job) -> list[int]:
+    """Checkpointed decoder layers per group of ``model.groups`` under ``job.ac_mode``. ``every-k``
+    follows transformers' ``every_n_layers`` (HF Trainer ``activation_checkpointing_kwargs=
+    {"every_n_layers": k}``): layers 0, k, 2k, ... in the model's layer order."""
+    mode = job.ac_mode
+    if mode == "none":
+        return [0] * len(model.groups)
+    if mode != "every-k":
+        return [g.count for g in model.groups]
+    counts = [0] * len(model.groups)
+    for i, gi in enumerate(layer_group_order(model)):
+        if i % job.checkpoint_every == 0:
+            counts[gi] += 1
+    return counts

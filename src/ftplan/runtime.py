@@ -8,7 +8,8 @@ sum of named terms, each a function of this module:
 * :func:`matmul_time` -- every weight GEMM (forward, input gradient, weight gradient when the
   weight trains, forward again under checkpointing; LoRA's two skinny GEMMs per wrapped module in
   each of those passes), each at a size-dependent fraction of the dense peak and never faster than
-  its operands' HBM traffic (:func:`gemm_time`, a roofline);
+  its operands' HBM traffic (:func:`gemm_time`, a roofline); routed experts held in fp32
+  (:func:`fp32_expert_gemms`: no autocast for ``torch._grouped_mm``) at the GPU's FP32 peak;
 * :func:`attention_time` -- fused (flash / sdpa) attention at the measured fraction of peak of the
   kernel, or eager attention: score GEMMs plus the memory-bound softmax on the full score matrix;
 * :func:`elementwise_time` -- the memory-bound ops (norms, activations, rotary, residual adds, casts,

@@ -258,6 +258,11 @@ def estimate(model: ModelRef, job: Job | None = None, layout: Layout | None = No
     if g is None:
         return Estimate(spec, mjob, lay, mem, g, assumed, advice, prof, batches)
     rt, priced, notes = _layout_runtime(spec, j, lay, g, offer_list)
+    if rt is not None:
+        from .runtime import fp32_experts_note
+
+        xnote = fp32_experts_note(spec, j, lay, g, rt)
+        notes = notes + ((xnote,) if xnote else ())
     return Estimate(spec, mjob, lay, mem, g, assumed, advice, prof, batches, runtime=rt, priced=priced,
                     runtime_notes=notes)
 

@@ -30,7 +30,7 @@ from .inputs import check_finite, show_value
 from .job import STRATEGIES, Job, Layout, validate_job
 from .memory import MemoryBreakdown, estimate_memory
 from .model import ModelSpec
-from .runtime import RuntimeEstimate, compute_dtype, estimate_runtime, for_dataset
+from .runtime import RuntimeEstimate, compute_dtype, estimate_runtime, for_dataset, fp32_experts_note
 from .units import GB
 
 __all__ = ["Plan", "Infeasible", "PlanSet", "SearchStats", "FitResult", "SearchCache", "recommend", "fit", "platform_job",
@@ -783,8 +783,10 @@ def _best_per_layout(model: ModelSpec, gpu: Any, offer: Any, fits: list[_Fits], 
             real = (f.job.dataset_tokens or 0) * f.job.epochs
             if real:
                 cost = replace(cost, usd_per_million_tokens=cost.usd / real * 1e6)
+        xnote = fp32_experts_note(model, rjob, f.layout, gpu, rt)
         best[f.layout] = Plan(offer, gpu, f.layout, f.job, f.memory, rt, cost,
-                              notes=tuple(gnotes) + f.memory.notes + xnotes, host=host, risk=risk)
+                              notes=tuple(gnotes) + f.memory.notes + xnotes + ((xnote,) if xnote else ()),
+                              host=host, risk=risk)
     return best
 
 
@@ -1101,7 +1103,9 @@ def price_layout(model: ModelSpec, job: Job, layout: Layout, gpu: Any, offers: I
     for o in cands:
         rt = estimate_runtime(model, gjob, layout, gpu, offer=o if layout.nodes > 1 else None)
         cost = estimate_cost(rt, o, layout, gpu)
-        plan = Plan(o, gpu, layout, gjob, mem, rt, cost, notes=tuple(notes) + tuple(mem.notes))
+        xnote = fp32_experts_note(model, gjob, layout, gpu, rt)
+        plan = Plan(o, gpu, layout, gjob, mem, rt, cost,
+                    notes=tuple(notes) + tuple(mem.notes) + ((xnote,) if xnote else ()))
         if best is None or _sort_key(plan, "cost") < _sort_key(best, "cost"):
             best = plan
     return best

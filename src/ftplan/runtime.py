@@ -8,7 +8,8 @@ sum of named terms, each a function of this module:
 * :func:`matmul_time` -- every weight GEMM (forward, input gradient, weight gradient when the
   weight trains, forward again under checkpointing; LoRA's two skinny GEMMs per wrapped module in
   each of those passes), each at a size-dependent fraction of the dense peak and never faster than
-  its operands' HBM traffic (:func:`gemm_time`, a roofline);
+  its operands' HBM traffic (:func:`gemm_time`, a roofline); routed experts held in fp32
+  (:func:`fp32_expert_gemms`: no autocast for ``torch._grouped_mm``) at the GPU's FP32 peak;
 * :func:`attention_time` -- fused (flash / sdpa) attention at the measured fraction of peak of the
   kernel, or eager attention: score GEMMs plus the memory-bound softmax on the full score matrix;
 * :func:`elementwise_time` -- the memory-bound ops (norms, activations, rotary, residual adds, casts,
@@ -94,6 +95,8 @@ __all__ = [
     "rates_for",
     "recompute_fractions",
     "Recompute",
+    "fp32_expert_gemms",
+    "fp32_experts_note",
 ]
 
 #: Megatron-style row-parallel projections (their input dimension is split under TP)
@@ -180,6 +183,9 @@ class Rates(NamedTuple):
     #: (``precisions.json`` ``efficiency_vs_bf16``), FLOP/s; and the operand bytes per element
     lp_flops: float = 0.0
     lp_operand_bytes: float = 2.0
+    #: the GPU's FP32 datasheet peak (gpus.csv ``fp32_tflops``), FLOP/s: what grouped_mm experts
+    #: held in fp32 run at (:func:`fp32_expert_gemms`); 0 where the catalog has no FP32 rate
+    fp32_flops: float = 0.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -398,6 +404,7 @@ def _rates(gpu: Any, dt: str, eff: Efficiency, recipe: Any = None) -> Rates:
                               "pick a GPU that supports it or another `precision`", field="precision")
         lp_flops = float(lp_peak) * 1e12 * recipe.efficiency_vs_bf16
         lp_bytes = recipe.weight.elem_bits / 8.0
+    fp32 = gpu.peak_tflops("fp32") if hasattr(gpu, "peak_tflops") else None
     return Rates(
         peak_flops=float(peak) * 1e12,
         clock=clock_factor(gpu, eff),
@@ -408,6 +415,7 @@ def _rates(gpu: Any, dt: str, eff: Efficiency, recipe: Any = None) -> Rates:
         hbm_nominal_bytes_per_s=bw,
         lp_flops=lp_flops,
         lp_operand_bytes=lp_bytes,
+        fp32_flops=float(fp32 or 0.0) * 1e12,
     )
 
 
@@ -444,6 +452,9 @@ class _Lin(NamedTuple):
     #: the weight-gradient GEMM runs although the weight is frozen (torchao's float8 autograd
     #: function on a LoRA base: computed, then discarded)
     extra_wgrad: bool = False
+    #: grouped_mm experts held in fp32 (:func:`fp32_expert_gemms`): every GEMM at
+    #: ``Rates.fp32_flops`` with fp32 operands
+    fp32: bool = False
 
 
 _PROFILE_CACHE: dict[tuple, tuple[_Lin, ...]] = {}
@@ -456,10 +467,69 @@ def lm_head_recompute(job: Job) -> float:
     return 1.0 if job.loss == "trl" else 0.0
 
 
-def _linear_profile(model: ModelSpec, job: Job, tp: int, pp: int) -> tuple[_Lin, ...]:
+def fp32_expert_gemms(model: ModelSpec, job: Job, layout: Layout) -> bool:
+    """The routed experts' GEMMs run in fp32 although the job computes in bf16/fp16.
+
+    transformers 5.24's MoE experts (``integrations/moe.py`` ``_grouped_mm``, the default
+    ``experts_implementation``) call ``torch._grouped_mm(input.to(weight.dtype), weight, ...)``,
+    and ``torch._grouped_mm`` has no autocast kernel (pytorch#174763; the dispatcher has no
+    ``AutocastCUDA`` kernel for ``aten::_grouped_mm``): the experts run in their weights' dtype,
+    an fp32 one through torch's non-bf16 fallback (one ``mm`` per expert, cuBLAS SGEMM: PyTorch's
+    default ``allow_tf32=False``, which HF Trainer's ``tf32=None`` keeps). The weights are fp32
+    on one GPU or DDP (no engine casting the parameters; FSDP's ``param_dtype`` and DeepSpeed's
+    bf16 mode hand compute-dtype ones) under PEFT's QLoRA recipe (``prepare_model_for_kbit_training``
+    upcasts the unquantized 3-D experts), full fine-tuning with fp32 master weights, and LoRA on
+    an fp32-loaded base: the same dtype rule as ``memory._act_dtypes`` ``expert``. Llama 4's
+    experts (``dense_dispatch``: ``bmm``, which autocast covers) are not concerned."""
+    if layout.engine not in ("torch", "ddp") or compute_dtype(job) == "fp32":
+        return False
+    if not any(g.moe is not None and not g.moe.dense_dispatch for g in model.groups):
+        return False
+    if job.method == "full":
+        w = PRECISIONS[job.precision]["trainable"]
+    elif job.method == "lora":
+        w = job.frozen_dtype
+    else:
+        w = job.unquantized_dtype
+    return w == "fp32"
+
+
+def fp32_experts_note(model: ModelSpec, job: Job, layout: Layout, gpu: Any = None,
+                      rt: RuntimeEstimate | None = None) -> str | None:
+    """One line when the routed experts' GEMMs run in fp32 (:func:`fp32_expert_gemms`): why, what
+    it costs (the GPU's FP32 vs compute-dtype rate; with ``rt`` the seconds of the step), and the
+    change that keeps them in the compute dtype; None otherwise."""
+    if not fp32_expert_gemms(model, job, layout):
+        return None
+    c = compute_dtype(job)
+    if job.method == "qlora":
+        why = "PEFT's QLoRA recipe (prepare_model_for_kbit_training) upcasts them to fp32"
+        fix = (f"`qlora_recipe=trl` (TRL's SFTTrainer as-is: no kbit upcast) keeps them in {c}, "
+               "as do FSDP / DeepSpeed")
+    elif job.method == "full":
+        why = "full fine-tuning under autocast keeps fp32 master weights"
+        fix = (f"FSDP or DeepSpeed (`strategy=fsdp`, `strategy=zero2`: {c} parameters in the forward), "
+               f"or pure `precision={c}`, run them in {c}")
+    else:
+        why = "the LoRA base is loaded in fp32"
+        fix = f"load the base in {c} (drop `base_dtype`), or shard with FSDP / DeepSpeed"
+    rate = ""
+    if gpu is not None:
+        fp32, peak = gpu.peak_tflops("fp32"), gpu.peak_tflops(c)
+        if fp32 and peak:
+            rate = f" ({float(fp32):g} vs {float(peak):g} {c} TFLOPS on {getattr(gpu, 'name', gpu)})"
+    cost = ""
+    if rt is not None and rt.breakdown.get("fp32_expert_matmul_s"):
+        cost = f": {rt.breakdown['fp32_expert_matmul_s']:.2f} s of the {rt.step_time_s:.2f} s step"
+    return (f"routed experts run their GEMMs in fp32, at the GPU's FP32 rate{rate}{cost}; why: {why}, and "
+            f"torch._grouped_mm has no autocast kernel (transformers' experts run in their weights' dtype); "
+            f"fix: {fix}")
+
+
+def _linear_profile(model: ModelSpec, job: Job, tp: int, pp: int, fp32_experts: bool = False) -> tuple[_Lin, ...]:
     rc = recompute_fractions(job, None, model).matmul
     head_rc = lm_head_recompute(job)
-    key = (model, job.method, job.lora, rc, head_rc, tp, pp, job.low_precision, job.loss)
+    key = (model, job.method, job.lora, rc, head_rc, tp, pp, job.low_precision, job.loss, fp32_experts)
     hit = _PROFILE_CACHE.get(key)
     if hit is not None:
         return hit
@@ -491,7 +561,8 @@ def _linear_profile(model: ModelSpec, job: Job, tp: int, pp: int) -> tuple[_Lin,
         if n_conv:
             out.append(_Lin(n_conv / pp, k, n, lin.token_fraction, full, lrc, r, True, lp_wgrad, extra))
         if lin.count - n_conv > 0:
-            out.append(_Lin((lin.count - n_conv) / pp, k, n, lin.token_fraction, full, lrc, r))
+            out.append(_Lin((lin.count - n_conv) / pp, k, n, lin.token_fraction, full, lrc, r,
+                            fp32=fp32_experts and lin.category == "experts"))
     res = tuple(out)
     if len(_PROFILE_CACHE) > 2048:
         _PROFILE_CACHE.clear()
@@ -513,8 +584,13 @@ def matmul_time(model: ModelSpec, job: Job, layout: Layout, tokens: float, rates
     quantizes it, at ``Rates.lp_flops`` with FP8/FP4 operands (bf16 output); torchao's float8
     function also runs the weight-gradient GEMM of a frozen LoRA base, whose result autograd
     discards.
+
+    Routed experts held in fp32 (:func:`fp32_expert_gemms`) run every GEMM at the GPU's FP32 peak
+    (``Rates.fp32_flops``, at the same achieved fraction as the compute dtype's GEMMs, as ftplan
+    prices an fp32 job's GEMMs) with fp32 operands.
     """
-    return _matmul_seconds(_linear_profile(model, job, layout.tp, layout.pp), tokens, rates)[0]
+    lins = _linear_profile(model, job, layout.tp, layout.pp, fp32_expert_gemms(model, job, layout))
+    return _matmul_seconds(lins, tokens, rates)[0]
 
 
 def linear_time(m: float, k: int, n: int, rates: Rates, *, low_precision: bool = False,
@@ -535,19 +611,32 @@ def clear_caches() -> None:
         c.clear()
 
 
-def _matmul_seconds(lins: tuple[_Lin, ...], tokens: float, rates: Rates) -> tuple[float, float]:
-    """(all GEMM seconds, of which in the low-precision GEMMs) of one micro-batch."""
+def _matmul_seconds(lins: tuple[_Lin, ...], tokens: float, rates: Rates) -> tuple[float, float, float]:
+    """(all GEMM seconds, of which in the low-precision GEMMs, of which in fp32 expert GEMMs) of
+    one micro-batch."""
     # gemm_time written out: max(2mkn / P, 2(mk + kn + mn) / B) + t0 per GEMM
     ip = 2.0 / (rates.peak_flops * rates.clock * rates.gemm_fraction)
     ib = 2.0 / rates.hbm_bytes_per_s
     lp_ip = 2.0 / (rates.lp_flops * rates.clock * rates.gemm_fraction) if rates.lp_flops else 0.0
     lp_b = rates.lp_operand_bytes / rates.hbm_bytes_per_s
     t0 = rates.gemm_launch_s
+    # fp32 expert GEMMs (torch's grouped_mm fallback: cuBLAS SGEMM per expert): FP32 peak, 4-byte
+    # operands; without an FP32 rate in the catalog they stay at the compute dtype's
+    ip32 = 2.0 / (rates.fp32_flops * rates.clock * rates.gemm_fraction) if rates.fp32_flops else 0.0
+    ib32 = 4.0 / rates.hbm_bytes_per_s
     total = 0.0
     low = 0.0
-    for count, k, n, tf, trainable, rc, r, lp, lp_wgrad, extra in lins:
+    wide = 0.0
+    for count, k, n, tf, trainable, rc, r, lp, lp_wgrad, extra, fp32 in lins:
         m = tokens * tf
         if m <= 0:
+            continue
+        if fp32 and ip32:
+            tm = (m * k + k * n + m * n) * ib32
+            tc = m * k * n * ip32
+            t = ((tc if tc > tm else tm) + t0) * (2.0 + rc + (1.0 if trainable else 0.0))
+            wide += count * t
+            total += count * t
             continue
         tm = (m * k + k * n + m * n) * ib  # same operand traffic for forward, dgrad and wgrad
         tc = m * k * n * ip
@@ -569,7 +658,7 @@ def _matmul_seconds(lins: tuple[_Lin, ...], tokens: float, rates: Rates) -> tupl
             b = max(m * r * n * ip, (mr + rn + m * n) * ib) + t0  # (xA) @ B and its two gradients
             t += (a + b) * (1.0 + rc) + 2.0 * (a + b)
         total += count * t
-    return total, low
+    return total, low, wide
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1309,7 +1398,8 @@ def _static(model: ModelSpec, job: Job, layout: Layout, gpu: Any, offer: Any | N
     tp0, pp0 = 2.0 * tp1 - tp2, 2.0 * pp1 - pp2
     res = _Static(
         model=model, gpu=gpu, eff=eff, rates=rates, f=flops_per_token(model, job), st=st,
-        lins=_linear_profile(model, job, layout.tp, layout.pp), params_gpu=params_gpu,
+        lins=_linear_profile(model, job, layout.tp, layout.pp, fp32_expert_gemms(model, job, layout)),
+        params_gpu=params_gpu,
         attn_per_token_s=attention_time(model, job, layout, 1.0, rates, eff),
         ew_per_token_s=_elementwise_bytes_per_token(model, job, layout, eff) / rates.hbm_bytes_per_s,
         dequant_s=dequant_time(model, job, layout, rates, eff),
@@ -1342,7 +1432,7 @@ def estimate_runtime(model: ModelSpec, job: Job, layout: Layout, gpu: Any, *, of
     tok = float(job.micro_batch * job.seq_len)
 
     # -- GPU work of one micro-batch on one GPU
-    t_mm, t_mm_low = _matmul_seconds(sx.lins, tok, rates)
+    t_mm, t_mm_low, t_mm_fp32 = _matmul_seconds(sx.lins, tok, rates)
     t_q = tok * sx.quant_per_token_s + sx.quant_fixed_s
     t_attn = tok * sx.attn_per_token_s
     t_ew = tok * sx.ew_per_token_s + _weight_traffic_bytes(model, job, layout, eff, sx.params_gpu, 1.0 / m,
@@ -1411,6 +1501,8 @@ def estimate_runtime(model: ModelSpec, job: Job, layout: Layout, gpu: Any, *, of
             "elementwise_s": m * t_ew,
             "dequant_s": m * t_dq,
             "low_precision_matmul_s": m * t_mm_low,
+            # routed experts' GEMMs at the FP32 rate (fp32_expert_gemms; part of matmul_s)
+            "fp32_expert_matmul_s": m * t_mm_fp32,
             "quantize_s": m * t_q,
             "host_per_micro_batch_s": host_mb,
             "gpu_per_micro_batch_s": gpu_mb,

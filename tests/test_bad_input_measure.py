@@ -73,7 +73,7 @@ def test_search_cache_changes_no_plan():
     offers = load_offers()
     rng = random.Random(3)
     cases = []
-    for _ in range(8):
+    for _ in range(5):
         name = rng.choice(["llama-3.2-1b", "qwen2.5-0.5b", "qwen3-30b-a3b", "llama-3.1-8b"])
         method = rng.choice(["full", "lora", "qlora"])
         lora = LoraSpec(dropout=0.0) if name == "qwen3-30b-a3b" else LoraSpec()

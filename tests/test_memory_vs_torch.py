@@ -125,6 +125,18 @@ def test_saved_activations_exact_pure_bf16(family, ckpt):
     assert saved_activation_bytes(spec, job, backend="cpu") == r.saved_activation_bytes - casts
 
 
+def _check_peft_all_linear(family, expected):
+    """PEFT's ``all-linear`` on a family's tiny model adapts exactly the linears ftplan plans
+    (``lora_targets``), and those are ``expected``."""
+    from ftplan.job import lora_targets
+
+    spec = model_from_config(TR.TINY_CONFIGS[family])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        applied = TR.apply_lora(TR.build_model(TR.TINY_CONFIGS[family], dtype="bf16"), r=4, alpha=8, dropout=0.0)
+    assert set(applied.targeted_suffixes) == set(lora_targets(spec, LoraSpec(r=4))) == set(expected)
+
+
 def _check_fp32_base(family, ckpt=False, batch=2, seq=24):
     """A family's fp32-base LoRA run (:func:`_run_fp32_base`): the autocast weight copies are
     ftplan's master weights, the rest of the saved bytes its saved activations."""

@@ -25,7 +25,6 @@ from pathlib import Path
 import pytest
 
 from ftplan.errors import ConfigError
-from ftplan.job import LoraSpec, lora_targets
 from ftplan.memory import activation_parts, saved_activation_bytes
 from ftplan.model import FAMILIES, model_from_config
 
@@ -86,14 +85,9 @@ def test_seed_oss_36b_shape():
 @pytest.mark.torch
 def test_peft_all_linear_targets():
     pytest.importorskip("peft")
-    import ftplan.measure.torchref as TR
+    from test_memory_vs_torch import _check_peft_all_linear
 
-    spec = model_from_config(TR.TINY_CONFIGS["seed_oss"])
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        applied = TR.apply_lora(TR.build_model(TR.TINY_CONFIGS["seed_oss"], dtype="bf16"), r=4, alpha=8, dropout=0.0)
-    assert set(applied.targeted_suffixes) == set(lora_targets(spec, LoraSpec(r=4))) == {
-        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    _check_peft_all_linear("seed_oss", ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
 
 
 @pytest.mark.torch

@@ -158,18 +158,11 @@ def test_qlora_exact(recipe, ckpt):
 
 @pytest.mark.torch
 def test_tiny_config_of_the_catalog_entry():
-    """``ftplan measure --tiny``: the multipliers and the tied head kept; counts equal transformers'."""
-    pytest.importorskip("torch")
-    from ftplan.measure.accounting import params_by_category
+    """``ftplan measure --tiny`` keeps the multipliers (the counts: test_model_params)."""
     from ftplan.measure.configs import tiny_config
-    from ftplan.measure.hf import build_model
 
     tiny = tiny_config(get_model("granite-3.3-8b").config)
     assert tiny["embedding_multiplier"] == 12.0 and tiny["logits_scaling"] == 16.0
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        real = build_model(tiny, device="meta")
-    assert model_from_config(tiny).params.by_category() == params_by_category(real)
 
 
 def test_catalog_count_and_template():

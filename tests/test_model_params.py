@@ -26,6 +26,22 @@ def test_params_by_category_match_transformers(name):
         assert spec.params.total == entry.published_params
 
 
+@pytest.mark.torch
+@pytest.mark.parametrize("name", sorted(CATALOG))
+def test_tiny_config_of_every_catalog_entry_builds(name):
+    """``ftplan measure NAME --tiny``: the catalog entry's tiny config builds in transformers (token
+    ids and LongRoPE factors shrunk with the vocabulary and the head) and ftplan counts its
+    parameters as transformers does."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from ftplan.measure.configs import tiny_config
+    from ftplan.measure.torchref import build_model, params_by_category
+    from ftplan.model import model_from_config
+
+    tiny = tiny_config(CATALOG[name].config)
+    assert model_from_config(tiny).params.by_category() == params_by_category(build_model(tiny, device="meta"))
+
+
 @pytest.mark.parametrize("name", sorted(CATALOG))
 def test_catalog_entry_is_sane(name):
     entry = CATALOG[name]

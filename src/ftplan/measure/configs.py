@@ -775,12 +775,19 @@ def tiny_config(config: dict) -> dict:
         out.pop("full_attn_idxs", None)
         out.pop("block_ff_dim", None)
         out.pop("head_dim", None)  # Lfm2Config has none: hidden // heads
-    for k in ("torch_dtype", "dtype", "bos_token_id", "eos_token_id", "pad_token_id"):
-        out.pop(k, None)  # token ids of the real vocabulary do not fit the tiny one
-    if model_type == "smollm3":  # SmolLM3Config's default pad_token_id (128004) would not either
-        out["pad_token_id"] = None
-    if model_type == "minimax_m2":  # nor MiniMaxM2Config's default bos/eos ids (200034, 200020)
-        out["bos_token_id"] = out["eos_token_id"] = None
+    for k in ("torch_dtype", "dtype"):
+        out.pop(k, None)
+    for k in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        # token ids of the real vocabulary do not fit the tiny one, nor do the config classes'
+        # defaults (Phi3Config's pad 32000, SmolLM3Config's 128004, MiniMaxM2Config's bos/eos)
+        out[k] = None
+    for key in ("rope_scaling", "rope_parameters"):
+        rs = out.get(key)
+        if isinstance(rs, dict) and isinstance(rs.get("short_factor"), list):
+            # LongRoPE (phi-3.5 / phi-4-mini): one factor per rotary frequency of the tiny head
+            prf = rs.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
+            n = int(out["head_dim"] * prf) // 2
+            out[key] = {**rs, "short_factor": rs["short_factor"][:n], "long_factor": rs.get("long_factor", [])[:n]}
     out["model_type"] = model_type
     return out
 

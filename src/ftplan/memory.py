@@ -2509,6 +2509,33 @@ def _short_conv_kernel_note(model: ModelSpec, job: Job) -> str:
             "around the conv); not measured")
 
 
+def _merged_experts_note(model: ModelSpec, job: Job, layout: Layout, backend: str) -> str:
+    """Without checkpointing, PEFT's ParamWrapper adapters on the fused experts keep each MoE
+    layer's merged ``W + BA`` alive for backward (see :func:`_moe_saved`): say how much, and the
+    two ways out. Empty when it is under 1 GiB."""
+    e = _act_dtypes(job, backend).expert
+    per_layer = {}
+    for g in model.groups:
+        if g.moe is not None and not g.moe.dense_dispatch:
+            m = g.moe
+            per_layer[m] = per_layer.get(m, 0) + g.count
+    if not per_layer:
+        return ""
+    ep = max(layout.ep, 1)
+    layer_bytes = [m.num_experts // ep * 3 * model.hidden_size * m.expert_intermediate_size * e
+                   for m in per_layer]
+    total = sum(b * n for b, n in zip(layer_bytes, per_layer.values()))
+    if total < 2**30:
+        return ""
+    n_layers = sum(per_layer.values())
+    return (f"LoRA on the experts (all-linear on a transformers-5 MoE): PEFT's ParamWrapper builds the merged "
+            f"expert weights W + BA in every forward and grouped_mm saves them for backward, "
+            f"{max(layer_bytes) / 2**30:,.2f} GiB per MoE layer, {total / 2**30:,.1f} GiB over {n_layers} layers "
+            "without checkpointing (under ZeRO-3 / FSDP too: they are built from the gathered weights); "
+            "--gradient-checkpointing keeps one layer's at a time, --lora-targets q_proj,k_proj,v_proj,o_proj "
+            "leaves the experts frozen")
+
+
 def _engine_qlora_recipe(job: Job, layout: Layout, notes: list[str]) -> Job:
     """Under FSDP and DeepSpeed both QLoRA recipes hold the same bytes: neither upcasts the
     non-quantized weights (they must share the 4-bit storage dtype to shard), accelerate upcasts
@@ -2763,6 +2790,10 @@ def estimate_memory(
             note += (f", and prepare_model_for_kbit_training upcasts them to {job.unquantized_dtype} "
                      f"({n_exp * u / 2**30:,.1f} GiB against {n_exp * 2 / 2**30:,.1f} GiB in bf16 for LoRA)")
         notes.append(note)
+    if job.ac_mode == "none" and job.uses_lora and lora_wraps_experts(model, job.lora):
+        merged_note = _merged_experts_note(model, job, layout, backend)
+        if merged_note:
+            notes.append(merged_note)
     return MemoryBreakdown(
         components=components,
         peak_allocated_bytes=peak_alloc,

@@ -25,7 +25,7 @@ from .catalog.constants import MemoryConstants, memory_constants
 from .job import PRECISIONS, Job, Layout, lora_targets, lora_wraps_experts, planned_attention, validate_job
 from .model import (FAMILIES, LAYER_INPUT_PROJECTIONS, AttentionSpec, GatedDeltaNetSpec, LayerGroup, LinearSpec,
                     MlpSpec, ModelSpec, MoeSpec, ShortConvSpec, layer_group_order, layer_linears, nope_layer_indices,
-                    planned_as_note)
+                    planned_as_note, unmodelled_dropout_note)
 from .sharding import (activation_job, casts_whole_module, checkpointed_counts, communicator_groups, engine_compute,
                        layout_memory, quant_state_bytes)
 from .units import dtype_bytes
@@ -2586,6 +2586,9 @@ def estimate_memory(
     arch_note = planned_as_note(model.config)
     if arch_note:
         notes.append(arch_note)
+    dropout_note = unmodelled_dropout_note(model.family, model.config)
+    if dropout_note:
+        notes.append(dropout_note)
     if _bmm_experts(model):
         notes.append(_llama4_note(model, job))
     qc = model.config.get("quantization_config") if isinstance(model.config, Mapping) else None

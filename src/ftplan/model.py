@@ -622,6 +622,22 @@ def planned_as_note(raw: Mapping[str, Any] | None) -> str | None:
             f"{arch} architecture ({target}) its checkpoint declares and its modeling code implements")
 
 
+def unmodelled_dropout_note(family: str, raw: Mapping[str, Any] | None) -> str | None:
+    """One line when the config asks for attention dropout in a family whose dropout ftplan does
+    not plan (:attr:`Family.dropout_keys` None), else None. transformers passes
+    ``config.attention_dropout`` to the attention kernel in training in these families too."""
+    fam = FAMILIES.get(family)
+    if fam is None or fam.dropout_keys is not None or not isinstance(raw, Mapping):
+        return None
+    inner = raw.get("text_config")
+    p = (inner if isinstance(inner, Mapping) else raw).get("attention_dropout")
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p < 1:
+        return None
+    return (f"config attention_dropout {p:g} is planned as 0: the sdpa / flash kernels on CUDA keep only an "
+            "RNG state for it, but eager attention also keeps the probabilities' dropout mask (not counted); "
+            "set it to 0 in config.json to train without")
+
+
 # --------------------------------------------------------------------------------------------
 # Typed structure
 # --------------------------------------------------------------------------------------------

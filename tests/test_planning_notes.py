@@ -1,4 +1,4 @@
-"""The note that explains LoRA-on-experts activations without checkpointing.
+"""Notes that explain what an answer plans (or does not): LoRA-on-experts activations, dropout.
 
 PEFT's ParamWrapper (all-linear on a transformers-5 MoE) builds the merged expert weights
 ``W + BA`` in every forward and grouped_mm saves them: ``3 E h I`` weight-dtype bytes per MoE layer
@@ -41,3 +41,15 @@ def test_no_note_when_the_experts_are_not_kept(change):
 
 def test_no_note_for_a_dense_model():
     assert _notes("llama-3.1-8b") == []
+
+
+def test_attention_dropout_of_a_family_that_does_not_plan_it_is_named():
+    """llama's attention passes config.attention_dropout to the kernel in training, as seed_oss's
+    does (which ftplan plans); elsewhere the answer must say it is planned as 0."""
+    from ftplan.model import model_from_config
+
+    cfg = dict(resolve_model("llama-3.1-8b").config, attention_dropout=0.1)
+    notes = estimate_memory(model_from_config(cfg), Job(), Layout()).notes
+    assert any(n.startswith("config attention_dropout 0.1 is planned as 0") for n in notes)
+    assert not any("attention_dropout" in n for n in estimate_memory(resolve_model("llama-3.1-8b"), Job(),
+                                                                     Layout()).notes)

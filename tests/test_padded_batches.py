@@ -125,3 +125,52 @@ def test_padded_saved_activations_exact(family, method, ckpt):
     assert saved_activation_bytes(spec, job, backend="cpu") == measured
     # and the padding is what makes the difference (the unpadded forms are held in test_memory_vs_torch)
     assert saved_activation_bytes(spec, job.with_(padded_batches=False), backend="cpu") < measured
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("family,method,ckpt", [("lfm2", "lora", True), ("mixtral", "lora", False)])
+def test_padded_saved_activations_exact_lora(family, method, ckpt):
+    spec, job, measured = measure_padded(family, method, ckpt)
+    assert saved_activation_bytes(spec, job, backend="cpu") == measured
+
+
+@pytest.mark.torch
+def test_selective_checkpointing_and_trl_loss_padded():
+    """TRL's selective checkpointing (the SAC cache keeps the attention kernel's outputs) and TRL's
+    fused-head loss on a padded batch (``ftplan.measure.acref.measure_variant``)."""
+    pytest.importorskip("trl")
+    import ftplan.measure.acref as A
+    import ftplan.measure.torchref as TR
+    from ftplan.memory import activation_parts
+
+    cfg = TR.TINY_CONFIGS["llama"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = TR.build_model(cfg, dtype="fp32", attn_implementation="sdpa")
+        A.add_trl_fused_head(model)
+        r = A.measure_variant(model, batch=2, seq_len=16, checkpointing="selective-attention", loss="trl", padded=True)
+    job = Job(method="full", micro_batch=2, seq_len=16, checkpointing="selective-attention", loss="trl",
+              padded_batches=True)
+    spec = model_from_config(cfg)
+    assert saved_activation_bytes(spec, job, backend="cpu") == r.device_bytes - r.weight_copy_bytes
+    assert activation_parts(spec, job, backend="cpu").sac_cache_bytes == r.sac_cache_bytes
+
+
+@pytest.mark.torch
+def test_recompute_peak_padded():
+    """The step's peak is in the last layer's recompute (checkpointing; a small vocabulary, a wide
+    MLP): padding raises it by what ftplan adds to the saved set and the recompute (the mask copy
+    and the repeated k/v of the recomputed layer, the closures' bool mask)."""
+    pytest.importorskip("torch")
+    from ftplan.measure.loss_peak import measure_loss_peak
+    from ftplan.memory import activation_parts
+
+    cfg = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 448, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128, "tie_word_embeddings": False}
+    spec = model_from_config(cfg)
+    peak, planned = {}, {}
+    for padded in (False, True):
+        m = measure_loss_peak(cfg, batch=2, seq_len=32, loss="hf", mode="mixed-lora", padded=padded)
+        a = activation_parts(spec, m.job().with_(padded_batches=padded), backend="cpu")
+        peak[padded], planned[padded] = m.peak_bytes, a.device_saved_bytes + a.recompute_bytes
+    assert peak[True] - peak[False] == planned[True] - planned[False] > 0

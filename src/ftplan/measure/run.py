@@ -537,7 +537,8 @@ def format_record(rec: dict[str, Any]) -> str:
     """Measured next to predicted, a few lines."""
     j, m, p, r = rec["job"], rec["measured"], rec.get("predicted") or {}, rec["run"]
     head = (f"{rec['model']['name']} {j['method']} {j['precision']} {j['optimizer']} b={j['micro_batch']} "
-            f"s={j['seq_len']} ga={j['grad_accum']}{' gc' if j['gradient_checkpointing'] else ''} "
+            f"s={j['seq_len']} ga={j['grad_accum']}{' gc' if j['gradient_checkpointing'] else ''}"
+            f"{' padded' if j.get('padded_batches') else ''} "
             f"on {r['device']}{' (tiny)' if r['tiny'] else ''}: {rec['outcome']}")
     lines = [head]
     if rec.get("error"):

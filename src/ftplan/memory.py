@@ -914,8 +914,10 @@ def _compiled_layer_reason(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtype
         return f"method {job.method}"
     if job.ac_mode.startswith("selective"):
         return "selective checkpointing"
-    if job.casts_fp32_base or job.low_precision or job.is_padding_free or job.activation_offloading:
-        return "this job's options (fp32 LoRA base, low-precision recipe, padding-free or activation offloading)"
+    if (job.casts_fp32_base or job.low_precision or job.is_padding_free or job.has_padding
+            or job.activation_offloading):
+        return ("this job's options (fp32 LoRA base, low-precision recipe, padding-free, padded batches or "
+                "activation offloading)")
     if job.uses_lora and not dt.autocast and _adapter_compute_bytes(job, dt) != dt.compute:
         return "LoRA adapters in another dtype than the compute dtype without autocast"
     if dt.linear_saves_input or dt.engine_compute == "cast":

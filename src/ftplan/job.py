@@ -274,6 +274,16 @@ class Job:
     padding_free: bool = option(False, help="one row of micro-batch x seq-len tokens with position_ids "
                                             "(TRL padding_free=True; flash attention varlen)")
     packing: bool = option(False, help="pack sequences into full rows (TRL packing=True, bfd: padding-free)")
+    #: the micro-batch carries padding: TRL's default collator (packing=False, padding_free=False)
+    #: pads each micro-batch to its longest row and passes an attention_mask with zeros, so
+    #: transformers materialises a (b, 1, s, s) mask for sdpa/eager (no ``is_causal``, k/v repeated
+    #: for GQA) and hybrid models mask their conv / linear-attention inputs. Off: every row is full
+    #: length (or the mask is all ones: transformers drops it), as at micro-batch 1
+    padded_batches: bool = option(False, flags=("--padded",),
+                                  help="the micro-batch has padded rows (TRL's default collator at micro-batch "
+                                       "> 1 on data of uneven lengths): an attention_mask with zeros, so sdpa "
+                                       "gets a materialised mask and repeated k/v; ignored with packing / "
+                                       "padding_free")
     #: runtime only: how the optimizer step runs, and torch.compile of the model
     optimizer_impl: str = option("fused", choices=OPTIMIZER_IMPLS, label="optimizer implementation",
                                  help="fused (HF Trainer adamw_torch_fused, the default) | foreach "
@@ -369,6 +379,11 @@ class Job:
     def is_padding_free(self) -> bool:
         """TRL flattens the micro-batch into one row (``padding_free``, or ``packing`` with bfd)."""
         return self.padding_free or self.packing
+
+    @property
+    def has_padding(self) -> bool:
+        """The micro-batch's attention_mask has zeros (``padded_batches``; never in padding-free rows)."""
+        return self.padded_batches and not self.is_padding_free
 
     def with_(self, **changes) -> "Job":
         return replace(self, **changes)

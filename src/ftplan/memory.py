@@ -805,7 +805,7 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
     elif g.short_conv is not None:
         total += _short_conv_saved(g.short_conv, b, s, h, dt, tp)
     elif a.is_mla:
-        total += _mla_saved(a, t, b, s, h, dt, heads, backend, job.attn_impl)
+        total += _mla_saved(a, t, b, s, h, dt, heads, backend, job.attn_impl, masked=masked)
         if a.query_pos_scale:
             total += _query_pos_scale_saved(b, s, dt, job)
     else:
@@ -914,8 +914,10 @@ def _compiled_layer_reason(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtype
         return f"method {job.method}"
     if job.ac_mode.startswith("selective"):
         return "selective checkpointing"
-    if job.casts_fp32_base or job.low_precision or job.is_padding_free or job.activation_offloading:
-        return "this job's options (fp32 LoRA base, low-precision recipe, padding-free or activation offloading)"
+    if (job.casts_fp32_base or job.low_precision or job.is_padding_free or job.has_padding
+            or job.activation_offloading):
+        return ("this job's options (fp32 LoRA base, low-precision recipe, padding-free, padded batches or "
+                "activation offloading)")
     if job.uses_lora and not dt.autocast and _adapter_compute_bytes(job, dt) != dt.compute:
         return "LoRA adapters in another dtype than the compute dtype without autocast"
     if dt.linear_saves_input or dt.engine_compute == "cast":
@@ -1020,10 +1022,12 @@ def _compile_note(model: ModelSpec, job: Job, dt: _Dtypes, reason: str = "") -> 
 
 def _masked(g: LayerGroup, job: Job, s: int) -> bool:
     """The layer's attention takes a materialised mask: a sliding window (Llama 4: an attention
-    chunk) shorter than the row, or padding-free's block-diagonal mask (flash attention handles
-    both without one)."""
+    chunk) shorter than the row, padding-free's block-diagonal mask, or a padded micro-batch's
+    (``Job.padded_batches``: transformers' ``sdpa_mask`` keeps ``is_causal`` only for an all-ones
+    mask). Flash attention handles all of them without one."""
     a = g.attention
     return job.attn_impl != "flash" and ((g.window is not None and s > g.window) or job.is_padding_free
+                                         or job.has_padding
                                          or (a is not None and a.chunk is not None and s > a.chunk))
 
 
@@ -1468,7 +1472,10 @@ def _query_pos_scale_saved(b: int, s: int, dt: _Dtypes, job: Job) -> int:
 
 
 def _mla_saved(a, t: int, b: int, s: int, h: int, dt: _Dtypes, heads: int, backend: str,
-               attn_impl: str = "sdpa") -> int:
+               attn_impl: str = "sdpa", *, masked: bool = False) -> int:
+    """``masked``: sdpa gets a materialised mask (a padded micro-batch): the flash / memory-
+    efficient kernels keep its compute-dtype copy per layer; the CPU math kernel adds it (nothing
+    kept)."""
     c = dt.compute
     out = 0
     n_in = 2  # q_a (or q without a q LoRA rank) and kv_a read the normed input
@@ -1497,12 +1504,13 @@ def _mla_saved(a, t: int, b: int, s: int, h: int, dt: _Dtypes, heads: int, backe
         # and the logsumexp; o_proj reads a separate contiguous copy of the output
         kv_b = v if fp32_proj else heads * (a.head_dim - a.qk_rope_head_dim + a.v_head_dim)
         out += 2 * t * qk * c + t * kv_b * c + t * v * c + b * heads * s * 4 + (t * v * c if dt.full else 0)
+        out += b * s * s * c if masked else 0  # sdpa's float copy of the mask
     elif backend == "cpu":
         # qk and v head dims differ: sdpa falls back to the math kernel, which on CPU upcasts to
         # fp32 and keeps q, k^T, the softmax and v; its output comes back as a separate tensor
         out += 2 * t * qk * 4 + b * heads * s * s * 4 + t * v * 4 + (t * v * c if dt.full else 0)
-    else:  # memory-efficient kernel: q, k, v, output, logsumexp
-        out += 2 * t * qk * c + t * v * c + t * v * c + b * heads * s * 4
+    else:  # memory-efficient kernel: q, k, v, output, logsumexp (and the float copy of a mask)
+        out += 2 * t * qk * c + t * v * c + t * v * c + b * heads * s * 4 + (b * s * s * c if masked else 0)
     return out
 
 
@@ -1850,6 +1858,12 @@ def _model_level_saved(model: ModelSpec, job: Job, dt: _Dtypes) -> int:
         out += _rope_bytes(model, job, dt)  # RoPE cos, sin: (1, s, d), shared
     else:
         out += 2 * s * a.qk_rope_head_dim * dt.resid
+    if job.has_padding and any(g.short_conv is not None or g.linear_attention is not None for g in model.groups):
+        # a padded micro-batch: the short-conv / linear-attention layers zero the padding rows
+        # (``apply_mask_to_padding_states``: ``hidden_states * attention_mask[:, :, None]``); the
+        # mul keeps the collator's int64 (b, s) mask, one storage for every such layer (the
+        # recompute closures hold the same one)
+        out += b * s * 8
     if job.ac_mode != "none":
         out += s * 8  # position_ids
         if job.is_padding_free:
@@ -1859,13 +1873,16 @@ def _model_level_saved(model: ModelSpec, job: Job, dt: _Dtypes) -> int:
         # (a hybrid model's linear-attention layers get no materialised mask without padding)
         kinds = {g.window if g.window is not None and s > g.window else None
                  for g, n in zip(model.groups, _checkpointed_counts(model, job)) if n and g.attention is not None}
+        # eager materialises a mask per layer kind the model has, sliding or full, even where
+        # the window covers the whole row (transformers builds each kind's mask every forward);
+        # so does sdpa for a padded micro-batch, as (b, 1, s, s) bools
+        eager_kinds = {(g.window is not None, g.attention.chunk is not None)
+                       for g, n in zip(model.groups, _checkpointed_counts(model, job))
+                       if n and g.attention is not None}
         if job.attn_impl == "eager":
-            # eager materialises a mask per layer kind the model has, sliding or full, even where
-            # the window covers the whole row (transformers builds each kind's mask every forward)
-            eager_kinds = {(g.window is not None, g.attention.chunk is not None)
-                           for g, n in zip(model.groups, _checkpointed_counts(model, job))
-                           if n and g.attention is not None}
             out += len(eager_kinds) * b * s * s * dt.resid
+        elif job.attn_impl == "sdpa" and job.has_padding:
+            out += len(eager_kinds) * b * s * s
         elif job.attn_impl == "sdpa":
             out += sum(s * s for w in kinds if w is not None or packed)
             # Llama 4's chunked attention: create_chunked_causal_mask gives sdpa a (b, 1, s, s)

@@ -554,6 +554,21 @@ FAMILIES: dict[str, Family] = {
              "attention_multiplier": 1.0, "num_local_experts": 8, "num_experts_per_tok": 2},
             moe="granitemoe", peft_wraps_experts=False, embedding_scaled_outside=True,
         ),
+        Family(
+            # AllenAI OLMoE (OlmoeConfig, transformers 5.24): llama's pre-norm layers (llama's
+            # RMSNorm and rope, not OLMo 2's post-norms) with q/k RMSNorms over the whole q / k
+            # projection (as olmo2's / minimax_m2's), then an MoE block in every layer: qwen3_moe's
+            # router (fp32 softmax, top-k, renormalised when norm_topk_prob, cast back) and fused
+            # 3-D experts of intermediate_size, no shared expert. attention_bias puts a bias on
+            # q/k/v and o_proj; head_dim is no field (hidden // heads: q_norm is hidden_size wide).
+            # transformers maps olmoe's weight conversions onto qwen2_moe's, so PEFT's all-linear
+            # wraps the experts and the router (ParamWrapper)
+            "olmoe",
+            {**_LLAMA_LIKE, "vocab_size": 50304, "hidden_size": 2048, "intermediate_size": 2048,
+             "num_hidden_layers": 16, "num_attention_heads": 16, "max_position_embeddings": 4096,
+             "num_experts": 64, "num_experts_per_tok": 8, "norm_topk_prob": False, "clip_qkv": None},
+            qk_norm=True, qk_norm_whole=True, moe="olmoe",
+        ),
     ]
 }
 
@@ -594,6 +609,7 @@ _ARCH_TO_TYPE = {
     "Ernie4_5_ForCausalLM": "ernie4_5",  # (the remote-code class name of the first ERNIE 4.5 configs)
     "SeedOssForCausalLM": "seed_oss",
     "GraniteMoeForCausalLM": "granitemoe",
+    "OlmoeForCausalLM": "olmoe",
 }
 #: text model_types that name a family under another key (the inner type of a multimodal config)
 _TEXT_TYPE_ALIASES = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe", "llama4": "llama4_text",
@@ -1389,6 +1405,8 @@ def model_from_config(
     assert inter is not None or fam.moe == "qwen3_5_moe"
     if fam.gemma4:
         _gemma4_refusals(c.cfg, mt)
+    if mt == "olmoe":
+        _olmoe_refusals(c.cfg, h, heads, head_dim)
 
     if mla is not None:
         nope, rope, v_dim, kv_rank, q_rank = mla
@@ -1517,6 +1535,20 @@ def _gemma4_refusals(cfg: Mapping[str, Any], mt: str) -> None:
     if cfg.get("use_bidirectional_attention") == "all":
         raise ConfigError(f"config.json ({mt}): use_bidirectional_attention='all' (non-causal text "
                           "attention) is not planned", "ftplan plans causal language-model fine-tuning")
+
+
+def _olmoe_refusals(cfg: Mapping[str, Any], h: int, heads: int, head_dim: int | None) -> None:
+    """OLMoE configs ftplan does not plan: ``clip_qkv`` (in-place clamps of q/k/v, whose saved
+    tensors are not modelled; the OLMoE checkpoints have none) and a head_dim that makes the
+    projections another width than the q norm's ``hidden_size`` (transformers fails there)."""
+    if cfg.get("clip_qkv") is not None:
+        raise ConfigError(f"config.json (olmoe): clip_qkv={_show(cfg['clip_qkv'])} is not planned "
+                          "(the clamps' saved tensors are not modelled)",
+                          "ftplan plans OLMoE without clip_qkv (null in the OLMoE checkpoints)")
+    if head_dim is not None and head_dim * heads != h:
+        raise ConfigError(f"config.json (olmoe): head_dim={head_dim} x {heads} heads != hidden_size={h}: "
+                          "OlmoeAttention's q_norm is hidden_size wide and fails on that q_proj",
+                          "drop head_dim (OlmoeConfig has none: hidden_size // num_attention_heads)")
 
 
 def _gemma4_groups(groups: tuple[LayerGroup, ...], g4: _Gemma4Global, mlp: MlpSpec) -> tuple[LayerGroup, ...]:
@@ -1687,8 +1719,8 @@ def _layer_plan(fam: Family, c: _Check, n: int) -> _LayerPlan:
     pattern = (c.int("sliding_window_pattern", optional=True) or 6) if mt == "gemma3_text" and window else 6
     if mt == "smollm3" and not c.bool("use_sliding_window"):
         window = None  # SmolLM3Attention: a window only with use_sliding_window
-    if mt in ("olmo2", "minimax_m2") or fam.short_conv:
-        window = None  # Olmo2Attention / MiniMaxM2Attention / Lfm2Attention have no sliding window (nor their configs)
+    if mt in ("olmo2", "minimax_m2", "olmoe") or fam.short_conv:
+        window = None  # Olmo2Attention / MiniMaxM2Attention / Lfm2Attention / OlmoeAttention have no sliding window (nor their configs)
     if not window:
         window_at = lambda i: None  # noqa: E731
     elif types is not None:
@@ -1717,7 +1749,7 @@ def _layer_plan(fam: Family, c: _Check, n: int) -> _LayerPlan:
         window_at = lambda i: window  # noqa: E731
     # ---- MoE layers
     any_moe = False
-    if fam.moe in ("mixtral", "gpt_oss", "qwen3_5_moe", "granitemoe"):
+    if fam.moe in ("mixtral", "gpt_oss", "qwen3_5_moe", "granitemoe", "olmoe"):
         moe_at = lambda i: True  # noqa: E731
         any_moe = True
     elif fam.moe in ("qwen3_moe", "qwen3_next"):
@@ -1931,6 +1963,13 @@ def _moe_spec(fam: Family, c: _Check, any_moe: bool) -> MoeSpec | None:
             return None
         experts, top_k, inter = (c.int("num_experts"), c.int("num_experts_per_tok"),
                                  c.int("moe_intermediate_size"))
+        router, shared = "qwen3_moe", None
+        renorm = c.bool("norm_topk_prob")
+    elif fam.moe == "olmoe":
+        # OlmoeSparseMoeBlock: qwen3_moe's router (renormalised when norm_topk_prob) in every
+        # layer, experts of intermediate_size (num_local_experts is an alias of num_experts)
+        experts, top_k, inter = (c.int("num_experts"), c.int("num_experts_per_tok"),
+                                 c.int("intermediate_size"))
         router, shared = "qwen3_moe", None
         renorm = c.bool("norm_topk_prob")
     elif fam.moe == "llama4":

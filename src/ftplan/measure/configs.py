@@ -625,6 +625,27 @@ TINY_CONFIGS["granitemoe"] = {
 }
 
 
+
+#: olmoe: OLMoE's layers: GQA 4 / 2 heads of 16 with q/k RMSNorms over the whole projections, 4
+#: experts top-2 of ``intermediate_size=24`` in every layer behind qwen3_moe's fp32-softmax router,
+#: not renormalised (norm_topk_prob false, as the OLMoE checkpoints); untied; OlmoeConfig's pad/eos
+#: ids (1, 50279) dropped.
+TINY_CONFIGS["olmoe"] = {
+    "model_type": "olmoe",
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 24,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "norm_topk_prob": False,
+    "max_position_embeddings": 256,
+    "tie_word_embeddings": False,
+    "pad_token_id": None, "bos_token_id": None, "eos_token_id": None,
+}
+
 def text_config(config: dict) -> tuple[str, dict]:
     """(model_type, kwargs for ``AutoConfig.for_model``) of a config.json dict (not modified);
     descends into ``text_config`` for multimodal wrappers (gemma3 -> gemma3_text)."""

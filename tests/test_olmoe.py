@@ -157,3 +157,15 @@ def test_refusals_and_layouts():
     spec = model_from_config(cfg)
     validate_job(spec, Job(method="full"), Layout(2, 1, "fsdp", ep=2))
     validate_job(spec, Job(method="lora", lora=LoraSpec(dropout=0.0)), Layout(4, 1, "fsdp", ep=4))
+
+
+def test_catalog_entry_counts_against_the_model_card():
+    """OLMoE-1B-7B-0125-Instruct: '6.9B total / 1.3B active per token' (AI2's release figures);
+    ftplan (= transformers 5.24 on meta): 6,919,161,856 total, 1,282,017,280 active (top-8 of 64
+    experts, embedding and lm_head included)."""
+    spec = get_model("olmoe-1b-7b-0125").spec()
+    assert spec.family == "olmoe" and spec.is_moe and spec.groups[0].count == 16
+    assert spec.params.total == 6_919_161_856 and round(spec.params.total / 1e9, 1) == 6.9
+    assert spec.params.active == 1_282_017_280 and round(spec.params.active / 1e9, 1) == 1.3
+    moe = spec.groups[0].moe
+    assert (moe.num_experts, moe.top_k, moe.expert_intermediate_size, moe.renormalize) == (64, 8, 1024, False)

@@ -854,7 +854,8 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
             # fp32 softmax output and (when the compute dtype is narrower) its cast for the matmul;
             # Llama 4's eager softmax runs in the scores' dtype: the compute dtype promoted by the
             # mask's (the residual dtype)
-            sm = max(c, dt.resid) if a.complex_rope or not a.rope else 4
+            # (exaone4's NoPE layers: transformers' fp32 softmax as any other layer's)
+            sm = max(c, dt.resid) if (a.complex_rope or not a.rope) and FAMILIES[model.family].moe == "llama4" else 4
             total += b * heads * s * s * (sm + (c if c != sm else 0))
             if a.softcap:
                 total += b * heads * s * s * c  # tanh output of the soft-capping
@@ -2156,6 +2157,8 @@ def _rope_bytes(model: ModelSpec, job: Job, dt: _Dtypes) -> int:
         return s * a.head_dim * 4
     if FAMILIES[model.family].moe == "llama4":
         return 0  # every layer NoPE
+    if not any(g.attention.rope for g in model.attention_groups):
+        return 0  # (exaone4 with a window but no sliding layer: every layer NoPE)
     if fam.gemma4:
         # one (1, s, d) pair per layer type, each over its own head_dim (proportional rope: the
         # full-attention tables are global_head_dim wide, zero frequencies past the rotary share)

@@ -156,6 +156,10 @@ class Family:
     #: ``residual_dropout`` on the o_proj and down_proj outputs); None: not read (other families'
     #: ``attention_dropout`` is 0.0 in every bundled config and is not modelled)
     dropout_keys: tuple[str, str] | None = None
+    #: with a sliding window, the full-attention layers skip the rotary embedding (exaone4:
+    #: ``if self.sliding_window is None or self.is_sliding: apply_rotary_pos_emb``); without one
+    #: every layer rotates
+    nope_global_layers: bool = False
 
 
 #: first transformers wheel with models/gemma4: 5.5.0 (the 5.4.0 wheel has none; checked with
@@ -569,6 +573,20 @@ FAMILIES: dict[str, Family] = {
              "num_experts": 64, "num_experts_per_tok": 8, "norm_topk_prob": False, "clip_qkv": None},
             qk_norm=True, qk_norm_whole=True, moe="olmoe",
         ),
+        Family(
+            # LG EXAONE 4.0 (Exaone4Config, transformers 5.24): OLMo 2's post-norm layout (no norm
+            # before attention or MLP; RMSNorms on o_proj's and down_proj's outputs before each
+            # residual add) with llama's RMSNorm and rope (cos/sin in the input's dtype), per-head
+            # q/k RMSNorms (applied after the head transpose), no biases; layer_types
+            # sliding/full (default: every sliding_window_pattern-th layer full attention, the
+            # others a sliding_window of 4096), and with a window the full-attention layers are
+            # NoPE (no rotary embedding); head_dim is no field of the config class (hidden // heads)
+            "exaone4",
+            {**{k: v for k, v in _LLAMA_LIKE.items() if k != "attention_bias"}, "vocab_size": 102400,
+             "intermediate_size": 16384, "num_key_value_heads": 32, "sliding_window": 4096,
+             "sliding_window_pattern": 4, "layer_types": None},
+            qk_norm=True, post_norms=True, qkv_bias_key=None, o_bias_key=None, nope_global_layers=True,
+        ),
     ]
 }
 
@@ -610,6 +628,7 @@ _ARCH_TO_TYPE = {
     "SeedOssForCausalLM": "seed_oss",
     "GraniteMoeForCausalLM": "granitemoe",
     "OlmoeForCausalLM": "olmoe",
+    "Exaone4ForCausalLM": "exaone4",
 }
 #: text model_types that name a family under another key (the inner type of a multimodal config)
 _TEXT_TYPE_ALIASES = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe", "llama4": "llama4_text",
@@ -1478,7 +1497,8 @@ def _variant_attention(attn: AttentionSpec, variant: Any, c: _Check, fam: Family
     if variant is None:
         return attn
     rope, chunked = variant
-    from dataclasses import replace
+    if fam.nope_global_layers:  # exaone4: a NoPE full-attention layer
+        return replace(attn, rope=rope)
 
     return replace(attn, rope=rope, complex_rope=rope, l2_qk_norm=rope and c.bool("use_qk_norm"),
                    temperature_tuning=not rope and bool(c.cfg.get("attn_temperature_tuning")),
@@ -1721,11 +1741,24 @@ def _layer_plan(fam: Family, c: _Check, n: int) -> _LayerPlan:
         window = None  # SmolLM3Attention: a window only with use_sliding_window
     if mt in ("olmo2", "minimax_m2", "olmoe") or fam.short_conv:
         window = None  # Olmo2Attention / MiniMaxM2Attention / Lfm2Attention / OlmoeAttention have no sliding window (nor their configs)
+    if mt == "exaone4" and types is None:
+        pat = cfg.get("sliding_window_pattern")
+        if not window:  # (Exaone4Config: pattern 0, then ``(i + 1) % 0``)
+            c.bad("layer_types is required for exaone4 without a sliding_window (Exaone4Config "
+                  "cannot fill it in: transformers fails)")
+        elif isinstance(pat, bool) or not isinstance(pat, int) or pat < 1:
+            c.bad(f"exaone4: sliding_window_pattern={_show(pat)} without layer_types: Exaone4Config "
+                  "builds layer_types only from an integer pattern (transformers fails); give layer_types")
+            window = None
     if not window:
         window_at = lambda i: None  # noqa: E731
     elif types is not None:
         window_at = lambda i: window if types[i] == "sliding_attention" else None  # noqa: E731
         cuts.update(range(n))
+    elif mt == "exaone4":  # Exaone4Config: every sliding_window_pattern-th layer full attention
+        pat = cfg["sliding_window_pattern"]
+        window_at = lambda i: window if (i + 1) % pat else None  # noqa: E731
+        period = pat
     elif mt == "olmo3":  # Olmo3Config: every 4th layer full attention
         window_at = lambda i: window if (i + 1) % 4 else None  # noqa: E731
         period = 4
@@ -1822,6 +1855,8 @@ def _layer_plan(fam: Family, c: _Check, n: int) -> _LayerPlan:
             linear_at = lambda i: i not in attn_set  # noqa: E731
             cuts.update(range(n))
     variant_at = _llama4_attention_layers(c, n, types) if fam.moe == "llama4" else (lambda i: None)
+    if fam.nope_global_layers and window:  # exaone4: the full-attention layers are NoPE
+        variant_at = lambda i: None if window_at(i) is not None else (False, False)  # noqa: E731
     return _LayerPlan(window_at, moe_at, period, tuple(sorted(x for x in cuts if 0 <= x <= n)), any_moe,
                       linear_at, variant_at)
 

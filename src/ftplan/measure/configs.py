@@ -646,6 +646,26 @@ TINY_CONFIGS["olmoe"] = {
     "pad_token_id": None, "bos_token_id": None, "eos_token_id": None,
 }
 
+
+#: exaone4: EXAONE 4.0's post-norm layers (no input norms; norms on o_proj's and down_proj's outputs),
+#: per-head q/k norms, GQA 4 / 2 heads of 16, layer_types sliding(16)/sliding/full (the full layer
+#: NoPE: the hybrid layout of EXAONE-4.0-32B's "LLLG" in three layers), untied; Exaone4Config's
+#: bos/eos ids dropped.
+TINY_CONFIGS["exaone4"] = {
+    "model_type": "exaone4",
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 120,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
+    "sliding_window": 16,
+    "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
+    "tie_word_embeddings": False,
+    "pad_token_id": None, "bos_token_id": None, "eos_token_id": None,
+}
+
 def text_config(config: dict) -> tuple[str, dict]:
     """(model_type, kwargs for ``AutoConfig.for_model``) of a config.json dict (not modified);
     descends into ``text_config`` for multimodal wrappers (gemma3 -> gemma3_text)."""

@@ -1330,6 +1330,11 @@ def text_config(raw: Mapping[str, Any]) -> dict[str, Any]:
 #: config's null ``q_lora_rank`` is a plain q_proj, no low-rank q (DeepseekV3Config, Glm4MoeLiteConfig,
 #: Mistral4Config keep None)
 _NULL_IS_A_VALUE = frozenset({"sliding_window", "attention_chunk_size", "q_lora_rank"})
+#: families whose transformers 5.24 config class types head_dim as an int with a non-None
+#: default and refuses an explicit null (StrictDataclassFieldValidationError), held by
+#: tests/test_head_dim_null.py
+_HEAD_DIM_NULL_REFUSED = frozenset({"qwen3", "gemma2", "gemma3_text", "gpt_oss", "qwen3_5", "qwen3_5_moe",
+                                    "qwen3_next", "llama4_text", "gemma4", "minimax_m2"})
 
 
 def _with_defaults(fam: Family, cfg0: Mapping[str, Any]) -> dict[str, Any]:
@@ -1375,6 +1380,11 @@ def model_from_config(
     for k in ("num_key_value_heads", "head_dim"):
         if cfg0.get(k) is None:
             cfg[k] = fam.defaults.get(k)
+    # an explicit "head_dim": null is hidden_size // num_attention_heads where the config class
+    # takes it (Ernie4_5Config, SeedOssConfig: ``head_dim if not None else hidden // heads``; the
+    # classes whose default is None anyway); the strict classes of _HEAD_DIM_NULL_REFUSED refuse it
+    if "head_dim" in cfg0 and cfg0["head_dim"] is None:
+        cfg["head_dim"] = None
     if fam.short_conv:
         # Lfm2Config.__post_init__: config.json's block_ff_dim and tie_embedding (LFM2's own
         # names) override intermediate_size and tie_word_embeddings
@@ -1383,6 +1393,9 @@ def model_from_config(
                 cfg[new] = cfg0[old]
 
     c = _Check(cfg)
+    if mt in _HEAD_DIM_NULL_REFUSED and "head_dim" in cfg0 and cfg0["head_dim"] is None:
+        c.bad(f"head_dim is null: transformers' {mt} config class requires an integer (it refuses the "
+              "config); give head_dim or leave the key out for the default")
     h = c.int("hidden_size")
     n_layers = c.int("num_hidden_layers")
     vocab = c.int("vocab_size")

@@ -587,6 +587,23 @@ FAMILIES: dict[str, Family] = {
              "sliding_window_pattern": 4, "layer_types": None},
             qk_norm=True, post_norms=True, qkv_bias_key=None, o_bias_key=None, nope_global_layers=True,
         ),
+        Family(
+            # rednote dots.llm1 (Dots1Config, transformers 5.24): qwen3's attention (per-head q/k
+            # RMSNorms; attention_bias on q/k/v and o_proj) with DeepSeek-V3's MoE block verbatim
+            # (fp32 sigmoid router with e_score_correction_bias, group-limited top-k, shared
+            # experts, first_k_dense_replace dense layers; gate.weight kept fp32), as glm4_moe with
+            # its q/k norms on a full rotary. Sliding windows on layers >= max_window_layers when
+            # sliding_window is set (no use_sliding_window switch), or layer_types; head_dim is no
+            # field (hidden // heads). transformers maps dots1 onto qwen2_moe's conversions: PEFT's
+            # all-linear wraps the experts and the router, not the dense MLPs nor the shared experts
+            "dots1",
+            {**_LLAMA_LIKE, "vocab_size": 152064, "hidden_size": 4608, "intermediate_size": 10944,
+             "moe_intermediate_size": 1408, "num_hidden_layers": 62, "num_key_value_heads": 32,
+             "n_shared_experts": None, "n_routed_experts": None, "n_group": 1, "topk_group": 1,
+             "num_experts_per_tok": None, "first_k_dense_replace": 0, "norm_topk_prob": False,
+             "routed_scaling_factor": 1.0, "sliding_window": 4096, "max_window_layers": 62, "layer_types": None},
+            qk_norm=True, moe="deepseek_v3",
+        ),
     ]
 }
 
@@ -629,6 +646,7 @@ _ARCH_TO_TYPE = {
     "GraniteMoeForCausalLM": "granitemoe",
     "OlmoeForCausalLM": "olmoe",
     "Exaone4ForCausalLM": "exaone4",
+    "Dots1ForCausalLM": "dots1",
 }
 #: text model_types that name a family under another key (the inner type of a multimodal config)
 _TEXT_TYPE_ALIASES = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe", "llama4": "llama4_text",
@@ -1747,7 +1765,8 @@ def _layer_plan(fam: Family, c: _Check, n: int) -> _LayerPlan:
         types = None  # as before: a list of the wrong length is ignored
     mt = fam.model_type
     qwen = mt in ("qwen2", "qwen3", "qwen3_moe")
-    use_sw = c.bool("use_sliding_window") if qwen and window else False
+    # (dots1: Dots1Config slides the layers from max_window_layers on whenever sliding_window is set)
+    use_sw = c.bool("use_sliding_window") if qwen and window else (mt == "dots1" and bool(window))
     start = (c.int("max_window_layers", minimum=0, optional=True) or 0) if use_sw else 0
     pattern = (c.int("sliding_window_pattern", optional=True) or 6) if mt == "gemma3_text" and window else 6
     if mt == "smollm3" and not c.bool("use_sliding_window"):
@@ -1785,7 +1804,7 @@ def _layer_plan(fam: Family, c: _Check, n: int) -> _LayerPlan:
     elif mt == "gemma3_text":
         window_at = lambda i: window if (i + 1) % pattern else None  # noqa: E731
         period = pattern
-    elif qwen:
+    elif qwen or mt == "dots1":
         if use_sw:
             window_at = lambda i: window if i >= start else None  # noqa: E731
             cuts.add(min(start, n))
@@ -2053,7 +2072,8 @@ def _moe_spec(fam: Family, c: _Check, any_moe: bool) -> MoeSpec | None:
     else:
         experts, top_k, inter = (c.int("n_routed_experts"), c.int("num_experts_per_tok"),
                                  c.int("moe_intermediate_size"))
-        shared_n = c.int("n_shared_experts", minimum=0, optional=True) or 0
+        # (Dots1MoE always builds its shared expert MLP: Dots1Config's n_shared_experts null fails)
+        shared_n = c.int("n_shared_experts", minimum=0, optional=fam.model_type != "dots1") or 0
         # mistral4: DeepSeek-V2's softmax router on DeepSeek-V3's block
         router = "mistral4" if fam.moe == "mistral4" else "deepseek_v3"
         if fam.moe == "mistral4":

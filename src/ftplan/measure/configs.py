@@ -666,6 +666,34 @@ TINY_CONFIGS["exaone4"] = {
     "pad_token_id": None, "bos_token_id": None, "eos_token_id": None,
 }
 
+
+#: dots1: dots.llm1's layers: GQA 4 / 2 heads of 16 with per-head q/k norms, layer 0 dense
+#: (``first_k_dense_replace=1``, an MLP of 120), layers 1-2 DeepSeek-V3's MoE block (4 experts top-2 of
+#: ``moe_intermediate_size=24`` in 2 groups, top-1 group, one shared expert, the fp32 sigmoid router
+#: renormalised, routed_scaling_factor 2.5), no window (as dots.llm1: max_window_layers = all layers);
+#: untied.
+TINY_CONFIGS["dots1"] = {
+    "model_type": "dots1",
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 120,
+    "moe_intermediate_size": 24,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "n_routed_experts": 4,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 2,
+    "n_group": 2,
+    "topk_group": 1,
+    "first_k_dense_replace": 1,
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 2.5,
+    "max_position_embeddings": 256,
+    "sliding_window": None,
+    "tie_word_embeddings": False,
+}
+
 def text_config(config: dict) -> tuple[str, dict]:
     """(model_type, kwargs for ``AutoConfig.for_model``) of a config.json dict (not modified);
     descends into ``text_config`` for multimodal wrappers (gemma3 -> gemma3_text)."""

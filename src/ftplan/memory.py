@@ -1322,7 +1322,8 @@ def _moe_saved(m: MoeSpec, t: int, h: int, dt: _Dtypes, tp: int, wrapped: bool =
         # the logits' dtype
         r = c if dt.autocast or dt.engine_compute == "autocast" else 4
         router_in = t * h * r
-        out = t * m.num_experts * r + routed * 8 + t * r + routed * r
+        # (norm_topk_prob: the top-k sum and the quotient; without it neither is kept)
+        out = t * m.num_experts * r + routed * 8 + ((t * r + routed * r) if m.renormalize else 0)
         per_row = routed * r  # scaled by routed_scaling_factor: a new tensor
         w_bytes = r
         if dt.engine_compute and c != 4 and not wrapped:

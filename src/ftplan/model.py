@@ -2076,7 +2076,8 @@ def _moe_spec(fam: Family, c: _Check, any_moe: bool) -> MoeSpec | None:
         shared_n = c.int("n_shared_experts", minimum=0, optional=fam.model_type != "dots1") or 0
         # mistral4: DeepSeek-V2's softmax router on DeepSeek-V3's block
         router = "mistral4" if fam.moe == "mistral4" else "deepseek_v3"
-        if fam.moe == "mistral4":
+        if fam.moe == "mistral4" or c.cfg.get("norm_topk_prob") is not None:
+            # (DeepseekV3Config's default is True: a deepseek_v3 config without the key renormalises)
             renorm = c.bool("norm_topk_prob")
         shared = MlpSpec(inter * shared_n) if shared_n and inter else None
     if experts is not None and top_k is not None and top_k > experts:

@@ -144,14 +144,17 @@ def test_saved_activations_exact_variants(method, ckpt, batch, seq, attn, extra)
 
 
 def test_refusals_and_layouts():
-    """A null n_shared_experts (Dots1MoE multiplies by it: transformers fails) is refused in one
-    line; expert parallelism is planned (Dots1Config has a base_model_ep_plan)."""
+    """A null n_shared_experts (Dots1MoE multiplies by it) or n_group / topk_group (the router
+    divides by them; transformers 5.24 fails on both, checked by hand) is refused in one line;
+    expert parallelism is planned (Dots1Config has a base_model_ep_plan)."""
     import ftplan.measure.configs as CF
 
     cfg = CF.TINY_CONFIGS["dots1"]
-    with pytest.raises(ConfigError, match="n_shared_experts must be an integer") as e:
-        model_from_config({**cfg, "n_shared_experts": None})
-    assert "\n" not in str(e.value)
+    for extra, msg in (({"n_shared_experts": None}, "n_shared_experts must be an integer"),
+                       ({"n_group": None}, "n_group is null: transformers' Dots1TopkRouter divides by it")):
+        with pytest.raises(ConfigError, match=msg) as e:
+            model_from_config({**cfg, **extra})
+        assert "\n" not in str(e.value)
     spec = model_from_config(cfg)
     validate_job(spec, Job(method="full"), Layout(2, 1, "fsdp", ep=2))
     validate_job(spec, Job(method="lora", lora=LoraSpec(dropout=0.0)), Layout(4, 1, "fsdp", ep=4))

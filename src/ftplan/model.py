@@ -1414,6 +1414,10 @@ def model_from_config(
     if mt in _HEAD_DIM_NULL_REFUSED and "head_dim" in cfg0 and cfg0["head_dim"] is None:
         c.bad(f"head_dim is null: transformers' {mt} config class requires an integer (it refuses the "
               "config); give head_dim or leave the key out for the default")
+    if mt == "dots1":  # Dots1Config keeps a null; Dots1TopkRouter then divides by None
+        for k in ("n_group", "topk_group"):
+            if k in cfg0 and cfg0[k] is None:
+                c.bad(f"{k} is null: transformers' Dots1TopkRouter divides by it and fails; give 1 (no group limit)")
     h = c.int("hidden_size")
     n_layers = c.int("num_hidden_layers")
     vocab = c.int("vocab_size")

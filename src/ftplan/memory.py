@@ -822,9 +822,12 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
             total += _norm_saved(t, q, c, dt.full, style=style) + _norm_saved(t, kv_heads * a.head_dim, c, dt.full,
                                                                                style=style)
         elif a.qk_norm:  # per-head norms on the q/k projections (compute dtype)
-            total += _norm_saved(t, q, c, dt.full, rows=t * heads, style=style, weight=a.head_dim,
+            # (hunyuan_v1_dense: after the rope, on q/k in its output dtype: the projections'
+            # promoted by the residual stream's cos/sin)
+            qn = max(dt.base_out, dt.resid) if a.rope and FAMILIES[model.family].qk_norm_after_rope else c
+            total += _norm_saved(t, q, qn, dt.full, rows=t * heads, style=style, weight=a.head_dim,
                                  weight_bytes=nw)
-            total += _norm_saved(t, kv_heads * a.head_dim, c, dt.full, rows=t * kv_heads, style=style,
+            total += _norm_saved(t, kv_heads * a.head_dim, qn, dt.full, rows=t * kv_heads, style=style,
                                  weight=a.head_dim, weight_bytes=nw)
         if a.v_norm:  # gemma4's weightless norm on v
             total += _norm_saved(t, kv_heads * a.head_dim, c, False, rows=t * kv_heads, style=style, weight=0)

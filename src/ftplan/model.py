@@ -160,6 +160,9 @@ class Family:
     #: ``if self.sliding_window is None or self.is_sliding: apply_rotary_pos_emb``); without one
     #: every layer rotates
     nope_global_layers: bool = False
+    #: the per-head q/k RMSNorms run after the rotary embedding (hunyuan_v1_dense:
+    #: ``query_layernorm(apply_rotary_pos_emb(q))``), on q/k in the rope's output dtype
+    qk_norm_after_rope: bool = False
 
 
 #: first transformers wheel with models/gemma4: 5.5.0 (the 5.4.0 wheel has none; checked with
@@ -604,6 +607,15 @@ FAMILIES: dict[str, Family] = {
              "routed_scaling_factor": 1.0, "sliding_window": 4096, "max_window_layers": 62, "layer_types": None},
             qk_norm=True, moe="deepseek_v3",
         ),
+        Family(
+            # Tencent Hunyuan dense (HunYuanDenseV1Config, transformers 5.24): llama's layers with
+            # per-head q/k RMSNorms (query_layernorm / key_layernorm) applied after the rotary
+            # embedding, attention_bias on q/k/v and o_proj; the checkpoints' "dynamic" rope with a
+            # fixed alpha is an NTK-alpha base (the same tables' shape); head_dim None: hidden // heads
+            "hunyuan_v1_dense",
+            {**_LLAMA_LIKE, "vocab_size": 290943, "intermediate_size": 11008},
+            qk_norm=True, qk_norm_after_rope=True,
+        ),
     ]
 }
 
@@ -647,6 +659,7 @@ _ARCH_TO_TYPE = {
     "OlmoeForCausalLM": "olmoe",
     "Exaone4ForCausalLM": "exaone4",
     "Dots1ForCausalLM": "dots1",
+    "HunYuanDenseV1ForCausalLM": "hunyuan_v1_dense",
 }
 #: text model_types that name a family under another key (the inner type of a multimodal config)
 _TEXT_TYPE_ALIASES = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe", "llama4": "llama4_text",
@@ -1414,6 +1427,9 @@ def model_from_config(
     if mt in _HEAD_DIM_NULL_REFUSED and "head_dim" in cfg0 and cfg0["head_dim"] is None:
         c.bad(f"head_dim is null: transformers' {mt} config class requires an integer (it refuses the "
               "config); give head_dim or leave the key out for the default")
+    if mt == "hunyuan_v1_dense" and cfg0.get("head_dim") is None:
+        c.bad("head_dim is required for hunyuan_v1_dense (HunYuanDenseV1Config's default is None, which "
+              "HunYuanDenseV1Attention uses as the head width: transformers fails)")
     if mt == "dots1":  # Dots1Config keeps a null; Dots1TopkRouter then divides by None
         for k in ("n_group", "topk_group"):
             if k in cfg0 and cfg0[k] is None:

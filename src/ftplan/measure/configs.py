@@ -694,6 +694,25 @@ TINY_CONFIGS["dots1"] = {
     "tie_word_embeddings": False,
 }
 
+
+#: hunyuan_v1_dense: Hunyuan's dense layers (per-head q/k norms after the rope, q/k/v/o biases as
+#: attention_bias), GQA 4 / 2 heads of 16 (head_dim given: the config class's None fails), untied;
+#: HunYuanDenseV1Config's special ids dropped.
+TINY_CONFIGS["hunyuan_v1_dense"] = {
+    "model_type": "hunyuan_v1_dense",
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 120,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "max_position_embeddings": 256,
+    "attention_bias": True,
+    "tie_word_embeddings": False,
+    "pad_token_id": None, "bos_token_id": None, "eos_token_id": None, "eod_token_id": None,
+}
+
 def text_config(config: dict) -> tuple[str, dict]:
     """(model_type, kwargs for ``AutoConfig.for_model``) of a config.json dict (not modified);
     descends into ``text_config`` for multimodal wrappers (gemma3 -> gemma3_text)."""

@@ -1,6 +1,8 @@
-"""Checks of the families added in session 16 (olmoe, exaone4) held by hand, out of CI for time.
+"""Checks of the families added in session 16 (olmoe, exaone4, dots1, hunyuan_v1_dense) held by hand,
+out of CI for time.
 
-Usage: ``PYTHONPATH=src python benchmarks/families2_by_hand.py olmoe exaone4``
+Usage: ``PYTHONPATH=src python benchmarks/families2_by_hand.py [family ...]`` (default: all four;
+about 3 minutes on 2 cores, of which ~25 s per MoE family for the gloo run)
 
 For each family named, runs the cases its test file lists in ``VARIANTS_BY_HAND`` (saved
 activations against one real step, byte-exact) and ``QLORA_BY_HAND`` (bitsandbytes QLoRA: model
@@ -71,4 +73,4 @@ def main(families: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:] or ["olmoe", "exaone4"]))
+    sys.exit(main(sys.argv[1:] or ["olmoe", "exaone4", "dots1", "hunyuan_v1_dense"]))

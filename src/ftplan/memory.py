@@ -822,9 +822,12 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
             total += _norm_saved(t, q, c, dt.full, style=style) + _norm_saved(t, kv_heads * a.head_dim, c, dt.full,
                                                                                style=style)
         elif a.qk_norm:  # per-head norms on the q/k projections (compute dtype)
-            total += _norm_saved(t, q, c, dt.full, rows=t * heads, style=style, weight=a.head_dim,
+            # (hunyuan_v1_dense: after the rope, on q/k in its output dtype: the projections'
+            # promoted by the residual stream's cos/sin)
+            qn = max(dt.base_out, dt.resid) if a.rope and FAMILIES[model.family].qk_norm_after_rope else c
+            total += _norm_saved(t, q, qn, dt.full, rows=t * heads, style=style, weight=a.head_dim,
                                  weight_bytes=nw)
-            total += _norm_saved(t, kv_heads * a.head_dim, c, dt.full, rows=t * kv_heads, style=style,
+            total += _norm_saved(t, kv_heads * a.head_dim, qn, dt.full, rows=t * kv_heads, style=style,
                                  weight=a.head_dim, weight_bytes=nw)
         if a.v_norm:  # gemma4's weightless norm on v
             total += _norm_saved(t, kv_heads * a.head_dim, c, False, rows=t * kv_heads, style=style, weight=0)
@@ -854,7 +857,8 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
             # fp32 softmax output and (when the compute dtype is narrower) its cast for the matmul;
             # Llama 4's eager softmax runs in the scores' dtype: the compute dtype promoted by the
             # mask's (the residual dtype)
-            sm = max(c, dt.resid) if a.complex_rope or not a.rope else 4
+            # (exaone4's NoPE layers: transformers' fp32 softmax as any other layer's)
+            sm = max(c, dt.resid) if (a.complex_rope or not a.rope) and FAMILIES[model.family].moe == "llama4" else 4
             total += b * heads * s * s * (sm + (c if c != sm else 0))
             if a.softcap:
                 total += b * heads * s * s * c  # tanh output of the soft-capping
@@ -1325,7 +1329,8 @@ def _moe_saved(m: MoeSpec, t: int, h: int, dt: _Dtypes, tp: int, wrapped: bool =
         # the logits' dtype
         r = c if dt.autocast or dt.engine_compute == "autocast" else 4
         router_in = t * h * r
-        out = t * m.num_experts * r + routed * 8 + t * r + routed * r
+        # (norm_topk_prob: the top-k sum and the quotient; without it neither is kept)
+        out = t * m.num_experts * r + routed * 8 + ((t * r + routed * r) if m.renormalize else 0)
         per_row = routed * r  # scaled by routed_scaling_factor: a new tensor
         w_bytes = r
         if dt.engine_compute and c != 4 and not wrapped:
@@ -2173,6 +2178,8 @@ def _rope_bytes(model: ModelSpec, job: Job, dt: _Dtypes) -> int:
         return s * a.head_dim * 4
     if FAMILIES[model.family].moe == "llama4":
         return 0  # every layer NoPE
+    if not any(g.attention.rope for g in model.attention_groups):
+        return 0  # (exaone4 with a window but no sliding layer: every layer NoPE)
     if fam.gemma4:
         # one (1, s, d) pair per layer type, each over its own head_dim (proportional rope: the
         # full-attention tables are global_head_dim wide, zero frequencies past the rotary share)

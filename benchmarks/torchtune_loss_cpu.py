@@ -10,7 +10,8 @@ transcriptions (``ftplan.measure.torchtune_loss``). Writes
 lora: frozen), backend (eager = torchtune's ``compile: False``; aot_eager; inductor = ``compile:
 True``) and shape, the bytes live after the forward, the forward's peak and the step's peak, above
 the weights, the input leaf and the labels, gradients left out. ``tests/test_torchtune_loss.py``
-holds ``memory._torchtune_loss_bytes`` against every record.
+holds ``memory._torchtune_loss_bytes`` against every record, and ``torchao_nf4.nf4_tensor_bytes``
+against the NF4 storage recorded here (torchao's ``NF4Tensor``, torchtune's QLoRA weights).
 """
 
 from __future__ import annotations
@@ -50,12 +51,28 @@ def main() -> int:
                       f"{m.forward_peak_bytes:,} peak {m.peak_bytes:,} ({time.time() - t0:.1f} s)", flush=True)
     import torch
 
+    nf4 = []
+    try:
+        from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import to_nf4
+    except ImportError:  # torchao < 0.14: torchao.dtypes.nf4tensor
+        from torchao.dtypes.nf4tensor import to_nf4
+    import torchao
+
+    for shape in ((1024, 512), (256, 128), (4096, 1024)):
+        q = to_nf4(torch.randn(*shape, dtype=torch.bfloat16), 64, 256)
+        names, _ = q.__tensor_flatten__()
+        parts = {n: getattr(q, n).untyped_storage().nbytes() for n in names}
+        nf4.append({"shape": list(shape), "stored_bytes": sum(parts.values()), "parts": parts})
+        print(f"torchao {torchao.__version__} NF4 {shape}: {sum(parts.values()):,} B {parts}")
     doc = {"_doc": "torchtune's tail (final RMSNorm, output projection per chunk, CEWithChunkedOutputLoss, "
                    "8 chunks) in bf16 on CPU, one forward + backward as the recipes' train step runs it; bytes "
                    "above weights, input leaf and labels, gradients (parameters', input's) and the CPU matmul "
                    "kernels' own scratch left out; by benchmarks/torchtune_loss_cpu.py. forward_end_bytes: live "
                    "after the loss and `del logits`.",
-           "torch": torch.__version__, "records": rows}
+           "torch": torch.__version__, "records": rows,
+           "_nf4_doc": "torchao's to_nf4(bf16 weight, 64, 256) (torchtune's QLoRA base weights): bytes of the "
+                       "NF4Tensor's inner tensors (their storages), torchao " + torchao.__version__,
+           "nf4": nf4}
     tmp = OUT.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(doc, indent=1) + "\n")
     os.replace(tmp, OUT)

@@ -83,3 +83,18 @@ def test_mixed_precision_is_refused():
     spec = _spec(64, 4096)
     with pytest.raises(ConfigError):
         validate_job(spec, _job("full", True, 2, 32).with_(precision="bf16-mixed"))
+
+
+
+def test_torchao_nf4_storage_is_exact():
+    """torchao's NF4Tensor (torchtune's QLoRA weights), as the by-hand script recorded it (torchao's
+    import alone takes seconds): exactly ``nf4_tensor_bytes``; against bitsandbytes' nf4 with double
+    quantization ~n / 8192 bytes less (bf16 per-256 factors)."""
+    from ftplan.torchao_nf4 import nf4_tensor_bytes
+
+    assert DOC["nf4"]
+    for rec in DOC["nf4"]:
+        rows, cols = rec["shape"]
+        assert rec["stored_bytes"] == nf4_tensor_bytes(rows * cols), rec
+    with pytest.raises(ValueError):
+        nf4_tensor_bytes(64 * 255)

@@ -19,6 +19,11 @@ the end (the one half-weight shard). Plain autograd sums the 8 chunks' weight gr
 input buffer (two head-sized gradients at the second chunk, ``memory._torchtune_loss_bytes``).
 ftplan's FSDP2 schedule (``sharding.fsdp2_transient_bytes``) has no unit called several times per
 step: the torchtune rows of ``benchmarks/reference/multi_gpu_memory.csv`` stay unscored on it.
+
+Last, FSDP2 without a mixed-precision policy (torchtune's pure bf16; ftplan's ``precision=bf16``):
+a unit holding a bf16 weight and an fp32 one all-gathers 2 + 4 bytes per element (one uint8
+all-gather of both), which ``sharding.fsdp2_transient_bytes(param_b=None)`` plans (it gathered
+everything at the trainable dtype's 4 bytes before 2026-11-25).
 """
 
 from __future__ import annotations
@@ -103,11 +108,52 @@ def _run(rank: int, world: int, mode: str, port: int) -> None:
     dist.destroy_process_group()
 
 
+def _dtypes(rank: int, world: int, port: int) -> None:
+    """FSDP2 without a mixed-precision policy on a unit holding a frozen bf16 weight and an fp32
+    adapter (torchtune's / pure-bf16 LoRA): the sizes of the forward's allocations."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    from torch.profiler import ProfilerActivity, profile
+
+    import ftplan.measure.torchtune_loss as T
+
+    warnings.simplefilter("ignore")
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.manual_seed(0)
+
+    class Unit(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.base = torch.nn.Linear(256, 256, bias=False).to(torch.bfloat16).requires_grad_(False)
+            self.a = torch.nn.Linear(256, 8, bias=False)  # fp32
+
+        def forward(self, x):
+            return self.base(x) + torch.nn.functional.pad(self.a(x.float()).to(x.dtype), (0, 248))
+
+    m = torch.nn.Sequential(Unit(), Unit())
+    for u in m:
+        fully_shard(u)
+    fully_shard(m)
+    x = torch.randn(4, 256, dtype=torch.bfloat16, requires_grad=True)
+    m(x).sum().backward()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        m(x)
+    if rank == 0:
+        sizes = [n for _t, _p, n in T._allocations(prof) if abs(n) >= 4096]
+        print(f"no param_dtype, bf16 base 256x256 ({256 * 256 * 2:,} B) + fp32 adapter 8x256 ({256 * 8 * 4:,} B): "
+              f"forward allocations {sizes} (all-gather output = the two in their own dtypes, "
+              f"{256 * 256 * 2 + 256 * 8 * 4:,} B; at 4 B each it would be {(256 * 256 + 256 * 8) * 4:,})", flush=True)
+    dist.destroy_process_group()
+
+
 def main() -> int:
     import torch.multiprocessing as mp
 
     for i, mode in enumerate(("plain", "fsdp2")):
         mp.spawn(_run, args=(2, mode, 29611 + i), nprocs=2)
+    mp.spawn(_dtypes, args=(2, 29615), nprocs=2)
     return 0
 
 

@@ -98,3 +98,21 @@ def test_torchao_nf4_storage_is_exact():
         assert rec["stored_bytes"] == nf4_tensor_bytes(rows * cols), rec
     with pytest.raises(ValueError):
         nf4_tensor_bytes(64 * 255)
+
+
+def test_fsdp2_without_mixed_precision_gathers_each_dtype():
+    """FSDP2 with no param_dtype (pure bf16) gathers a LoRA unit's bf16 base at 2 B and its fp32
+    adapters at 4 B (gloo: benchmarks/torchtune_fsdp_output_cpu.py, 139,264 B for a 256x256 bf16
+    weight + an 8x256 fp32 one); an all-bf16 unit is gathered as before."""
+    from fractions import Fraction
+
+    from ftplan.sharding import Tensor, Unit, fsdp2_transient_bytes
+
+    bf16 = [Unit("layer", (Tensor(256, 256 * 256, Fraction(2), True),), 2)]
+    kw = dict(reduce_b=Fraction(2), backend="cpu")
+    assert fsdp2_transient_bytes(bf16, 2, param_b=None, **kw) == fsdp2_transient_bytes(bf16, 2, param_b=Fraction(2), **kw)
+    lora = [Unit("layer", (Tensor(256, 256 * 256, Fraction(2), False), Tensor(8, 8 * 256, Fraction(4), True)), 2)]
+    kw = dict(reduce_b=Fraction(4), backend="cpu")
+    own = fsdp2_transient_bytes(lora, 2, param_b=None, **kw)
+    assert own < fsdp2_transient_bytes(lora, 2, param_b=Fraction(4), **kw)
+    assert own >= 256 * 256 * 2 + 8 * 256 * 4  # at least one unit gathered in its own dtypes

@@ -274,7 +274,7 @@ class Job:
                        help="trl (SFTTrainer's fused LM head, loss_type=nll, default) | hf (transformers' "
                             "ForCausalLMLoss, fp32 logits) | liger (fused linear cross-entropy) | hf-legacy "
                             "(transformers < 4.46: fp32 logits returned by the model, shifted copy) | torchtune "
-                            "(CEWithChunkedOutputLoss: 8 output chunks, compiled with --compile)")
+                            "(CEWithChunkedOutputLoss: 8 output chunks, compiled with `torch_compile`)")
     keep_output: bool = option(False, help="the training loop keeps the model output (its logits) alive through "
                                            "backward (`out = model(**batch); out.loss.backward()`); HF Trainer, "
                                            "TRL and torchtitan drop it first (hf / hf-legacy loss)")

@@ -1672,6 +1672,8 @@ def _logits_bytes(model: ModelSpec, job: Job, dt: _Dtypes, tp: int, backend: str
     if job.loss == "liger":
         head_saved, transient = _liger_head_bytes(model, job, dt, tp)
         return saved + head_saved, transient, transient
+    if job.loss == "torchtune":
+        return _torchtune_loss_bytes(model, job, dt, tp, saved)
     saved += _linear_inputs(t, h, 1, dt.norm_out, dt)
     if job.uses_lora and "lm_head" in job.lora.target_modules:
         saved += t * h * (c + 1) + t * job.lora.r * c
@@ -1715,6 +1717,74 @@ def _logits_bytes(model: ModelSpec, job: Job, dt: _Dtypes, tp: int, backend: str
     # + the fp32 loss (forward) or its gradient (backward); by the log-softmax's backward the
     # nll's backward has already freed the saved targets
     return saved, forward + 4, backward + 4 - targets
+
+
+#: torchtune's ``CEWithChunkedOutputLoss(num_output_chunks=8)`` default, which every recipe config
+#: uses (torchtune 0.3.1 modules/loss/ce_chunked_output_loss.py)
+TORCHTUNE_OUTPUT_CHUNKS = 8
+
+
+def _torchtune_loss_bytes(model: ModelSpec, job: Job, dt: _Dtypes, tp: int, norm_saved: int) -> tuple[int, int, int]:
+    """(saved, forward transient, backward transient) of torchtune's tail: the final norm, the
+    output projection applied per chunk of the sequence (``TransformerDecoder.chunked_output``:
+    ``h.chunk(8, dim=1)``) and ``CEWithChunkedOutputLoss``, as the recipes' train step runs it
+    (shifted labels ``hstack``-ed and held by the loop, ``del logits`` before backward). Measured
+    on CPU (``ftplan.measure.torchtune_loss``, benchmarks/torchtune_loss_cpu.py).
+
+    Saved: the norm's tensors; with a trained head each chunk's input (a contiguous copy when
+    b > 1, else a view of the norm output: t h bytes either way); eager (``compile: False``) each
+    chunk's fp32 log-softmax (t V 4), compiled (inductor, ``training.compile_loss``) the
+    compute-dtype logits chunks and two fp32 values per row (t V c + 8 t); the int64 targets (the
+    loop's shifted labels, and with b > 1 the loss's reshaped copies of their chunks) and the
+    scalars (loss, token count; eager: a total weight per chunk).
+
+    Forward peak: eager, the last chunk's fp32 upcast beside every chunk's logits (the list lives
+    until the loss returns); compiled, the logits beside the norm output when the projections end.
+    Backward: the compiled (or eager) cross-entropy of every chunk runs before any chunk's
+    projection backward (autograd runs the later-created nodes first), so the logits gradients of
+    all chunks coexist; a frozen head's peak is the first chunk's (compute-dtype gradient + 4 bytes
+    per row compiled, two fp32 gradients eager). A trained head's per-chunk weight gradients meet in
+    autograd's input buffer: the second chunk's adds out of place (the first one's, the second
+    one's and their sum), so at the second chunk's projection backward two head-sized gradients
+    are live beside the one ftplan counts as the gradient."""
+    b, s = _batch_shape(job)
+    t = b * s
+    h = model.hidden_size
+    v = model.vocab_size // tp
+    c = dt.compute
+    size = -(-s // TORCHTUNE_OUTPUT_CHUNKS)  # torch.chunk: ceil(s / n) per chunk, the last one shorter
+    n = -(-s // size)
+    r_last = b * (s - (n - 1) * size)  # rows of the last chunk (backward starts there)
+    r_prev = b * size if n > 1 else 0
+    compiled = job.torch_compile
+    inputs = t * h * c if dt.full else 0  # the head's input per chunk (trained head)
+    loss_saved = t * v * c + 8 * t if compiled else t * v * 4
+    targets = 8 * t + (8 * t if b > 1 else 0)
+    scalars = 12 + (0 if compiled else 4 * n)
+    saved = norm_saved + inputs + loss_saved + targets + scalars
+    if compiled:
+        # the projections' end: the norm output (t h c) beside every chunk's logits; the inputs
+        # with one row are views of it
+        forward_peak = max(norm_saved + (inputs if b > 1 else 0) + t * h * c + t * v * c, saved)
+        # the last chunk's backward first (its gradient and 4 bytes per row), then the one before
+        # it, longer when the sequence is not a multiple of the chunks, after the last one's
+        # per-row values and targets are freed
+        backward_peak = saved + max(r_last * (v * c + 4),
+                                    r_prev * (v * c + 4) - r_last * (8 + (8 if b > 1 else 0)))
+    else:
+        forward_peak = saved + t * v * c + r_last * v * 4 + 4
+        # two fp32 gradients of a chunk (the last one's log-probabilities already replaced by its
+        # compute-dtype gradient when the one before runs)
+        backward_peak = saved + max(2 * r_last * v * 4, 2 * r_prev * v * 4 - r_last * v * (4 - c))
+    if dt.full and n > 1:
+        # the second chunk's projection backward: the loss's tensors gone (the token count stays),
+        # every chunk's logits gradient but the last one's, the two chunks' input gradients, two
+        # head-sized weight gradients; the last chunk's saved input copy (b > 1) already freed
+        w = v * h * int(dtype_bytes(PRECISIONS[job.precision]["grad"]))
+        second = (norm_saved + inputs + 8 * t + 8 + t * v * c - r_last * v * c + 2 * w
+                  + (r_last + r_prev) * h * c - (r_last * h * c if b > 1 else 0))
+        backward_peak = max(backward_peak, second)
+    return saved, forward_peak - saved, backward_peak - saved
 
 
 def _lm_head_weight_bytes(job: Job, dt: _Dtypes) -> int:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import io
 import json
 import os
@@ -77,7 +78,9 @@ def files(tmp_path_factory):
     return paths
 
 
+@functools.lru_cache(maxsize=1)
 def _commands():
+    """The subcommand parsers to draw command lines from (built once: ``main`` builds its own)."""
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     return sub.choices

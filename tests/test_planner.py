@@ -1,4 +1,11 @@
-"""Planner properties (hypothesis) and a few fixed cases; small models keep it fast."""
+"""Planner properties (hypothesis) and a few fixed cases; small models keep it fast.
+
+The property tests over random offer sets share one :class:`~ftplan.planner.SearchCache` (as the
+web app's searches do): the plans are exactly those of uncached searches
+(``tests/test_bad_input_measure.py::test_search_cache_changes_no_plan``), and the memory and step
+time of a (GPU, layout, job) already seen are not evaluated again, so each example costs a
+fraction of a fresh search. ``test_no_traceback_over_random_options`` and the fixed cases search
+without it."""
 
 from __future__ import annotations
 
@@ -14,7 +21,7 @@ from ftplan.catalog.models import resolve_model
 from ftplan.catalog.offers import Offer
 from ftplan.errors import FtplanError
 from ftplan.job import Job
-from ftplan.planner import fit, recommend
+from ftplan.planner import SearchCache, fit, recommend
 
 GPUS = ["h100-sxm", "a100-80gb-sxm", "l40s", "rtx-4090", "b200", "mi300x"]
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -23,6 +30,10 @@ SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[Healt
 @pytest.fixture(scope="module")
 def small():
     return resolve_model("qwen2.5-0.5b")
+
+
+#: shared by the property tests' searches (see the module docstring)
+CACHE = SearchCache()
 
 
 def offer(gpu="h100-sxm", n=8, price=2.0, net=400.0, gran=1, provider="p", sku=None, pricing="on-demand"):
@@ -45,7 +56,7 @@ offer_st = st.builds(
 
 def _run(model, offers, **kw):
     job = kw.pop("job", Job(method="lora", seq_len=1024, dataset_tokens=5_000_000))
-    return recommend(model, job, offers, max_gpus=kw.pop("max_gpus", 16), **kw)
+    return recommend(model, job, offers, max_gpus=kw.pop("max_gpus", 16), cache=CACHE, **kw)
 
 
 @SETTINGS

@@ -33,6 +33,7 @@ held against real multi-process gloo runs by ``tests/test_distributed_memory.py`
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -683,7 +684,8 @@ def layout_memory(model: ModelSpec, job: Job, layout: Layout, st, consts: Memory
         # the worst rank's gradient partition buffer and backward transient (see zero12_rank_bytes);
         # the two ipg buckets (overlap_comm) are in the compute dtype (DeepSpeed's grad_accum_dtype
         # defaults to the model dtype: ZeRO-1 reduces in bf16 too)
-        ranks = [zero12_rank_bytes(model, job, n, bucket, stage, r, layout.ep) for r in range(n)]
+        order = tuple(ds_flat_order(model, job, layout.ep))
+        ranks = [_zero12_rank(order, n, bucket, stage, r) for r in range(n)]  # zero12_rank_bytes
         grads = max(g for g, _t in ranks) * c
         transient = max(t for _g, t in ranks) * c + 2 * bucket * c
     else:
@@ -801,7 +803,13 @@ def zero12_rank_bytes(model: ModelSpec, job: Job, n: int, bucket: int, stage: in
       ZeRO-2 (4 ranks), where the gradients arrive in the registration order reversed only
       approximately (a layer's input-norm gradient arrives after its attention's, and it, not the
       embedding's, triggers the flush of the copied bucket)."""
-    order = ds_flat_order(model, job, ep)
+    return _zero12_rank(tuple(ds_flat_order(model, job, ep)), n, bucket, stage, rank)
+
+
+@functools.lru_cache(maxsize=1024)
+def _zero12_rank(order: tuple[int, ...], n: int, bucket: int, stage: int, rank: int) -> tuple[int, int]:
+    """:func:`zero12_rank_bytes` of the flat order ``order`` (a pure function of its arguments:
+    memoized, a search asks it for every rank of every ZeRO-1/2 layout)."""
     total = _aligned(sum(order), n)
     part = total // n
     lo, hi = rank * part, (rank + 1) * part

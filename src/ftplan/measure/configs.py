@@ -799,3 +799,24 @@ def default_attention(config: dict) -> str:
     from ..model import model_from_config
 
     return "sdpa" if model_from_config(config).supports_sdpa else "eager"
+
+#: ernie4_5_moe: ERNIE 4.5 MoE (21B-A3B shape, shrunk): layer 0 dense, layer 1 an MoE block (fp32
+#: softmax router with the frozen fp32 e_score_correction_bias, 4 experts top-2, 2 shared experts);
+#: ernie4_5's fp32 interleaved rope, head_dim 32 != 64 / 4, GQA 4 / 2, tied embeddings
+TINY_CONFIGS["ernie4_5_moe"] = {
+    "model_type": "ernie4_5_moe",
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "max_position_embeddings": 256,
+    "moe_num_experts": 4,
+    "moe_k": 2,
+    "moe_intermediate_size": 24,
+    "moe_num_shared_experts": 2,
+    "moe_layer_start_index": 1,
+    "tie_word_embeddings": True,
+}

@@ -832,6 +832,12 @@ class MoeSpec:
         return self.num_experts if self.dense_dispatch else self.top_k
 
     @property
+    def router_autocast(self) -> bool:
+        """The router's matmul runs under the forward's autocast, which keeps a compute-dtype copy of
+        its weight; ernie4_5_moe's router turns autocast off and multiplies in fp32 (no copy)."""
+        return self.router != "ernie4_5_moe"
+
+    @property
     def router_is_module(self) -> bool:
         """gemma4's router: an ``nn.Linear`` (``router.proj``, hidden -> experts, which PEFT's
         ``all-linear`` wraps) after a weightless RMSNorm and a learned hidden-size ``scale``,

@@ -1980,15 +1980,20 @@ def _layer_matmul_outputs(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes
             if lin.module in ("gate_proj", "up_proj", "down_proj", "proj"):
                 proj(lin, lin.out_features // tp if lin.module in col else lin.out_features)
     elif g.moe is not None:
-        if g.moe.shared_gate and g.moe.shared is not None:
-            # qwen2_moe's block (qwen3_5_moe, qwen3_next): the shared expert runs before the router
+        shared_first = g.moe.shared_gate or not g.moe.router_autocast
+        if shared_first and g.moe.shared is not None:
+            # qwen2_moe's block (qwen3_5_moe, qwen3_next) and ernie4_5_moe's: the shared expert
+            # runs before the router
             mlp_proj(g.moe.shared)
         if job.uses_lora and lora_wraps_experts(model, job.lora):
             out.append(g.moe.num_experts * model.hidden_size * c)  # ParamWrapper's B @ A for the router
         if not g.moe.bias:  # a biased router (gpt_oss) runs addmm
-            out.append(t * g.moe.num_experts * c)  # router logits
+            # router logits (ernie4_5_moe's router runs in fp32, autocast off)
+            out.append(t * g.moe.num_experts * (c if g.moe.router_autocast else 4))
         if g.moe.shared_gate:  # then sigmoid(shared_expert_gate(x)), after the routed experts
             proj(lins["shared_expert_gate"], 1)
+            mlp = None
+        elif shared_first:
             mlp = None
         else:
             mlp = g.moe.shared

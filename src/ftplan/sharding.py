@@ -281,6 +281,8 @@ def _layer_tensors(model: ModelSpec, g: LayerGroup, job: Job, tb: Fraction, fb: 
             out += [Tensor(h, h, wb, full), Tensor(m.num_experts, m.num_experts, wb, full)]
         else:
             out.append(Tensor(e, e * h, rb, full))
+        if m.frozen_bias_param:  # ernie4_5_moe: the frozen fp32 (1, E) e_score_correction_bias
+            out.append(Tensor(1, m.num_experts, rb, False))
         if m.bias:  # gpt_oss: router bias, and each fused expert weight followed by its (E, out) bias
             out.append(Tensor(e, e, wb, full))
         out.append(Tensor(e, e * 2 * i * h, wb, full))  # fused gate_up_proj (E, 2I, h)

@@ -74,7 +74,9 @@ def main() -> int:
         for ck in (False, True):
             spec, job, r = _run_qlora(FAM, ck, recipe, dropout=0.0)
             st = model_states(spec, job)
-            casts = sum(x.nbytes for x in r.records if x.param_copy)
+            # PEFT's fp32 adapters: their autocast copies are ftplan's master weights; TRL's bf16
+            # ones make none (the router's delta weight upcasts them: activations, as ftplan counts)
+            casts = sum(x.nbytes for x in r.records if x.param_copy) if recipe == "peft" else 0
             report(f"qlora {recipe} ckpt={ck}", st.frozen_weights - r.frozen_param_bytes,
                    st.trainable_weights - r.trainable_param_bytes, st.gradients - r.grad_bytes,
                    st.optimizer_states - r.optimizer_state_bytes,

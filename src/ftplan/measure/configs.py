@@ -687,11 +687,13 @@ def tiny_config(config: dict) -> dict:
     out["num_key_value_heads"] = 4 if kv >= heads else (1 if kv == 1 else 2)
     if isinstance(out.get("max_position_embeddings"), int):
         out["max_position_embeddings"] = max(4096, min(out["max_position_embeddings"], 131072))
-    for k, v in (("num_local_experts", 4), ("num_experts", 4), ("n_routed_experts", 4)):
+    for k, v in (("num_local_experts", 4), ("num_experts", 4), ("n_routed_experts", 4), ("moe_num_experts", 4)):
         if cfg.get(k):
             out[k] = v
     if cfg.get("num_experts_per_tok"):
         out["num_experts_per_tok"] = 2
+    if cfg.get("moe_k"):  # (ernie4_5_moe's top-k)
+        out["moe_k"] = 2
     if cfg.get("moe_intermediate_size"):
         out["moe_intermediate_size"] = 32
     if cfg.get("shared_expert_intermediate_size"):

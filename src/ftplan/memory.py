@@ -1357,6 +1357,11 @@ def _moe_saved(m: MoeSpec, t: int, h: int, dt: _Dtypes, tp: int, wrapped: bool =
         out = t * m.num_experts * 4 + routed * 8 + routed * 4 + 2 * t * 4
         per_row = routed * dt.norm_out
         w_bytes = dt.norm_out
+        if dt.engine_compute and c != 4 and not wrapped:
+            # the engine's compute-dtype router weight (FSDP's param_dtype gather, DeepSpeed's module
+            # cast): ``weight.float()`` makes an fp32 copy each forward, which the linear saves for
+            # its input's gradient (no autocast turns it back here)
+            out += m.num_experts * h * 4
     else:  # softmax in fp32
         router_in = t * h * c
         # (the top-k probabilities divided by their sum: the sum and the quotient; qwen3_moe's and

@@ -675,6 +675,9 @@ def layout_memory(model: ModelSpec, job: Job, layout: Layout, st, consts: Memory
     if stage in (1, 2):
         trainable = train_w
         frozen = frozen_w
+        if job.method == "full":  # (ernie4_5_moe's frozen correction biases: whole, in the module's dtype)
+            frozen = wb * sum(g.count * g.moe.num_experts for g in model.groups
+                              if g.moe is not None and g.moe.frozen_bias_param)
         # the worst rank's gradient partition buffer and backward transient (see zero12_rank_bytes);
         # the two ipg buckets (overlap_comm) are in the compute dtype (DeepSpeed's grad_accum_dtype
         # defaults to the model dtype: ZeRO-1 reduces in bf16 too)

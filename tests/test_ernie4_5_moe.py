@@ -152,3 +152,24 @@ def test_expert_parallelism_is_planned():
 def test_use_bias_is_refused():
     with pytest.raises(ConfigError, match="use_bias: true puts a vocab-size bias"):
         model_from_config({**TINY, "use_bias": True})
+
+
+#: per-rank saved bytes measured on 2 gloo ranks (the cases of tests/test_distributed_memory.py,
+#: run by hand 2026-11-25; the harness's token ids left out), full fine-tuning of the tiny config at
+#: 2 x 24 tokens: FSDP2 under accelerate's autocast, DeepSpeed ZeRO-3 in its bf16 mode (no autocast)
+MEASURED_ENGINE_ACTIVATIONS = {"fsdp": 420_372, "zero3": 426_516}
+
+
+@pytest.mark.parametrize("strategy", sorted(MEASURED_ENGINE_ACTIVATIONS))
+def test_engines_cast_the_fp32_router_weight(strategy):
+    """Under FSDP's bf16 gathered weights and DeepSpeed's cast module the router's
+    ``weight.float()`` is a fresh fp32 copy each forward, which the linear keeps (its input runs in
+    fp32 either way: autocast is off inside the router)."""
+    import ftplan.measure.configs as CF
+    from ftplan.job import Layout
+    from ftplan.memory import estimate_memory
+
+    spec = model_from_config(CF.TINY_CONFIGS["ernie4_5_moe"])
+    job = Job(method="full", micro_batch=2, seq_len=24, gradient_checkpointing=False, loss="hf")
+    c = estimate_memory(spec, job, Layout(gpus_per_node=2, strategy=strategy), backend="cpu").components
+    assert c["activations"] + c["logits_and_loss"] - 2 * 24 * 8 == MEASURED_ENGINE_ACTIVATIONS[strategy]

@@ -173,3 +173,10 @@ def test_engines_cast_the_fp32_router_weight(strategy):
     job = Job(method="full", micro_batch=2, seq_len=24, gradient_checkpointing=False, loss="hf")
     c = estimate_memory(spec, job, Layout(gpus_per_node=2, strategy=strategy), backend="cpu").components
     assert c["activations"] + c["logits_and_loss"] - 2 * 24 * 8 == MEASURED_ENGINE_ACTIVATIONS[strategy]
+
+
+def test_llamafactory_template():
+    """LLaMA-Factory 0.9.5 registers ERNIE-4.5-21B-A3B-PT and 300B-A47B-PT with ernie_nothink."""
+    from ftplan.export.llamafactory import template_for
+
+    assert template_for(model_from_config({"model_type": "ernie4_5_moe"})) == "ernie_nothink"

@@ -180,3 +180,20 @@ def test_llamafactory_template():
     from ftplan.export.llamafactory import template_for
 
     assert template_for(model_from_config({"model_type": "ernie4_5_moe"})) == "ernie_nothink"
+
+
+def test_fsdp1_full_fine_tuning_note():
+    """FSDP1's flat parameters refuse a unit mixing trainable and frozen parameters when
+    use_orig_params is False (measured: ``Must flatten tensors with uniform requires_grad`` on the
+    tiny model; use_orig_params=True wraps it): the answer says so for full fine-tuning only."""
+    import ftplan.measure.configs as CF
+    from ftplan.job import Layout
+    from ftplan.memory import estimate_memory
+
+    spec = model_from_config(CF.TINY_CONFIGS["ernie4_5_moe"])
+    for method, said in (("full", True), ("lora", False)):
+        notes = estimate_memory(spec, Job(method=method, micro_batch=1, seq_len=32, lora=LoraSpec(dropout=0.0)),
+                                Layout(2, 1, "fsdp", fsdp_version=1)).notes
+        assert any("uniform requires_grad" in n for n in notes) == said, notes
+    notes = estimate_memory(spec, Job(method="full", micro_batch=1, seq_len=32), Layout(2, 1, "fsdp")).notes
+    assert not any("uniform requires_grad" in n for n in notes)

@@ -580,6 +580,13 @@ def layout_memory(model: ModelSpec, job: Job, layout: Layout, st, consts: Memory
                              "narrower model, transformers >= 5.24), which FSDP1's flat parameters refuse "
                              "('Must flatten tensors with uniform dtype'); load the model in fp32 "
                              "(mixed precision) or use FSDP2 (fsdp_version 2)")
+            if job.method == "full" and any(not t.trainable for u in units for t in u.tensors):
+                # (measured: FullyShardedDataParallel(use_orig_params=False) raises it on the tiny
+                # ernie4_5_moe; use_orig_params=True wraps it)
+                notes.append("fsdp1: a decoder layer mixes trainable and frozen parameters (the router's frozen "
+                             "e_score_correction_bias), which FSDP1's flat parameters refuse with "
+                             "use_orig_params=False ('Must flatten tensors with uniform requires_grad'); set "
+                             "fsdp_use_orig_params true or use FSDP2 (fsdp_version 2)")
             if job.uses_lora and lora_wraps_experts(model, job.lora):
                 notes.append("fsdp1: LoRA on the fused MoE experts (PEFT ParamWrapper) did not train under "
                              "FSDP1 in ftplan's CPU runs (torch 2.13, PEFT 0.21; use_orig_params False and "

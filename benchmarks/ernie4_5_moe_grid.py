@@ -1,6 +1,6 @@
 """ERNIE 4.5 MoE (``ernie4_5_moe``) against real PyTorch on CPU, by hand: the whole grid.
 
-    PYTHONPATH=src python benchmarks/ernie4_5_moe_grid.py [--no-ep]
+    PYTHONPATH=src python benchmarks/ernie4_5_moe_grid.py [--no-ep] [--no-engines]
 
 CI (tests/test_ernie4_5_moe.py and the generic tests parametrized over ``TINY_CONFIGS``) keeps the
 model states, the saved-activation grid (full / LoRA, autocast and pure bf16, checkpointing on/off,
@@ -8,8 +8,10 @@ b = 1/2), torchtitan's SAC and PEFT's targets. This script adds what costs too m
 attention, every checkpointing variant with LoRA and full, QLoRA under both recipes with and without
 checkpointing, a variant config (MoE on every other layer, no shared expert, untied), and the
 expert-parallel run (2 gloo ranks, FSDP + EP 2: the per-rank parameter / gradient / optimizer bytes
-and each MoE block's saved bytes given the rows the rank received). Prints one line a case
-(ftplan minus measured, bytes; 0 is exact); exits 1 if any case differs.
+and each MoE block's saved bytes given the rows the rank received) and the engines (2 gloo ranks:
+FSDP2 full / LoRA / QLoRA, ZeRO-1/2/3 full, ZeRO-3 LoRA, through tests/test_distributed_memory.py's
+checks). Prints one line a case (ftplan minus measured, bytes; 0 is exact); exits 1 if any case
+differs. ``--no-ep`` / ``--no-engines`` leave the gloo runs out.
 """
 
 from __future__ import annotations
@@ -83,6 +85,8 @@ def main() -> int:
                    saved_activation_bytes(spec, job, backend="cpu") - (r.saved_activation_bytes - casts))
     if "--no-ep" not in sys.argv:
         bad += _expert_parallel()
+    if "--no-engines" not in sys.argv:
+        bad += _engines()
     print("all exact" if not bad else f"{bad} case(s) differ")
     return 1 if bad else 0
 
@@ -117,6 +121,31 @@ def _expert_parallel() -> int:
         bad += not ok
         print(f"{'ok ' if ok else 'BAD'} expert parallel rank {i} (rows {r.rows}): {diffs}", flush=True)
     return bad
+
+
+def _engines() -> int:
+    """2-rank gloo runs of tests/test_distributed_memory.py's harness (its checks: per-rank
+    parameters, gradients, optimizer states, buffers, transients, saved activations): FSDP2 full /
+    LoRA / QLoRA, DeepSpeed ZeRO-1/2/3 full and ZeRO-3 LoRA. As that test does, a failing case runs
+    once more in a fresh process group (gloo's asynchronous frees depend on the ranks' timing on a
+    loaded machine)."""
+    import test_distributed_memory as D
+
+    from ftplan.measure.distributed import Case, run_cases
+
+    cases = [Case(family=FAM, engine="fsdp2"), Case(family=FAM, engine="fsdp2", method="lora"),
+             Case(family=FAM, engine="fsdp2", method="qlora"), Case(family=FAM, engine="deepspeed", zero_stage=1),
+             Case(family=FAM, engine="deepspeed", zero_stage=2),
+             Case(family=FAM, engine="deepspeed", zero_stage=3, steps=2),
+             Case(family=FAM, engine="deepspeed", zero_stage=3, method="lora", steps=2)]
+    failures = D._failures(cases, 2, run_cases(cases, 2, timeout_s=900))
+    if failures:
+        retry = [c for c in cases if any(f.startswith((c.label + " rank", c.label + ":")) for f in failures)]
+        failures = D._failures(retry, 2, run_cases(retry, 2, timeout_s=900))
+    for c in cases:
+        mine = [f for f in failures if f.startswith((c.label + " rank", c.label + ":"))]
+        print(f"{'BAD' if mine else 'ok '} engine {c.label}: {mine}", flush=True)
+    return len({f.split(" rank")[0].split(":")[0] for f in failures})
 
 
 if __name__ == "__main__":

@@ -16,11 +16,13 @@ The generic grid (model states full / LoRA; saved activations full and LoRA unde
 bf16, checkpointing on/off, b = 1/2, sdpa; torchtitan's SAC in test_checkpointing_vs_torch) runs
 the tiny ernie4_5_moe from ``TINY_CONFIGS``; this file adds Ernie4_5_MoeConfig's defaults and the
 counts on meta, the MoE layer pattern, PEFT's all-linear (the qwen2_moe mapping: ParamWrapper on
-the experts and the router), the frozen bias in full fine-tuning, expert parallelism and the use_bias
-refusal. ``benchmarks/ernie4_5_moe_grid.py`` (by hand) runs the rest exactly: eager attention, every
-checkpointing variant, QLoRA (both recipes), a variant layer pattern and the 2-rank gloo EP run. No catalog entry: no
-verbatim config.json of a published ERNIE 4.5 MoE checkpoint was found (the defaults are the
-21B-A3B shape; see ``test_defaults_are_the_21b_a3b_checkpoint``).
+the experts and the router), the frozen bias in full fine-tuning, expert parallelism, the engines'
+router weight copy, FSDP1's refusal and the use_bias refusal. ``benchmarks/ernie4_5_moe_grid.py``
+(by hand) runs the rest exactly: eager attention, every checkpointing variant, QLoRA (both
+recipes), a variant layer pattern, the 2-rank gloo EP run and the engines (FSDP2 full / LoRA /
+QLoRA, ZeRO-1/2/3 full, ZeRO-3 LoRA on 2 gloo ranks). No catalog entry: no verbatim config.json of
+a published ERNIE 4.5 MoE checkpoint was found (the defaults are the 21B-A3B shape; see
+``test_defaults_are_the_21b_a3b_checkpoint``).
 """
 
 from __future__ import annotations

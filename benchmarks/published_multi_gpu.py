@@ -70,9 +70,11 @@ def _loss(r: dict) -> str:
     """The row's loss path as ``Job.loss``: ``ce`` = the model's own cross-entropy on full fp32
     logits (transformers' ``model(labels=...)``, torchtitan's ``cross_entropy(pred.float())``);
     ``ce-legacy`` = transformers < 4.46, whose causal-LM forward upcasts the logits itself and
-    copies the shifted ones."""
+    copies the shifted ones; ``chunked_ce(8)`` = torchtune's ``CEWithChunkedOutputLoss`` (8 output
+    chunks; compiled with the row's ``torch_compile``)."""
     loss = (r.get("loss") or "ce").strip()
-    return {"ce": "hf", "ce-legacy": "hf-legacy", "trl": "trl", "liger": "liger"}.get(loss, "hf")
+    return {"ce": "hf", "ce-legacy": "hf-legacy", "trl": "trl", "liger": "liger",
+            "chunked_ce(8)": "torchtune"}.get(loss, "hf")
 
 
 def job_and_layout(r: dict):
@@ -85,7 +87,8 @@ def job_and_layout(r: dict):
               micro_batch=int(r["micro_batch"]), seq_len=int(r["seq_len"]),
               gradient_checkpointing=r["gradient_checkpointing"] == "1", checkpointing=_checkpointing(r),
               attn_impl=r["attn"] or "sdpa", lora=lora, loss=_loss(r), packing=r.get("packing") == "1",
-              keep_output=r.get("keeps_output") == "1", base_dtype=r.get("base_dtype") or "compute")
+              keep_output=r.get("keeps_output") == "1", base_dtype=r.get("base_dtype") or "compute",
+              torch_compile=r.get("torch_compile") == "1")
     layout = Layout(int(r["gpus_per_node"]), int(r["nodes"]), r["strategy"],
                     offload_optimizer=r["offload_optimizer"] == "1", offload_params=r["offload_params"] == "1",
                     fsdp_version=int(r["fsdp_version"] or 2),

@@ -307,6 +307,8 @@ BAD = {
                                        "cannot run on mi300x"),
     "no feasible plan": (lambda t: ["llama-3.1-70b", "--method", "full", "--tokens", "20M", "--budget", "0.01"],
                          "no feasible plan"),
+    "torchtune loss": (lambda t: ["--from-json", _edited(t, job={"loss": "torchtune", "precision": "bf16"})],
+                       "torchtune's chunked-output cross-entropy"),
     "pipeline-parallel plan": (lambda t: ["--from-json", _edited(
         t, layout={"gpus_per_node": 2, "pp": 2}, offer={"gpus_per_instance": 2})], "pipeline parallelism"),
     "unknown model in json": (lambda t: ["--from-json", _write(t, "m.json", json.dumps(

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.torch
 #: attention implementation per family (gemma2 has no sdpa path in transformers 5)
 ATTN = {"gemma2": "eager", "gpt_oss": "eager"}
 MOE = {"mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss", "glm4_moe", "qwen3_next", "glm4_moe_lite", "minimax_m2",
-       "ernie4_5_moe"}
+       "olmoe", "dots1", "ernie4_5_moe"}
 #: PEFT target_modules where ``all-linear`` does not run: PEFT 0.21 wraps Llama 4's router (an
 #: ``nn.Linear`` subclass returning a tuple) and the forward fails; ftplan plans all-linear there as
 #: every other nn.Linear (and exports this list)

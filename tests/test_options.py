@@ -119,6 +119,7 @@ def test_existing_flags_and_aliases_are_kept():
             # runtime-only job options (issue 15)
             "--optimizer-impl", "--compile", "--torch-compile",
             "--qlora-recipe",  # PEFT's or TRL SFTTrainer's QLoRA preparation
+            "--padded-batches", "--padded",  # a padded micro-batch (attention_mask with zeros)
             # DeepSpeed ZeRO-3's gather limits (sharding._ds_capped_gather_elems)
             "--ds-max-live-parameters", "--ds-max-reuse-distance", "--ds-prefetch-bucket-size"} == flags
 

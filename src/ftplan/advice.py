@@ -146,6 +146,20 @@ def job_assumptions(job: Job, layout: Layout | None = None, *,
     if assumed("packing", "padding_free") and assumed("padding_free", "packing") and not job.is_padding_free:
         out.append(Assumption("packing", False, "no packing, no padding-free rows: each sequence is its own row",
                               "`packing` or `padding_free`", "TRL SFTConfig packing=False, padding_free=False"))
+    if assumed("padded_batches") and not job.is_padding_free:
+        if job.padded_batches:
+            text = ("padded micro-batches: an attention_mask with zeros, so sdpa gets a materialised (b, 1, s, s) "
+                    "mask (a compute-dtype copy kept per layer) and k/v repeated to every head"
+                    + ("; flash attention unpads instead (planned as unpadded, not measured)"
+                       if job.attn_impl == "flash" else ""))
+        else:
+            text = ("no padding in a micro-batch: every row full length (or an all-ones attention_mask, which "
+                    "transformers drops): sdpa runs is_causal without a mask, GQA's k/v unrepeated"
+                    + ("; TRL's collator pads a micro-batch of uneven rows to its longest: `padded_batches`"
+                       if job.micro_batch > 1 else ""))
+        out.append(Assumption("padded_batches", job.padded_batches, text, "`padded_batches`",
+                              "TRL DataCollatorForLanguageModeling pads each micro-batch to its longest row "
+                              "(right, attention_mask 0); transformers' sdpa_mask skips an all-ones mask"))
     if job.torch_compile:
         # how the model is compiled is not an option: an assumption whenever compile is on
         out.append(Assumption(

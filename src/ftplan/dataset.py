@@ -636,6 +636,9 @@ class Batches:
     packs: int | None = None  # packed sequences (packed only)
     order: str = "random"
     notes: tuple[str, ...] = ()
+    #: the largest micro-batch can carry padding (a row shorter than the batch's longest, or than
+    #: ``max_length`` under ``padded``): its attention_mask has zeros (``Job.padded_batches``)
+    padded: bool = False
 
     @property
     def peak_tokens(self) -> int:
@@ -655,8 +658,10 @@ class Batches:
         """``job`` at the largest micro-batch: what ``estimate_memory`` takes for the peak.
 
         Padding-free and packed micro-batches are one row of all their tokens (with
-        ``position_ids``); the memory model sees them as ``micro_batch=1, seq_len=tokens``."""
-        return job.with_(micro_batch=self.peak_rows, seq_len=self.peak_seq_len)
+        ``position_ids``); the memory model sees them as ``micro_batch=1, seq_len=tokens``. A
+        padded micro-batch (``padded``) plans the attention mask it brings (``padded_batches``)."""
+        return job.with_(micro_batch=self.peak_rows, seq_len=self.peak_seq_len,
+                         padded_batches=job.padded_batches or self.padded)
 
     def runtime_job(self, job: Job) -> Job:
         """``job`` at the average micro-batch, with the computed (padded) tokens as the data:
@@ -677,7 +682,7 @@ class Batches:
             "computed_tokens_per_epoch": self.computed_tokens, "padding_fraction": self.padding_fraction,
             "truncated_samples": self.truncated_samples, "truncated_tokens": self.truncated_tokens,
             "peak_rows": self.peak_rows, "peak_seq_len": self.peak_seq_len, "padding_free": self.padding_free,
-            "packs": self.packs, "order": self.order,
+            "packs": self.packs, "order": self.order, "padded": self.padded,
         }
 
 
@@ -773,6 +778,7 @@ def simulate_batches(
     rng = random.Random(seed)
     notes: list[str] = []
     packs = None
+    padded = False
     # the peak batch: every length known (the sample and, when sampled, the longest lines)
     longest = sorted((min(x, max_length) for x in profile.top_lengths), reverse=True)
     if batching in ("padded", "longest", "bucketed"):
@@ -791,6 +797,8 @@ def simulate_batches(
         rows = min(micro_batch, len(trunc))
         seq = max_length if batching == "padded" else longest[0]
         padding_free = False
+        # the peak batch can hold a shorter row (TRL's collator then passes an attention_mask with zeros)
+        padded = min(trunc) < seq and (batching == "padded" or rows > 1)
     elif batching == "packed":
         pack_lens: list[int] = []
         for chunk in _chunks(trunc, _PACK_CHUNK):
@@ -823,7 +831,7 @@ def simulate_batches(
         micro_batches=round(n_mb * s), real_tokens=round(real * s), computed_tokens=round(computed * s),
         truncated_samples=round(n_trunc * s), truncated_tokens=round(lost * s),
         peak_rows=rows, peak_seq_len=seq, padding_free=padding_free,
-        packs=round(packs * s) if packs is not None else None, order=order, notes=tuple(notes),
+        packs=round(packs * s) if packs is not None else None, order=order, notes=tuple(notes), padded=padded,
     )
 
 

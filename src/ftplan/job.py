@@ -108,12 +108,18 @@ CHECKPOINTING = ("none", "full", "full-reentrant", "selective", "selective-atten
 #: ``liger`` = Liger-Kernel's fused linear cross-entropy (HF Trainer ``use_liger_kernel``; CUDA),
 #: ``hf-legacy`` = transformers < 4.46 (``LlamaForCausalLM.forward`` upcasts the logits with
 #: ``logits.float()``, returns them in fp32, and copies the shifted logits with ``.contiguous()``
-#: before ``CrossEntropyLoss``): the stacks of 2023-2024 recipes and published runs
-LOSSES = ("trl", "hf", "liger", "hf-legacy")
+#: before ``CrossEntropyLoss``): the stacks of 2023-2024 recipes and published runs;
+#: ``torchtune`` = torchtune's ``CEWithChunkedOutputLoss`` (alias ``torchtune_chunked_ce``): the
+#: model applies its output projection per chunk of the sequence (8 chunks, compute-dtype logits,
+#: all kept), the loss upcasts and scores one chunk at a time; with ``torch_compile`` the recipe
+#: also compiles the loss's ``compute_cross_entropy`` (inductor), which then keeps the compute-dtype
+#: logits instead of fp32 log-probabilities (torchtune's own trainer: pure ``bf16`` / ``fp32``)
+LOSSES = ("trl", "hf", "liger", "hf-legacy", "torchtune")
 #: the loss paths that materialise the whole logits tensor (transformers' own loss)
 LOGITS_LOSSES = ("hf", "hf-legacy")
 #: TRL's names for its loss: both are the fused head
-_LOSS_ALIASES = {"nll": "trl", "chunked_nll": "trl", "chunked-nll": "trl"}
+_LOSS_ALIASES = {"nll": "trl", "chunked_nll": "trl", "chunked-nll": "trl", "torchtune_chunked_ce": "torchtune",
+                 "torchtune-chunked-ce": "torchtune"}
 
 
 def _loss_name(text: str) -> str:
@@ -267,13 +273,24 @@ class Job:
     loss: str = option("trl", choices=LOSSES, normalize=_loss_name, label="loss path",
                        help="trl (SFTTrainer's fused LM head, loss_type=nll, default) | hf (transformers' "
                             "ForCausalLMLoss, fp32 logits) | liger (fused linear cross-entropy) | hf-legacy "
-                            "(transformers < 4.46: fp32 logits returned by the model, shifted copy)")
+                            "(transformers < 4.46: fp32 logits returned by the model, shifted copy) | torchtune "
+                            "(CEWithChunkedOutputLoss: 8 output chunks, compiled with `torch_compile`)")
     keep_output: bool = option(False, help="the training loop keeps the model output (its logits) alive through "
                                            "backward (`out = model(**batch); out.loss.backward()`); HF Trainer, "
                                            "TRL and torchtitan drop it first (hf / hf-legacy loss)")
     padding_free: bool = option(False, help="one row of micro-batch x seq-len tokens with position_ids "
                                             "(TRL padding_free=True; flash attention varlen)")
     packing: bool = option(False, help="pack sequences into full rows (TRL packing=True, bfd: padding-free)")
+    #: the micro-batch carries padding: TRL's default collator (packing=False, padding_free=False)
+    #: pads each micro-batch to its longest row and passes an attention_mask with zeros, so
+    #: transformers materialises a (b, 1, s, s) mask for sdpa/eager (no ``is_causal``, k/v repeated
+    #: for GQA) and hybrid models mask their conv / linear-attention inputs. Off: every row is full
+    #: length (or the mask is all ones: transformers drops it), as at micro-batch 1
+    padded_batches: bool = option(False, flags=("--padded",),
+                                  help="the micro-batch has padded rows (TRL's default collator at micro-batch "
+                                       "> 1 on data of uneven lengths): an attention_mask with zeros, so sdpa "
+                                       "gets a materialised mask and repeated k/v; ignored with packing / "
+                                       "padding_free")
     #: runtime only: how the optimizer step runs, and torch.compile of the model
     optimizer_impl: str = option("fused", choices=OPTIMIZER_IMPLS, label="optimizer implementation",
                                  help="fused (HF Trainer adamw_torch_fused, the default) | foreach "
@@ -369,6 +386,11 @@ class Job:
     def is_padding_free(self) -> bool:
         """TRL flattens the micro-batch into one row (``padding_free``, or ``packing`` with bfd)."""
         return self.padding_free or self.packing
+
+    @property
+    def has_padding(self) -> bool:
+        """The micro-batch's attention_mask has zeros (``padded_batches``; never in padding-free rows)."""
+        return self.padded_batches and not self.is_padding_free
 
     def with_(self, **changes) -> "Job":
         return replace(self, **changes)
@@ -769,6 +791,15 @@ def validate_job(model: ModelSpec, job: Job, layout: Layout | None = None) -> No
     if job.uses_lora and job.loss == "trl" and "lm_head" in job.lora.target_modules:
         p.append(Problem("lora_targets", "TRL's fused LM head reads lm_head.weight directly: SFTTrainer refuses a "
                          "LoRA adapter on lm_head", "drop lm_head from `lora_targets`, or use `loss=hf`"))
+    if job.loss == "torchtune":
+        _check(not job.precision.endswith("-mixed"), p, "torchtune's recipes train in their `dtype` (bf16 or fp32), "
+               "without autocast: the torchtune loss path is planned for a pure precision", "loss",
+               "use `precision=bf16` (torchtune's dtype: bf16) or another loss")
+        _check(not (job.uses_lora and "lm_head" in job.lora.target_modules), p,
+               "the torchtune loss path is planned with a frozen output projection (no LoRA on lm_head)",
+               "lora_targets", "drop lm_head from `lora_targets`")
+        _check(not job.activation_offloading, p, "activation offloading is not planned with the torchtune loss "
+               "path", "activation_offloading", "drop `activation_offloading` or use another loss")
     if job.precision in ("bf16", "fp16") and job.method == "full" and job.optimizer == "adamw":
         pass  # legal (pure half-precision training), the memory model handles it
     # layout

@@ -25,7 +25,7 @@ from .catalog.constants import MemoryConstants, memory_constants
 from .job import PRECISIONS, Job, Layout, lora_targets, lora_wraps_experts, planned_attention, validate_job
 from .model import (FAMILIES, LAYER_INPUT_PROJECTIONS, AttentionSpec, GatedDeltaNetSpec, LayerGroup, LinearSpec,
                     MlpSpec, ModelSpec, MoeSpec, ShortConvSpec, layer_group_order, layer_linears, nope_layer_indices,
-                    planned_as_note)
+                    planned_as_note, unmodelled_dropout_note)
 from .sharding import (activation_job, casts_whole_module, checkpointed_counts, communicator_groups, engine_compute,
                        layout_memory, quant_state_bytes)
 from .units import dtype_bytes
@@ -821,7 +821,7 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
     elif g.short_conv is not None:
         total += _short_conv_saved(g.short_conv, b, s, h, dt, tp)
     elif a.is_mla:
-        total += _mla_saved(a, t, b, s, h, dt, heads, backend, job.attn_impl)
+        total += _mla_saved(a, t, b, s, h, dt, heads, backend, job.attn_impl, masked=masked)
         if a.query_pos_scale:
             total += _query_pos_scale_saved(b, s, dt, job)
     else:
@@ -838,9 +838,12 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
             total += _norm_saved(t, q, c, dt.full, style=style) + _norm_saved(t, kv_heads * a.head_dim, c, dt.full,
                                                                                style=style)
         elif a.qk_norm:  # per-head norms on the q/k projections (compute dtype)
-            total += _norm_saved(t, q, c, dt.full, rows=t * heads, style=style, weight=a.head_dim,
+            # (hunyuan_v1_dense: after the rope, on q/k in its output dtype: the projections'
+            # promoted by the residual stream's cos/sin)
+            qn = max(dt.base_out, dt.resid) if a.rope and FAMILIES[model.family].qk_norm_after_rope else c
+            total += _norm_saved(t, q, qn, dt.full, rows=t * heads, style=style, weight=a.head_dim,
                                  weight_bytes=nw)
-            total += _norm_saved(t, kv_heads * a.head_dim, c, dt.full, rows=t * kv_heads, style=style,
+            total += _norm_saved(t, kv_heads * a.head_dim, qn, dt.full, rows=t * kv_heads, style=style,
                                  weight=a.head_dim, weight_bytes=nw)
         if a.v_norm:  # gemma4's weightless norm on v
             total += _norm_saved(t, kv_heads * a.head_dim, c, False, rows=t * kv_heads, style=style, weight=0)
@@ -870,7 +873,8 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
             # fp32 softmax output and (when the compute dtype is narrower) its cast for the matmul;
             # Llama 4's eager softmax runs in the scores' dtype: the compute dtype promoted by the
             # mask's (the residual dtype)
-            sm = max(c, dt.resid) if a.complex_rope or not a.rope else 4
+            # (exaone4's NoPE layers: transformers' fp32 softmax as any other layer's)
+            sm = max(c, dt.resid) if (a.complex_rope or not a.rope) and FAMILIES[model.family].moe == "llama4" else 4
             total += b * heads * s * s * (sm + (c if c != sm else 0))
             if a.softcap:
                 total += b * heads * s * s * c  # tanh output of the soft-capping
@@ -930,8 +934,10 @@ def _compiled_layer_reason(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtype
         return f"method {job.method}"
     if job.ac_mode.startswith("selective"):
         return "selective checkpointing"
-    if job.casts_fp32_base or job.low_precision or job.is_padding_free or job.activation_offloading:
-        return "this job's options (fp32 LoRA base, low-precision recipe, padding-free or activation offloading)"
+    if (job.casts_fp32_base or job.low_precision or job.is_padding_free or job.has_padding
+            or job.activation_offloading):
+        return ("this job's options (fp32 LoRA base, low-precision recipe, padding-free, padded batches or "
+                "activation offloading)")
     if job.uses_lora and not dt.autocast and _adapter_compute_bytes(job, dt) != dt.compute:
         return "LoRA adapters in another dtype than the compute dtype without autocast"
     if dt.linear_saves_input or dt.engine_compute == "cast":
@@ -1036,10 +1042,12 @@ def _compile_note(model: ModelSpec, job: Job, dt: _Dtypes, reason: str = "") -> 
 
 def _masked(g: LayerGroup, job: Job, s: int) -> bool:
     """The layer's attention takes a materialised mask: a sliding window (Llama 4: an attention
-    chunk) shorter than the row, or padding-free's block-diagonal mask (flash attention handles
-    both without one)."""
+    chunk) shorter than the row, padding-free's block-diagonal mask, or a padded micro-batch's
+    (``Job.padded_batches``: transformers' ``sdpa_mask`` keeps ``is_causal`` only for an all-ones
+    mask). Flash attention handles all of them without one."""
     a = g.attention
     return job.attn_impl != "flash" and ((g.window is not None and s > g.window) or job.is_padding_free
+                                         or job.has_padding
                                          or (a is not None and a.chunk is not None and s > a.chunk))
 
 
@@ -1337,7 +1345,8 @@ def _moe_saved(m: MoeSpec, t: int, h: int, dt: _Dtypes, tp: int, wrapped: bool =
         # the logits' dtype
         r = c if dt.autocast or dt.engine_compute == "autocast" else 4
         router_in = t * h * r
-        out = t * m.num_experts * r + routed * 8 + t * r + routed * r
+        # (norm_topk_prob: the top-k sum and the quotient; without it neither is kept)
+        out = t * m.num_experts * r + routed * 8 + ((t * r + routed * r) if m.renormalize else 0)
         per_row = routed * r  # scaled by routed_scaling_factor: a new tensor
         w_bytes = r
         if dt.engine_compute and c != 4 and not wrapped:
@@ -1501,7 +1510,10 @@ def _query_pos_scale_saved(b: int, s: int, dt: _Dtypes, job: Job) -> int:
 
 
 def _mla_saved(a, t: int, b: int, s: int, h: int, dt: _Dtypes, heads: int, backend: str,
-               attn_impl: str = "sdpa") -> int:
+               attn_impl: str = "sdpa", *, masked: bool = False) -> int:
+    """``masked``: sdpa gets a materialised mask (a padded micro-batch): the flash / memory-
+    efficient kernels keep its compute-dtype copy per layer; the CPU math kernel adds it (nothing
+    kept)."""
     c = dt.compute
     out = 0
     n_in = 2  # q_a (or q without a q LoRA rank) and kv_a read the normed input
@@ -1530,12 +1542,13 @@ def _mla_saved(a, t: int, b: int, s: int, h: int, dt: _Dtypes, heads: int, backe
         # and the logsumexp; o_proj reads a separate contiguous copy of the output
         kv_b = v if fp32_proj else heads * (a.head_dim - a.qk_rope_head_dim + a.v_head_dim)
         out += 2 * t * qk * c + t * kv_b * c + t * v * c + b * heads * s * 4 + (t * v * c if dt.full else 0)
+        out += b * s * s * c if masked else 0  # sdpa's float copy of the mask
     elif backend == "cpu":
         # qk and v head dims differ: sdpa falls back to the math kernel, which on CPU upcasts to
         # fp32 and keeps q, k^T, the softmax and v; its output comes back as a separate tensor
         out += 2 * t * qk * 4 + b * heads * s * s * 4 + t * v * 4 + (t * v * c if dt.full else 0)
-    else:  # memory-efficient kernel: q, k, v, output, logsumexp
-        out += 2 * t * qk * c + t * v * c + t * v * c + b * heads * s * 4
+    else:  # memory-efficient kernel: q, k, v, output, logsumexp (and the float copy of a mask)
+        out += 2 * t * qk * c + t * v * c + t * v * c + b * heads * s * 4 + (b * s * s * c if masked else 0)
     return out
 
 
@@ -1692,6 +1705,8 @@ def _logits_bytes(model: ModelSpec, job: Job, dt: _Dtypes, tp: int, backend: str
     if job.loss == "liger":
         head_saved, transient = _liger_head_bytes(model, job, dt, tp)
         return saved + head_saved, transient, transient
+    if job.loss == "torchtune":
+        return _torchtune_loss_bytes(model, job, dt, tp, saved)
     saved += _linear_inputs(t, h, 1, dt.norm_out, dt)
     if job.uses_lora and "lm_head" in job.lora.target_modules:
         saved += t * h * (c + 1) + t * job.lora.r * c
@@ -1735,6 +1750,74 @@ def _logits_bytes(model: ModelSpec, job: Job, dt: _Dtypes, tp: int, backend: str
     # + the fp32 loss (forward) or its gradient (backward); by the log-softmax's backward the
     # nll's backward has already freed the saved targets
     return saved, forward + 4, backward + 4 - targets
+
+
+#: torchtune's ``CEWithChunkedOutputLoss(num_output_chunks=8)`` default, which every recipe config
+#: uses (torchtune 0.3.1 modules/loss/ce_chunked_output_loss.py)
+TORCHTUNE_OUTPUT_CHUNKS = 8
+
+
+def _torchtune_loss_bytes(model: ModelSpec, job: Job, dt: _Dtypes, tp: int, norm_saved: int) -> tuple[int, int, int]:
+    """(saved, forward transient, backward transient) of torchtune's tail: the final norm, the
+    output projection applied per chunk of the sequence (``TransformerDecoder.chunked_output``:
+    ``h.chunk(8, dim=1)``) and ``CEWithChunkedOutputLoss``, as the recipes' train step runs it
+    (shifted labels ``hstack``-ed and held by the loop, ``del logits`` before backward). Measured
+    on CPU (``ftplan.measure.torchtune_loss``, benchmarks/torchtune_loss_cpu.py).
+
+    Saved: the norm's tensors; with a trained head each chunk's input (a contiguous copy when
+    b > 1, else a view of the norm output: t h bytes either way); eager (``compile: False``) each
+    chunk's fp32 log-softmax (t V 4), compiled (inductor, ``training.compile_loss``) the
+    compute-dtype logits chunks and two fp32 values per row (t V c + 8 t); the int64 targets (the
+    loop's shifted labels, and with b > 1 the loss's reshaped copies of their chunks) and the
+    scalars (loss, token count; eager: a total weight per chunk).
+
+    Forward peak: eager, the last chunk's fp32 upcast beside every chunk's logits (the list lives
+    until the loss returns); compiled, the logits beside the norm output when the projections end.
+    Backward: the compiled (or eager) cross-entropy of every chunk runs before any chunk's
+    projection backward (autograd runs the later-created nodes first), so the logits gradients of
+    all chunks coexist; a frozen head's peak is the first chunk's (compute-dtype gradient + 4 bytes
+    per row compiled, two fp32 gradients eager). A trained head's per-chunk weight gradients meet in
+    autograd's input buffer: the second chunk's adds out of place (the first one's, the second
+    one's and their sum), so at the second chunk's projection backward two head-sized gradients
+    are live beside the one ftplan counts as the gradient."""
+    b, s = _batch_shape(job)
+    t = b * s
+    h = model.hidden_size
+    v = model.vocab_size // tp
+    c = dt.compute
+    size = -(-s // TORCHTUNE_OUTPUT_CHUNKS)  # torch.chunk: ceil(s / n) per chunk, the last one shorter
+    n = -(-s // size)
+    r_last = b * (s - (n - 1) * size)  # rows of the last chunk (backward starts there)
+    r_prev = b * size if n > 1 else 0
+    compiled = job.torch_compile
+    inputs = t * h * c if dt.full else 0  # the head's input per chunk (trained head)
+    loss_saved = t * v * c + 8 * t if compiled else t * v * 4
+    targets = 8 * t + (8 * t if b > 1 else 0)
+    scalars = 12 + (0 if compiled else 4 * n)
+    saved = norm_saved + inputs + loss_saved + targets + scalars
+    if compiled:
+        # the projections' end: the norm output (t h c) beside every chunk's logits; the inputs
+        # with one row are views of it
+        forward_peak = max(norm_saved + (inputs if b > 1 else 0) + t * h * c + t * v * c, saved)
+        # the last chunk's backward first (its gradient and 4 bytes per row), then the one before
+        # it, longer when the sequence is not a multiple of the chunks, after the last one's
+        # per-row values and targets are freed
+        backward_peak = saved + max(r_last * (v * c + 4),
+                                    r_prev * (v * c + 4) - r_last * (8 + (8 if b > 1 else 0)))
+    else:
+        forward_peak = saved + t * v * c + r_last * v * 4 + 4
+        # two fp32 gradients of a chunk (the last one's log-probabilities already replaced by its
+        # compute-dtype gradient when the one before runs)
+        backward_peak = saved + max(2 * r_last * v * 4, 2 * r_prev * v * 4 - r_last * v * (4 - c))
+    if dt.full and n > 1:
+        # the second chunk's projection backward: the loss's tensors gone (the token count stays),
+        # every chunk's logits gradient but the last one's, the two chunks' input gradients, two
+        # head-sized weight gradients; the last chunk's saved input copy (b > 1) already freed
+        w = v * h * int(dtype_bytes(PRECISIONS[job.precision]["grad"]))
+        second = (norm_saved + inputs + 8 * t + 8 + t * v * c - r_last * v * c + 2 * w
+                  + (r_last + r_prev) * h * c - (r_last * h * c if b > 1 else 0))
+        backward_peak = max(backward_peak, second)
+    return saved, forward_peak - saved, backward_peak - saved
 
 
 def _lm_head_weight_bytes(job: Job, dt: _Dtypes) -> int:
@@ -1883,6 +1966,12 @@ def _model_level_saved(model: ModelSpec, job: Job, dt: _Dtypes) -> int:
         out += _rope_bytes(model, job, dt)  # RoPE cos, sin: (1, s, d), shared
     else:
         out += 2 * s * a.qk_rope_head_dim * dt.resid
+    if job.has_padding and any(g.short_conv is not None or g.linear_attention is not None for g in model.groups):
+        # a padded micro-batch: the short-conv / linear-attention layers zero the padding rows
+        # (``apply_mask_to_padding_states``: ``hidden_states * attention_mask[:, :, None]``); the
+        # mul keeps the collator's int64 (b, s) mask, one storage for every such layer (the
+        # recompute closures hold the same one)
+        out += b * s * 8
     if job.ac_mode != "none":
         out += s * 8  # position_ids
         if job.is_padding_free:
@@ -1892,13 +1981,16 @@ def _model_level_saved(model: ModelSpec, job: Job, dt: _Dtypes) -> int:
         # (a hybrid model's linear-attention layers get no materialised mask without padding)
         kinds = {g.window if g.window is not None and s > g.window else None
                  for g, n in zip(model.groups, _checkpointed_counts(model, job)) if n and g.attention is not None}
+        # eager materialises a mask per layer kind the model has, sliding or full, even where
+        # the window covers the whole row (transformers builds each kind's mask every forward);
+        # so does sdpa for a padded micro-batch, as (b, 1, s, s) bools
+        eager_kinds = {(g.window is not None, g.attention.chunk is not None)
+                       for g, n in zip(model.groups, _checkpointed_counts(model, job))
+                       if n and g.attention is not None}
         if job.attn_impl == "eager":
-            # eager materialises a mask per layer kind the model has, sliding or full, even where
-            # the window covers the whole row (transformers builds each kind's mask every forward)
-            eager_kinds = {(g.window is not None, g.attention.chunk is not None)
-                           for g, n in zip(model.groups, _checkpointed_counts(model, job))
-                           if n and g.attention is not None}
             out += len(eager_kinds) * b * s * s * dt.resid
+        elif job.attn_impl == "sdpa" and job.has_padding:
+            out += len(eager_kinds) * b * s * s
         elif job.attn_impl == "sdpa":
             out += sum(s * s for w in kinds if w is not None or packed)
             # Llama 4's chunked attention: create_chunked_causal_mask gives sdpa a (b, 1, s, s)
@@ -2194,6 +2286,8 @@ def _rope_bytes(model: ModelSpec, job: Job, dt: _Dtypes) -> int:
         return s * a.head_dim * 4
     if FAMILIES[model.family].moe == "llama4":
         return 0  # every layer NoPE
+    if not any(g.attention.rope for g in model.attention_groups):
+        return 0  # (exaone4 with a window but no sliding layer: every layer NoPE)
     if fam.gemma4:
         # one (1, s, d) pair per layer type, each over its own head_dim (proportional rope: the
         # full-attention tables are global_head_dim wide, zero frequencies past the rotary share)
@@ -2547,6 +2641,33 @@ def _short_conv_kernel_note(model: ModelSpec, job: Job) -> str:
             "around the conv); not measured")
 
 
+def _merged_experts_note(model: ModelSpec, job: Job, layout: Layout, backend: str) -> str:
+    """Without checkpointing, PEFT's ParamWrapper adapters on the fused experts keep each MoE
+    layer's merged ``W + BA`` alive for backward (see :func:`_moe_saved`): say how much, and the
+    two ways out. Empty when it is under 1 GiB."""
+    e = _act_dtypes(job, backend).expert
+    per_layer = {}
+    for g in model.groups:
+        if g.moe is not None and not g.moe.dense_dispatch:
+            m = g.moe
+            per_layer[m] = per_layer.get(m, 0) + g.count
+    if not per_layer:
+        return ""
+    ep = max(layout.ep, 1)
+    layer_bytes = [m.num_experts // ep * 3 * model.hidden_size * m.expert_intermediate_size * e
+                   for m in per_layer]
+    total = sum(b * n for b, n in zip(layer_bytes, per_layer.values()))
+    if total < 2**30:
+        return ""
+    n_layers = sum(per_layer.values())
+    return (f"LoRA on the experts (all-linear on a transformers-5 MoE): PEFT's ParamWrapper builds the merged "
+            f"expert weights W + BA in every forward and grouped_mm saves them for backward, "
+            f"{max(layer_bytes) / 2**30:,.2f} GiB per MoE layer, {total / 2**30:,.1f} GiB over {n_layers} layers "
+            "without checkpointing (under ZeRO-3 / FSDP too: they are built from the gathered weights); "
+            "--gradient-checkpointing keeps one layer's at a time, --lora-targets q_proj,k_proj,v_proj,o_proj "
+            "leaves the experts frozen")
+
+
 def _engine_qlora_recipe(job: Job, layout: Layout, notes: list[str]) -> Job:
     """Under FSDP and DeepSpeed both QLoRA recipes hold the same bytes: neither upcasts the
     non-quantized weights (they must share the 4-bit storage dtype to shard), accelerate upcasts
@@ -2597,6 +2718,9 @@ def estimate_memory(
     arch_note = planned_as_note(model.config)
     if arch_note:
         notes.append(arch_note)
+    dropout_note = unmodelled_dropout_note(model.family, model.config)
+    if dropout_note:
+        notes.append(dropout_note)
     if _bmm_experts(model):
         notes.append(_llama4_note(model, job))
     qc = model.config.get("quantization_config") if isinstance(model.config, Mapping) else None
@@ -2801,6 +2925,10 @@ def estimate_memory(
             note += (f", and prepare_model_for_kbit_training upcasts them to {job.unquantized_dtype} "
                      f"({n_exp * u / 2**30:,.1f} GiB against {n_exp * 2 / 2**30:,.1f} GiB in bf16 for LoRA)")
         notes.append(note)
+    if job.ac_mode == "none" and job.uses_lora and lora_wraps_experts(model, job.lora):
+        merged_note = _merged_experts_note(model, job, layout, backend)
+        if merged_note:
+            notes.append(merged_note)
     return MemoryBreakdown(
         components=components,
         peak_allocated_bytes=peak_alloc,

@@ -156,6 +156,13 @@ class Family:
     #: ``residual_dropout`` on the o_proj and down_proj outputs); None: not read (other families'
     #: ``attention_dropout`` is 0.0 in every bundled config and is not modelled)
     dropout_keys: tuple[str, str] | None = None
+    #: with a sliding window, the full-attention layers skip the rotary embedding (exaone4:
+    #: ``if self.sliding_window is None or self.is_sliding: apply_rotary_pos_emb``); without one
+    #: every layer rotates
+    nope_global_layers: bool = False
+    #: the per-head q/k RMSNorms run after the rotary embedding (hunyuan_v1_dense:
+    #: ``query_layernorm(apply_rotary_pos_emb(q))``), on q/k in the rope's output dtype
+    qk_norm_after_rope: bool = False
 
 
 #: first transformers wheel with models/gemma4: 5.5.0 (the 5.4.0 wheel has none; checked with
@@ -555,6 +562,61 @@ FAMILIES: dict[str, Family] = {
             moe="granitemoe", peft_wraps_experts=False, embedding_scaled_outside=True,
         ),
         Family(
+            # AllenAI OLMoE (OlmoeConfig, transformers 5.24): llama's pre-norm layers (llama's
+            # RMSNorm and rope, not OLMo 2's post-norms) with q/k RMSNorms over the whole q / k
+            # projection (as olmo2's / minimax_m2's), then an MoE block in every layer: qwen3_moe's
+            # router (fp32 softmax, top-k, renormalised when norm_topk_prob, cast back) and fused
+            # 3-D experts of intermediate_size, no shared expert. attention_bias puts a bias on
+            # q/k/v and o_proj; head_dim is no field (hidden // heads: q_norm is hidden_size wide).
+            # transformers maps olmoe's weight conversions onto qwen2_moe's, so PEFT's all-linear
+            # wraps the experts and the router (ParamWrapper)
+            "olmoe",
+            {**_LLAMA_LIKE, "vocab_size": 50304, "hidden_size": 2048, "intermediate_size": 2048,
+             "num_hidden_layers": 16, "num_attention_heads": 16, "max_position_embeddings": 4096,
+             "num_experts": 64, "num_experts_per_tok": 8, "norm_topk_prob": False, "clip_qkv": None},
+            qk_norm=True, qk_norm_whole=True, moe="olmoe",
+        ),
+        Family(
+            # LG EXAONE 4.0 (Exaone4Config, transformers 5.24): OLMo 2's post-norm layout (no norm
+            # before attention or MLP; RMSNorms on o_proj's and down_proj's outputs before each
+            # residual add) with llama's RMSNorm and rope (cos/sin in the input's dtype), per-head
+            # q/k RMSNorms (applied after the head transpose), no biases; layer_types
+            # sliding/full (default: every sliding_window_pattern-th layer full attention, the
+            # others a sliding_window of 4096), and with a window the full-attention layers are
+            # NoPE (no rotary embedding); head_dim is no field of the config class (hidden // heads)
+            "exaone4",
+            {**{k: v for k, v in _LLAMA_LIKE.items() if k != "attention_bias"}, "vocab_size": 102400,
+             "intermediate_size": 16384, "num_key_value_heads": 32, "sliding_window": 4096,
+             "sliding_window_pattern": 4, "layer_types": None},
+            qk_norm=True, post_norms=True, qkv_bias_key=None, o_bias_key=None, nope_global_layers=True,
+        ),
+        Family(
+            # rednote dots.llm1 (Dots1Config, transformers 5.24): qwen3's attention (per-head q/k
+            # RMSNorms; attention_bias on q/k/v and o_proj) with DeepSeek-V3's MoE block verbatim
+            # (fp32 sigmoid router with e_score_correction_bias, group-limited top-k, shared
+            # experts, first_k_dense_replace dense layers; gate.weight kept fp32), as glm4_moe with
+            # its q/k norms on a full rotary. Sliding windows on layers >= max_window_layers when
+            # sliding_window is set (no use_sliding_window switch), or layer_types; head_dim is no
+            # field (hidden // heads). transformers maps dots1 onto qwen2_moe's conversions: PEFT's
+            # all-linear wraps the experts and the router, not the dense MLPs nor the shared experts
+            "dots1",
+            {**_LLAMA_LIKE, "vocab_size": 152064, "hidden_size": 4608, "intermediate_size": 10944,
+             "moe_intermediate_size": 1408, "num_hidden_layers": 62, "num_key_value_heads": 32,
+             "n_shared_experts": None, "n_routed_experts": None, "n_group": 1, "topk_group": 1,
+             "num_experts_per_tok": None, "first_k_dense_replace": 0, "norm_topk_prob": False,
+             "routed_scaling_factor": 1.0, "sliding_window": 4096, "max_window_layers": 62, "layer_types": None},
+            qk_norm=True, moe="deepseek_v3",
+        ),
+        Family(
+            # Tencent Hunyuan dense (HunYuanDenseV1Config, transformers 5.24): llama's layers with
+            # per-head q/k RMSNorms (query_layernorm / key_layernorm) applied after the rotary
+            # embedding, attention_bias on q/k/v and o_proj; the checkpoints' "dynamic" rope with a
+            # fixed alpha is an NTK-alpha base (the same tables' shape); head_dim None: hidden // heads
+            "hunyuan_v1_dense",
+            {**_LLAMA_LIKE, "vocab_size": 290943, "intermediate_size": 11008},
+            qk_norm=True, qk_norm_after_rope=True,
+        ),
+        Family(
             # Baidu ERNIE 4.5 MoE (Ernie4_5_MoeConfig, transformers 5.24): ernie4_5's attention (one
             # use_bias switch, fp32 interleaved rope tables per layer); the layers i with
             # moe_layer_start_index <= i <= moe_layer_end_index (-1: the last) and (i + 1) %
@@ -616,6 +678,10 @@ _ARCH_TO_TYPE = {
     "Ernie4_5_ForCausalLM": "ernie4_5",  # (the remote-code class name of the first ERNIE 4.5 configs)
     "SeedOssForCausalLM": "seed_oss",
     "GraniteMoeForCausalLM": "granitemoe",
+    "OlmoeForCausalLM": "olmoe",
+    "Exaone4ForCausalLM": "exaone4",
+    "Dots1ForCausalLM": "dots1",
+    "HunYuanDenseV1ForCausalLM": "hunyuan_v1_dense",
     "Ernie4_5_MoeForCausalLM": "ernie4_5_moe",  # (transformers' class and the remote-code one share the name)
 }
 #: text model_types that name a family under another key (the inner type of a multimodal config)
@@ -643,6 +709,22 @@ def planned_as_note(raw: Mapping[str, Any] | None) -> str | None:
     arch = next((a for a, t in _ARCH_TO_TYPE.items() if t == target), target)
     return (f"config model_type {mt!r} (remote code, which transformers does not know) is planned as the "
             f"{arch} architecture ({target}) its checkpoint declares and its modeling code implements")
+
+
+def unmodelled_dropout_note(family: str, raw: Mapping[str, Any] | None) -> str | None:
+    """One line when the config asks for attention dropout in a family whose dropout ftplan does
+    not plan (:attr:`Family.dropout_keys` None), else None. transformers passes
+    ``config.attention_dropout`` to the attention kernel in training in these families too."""
+    fam = FAMILIES.get(family)
+    if fam is None or fam.dropout_keys is not None or not isinstance(raw, Mapping):
+        return None
+    inner = raw.get("text_config")
+    p = (inner if isinstance(inner, Mapping) else raw).get("attention_dropout")
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p < 1:
+        return None
+    return (f"config attention_dropout {p:g} is planned as 0: the sdpa / flash kernels on CUDA keep only an "
+            "RNG state for it, but eager attention also keeps the probabilities' dropout mask (not counted); "
+            "set it to 0 in config.json to train without")
 
 
 # --------------------------------------------------------------------------------------------
@@ -1334,6 +1416,11 @@ def text_config(raw: Mapping[str, Any]) -> dict[str, Any]:
 #: config's null ``q_lora_rank`` is a plain q_proj, no low-rank q (DeepseekV3Config, Glm4MoeLiteConfig,
 #: Mistral4Config keep None)
 _NULL_IS_A_VALUE = frozenset({"sliding_window", "attention_chunk_size", "q_lora_rank"})
+#: families whose transformers 5.24 config class types head_dim as an int with a non-None
+#: default and refuses an explicit null (StrictDataclassFieldValidationError), held by
+#: tests/test_head_dim_null.py
+_HEAD_DIM_NULL_REFUSED = frozenset({"qwen3", "gemma2", "gemma3_text", "gpt_oss", "qwen3_5", "qwen3_5_moe",
+                                    "qwen3_next", "llama4_text", "gemma4", "minimax_m2"})
 
 
 def _with_defaults(fam: Family, cfg0: Mapping[str, Any]) -> dict[str, Any]:
@@ -1379,6 +1466,11 @@ def model_from_config(
     for k in ("num_key_value_heads", "head_dim"):
         if cfg0.get(k) is None:
             cfg[k] = fam.defaults.get(k)
+    # an explicit "head_dim": null is hidden_size // num_attention_heads where the config class
+    # takes it (Ernie4_5Config, SeedOssConfig: ``head_dim if not None else hidden // heads``; the
+    # classes whose default is None anyway); the strict classes of _HEAD_DIM_NULL_REFUSED refuse it
+    if "head_dim" in cfg0 and cfg0["head_dim"] is None:
+        cfg["head_dim"] = None
     if fam.short_conv:
         # Lfm2Config.__post_init__: config.json's block_ff_dim and tie_embedding (LFM2's own
         # names) override intermediate_size and tie_word_embeddings
@@ -1387,6 +1479,16 @@ def model_from_config(
                 cfg[new] = cfg0[old]
 
     c = _Check(cfg)
+    if mt in _HEAD_DIM_NULL_REFUSED and "head_dim" in cfg0 and cfg0["head_dim"] is None:
+        c.bad(f"head_dim is null: transformers' {mt} config class requires an integer (it refuses the "
+              "config); give head_dim or leave the key out for the default")
+    if mt == "hunyuan_v1_dense" and cfg0.get("head_dim") is None:
+        c.bad("head_dim is required for hunyuan_v1_dense (HunYuanDenseV1Config's default is None, which "
+              "HunYuanDenseV1Attention uses as the head width: transformers fails)")
+    if mt == "dots1":  # Dots1Config keeps a null; Dots1TopkRouter then divides by None
+        for k in ("n_group", "topk_group"):
+            if k in cfg0 and cfg0[k] is None:
+                c.bad(f"{k} is null: transformers' Dots1TopkRouter divides by it and fails; give 1 (no group limit)")
     h = c.int("hidden_size")
     n_layers = c.int("num_hidden_layers")
     vocab = c.int("vocab_size")
@@ -1428,6 +1530,8 @@ def model_from_config(
     assert inter is not None or fam.moe == "qwen3_5_moe"
     if fam.gemma4:
         _gemma4_refusals(c.cfg, mt)
+    if mt == "olmoe":
+        _olmoe_refusals(c.cfg, h, heads, head_dim)
 
     if mla is not None:
         nope, rope, v_dim, kv_rank, q_rank = mla
@@ -1499,7 +1603,8 @@ def _variant_attention(attn: AttentionSpec, variant: Any, c: _Check, fam: Family
     if variant is None:
         return attn
     rope, chunked = variant
-    from dataclasses import replace
+    if fam.nope_global_layers:  # exaone4: a NoPE full-attention layer
+        return replace(attn, rope=rope)
 
     return replace(attn, rope=rope, complex_rope=rope, l2_qk_norm=rope and c.bool("use_qk_norm"),
                    temperature_tuning=not rope and bool(c.cfg.get("attn_temperature_tuning")),
@@ -1556,6 +1661,20 @@ def _gemma4_refusals(cfg: Mapping[str, Any], mt: str) -> None:
     if cfg.get("use_bidirectional_attention") == "all":
         raise ConfigError(f"config.json ({mt}): use_bidirectional_attention='all' (non-causal text "
                           "attention) is not planned", "ftplan plans causal language-model fine-tuning")
+
+
+def _olmoe_refusals(cfg: Mapping[str, Any], h: int, heads: int, head_dim: int | None) -> None:
+    """OLMoE configs ftplan does not plan: ``clip_qkv`` (in-place clamps of q/k/v, whose saved
+    tensors are not modelled; the OLMoE checkpoints have none) and a head_dim that makes the
+    projections another width than the q norm's ``hidden_size`` (transformers fails there)."""
+    if cfg.get("clip_qkv") is not None:
+        raise ConfigError(f"config.json (olmoe): clip_qkv={_show(cfg['clip_qkv'])} is not planned "
+                          "(the clamps' saved tensors are not modelled)",
+                          "ftplan plans OLMoE without clip_qkv (null in the OLMoE checkpoints)")
+    if head_dim is not None and head_dim * heads != h:
+        raise ConfigError(f"config.json (olmoe): head_dim={head_dim} x {heads} heads != hidden_size={h}: "
+                          "OlmoeAttention's q_norm is hidden_size wide and fails on that q_proj",
+                          "drop head_dim (OlmoeConfig has none: hidden_size // num_attention_heads)")
 
 
 def _gemma4_groups(groups: tuple[LayerGroup, ...], g4: _Gemma4Global, mlp: MlpSpec) -> tuple[LayerGroup, ...]:
@@ -1721,18 +1840,32 @@ def _layer_plan(fam: Family, c: _Check, n: int) -> _LayerPlan:
         types = None  # as before: a list of the wrong length is ignored
     mt = fam.model_type
     qwen = mt in ("qwen2", "qwen3", "qwen3_moe")
-    use_sw = c.bool("use_sliding_window") if qwen and window else False
+    # (dots1: Dots1Config slides the layers from max_window_layers on whenever sliding_window is set)
+    use_sw = c.bool("use_sliding_window") if qwen and window else (mt == "dots1" and bool(window))
     start = (c.int("max_window_layers", minimum=0, optional=True) or 0) if use_sw else 0
     pattern = (c.int("sliding_window_pattern", optional=True) or 6) if mt == "gemma3_text" and window else 6
     if mt == "smollm3" and not c.bool("use_sliding_window"):
         window = None  # SmolLM3Attention: a window only with use_sliding_window
-    if mt in ("olmo2", "minimax_m2") or fam.short_conv:
-        window = None  # Olmo2Attention / MiniMaxM2Attention / Lfm2Attention have no sliding window (nor their configs)
+    if mt in ("olmo2", "minimax_m2", "olmoe") or fam.short_conv:
+        window = None  # Olmo2Attention / MiniMaxM2Attention / Lfm2Attention / OlmoeAttention have no sliding window (nor their configs)
+    if mt == "exaone4" and types is None:
+        pat = cfg.get("sliding_window_pattern")
+        if not window:  # (Exaone4Config: pattern 0, then ``(i + 1) % 0``)
+            c.bad("layer_types is required for exaone4 without a sliding_window (Exaone4Config "
+                  "cannot fill it in: transformers fails)")
+        elif isinstance(pat, bool) or not isinstance(pat, int) or pat < 1:
+            c.bad(f"exaone4: sliding_window_pattern={_show(pat)} without layer_types: Exaone4Config "
+                  "builds layer_types only from an integer pattern (transformers fails); give layer_types")
+            window = None
     if not window:
         window_at = lambda i: None  # noqa: E731
     elif types is not None:
         window_at = lambda i: window if types[i] == "sliding_attention" else None  # noqa: E731
         cuts.update(range(n))
+    elif mt == "exaone4":  # Exaone4Config: every sliding_window_pattern-th layer full attention
+        pat = cfg["sliding_window_pattern"]
+        window_at = lambda i: window if (i + 1) % pat else None  # noqa: E731
+        period = pat
     elif mt == "olmo3":  # Olmo3Config: every 4th layer full attention
         window_at = lambda i: window if (i + 1) % 4 else None  # noqa: E731
         period = 4
@@ -1746,7 +1879,7 @@ def _layer_plan(fam: Family, c: _Check, n: int) -> _LayerPlan:
     elif mt == "gemma3_text":
         window_at = lambda i: window if (i + 1) % pattern else None  # noqa: E731
         period = pattern
-    elif qwen:
+    elif qwen or mt == "dots1":
         if use_sw:
             window_at = lambda i: window if i >= start else None  # noqa: E731
             cuts.add(min(start, n))
@@ -1756,7 +1889,7 @@ def _layer_plan(fam: Family, c: _Check, n: int) -> _LayerPlan:
         window_at = lambda i: window  # noqa: E731
     # ---- MoE layers
     any_moe = False
-    if fam.moe in ("mixtral", "gpt_oss", "qwen3_5_moe", "granitemoe"):
+    if fam.moe in ("mixtral", "gpt_oss", "qwen3_5_moe", "granitemoe", "olmoe"):
         moe_at = lambda i: True  # noqa: E731
         any_moe = True
     elif fam.moe in ("qwen3_moe", "qwen3_next"):
@@ -1843,6 +1976,8 @@ def _layer_plan(fam: Family, c: _Check, n: int) -> _LayerPlan:
             linear_at = lambda i: i not in attn_set  # noqa: E731
             cuts.update(range(n))
     variant_at = _llama4_attention_layers(c, n, types) if fam.moe == "llama4" else (lambda i: None)
+    if fam.nope_global_layers and window:  # exaone4: the full-attention layers are NoPE
+        variant_at = lambda i: None if window_at(i) is not None else (False, False)  # noqa: E731
     return _LayerPlan(window_at, moe_at, period, tuple(sorted(x for x in cuts if 0 <= x <= n)), any_moe,
                       linear_at, variant_at)
 
@@ -1986,6 +2121,13 @@ def _moe_spec(fam: Family, c: _Check, any_moe: bool) -> MoeSpec | None:
                                  c.int("moe_intermediate_size"))
         router, shared = "qwen3_moe", None
         renorm = c.bool("norm_topk_prob")
+    elif fam.moe == "olmoe":
+        # OlmoeSparseMoeBlock: qwen3_moe's router (renormalised when norm_topk_prob) in every
+        # layer, experts of intermediate_size (num_local_experts is an alias of num_experts)
+        experts, top_k, inter = (c.int("num_experts"), c.int("num_experts_per_tok"),
+                                 c.int("intermediate_size"))
+        router, shared = "qwen3_moe", None
+        renorm = c.bool("norm_topk_prob")
     elif fam.moe == "llama4":
         # Llama4TextMoe: a shared expert MLP of intermediate_size next to the routed experts
         experts, top_k, inter = (c.int("num_local_experts"), c.int("num_experts_per_tok"),
@@ -2029,10 +2171,12 @@ def _moe_spec(fam: Family, c: _Check, any_moe: bool) -> MoeSpec | None:
     else:
         experts, top_k, inter = (c.int("n_routed_experts"), c.int("num_experts_per_tok"),
                                  c.int("moe_intermediate_size"))
-        shared_n = c.int("n_shared_experts", minimum=0, optional=True) or 0
+        # (Dots1MoE always builds its shared expert MLP: Dots1Config's n_shared_experts null fails)
+        shared_n = c.int("n_shared_experts", minimum=0, optional=fam.model_type != "dots1") or 0
         # mistral4: DeepSeek-V2's softmax router on DeepSeek-V3's block
         router = "mistral4" if fam.moe == "mistral4" else "deepseek_v3"
-        if fam.moe == "mistral4":
+        if fam.moe == "mistral4" or c.cfg.get("norm_topk_prob") is not None:
+            # (DeepseekV3Config's default is True: a deepseek_v3 config without the key renormalises)
             renorm = c.bool("norm_topk_prob")
         shared = MlpSpec(inter * shared_n) if shared_n and inter else None
     if experts is not None and top_k is not None and top_k > experts:

@@ -156,6 +156,8 @@ def _job_line(job: Job) -> str:
         extra.append("activation offloading")
     if job.is_padding_free:
         extra.append("packed" if job.packing else "padding-free")
+    elif job.padded_batches:
+        extra.append("padded batches")
     return (f"job: {job.method}, {_precision_text(job)}, {job.optimizer}, micro-batch {job.micro_batch} x "
             f"{job.seq_len} tokens, checkpointing {ckpt}, attention {job.attn_impl}, " + ", ".join(extra))
 

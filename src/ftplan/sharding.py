@@ -382,7 +382,7 @@ def _unit_sequence(units: list[Unit]) -> list[Unit]:
     return [u for u in units for _ in range(u.count)]
 
 
-def fsdp2_transient_bytes(units: list[Unit], n: int, *, param_b: Fraction, reduce_b: Fraction,
+def fsdp2_transient_bytes(units: list[Unit], n: int, *, param_b: Fraction | None, reduce_b: Fraction,
                           hsdp: bool = False, offload: bool = False, backend: str = "cuda",
                           root_output_b: Fraction = Fraction(0), torch_version: float = 2.13) -> Fraction:
     """Peak of FSDP2's own transient buffers in one forward + backward on one rank.
@@ -414,6 +414,10 @@ def fsdp2_transient_bytes(units: list[Unit], n: int, *, param_b: Fraction, reduc
       (``_default_reduce_scatter_input_fn``) and frees it with the others.
 
     ``root_output_b``: the root's output cast (``output_dtype``: the loss in bf16, 2 bytes).
+    ``param_b=None``: no ``param_dtype`` (FSDP2 without a mixed-precision policy, pure bf16 / fp32):
+    each parameter is gathered and unsharded in its own dtype (tensors of different dtypes go
+    through one uint8 all-gather; checked on gloo: a bf16 frozen weight with an fp32 adapter
+    gathers 2 + 4 bytes per element, benchmarks/torchtune_fsdp_output_cpu.py's notes).
     """
     s = _Sim()
     seq = _unit_sequence(units)
@@ -421,12 +425,13 @@ def fsdp2_transient_bytes(units: list[Unit], n: int, *, param_b: Fraction, reduc
         return Fraction(0)
 
     def sizes(u: Unit):
-        unsh = sum(t.numel for t in u.tensors) * param_b
-        pad = sum(t.padded(n) for t in u.tensors) * param_b
+        pb = (lambda t: t.nbytes) if param_b is None else (lambda t: param_b)  # noqa: E731
+        unsh = sum(t.numel * pb(t) for t in u.tensors)
+        pad = sum(t.padded(n) * pb(t) for t in u.tensors)
         # FSDPParam.all_gather_inputs: the sharded data itself where it already is param_dtype
-        shard_in = sum(t.padded(n) for t in u.tensors if t.nbytes != param_b) * param_b / n
+        shard_in = sum(t.padded(n) for t in u.tensors if t.nbytes != pb(t)) * (param_b or 0) / n
         h2d = sum(t.padded(n) * t.nbytes for t in u.tensors) / n if (offload and backend == "cuda") else 0
-        g = sum(t.numel for t in u.tensors if t.trainable) * param_b
+        g = sum(t.numel * pb(t) for t in u.tensors if t.trainable)
         gpad = sum(t.padded(n) for t in u.tensors if t.trainable)
         rs_in = gpad * reduce_b
         rs_out = gpad * reduce_b / n
@@ -467,7 +472,7 @@ def fsdp2_transient_bytes(units: list[Unit], n: int, *, param_b: Fraction, reduc
     s.add(root_output_b)
     s.add(-held_ag)
     # backward: reverse order (a tied embedding unit, first in forward, is reduced last)
-    early = sum(u.early for u in seq) * param_b
+    early = sum(u.early for u in seq) * (param_b or reduce_b)
     s.add(early)
     order = list(range(len(seq) - 1, -1, -1))
     prefetched: dict[int, Fraction] = {}
@@ -487,8 +492,8 @@ def fsdp2_transient_bytes(units: list[Unit], n: int, *, param_b: Fraction, reduc
             j = order[pos + 1]
             if not unsharded[j] and j not in prefetched:
                 prefetched[j] = gather(seq[j])
-        late = 0 if early_release else u.late * param_b
-        s.add(g - u.early * param_b)  # autograd's unsharded gradients
+        late = 0 if early_release else u.late * (param_b or reduce_b)
+        s.add(g - u.early * (param_b or reduce_b))  # autograd's unsharded gradients
         s.add(-unsh)  # post-backward reshard
         unsharded[i] = False
         if g:
@@ -613,7 +618,9 @@ def layout_memory(model: ModelSpec, job: Job, layout: Layout, st, consts: Memory
             # are split by memory.estimate_memory through expert_parallel.ep_rank_states)
             units = fsdp_units(model, job, eng, layout.reshard_after_forward, ep=layout.ep)
         if eng == "fsdp2":
-            transient = fsdp2_transient_bytes(units, n, param_b=pb, reduce_b=rb, hsdp=layout.hsdp,
+            # without mixed precision (pure bf16 / fp32) FSDP2 has no param_dtype: every tensor is
+            # gathered in its own dtype (a LoRA job's bf16 base beside its fp32 adapters)
+            transient = fsdp2_transient_bytes(units, n, param_b=pb if mixed else None, reduce_b=rb, hsdp=layout.hsdp,
                                               torch_version=consts.fsdp2_schedule_torch,
                                               offload=layout.offload_params, backend=backend,
                                               root_output_b=c if mixed else 0)

@@ -112,7 +112,14 @@ def axolotl_config(model: ModelSpec, job: Job, layout: Layout, *, kind: str, hsd
     cfg["sequence_len"] = job.seq_len
     cfg["sample_packing"] = Commented(bool(getattr(job, "packing", False)),
                                       "ftplan's memory is per padded row of sequence_len")
-    cfg["pad_to_sequence_len"] = not bool(getattr(job, "packing", False) or getattr(job, "padding_free", False))
+    pad = not bool(getattr(job, "packing", False) or getattr(job, "padding_free", False))
+    if pad and job.attn_impl != "flash" and not getattr(job, "padded_batches", False):
+        # a row shorter than sequence_len is padded (attention_mask 0): sdpa then takes a
+        # materialised mask and repeats k/v, which this plan (no padded batches) leaves out
+        cfg["pad_to_sequence_len"] = Commented(True, "rows shorter than sequence_len get attention_mask zeros: "
+                                                     "planned without them (ftplan --padded plans them)")
+    else:
+        cfg["pad_to_sequence_len"] = pad
     cfg["micro_batch_size"] = job.micro_batch
     cfg["gradient_accumulation_steps"] = job.grad_accum
     cfg["num_epochs"] = float(job.epochs)

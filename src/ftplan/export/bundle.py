@@ -455,6 +455,10 @@ def render(plan_doc: dict, *, alternatives: Sequence[dict] = (), model_ref: str 
         raise ConfigError(f"this plan cannot be exported to {target}: {why}",
                           "pick another plan with `plan=N` (`ftplan recommend` lists them) or another `target`")
     _check_hardware(plan_doc, job)
+    if job.loss == "torchtune":
+        raise ConfigError("the plan's loss is torchtune's chunked-output cross-entropy, which the exported "
+                          "TRL / axolotl / LLaMA-Factory launches do not run (ftplan writes no torchtune recipe)",
+                          "plan with `loss=trl` (TRL's default fused head) or `loss=liger` to export")
     kind = _kind(layout, job, target, zero3_backend, model)
     hsdp, hsdp_note = _hsdp(plan_doc, model, job, layout, kind)
     _check_low_precision(job, kind, target)

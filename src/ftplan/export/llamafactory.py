@@ -74,6 +74,8 @@ _TEMPLATES = {"llama": "llama3", "qwen2": "qwen", "qwen3": "qwen3", "qwen3_moe":
               "seed_oss": "seed_oss",
               # Granite 3.x MoE (1b-a400m, 3b-a800m): registered with granite3 as the dense ones
               "granitemoe": "granite3",
+              # Hunyuan dense (0.5B to 7B Instruct): 0.9.5's constants.py registers them with hunyuan
+              "hunyuan_v1_dense": "hunyuan",
               # ERNIE 4.5 MoE: 0.9.5's constants.py registers ERNIE-4.5-21B-A3B-PT / 300B-A47B-PT with
               # ernie_nothink (the 21B-A3B-Thinking checkpoint with ernie)
               "ernie4_5_moe": "ernie_nothink"}

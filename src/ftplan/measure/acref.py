@@ -256,6 +256,7 @@ def measure_variant(
     loss: str = "hf",
     compact: bool = False,
     padding_free: bool = False,
+    padded: bool = False,
     dtype: str | None = "bf16",
     autocast: bool = True,
     min_offload_size: int = 1,
@@ -268,6 +269,8 @@ def measure_variant(
     ``loss="trl"`` needs :func:`add_trl_fused_head` applied to the model first.
     ``min_offload_size``: TRL's threshold (default there 1024 bytes); the tiny test models have
     tensors below it that real models never have, so tests pass 1.
+    ``padded``: a padded micro-batch (:func:`ftplan.measure.torchref.pad_batch`: the last row
+    shorter, an attention_mask with zeros), as ``Job.padded_batches`` plans it.
     ``hold_packed`` (offloading): keep every tensor TRL's pack hook receives alive until the count
     is taken. TRL recognises a repeat by (storage address + offset, dtype); without this a fresh
     tensor that the allocator places at the address of a freed, offloaded one is kept on the
@@ -287,7 +290,7 @@ def measure_variant(
     else:
         g = torch.Generator().manual_seed(seed)
         ids = torch.randint(0, vocab, (batch, seq_len), generator=g)
-        inputs = {"input_ids": ids, "labels": ids}
+        inputs = TR.pad_batch(ids) if padded else {"input_ids": ids, "labels": ids}
     params = {TR.storage_key(p) for p in model.parameters()} | {TR.storage_key(b) for b in model.buffers()}
     ac = torch.autocast("cpu", dtype=TR.torch_dtype(dtype)) if autocast and dtype else contextlib.nullcontext()
     closures = TR.SavedTensorTracker(model, track_ops=False, track_modules=False)

@@ -625,6 +625,94 @@ TINY_CONFIGS["granitemoe"] = {
 }
 
 
+
+#: olmoe: OLMoE's layers: GQA 4 / 2 heads of 16 with q/k RMSNorms over the whole projections, 4
+#: experts top-2 of ``intermediate_size=24`` in every layer behind qwen3_moe's fp32-softmax router,
+#: not renormalised (norm_topk_prob false, as the OLMoE checkpoints); untied; OlmoeConfig's pad/eos
+#: ids (1, 50279) dropped.
+TINY_CONFIGS["olmoe"] = {
+    "model_type": "olmoe",
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 24,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "norm_topk_prob": False,
+    "max_position_embeddings": 256,
+    "tie_word_embeddings": False,
+    "pad_token_id": None, "bos_token_id": None, "eos_token_id": None,
+}
+
+
+#: exaone4: EXAONE 4.0's post-norm layers (no input norms; norms on o_proj's and down_proj's outputs),
+#: per-head q/k norms, GQA 4 / 2 heads of 16, layer_types sliding(16)/sliding/full (the full layer
+#: NoPE: the hybrid layout of EXAONE-4.0-32B's "LLLG" in three layers), untied; Exaone4Config's
+#: bos/eos ids dropped.
+TINY_CONFIGS["exaone4"] = {
+    "model_type": "exaone4",
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 120,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
+    "sliding_window": 16,
+    "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
+    "tie_word_embeddings": False,
+    "pad_token_id": None, "bos_token_id": None, "eos_token_id": None,
+}
+
+
+#: dots1: dots.llm1's layers: GQA 4 / 2 heads of 16 with per-head q/k norms, layer 0 dense
+#: (``first_k_dense_replace=1``, an MLP of 120), layers 1-2 DeepSeek-V3's MoE block (4 experts top-2 of
+#: ``moe_intermediate_size=24`` in 2 groups, top-1 group, one shared expert, the fp32 sigmoid router
+#: renormalised, routed_scaling_factor 2.5), no window (as dots.llm1: max_window_layers = all layers);
+#: untied.
+TINY_CONFIGS["dots1"] = {
+    "model_type": "dots1",
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 120,
+    "moe_intermediate_size": 24,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "n_routed_experts": 4,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 2,
+    "n_group": 2,
+    "topk_group": 1,
+    "first_k_dense_replace": 1,
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 2.5,
+    "max_position_embeddings": 256,
+    "sliding_window": None,
+    "tie_word_embeddings": False,
+}
+
+
+#: hunyuan_v1_dense: Hunyuan's dense layers (per-head q/k norms after the rope, q/k/v/o biases as
+#: attention_bias), GQA 4 / 2 heads of 16 (head_dim given: the config class's None fails), untied;
+#: HunYuanDenseV1Config's special ids dropped.
+TINY_CONFIGS["hunyuan_v1_dense"] = {
+    "model_type": "hunyuan_v1_dense",
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 120,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "max_position_embeddings": 256,
+    "attention_bias": True,
+    "tie_word_embeddings": False,
+    "pad_token_id": None, "bos_token_id": None, "eos_token_id": None, "eod_token_id": None,
+}
+
 def text_config(config: dict) -> tuple[str, dict]:
     """(model_type, kwargs for ``AutoConfig.for_model``) of a config.json dict (not modified);
     descends into ``text_config`` for multimodal wrappers (gemma3 -> gemma3_text)."""

@@ -167,7 +167,8 @@ def _build(config: dict, mode: str, lora_dropout: float = 0.0, attn_impl: str = 
     return model
 
 
-def _forward(model: Any, ids: Any, loss: str, mode: str, loop: str = "autocast") -> tuple[Any, Any]:
+def _forward(model: Any, ids: Any, loss: str, mode: str, loop: str = "autocast",
+             inputs: dict | None = None) -> tuple[Any, Any]:
     """(loss, model output) of one micro-batch, under CPU bf16 autocast for the mixed modes (the
     ``accelerate`` loop: the prepared model's own)."""
     import torch
@@ -177,20 +178,21 @@ def _forward(model: Any, ids: Any, loss: str, mode: str, loop: str = "autocast")
     with ac:
         if loss == "hf-legacy" and not legacy_transformers_installed():
             return legacy_causal_lm_forward(model, ids, ids)
-        out = model(input_ids=ids, labels=ids)
+        out = model(**inputs) if inputs is not None else model(input_ids=ids, labels=ids)
         return out.loss, out
 
 
 def measure_loss_peak(config: dict, *, batch: int, seq_len: int, loss: str = "hf", keep_output: bool = False,
                       mode: str = "pure-bf16-lora", seed: int = 0, loop: str = "autocast",
-                      lora_dropout: float = 0.0, attn_impl: str = "sdpa") -> LossPeak:
+                      lora_dropout: float = 0.0, attn_impl: str = "sdpa", padded: bool = False) -> LossPeak:
     """One forward + backward of a tiny llama-style ``config``, non-reentrant checkpointing of
     every decoder layer; ``mode`` (:data:`MODES`): LoRA r 8 on every linear (PEFT, bf16 base;
     ``pure-bf16-lora``: bf16 adapters, ``autocast_adapter_dtype=False``, no autocast;
     ``mixed-lora``: PEFT's fp32 adapters under CPU bf16 autocast) or ``mixed-full``: every fp32
     weight trains under CPU bf16 autocast (HF Trainer's ``bf16=True`` on an fp32 model). ``loop``
     (mixed modes): ``autocast`` or ``accelerate`` (see :class:`LossPeak`); ``lora_dropout``: the
-    adapters' dropout (LoRA modes). Returns the peak live
+    adapters' dropout (LoRA modes); ``padded``: a padded micro-batch
+    (:func:`ftplan.measure.torchref.pad_batch`, loss ``hf``). Returns the peak live
     bytes over the step and over the forward (see the module doc)."""
     import torch
     import transformers
@@ -209,12 +211,17 @@ def measure_loss_peak(config: dict, *, batch: int, seq_len: int, loss: str = "hf
 
             model = Accelerator(cpu=True, mixed_precision="bf16").prepare(model)
         ids = torch.randint(0, int(model.config.vocab_size), (batch, seq_len))
+        inputs = None
+        if padded:
+            from .torchref import pad_batch
+
+            inputs = pad_batch(ids)
         tr = StorageTracker()
-        for t in [*model.parameters(), *model.buffers(), ids]:
+        for t in [*model.parameters(), *model.buffers(), ids, *(inputs or {}).values()]:
             tr.register_tensor(t)
         with tr:
             tr.phase = "forward"
-            step_loss, out = _forward(model, ids, loss, mode, loop)
+            step_loss, out = _forward(model, ids, loss, mode, loop, inputs)
             if not keep_output:
                 out = None
             tr.phase = "backward"

@@ -223,6 +223,10 @@ def _train_steps(torch, model, job, device: str, steps: int, warmup: int, vocab:
     g = torch.Generator(device="cpu").manual_seed(seed)
     batches = [torch.randint(0, vocab, (job.micro_batch, job.seq_len), generator=g).to(device)
                for _ in range(job.grad_accum)]
+    # a padded micro-batch (Job.padded_batches): the last row shorter, as TRL's collator pads it
+    from .torchref import pad_batch
+
+    batches = [pad_batch(ids) if job.has_padding else {"input_ids": ids, "labels": ids} for ids in batches]
     if device == "cuda":
         sync()
         measured["baseline_allocated_bytes"] = int(torch.cuda.memory_allocated())
@@ -236,7 +240,7 @@ def _train_steps(torch, model, job, device: str, steps: int, warmup: int, vocab:
     for step in range(steps):
         sync()
         t0 = time.perf_counter()
-        for i, ids in enumerate(batches):
+        for i, inputs in enumerate(batches):
             tracker = ForwardSavedBytes(model) if step == 0 and i == 0 and offload_ctx is None else None
             ctx = torch.autocast(dev_type, dtype=cdtype) if autocast else _null()
             hooks = tracker if tracker else _null()
@@ -244,11 +248,11 @@ def _train_steps(torch, model, job, device: str, steps: int, warmup: int, vocab:
                 with ctx, hooks:
                     if job.loss == "trl":  # SFTTrainer.compute_loss with the fused LM head
                         # num_items_in_batch: HF Trainer's count of the labelled targets, a tensor
-                        n_items = (ids[:, 1:] != -100).sum()
-                        out = model(input_ids=ids, labels=ids, fused_lm_head=True)
+                        n_items = (inputs["labels"][:, 1:] != -100).sum()
+                        out = model(**inputs, fused_lm_head=True)
                         loss = -out.log_probs.sum() / torch.as_tensor(n_items).clamp(min=1) / job.grad_accum
                     else:
-                        out = model(input_ids=ids, labels=ids)
+                        out = model(**inputs)
                         loss = out.loss / job.grad_accum
                 # Trainer.training_step keeps only the loss for the backward: the model output (and
                 # any graph only it references, e.g. TRL's entropy metric) is gone by then
@@ -533,7 +537,8 @@ def format_record(rec: dict[str, Any]) -> str:
     """Measured next to predicted, a few lines."""
     j, m, p, r = rec["job"], rec["measured"], rec.get("predicted") or {}, rec["run"]
     head = (f"{rec['model']['name']} {j['method']} {j['precision']} {j['optimizer']} b={j['micro_batch']} "
-            f"s={j['seq_len']} ga={j['grad_accum']}{' gc' if j['gradient_checkpointing'] else ''} "
+            f"s={j['seq_len']} ga={j['grad_accum']}{' gc' if j['gradient_checkpointing'] else ''}"
+            f"{' padded' if j.get('padded_batches') else ''} "
             f"on {r['device']}{' (tiny)' if r['tiny'] else ''}: {rec['outcome']}")
     lines = [head]
     if rec.get("error"):

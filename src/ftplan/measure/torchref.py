@@ -98,6 +98,8 @@ __all__ = [
     "storage_key",
     "storage_nbytes",
     "graph_leaf_bytes",
+    "padding_tokens",
+    "pad_batch",
 ]
 
 #: the names these helpers had when they lived here: measurement modules and tests use them, and
@@ -108,6 +110,29 @@ _torch_dtype, _model_dtype, _hf_inner, _strip_peft_prefix = torch_dtype, model_d
 # --------------------------------------------------------------------------------------------------
 # One training step
 # --------------------------------------------------------------------------------------------------
+def padding_tokens(seq_len: int) -> int:
+    """ftplan's padded-batch convention (``Job.padded_batches``): the LAST row of the micro-batch
+    is shorter by ``max(1, seq_len // 8)`` tokens (at most ``seq_len - 1``: one real token stays),
+    padded on the right as TRL's collator pads; every other row is full length."""
+    return max(0, min(seq_len - 1, max(1, seq_len // 8)))
+
+
+def pad_batch(input_ids: torch.Tensor, pad: int | None = None) -> dict[str, torch.Tensor]:
+    """``input_ids`` (b, s) as TRL's ``DataCollatorForLanguageModeling`` returns a padded
+    micro-batch (:func:`padding_tokens` convention): the last ``pad`` positions of the last row
+    get pad id 0, ``attention_mask`` 0 (int64, as the collator's) and label -100."""
+    b, s = input_ids.shape
+    pad = padding_tokens(s) if pad is None else pad
+    ids = input_ids.clone()
+    mask = torch.ones_like(ids)
+    labels = ids.clone()
+    if pad:
+        ids[-1, s - pad:] = 0
+        mask[-1, s - pad:] = 0
+        labels[-1, s - pad:] = -100
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
 
 
 @dataclasses.dataclass
@@ -152,6 +177,7 @@ def measure_step(
     keep_records: bool = True,
     track_ops: bool = True,
     forward_only: bool = False,
+    padded: bool = False,
 ) -> StepMeasure:
     """Run ONE real training step and count bytes exactly.
 
@@ -171,6 +197,8 @@ def measure_step(
             (op/producer ``ToCopyBackward0`` or ``_to_copy``).
         checkpoint_kwargs: passed to ``activation_checkpointing_enable`` (``None`` = HF default,
             non-reentrant). Use ``{"use_reentrant": True}`` to measure reentrant checkpointing.
+        padded: a padded micro-batch (:func:`pad_batch`: the last row shorter, an attention_mask
+            with zeros, labels -100 there), as ``Job.padded_batches`` plans it.
         keep_records: keep per-storage :class:`SavedRecord` s in the result.
         forward_only: stop after counting the saved activations (no backward, no optimizer step,
             so the weights are not changed); gradient/optimizer fields are then 0.
@@ -214,6 +242,7 @@ def measure_step(
 
     torch.manual_seed(seed)
     input_ids = torch.randint(0, vocab, (batch, seq_len), device=device)
+    inputs = pad_batch(input_ids) if padded else {"input_ids": input_ids, "labels": input_ids}
     tracker = SavedTensorTracker(model, track_ops=track_ops)
     ac = (
         torch.autocast(device_type=device.type, dtype=autocast_dtype)
@@ -221,7 +250,7 @@ def measure_step(
         else contextlib.nullcontext()
     )
     with tracker, ac:
-        out = model(input_ids=input_ids, labels=input_ids, use_cache=False)
+        out = model(**inputs, use_cache=False)
         loss = out.loss
     del out
     records = tracker.alive_records()
@@ -277,6 +306,7 @@ def measure_step(
             "batch": batch,
             "seq_len": seq_len,
             "gradient_checkpointing": gradient_checkpointing,
+            "padded": padded,
             "checkpoint_kwargs": checkpoint_kwargs,
             "optimizer": optimizer,
             "model_dtype": str(mdtype).replace("torch.", ""),

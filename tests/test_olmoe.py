@@ -1,0 +1,171 @@
+"""AllenAI OLMoE (``olmoe``, ``OlmoeForCausalLM``) against transformers 5.24 / PEFT 0.21.2 on CPU.
+
+OLMoE is llama's pre-norm decoder (llama's RMSNorm and rope, unlike OLMo 2's post-norms and fp32
+tables) with q/k RMSNorms over the whole q / k projection (olmo2's ``qk_norm_whole``: one fp32
+rsqrt per token), and in every layer qwen3_moe's sparse block: an fp32-softmax top-k router,
+renormalised only with ``norm_topk_prob`` (false in the checkpoints), and fused 3-D experts of
+``intermediate_size`` (no shared expert). transformers maps olmoe's weight conversions onto
+qwen2_moe's, so PEFT's ``all-linear`` wraps the experts and the router (ParamWrapper).
+
+The generic grid (model states, saved activations under autocast and pure bf16, full and LoRA,
+checkpointing on/off, b = 1/2, sdpa; SAC in test_checkpointing_vs_torch) runs the tiny olmoe from
+``TINY_CONFIGS``; this file adds OlmoeConfig's defaults and counts on meta, PEFT's targets, a
+renormalised router with biases, the refusals, expert parallelism planned, and the catalog entries.
+Held by hand, out of CI for time (``benchmarks/families2_by_hand.py olmoe``, all exact): eager
+attention, more router / checkpointing variants, QLoRA (PEFT's and TRL's recipes) and the 2-rank
+gloo expert-parallel run (transformers' EP engine, as tests/test_expert_parallel.py).
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+from ftplan.catalog.models import get_model
+from ftplan.errors import ConfigError
+from ftplan.job import Job, Layout, LoraSpec, lora_wraps_experts, validate_job
+from ftplan.model import FAMILIES, model_from_config
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+def _meta_params(cfg: dict) -> dict[str, int]:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from ftplan.measure.torchref import params_by_category
+
+    with warnings.catch_warnings(), torch.device("meta"):
+        warnings.simplefilter("ignore")
+        return params_by_category(AutoModelForCausalLM.from_config(AutoConfig.for_model(**cfg)))
+
+
+@pytest.mark.torch
+def test_defaults_are_olmoe_config_defaults():
+    """Every default ftplan fills in equals OlmoeConfig's (head_dim and sliding_window are no
+    fields of it), and a config.json naming only the model type builds transformers' parameters."""
+    pytest.importorskip("transformers")
+    from transformers import AutoConfig
+
+    tfc = AutoConfig.for_model("olmoe")
+    for key, value in FAMILIES["olmoe"].defaults.items():
+        if key in ("head_dim", "sliding_window"):
+            assert getattr(tfc, key, None) is None and value is None, key
+        elif key == "num_key_value_heads":  # None: __post_init__ fills in the attention heads
+            assert value is None and tfc.num_key_value_heads == tfc.num_attention_heads
+        else:
+            assert getattr(tfc, key) == value, key
+    assert model_from_config({"model_type": "olmoe"}).params.by_category() == _meta_params({"model_type": "olmoe"})
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("extra", [{"attention_bias": True, "tie_word_embeddings": True},
+                                   {"num_key_value_heads": 1, "num_experts": 6, "num_experts_per_tok": 3}])
+def test_params_match_transformers_on_meta(extra):
+    """attention_bias puts a bias on q/k/v and o_proj; the k norm spans kv_heads x head_dim."""
+    import ftplan.measure.torchref as TR
+
+    cfg = {**TR.TINY_CONFIGS["olmoe"], **extra}
+    assert model_from_config(cfg).params.by_category() == _meta_params(cfg)
+
+
+@pytest.mark.torch
+def test_peft_all_linear_wraps_the_experts_and_the_router():
+    """all-linear: q/k/v/o as LoRA linears, the fused experts and the router weight through
+    ParamWrapper (transformers maps olmoe onto qwen2_moe's conversions, which PEFT follows)."""
+    pytest.importorskip("peft")
+    from peft import LoraConfig, get_peft_model
+    from test_memory_vs_torch import _check_peft_all_linear
+
+    import ftplan.measure.torchref as TR
+
+    _check_peft_all_linear("olmoe", ["q_proj", "k_proj", "v_proj", "o_proj"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = get_peft_model(TR.build_model(TR.TINY_CONFIGS["olmoe"], dtype="bf16"),
+                               LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules="all-linear",
+                                          task_type="CAUSAL_LM"))
+    names = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert any("mlp.experts" in n and "lora_A" in n for n in names)
+    assert any("mlp.gate" in n and "lora_A" in n for n in names)
+    assert lora_wraps_experts(model_from_config(TR.TINY_CONFIGS["olmoe"]), LoraSpec())
+
+
+#: (method, checkpointing, batch, seq, attention, config changes): the CI case, then the cases
+#: held by hand (``benchmarks/families2_by_hand.py olmoe``, out of CI for time: exact too)
+VARIANTS = [
+    # a renormalised router (norm_topk_prob: the top-k sum and quotient saved) with biases
+    ("full", False, 2, 24, "sdpa", {"norm_topk_prob": True, "attention_bias": True}),
+]
+VARIANTS_BY_HAND = [("lora", True, 1, 40, "eager", {}), ("full", True, 2, 24, "eager", {"norm_topk_prob": True}),
+                    ("lora", False, 2, 24, "sdpa", {"norm_topk_prob": True, "attention_bias": True})]
+#: QLoRA (recipe, checkpointing) cases held by hand (bitsandbytes quantizes q/k/v/o; the router
+#: weight and the fused experts stay unquantized and ParamWrapper adapts them, without dropout)
+QLORA_BY_HAND = [("peft", True), ("peft", False), ("trl", True), ("trl", False)]
+
+
+def check_variant(method, ckpt, batch, seq, attn, extra):
+    import ftplan.measure.torchref as TR
+    from ftplan.memory import saved_activation_bytes
+    from test_memory_vs_torch import _run
+
+    cfg = {**TR.TINY_CONFIGS["olmoe"], **extra}
+    spec, job, r, casts = _run("olmoe", method, ckpt, batch, seq, attn=attn, cfg=cfg)
+    assert saved_activation_bytes(spec, job, backend="cpu") == r.saved_activation_bytes - casts
+
+
+def check_qlora(recipe, ckpt, family="olmoe"):
+    """One QLoRA step against the plan, lora_dropout 0: without checkpointing measured as
+    tests/test_moe_qlora_activations.py does (ParamWrapper's merged router weight is an
+    activation, not a parameter's copy), with it as test_memory_vs_torch's ``_check_qlora``."""
+    from test_memory_vs_torch import _check_qlora, _run_qlora
+
+    from ftplan.memory import model_states, saved_activation_bytes
+
+    if ckpt:
+        _check_qlora(family, ckpt, recipe, dropout=0.0)
+        return
+    spec, job, r = _run_qlora(family, False, recipe, dropout=0.0)
+    casts = sum(x.nbytes for x in r.records if x.param_copy) if recipe == "peft" else 0
+    assert saved_activation_bytes(spec, job, backend="cpu") == r.saved_activation_bytes - casts
+    st = model_states(spec, job)
+    assert (st.frozen_weights, st.trainable_weights, st.gradients, st.optimizer_states) == (
+        r.frozen_param_bytes, r.trainable_param_bytes, r.grad_bytes, r.optimizer_state_bytes)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("method,ckpt,batch,seq,attn,extra", VARIANTS)
+def test_saved_activations_exact_variants(method, ckpt, batch, seq, attn, extra):
+    check_variant(method, ckpt, batch, seq, attn, extra)
+
+
+def test_refusals_and_layouts():
+    """clip_qkv (in-place clamps, unmodelled; null in the checkpoints) and a head_dim that does not
+    tile hidden_size (transformers fails) are refused in one line; expert parallelism is planned
+    (OlmoeConfig has a base_model_ep_plan)."""
+    import ftplan.measure.configs as CF
+
+    cfg = CF.TINY_CONFIGS["olmoe"]
+    for extra, msg in (({"clip_qkv": 8.0}, "clip_qkv=8.0 is not planned"),
+                       ({"head_dim": 32}, "head_dim=32 x 4 heads != hidden_size=64")):
+        with pytest.raises(ConfigError, match=msg) as e:
+            model_from_config({**cfg, **extra})
+        assert "\n" not in str(e.value)
+    spec = model_from_config(cfg)
+    validate_job(spec, Job(method="full"), Layout(2, 1, "fsdp", ep=2))
+    validate_job(spec, Job(method="lora", lora=LoraSpec(dropout=0.0)), Layout(4, 1, "fsdp", ep=4))
+
+
+def test_catalog_entry_counts_against_the_model_card():
+    """OLMoE-1B-7B-0125-Instruct: '6.9B total / 1.3B active per token' (AI2's release figures);
+    ftplan (= transformers 5.24 on meta): 6,919,161,856 total, 1,282,017,280 active (top-8 of 64
+    experts, embedding and lm_head included)."""
+    spec = get_model("olmoe-1b-7b-0125").spec()
+    assert spec.family == "olmoe" and spec.is_moe and spec.groups[0].count == 16
+    assert spec.params.total == 6_919_161_856 and round(spec.params.total / 1e9, 1) == 6.9
+    assert spec.params.active == 1_282_017_280 and round(spec.params.active / 1e9, 1) == 1.3
+    moe = spec.groups[0].moe
+    assert (moe.num_experts, moe.top_k, moe.expert_intermediate_size, moe.renormalize) == (64, 8, 1024, False)

@@ -30,7 +30,8 @@ from ftplan.model import model_from_config  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
-MOE = {"mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss", "glm4_moe", "qwen3_next", "glm4_moe_lite", "minimax_m2"}
+MOE = {"mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss", "glm4_moe", "qwen3_next", "glm4_moe_lite", "minimax_m2",
+       "ernie4_5_moe"}
 ATTN = {"gemma2": "eager", "gpt_oss": "eager"}  # no sdpa path in transformers 5
 #: PEFT's all-linear wraps Llama 4's router (an nn.Linear returning a tuple) and fails: the list
 #: ftplan plans and exports instead

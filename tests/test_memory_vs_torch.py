@@ -26,7 +26,7 @@ pytestmark = pytest.mark.torch
 #: attention implementation per family (gemma2 has no sdpa path in transformers 5)
 ATTN = {"gemma2": "eager", "gpt_oss": "eager"}
 MOE = {"mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss", "glm4_moe", "qwen3_next", "glm4_moe_lite", "minimax_m2",
-       "olmoe", "dots1"}
+       "olmoe", "dots1", "ernie4_5_moe"}
 #: PEFT target_modules where ``all-linear`` does not run: PEFT 0.21 wraps Llama 4's router (an
 #: ``nn.Linear`` subclass returning a tuple) and the forward fails; ftplan plans all-linear there as
 #: every other nn.Linear (and exports this list)
@@ -79,7 +79,8 @@ def test_model_states_exact(family, method, request):
     assert st.optimizer_states == r.optimizer_state_bytes
     assert st.n_trainable_tensors == r.n_trainable_tensors
     if method == "full":
-        assert st.frozen_weights == 0
+        # (no frozen parameter but ernie4_5_moe's fp32 e_score_correction_bias, requires_grad=False)
+        assert st.frozen_weights == r.frozen_param_bytes
         # autocast weight copies kept for backward = the compute-dtype copy of every matmul weight
         assert 2 * _autocast_weight_elems(spec, backend="cpu") == casts
     else:

@@ -126,7 +126,7 @@ def trainable_params(model: ModelSpec, job: Job) -> tuple[int, int]:
     """(trainable parameter count, number of trainable tensors) as PEFT/transformers build them."""
     if not job.uses_lora:
         n_tensors = _full_tensor_count(model)
-        return model.params.total, n_tensors
+        return model.params.total - _frozen_bias_elems(model), n_tensors
     mats = _lora_matrices(model, job)
     return sum(rows * cols * n for rows, cols, n in mats), sum(n for _, _, n in mats)
 
@@ -157,6 +157,12 @@ def _full_tensor_count(model: ModelSpec) -> int:
             per += 2 if g.moe.bias else 1  # router weight (and bias)
         n += g.count * per
     return n
+
+
+def _frozen_bias_elems(model: ModelSpec) -> int:
+    """Elements of the routers' frozen fp32 ``e_score_correction_bias`` Parameters
+    (``MoeSpec.frozen_bias_param``, ernie4_5_moe): parameters that are never trained."""
+    return sum(g.count * g.moe.num_experts for g in model.groups if g.moe is not None and g.moe.frozen_bias_param)
 
 
 def _experts_of(model: ModelSpec) -> int:
@@ -324,7 +330,8 @@ def _autocast_weight_elems(model: ModelSpec, backend: str = "cuda") -> int:
             n += lin.count * lin.in_features * lin.out_features
     # router weights (autocast casts a router's bias too, but the linear's backward does not keep it)
     n += sum(g.count * g.moe.num_experts * model.hidden_size for g in model.groups
-             if g.moe is not None and not g.moe.router_is_module)  # (gemma4's router.proj: a linear)
+             if g.moe is not None and not g.moe.router_is_module  # (gemma4's router.proj: a linear)
+             and g.moe.router_autocast)
     if model.tie_word_embeddings:
         n += model.params.embedding
     return n
@@ -364,7 +371,8 @@ def _layer_matmul_weight_elems(model: ModelSpec, g: LayerGroup) -> int:
     n = sum(lin.in_features * lin.out_features for lin in layer_linears(model, g))
     if g.moe is not None:
         m = g.moe
-        n += (0 if m.router_is_module else m.num_experts * model.hidden_size)  # (gemma4: in the linears)
+        # (gemma4: in the linears; ernie4_5_moe's fp32 router runs outside autocast)
+        n += (0 if m.router_is_module or not m.router_autocast else m.num_experts * model.hidden_size)
         n += m.num_experts * 3 * model.hidden_size * m.expert_intermediate_size
     return n
 
@@ -412,6 +420,7 @@ def _frozen_copy_elems(model: ModelSpec, job: Job, g: LayerGroup, backend: str) 
     if (job.method == "qlora" and job.kbit_upcast and job.precision.endswith("-mixed")
             and PRECISIONS[job.precision]["compute"] != "fp32" and g.moe is not None
             and not g.moe.router_is_module  # (gemma4's router.proj is a 4-bit Linear)
+            and g.moe.router_autocast
             and not (job.uses_lora and lora_wraps_experts(model, job.lora))):
         m = g.moe
         # (Llama 4: its 3-D experts are no Linear4bit either; upcast to fp32, their bmm keeps
@@ -637,6 +646,13 @@ def model_states(model: ModelSpec, job: Job, consts: MemoryConstants | None = No
             frozen_w += (4 - dtype_bytes(job.frozen_dtype)) * fp32_router
         else:  # not a Linear: bitsandbytes leaves it unquantized, in fp32 from 5.24 on
             frozen_w += (4 - dtype_bytes(job.unquantized_dtype)) * fp32_router
+    frozen_bias = _frozen_bias_elems(model)
+    if frozen_bias:  # (ernie4_5_moe) frozen, fp32 whatever the model's dtype
+        if job.method == "full":
+            frozen_w += 4 * frozen_bias
+        else:
+            frozen_w += (4 - dtype_bytes(job.frozen_dtype if job.method == "lora" else job.unquantized_dtype)) \
+                * frozen_bias
     if job.low_precision:
         frozen_w, master = _lowprec_states(model, job, frozen_w, master)
     return ModelStates(
@@ -1340,6 +1356,21 @@ def _moe_saved(m: MoeSpec, t: int, h: int, dt: _Dtypes, tp: int, wrapped: bool =
             # fp32; under autocast its compute-dtype recast). PEFT's wrapped router: the merged
             # weight below
             out += m.num_experts * h * r
+    elif m.router == "ernie4_5_moe":
+        # autocast off: ``x.float()`` (an fp32 copy unless x is fp32 already, the norm's output
+        # then) through the fp32 weight; the fp32 softmax, the top-k ids (top-k over the
+        # probabilities plus the frozen correction bias; the gather shares them), the gathered
+        # probabilities, their sum (clamped to moe_norm_min) and the clamp's output, both kept by
+        # the division; the weights cast to the input's dtype, which the experts gather per row
+        router_in = t * h * 4
+        out = t * m.num_experts * 4 + routed * 8 + routed * 4 + 2 * t * 4
+        per_row = routed * dt.norm_out
+        w_bytes = dt.norm_out
+        if dt.engine_compute and c != 4 and not wrapped:
+            # the engine's compute-dtype router weight (FSDP's param_dtype gather, DeepSpeed's module
+            # cast): ``weight.float()`` makes an fp32 copy each forward, which the linear saves for
+            # its input's gradient (no autocast turns it back here)
+            out += m.num_experts * h * 4
     else:  # softmax in fp32
         router_in = t * h * c
         # (the top-k probabilities divided by their sum: the sum and the quotient; qwen3_moe's and
@@ -1360,7 +1391,9 @@ def _moe_saved(m: MoeSpec, t: int, h: int, dt: _Dtypes, tp: int, wrapped: bool =
     if wrapped:  # the merged router and expert weights
         # (DeepSpeed's cast deepseek_v3 router: the linear saves the fp32 copy of the bf16 merged
         # weight, ``weight.float()``, which no autocast turns back)
-        router_w = 4 if m.router == "deepseek_v3" and dt.engine_compute == "cast" else c
+        # (ernie4_5_moe: the merged router weight is fp32, autocast off)
+        router_w = 4 if (m.router == "deepseek_v3" and dt.engine_compute == "cast") or m.router == "ernie4_5_moe" \
+            else c
         # the merged experts ``W + BA`` take the base weight's dtype (type promotion over the
         # compute-dtype delta) and grouped_mm runs in it and saves the merged weight itself: fp32
         # under PEFT's QLoRA recipe (prepare_model_for_kbit_training upcasts the unquantized
@@ -2044,15 +2077,20 @@ def _layer_matmul_outputs(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes
             if lin.module in ("gate_proj", "up_proj", "down_proj", "proj"):
                 proj(lin, lin.out_features // tp if lin.module in col else lin.out_features)
     elif g.moe is not None:
-        if g.moe.shared_gate and g.moe.shared is not None:
-            # qwen2_moe's block (qwen3_5_moe, qwen3_next): the shared expert runs before the router
+        shared_first = g.moe.shared_gate or not g.moe.router_autocast
+        if shared_first and g.moe.shared is not None:
+            # qwen2_moe's block (qwen3_5_moe, qwen3_next) and ernie4_5_moe's: the shared expert
+            # runs before the router
             mlp_proj(g.moe.shared)
         if job.uses_lora and lora_wraps_experts(model, job.lora):
             out.append(g.moe.num_experts * model.hidden_size * c)  # ParamWrapper's B @ A for the router
         if not g.moe.bias:  # a biased router (gpt_oss) runs addmm
-            out.append(t * g.moe.num_experts * c)  # router logits
+            # router logits (ernie4_5_moe's router runs in fp32, autocast off)
+            out.append(t * g.moe.num_experts * (c if g.moe.router_autocast else 4))
         if g.moe.shared_gate:  # then sigmoid(shared_expert_gate(x)), after the routed experts
             proj(lins["shared_expert_gate"], 1)
+            mlp = None
+        elif shared_first:
             mlp = None
         else:
             mlp = g.moe.shared

@@ -616,6 +616,28 @@ FAMILIES: dict[str, Family] = {
             {**_LLAMA_LIKE, "vocab_size": 290943, "intermediate_size": 11008},
             qk_norm=True, qk_norm_after_rope=True,
         ),
+        Family(
+            # Baidu ERNIE 4.5 MoE (Ernie4_5_MoeConfig, transformers 5.24): ernie4_5's attention (one
+            # use_bias switch, fp32 interleaved rope tables per layer); the layers i with
+            # moe_layer_start_index <= i <= moe_layer_end_index (-1: the last) and (i + 1) %
+            # moe_layer_interval == 0 an MoE block: moe_num_shared_experts shared experts fused into
+            # one MLP of moe_intermediate_size * that (before the router), fused 3-D experts of
+            # moe_intermediate_size (no bias) behind an fp32 router (autocast off: ``x.float()``
+            # through the fp32 ``gate.weight``, a softmax, top-k of the probabilities plus the frozen
+            # fp32 ``e_score_correction_bias`` Parameter, the chosen probabilities divided by their
+            # sum clamped to moe_norm_min, cast to the input's dtype); the other layers a dense MLP of
+            # intermediate_size. PEFT maps it onto qwen2_moe's names: all-linear wraps the experts and
+            # the router (ParamWrapper)
+            "ernie4_5_moe",
+            {**{k: v for k, v in _LLAMA_LIKE.items() if k not in ("attention_bias", "sliding_window", "head_dim")},
+             "vocab_size": 103424, "hidden_size": 2560, "intermediate_size": 12288, "num_hidden_layers": 28,
+             "num_attention_heads": 20, "num_key_value_heads": 4, "max_position_embeddings": 131072,
+             "tie_word_embeddings": True, "use_bias": False, "moe_intermediate_size": 1536, "moe_k": 6,
+             "moe_num_experts": 64, "moe_num_shared_experts": 2, "moe_layer_start_index": 1,
+             "moe_layer_end_index": -1, "moe_layer_interval": 1},
+            qkv_bias_key="use_bias", o_bias_key="use_bias", mlp_bias_key="use_bias", fp32_rope=True,
+            rope_interleave_tables=True, moe="ernie4_5_moe",
+        ),
     ]
 }
 
@@ -660,6 +682,7 @@ _ARCH_TO_TYPE = {
     "Exaone4ForCausalLM": "exaone4",
     "Dots1ForCausalLM": "dots1",
     "HunYuanDenseV1ForCausalLM": "hunyuan_v1_dense",
+    "Ernie4_5_MoeForCausalLM": "ernie4_5_moe",  # (transformers' class and the remote-code one share the name)
 }
 #: text model_types that name a family under another key (the inner type of a multimodal config)
 _TEXT_TYPE_ALIASES = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe", "llama4": "llama4_text",
@@ -879,12 +902,22 @@ class MoeSpec:
     #: ``bmm`` per projection): compute and saved activations scale with ``num_experts``, not
     #: ``top_k``; the scores scale the experts' *input*
     dense_dispatch: bool = False
+    #: the router's ``e_score_correction_bias`` (one per expert, fp32) is an ``nn.Parameter`` with
+    #: ``requires_grad=False`` (ernie4_5_moe), not a buffer: counted in the parameters (router),
+    #: stored in fp32 whatever the model's dtype, never trained
+    frozen_bias_param: bool = False
 
     @property
     def computed_experts(self) -> int:
         """Experts each token's activations go through in transformers' forward: ``top_k``, or
         every expert under :attr:`dense_dispatch`."""
         return self.num_experts if self.dense_dispatch else self.top_k
+
+    @property
+    def router_autocast(self) -> bool:
+        """The router's matmul runs under the forward's autocast, which keeps a compute-dtype copy of
+        its weight; ernie4_5_moe's router turns autocast off and multiplies in fp32 (no copy)."""
+        return self.router != "ernie4_5_moe"
 
     @property
     def router_is_module(self) -> bool:
@@ -1076,7 +1109,7 @@ class ModelSpec:
             if g.moe is not None and g.moe.router_is_module:  # the Linear is counted above
                 router += g.count * (h + g.moe.num_experts)  # scale, per_expert_scale
             elif g.moe is not None:
-                router += g.count * g.moe.num_experts * (h + (1 if g.moe.bias else 0))
+                router += g.count * g.moe.num_experts * (h + (1 if g.moe.bias or g.moe.frozen_bias_param else 0))
             if g.linear_attention is not None:
                 la = g.linear_attention
                 norms += g.count * (per_layer + la.v_head_dim)  # + the gated RMSNorm
@@ -1268,6 +1301,12 @@ CONFIG_LIMITS: dict[str, int] = {
     "no_rope_layer_interval": 4096,
     "attention_chunk_size": 1 << 31,
     "conv_L_cache": 1024,
+    "moe_num_experts": 1 << 16,  # (ernie4_5_moe's names)
+    "moe_k": 1 << 16,
+    "moe_num_shared_experts": 1024,
+    "moe_layer_start_index": 4096,
+    "moe_layer_end_index": 4096,
+    "moe_layer_interval": 4096,
     "block_multiple_of": 1 << 20,
 }
 #: largest logit soft-capping value accepted (published: 30 and 50)
@@ -1871,6 +1910,20 @@ def _layer_plan(fam: Family, c: _Check, n: int) -> _LayerPlan:
     elif fam.moe == "llama4":
         moe_at, any_moe = _llama4_moe_layers(c, n)
         cuts.update(range(n))
+    elif fam.moe == "ernie4_5_moe":
+        # Ernie4_5_MoeDecoderLayer: (i + 1) % moe_layer_interval == 0 and start <= i <= end
+        # (Ernie4_5_MoeConfig turns an end of -1 into the last layer)
+        start = c.int("moe_layer_start_index", minimum=0, optional=True) or 0
+        end = c.int("moe_layer_end_index", minimum=-1, optional=True)
+        end = n - 1 if end is None or end == -1 else end
+        step = c.int("moe_layer_interval", optional=True) or 1
+        experts = c.int("moe_num_experts", minimum=0, optional=True) or 0
+        if period > 1 and step > 1:
+            cuts.update(range(n))
+        period = max(period, step)
+        cuts.update((min(start, n), min(end + 1, n)))
+        moe_at = lambda i: experts > 0 and start <= i <= end and (i + 1) % step == 0  # noqa: E731
+        any_moe = any(moe_at(i) for i in range(start, min(end + 1, n, start + step)))
     elif fam.moe == "gemma4":  # enable_moe_block: every layer adds the MoE block to its MLP
         any_moe = c.bool("enable_moe_block")
         moe_at = lambda i: any_moe  # noqa: E731
@@ -2094,6 +2147,16 @@ def _moe_spec(fam: Family, c: _Check, any_moe: bool) -> MoeSpec | None:
                                  c.int("moe_intermediate_size"))
         router, shared = "lfm2_moe", None
         renorm = c.bool("norm_topk_prob")
+    elif fam.moe == "ernie4_5_moe":
+        if not any_moe:
+            return None
+        experts, top_k, inter = (c.int("moe_num_experts"), c.int("moe_k"), c.int("moe_intermediate_size"))
+        shared_n = c.int("moe_num_shared_experts", minimum=0, optional=True) or 0
+        router = "ernie4_5_moe"
+        if c.bool("use_bias"):
+            c.bad("use_bias: true puts a vocab-size bias on Ernie4_5_MoeForCausalLM's lm_head (tied or not), "
+                  "which ftplan does not plan (every published ERNIE 4.5 MoE config says false)")
+        shared = MlpSpec(inter * shared_n, bias=c.bool("use_bias")) if shared_n and inter else None
     elif fam.moe in ("qwen3_5_moe", "qwen3_next"):
         # Qwen3_5MoeTopKRouter is qwen3_moe's with norm_topk_prob always on; qwen3_next's
         # (qwen2_moe's) renormalises when norm_topk_prob
@@ -2120,9 +2183,11 @@ def _moe_spec(fam: Family, c: _Check, any_moe: bool) -> MoeSpec | None:
         c.bad(f"num_experts_per_tok={top_k} exceeds the {experts} experts")
     if experts is None or top_k is None or inter is None or not any_moe:
         return None
-    return MoeSpec(experts, top_k, inter, shared, router=router, router_fp32=router == "deepseek_v3",
+    return MoeSpec(experts, top_k, inter, shared, router=router,
+                   router_fp32=router in ("deepseek_v3", "ernie4_5_moe"),
                    bias=router == "gpt_oss", shared_gate=fam.moe in ("qwen3_5_moe", "qwen3_next"),
-                   renormalize=renorm, dense_dispatch=router == "llama4")
+                   renormalize=renorm, dense_dispatch=router == "llama4",
+                   frozen_bias_param=router == "ernie4_5_moe")
 
 
 def layer_group_order(model: ModelSpec) -> list[int]:

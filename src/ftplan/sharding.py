@@ -282,6 +282,8 @@ def _layer_tensors(model: ModelSpec, g: LayerGroup, job: Job, tb: Fraction, fb: 
             out += [Tensor(h, h, wb, full), Tensor(m.num_experts, m.num_experts, wb, full)]
         else:
             out.append(Tensor(e, e * h, rb, full))
+        if m.frozen_bias_param:  # ernie4_5_moe: the frozen fp32 (1, E) e_score_correction_bias
+            out.append(Tensor(1, m.num_experts, rb, False))
         if m.bias:  # gpt_oss: router bias, and each fused expert weight followed by its (E, out) bias
             out.append(Tensor(e, e, wb, full))
         out.append(Tensor(e, e * 2 * i * h, wb, full))  # fused gate_up_proj (E, 2I, h)
@@ -584,6 +586,13 @@ def layout_memory(model: ModelSpec, job: Job, layout: Layout, st, consts: Memory
                              "narrower model, transformers >= 5.24), which FSDP1's flat parameters refuse "
                              "('Must flatten tensors with uniform dtype'); load the model in fp32 "
                              "(mixed precision) or use FSDP2 (fsdp_version 2)")
+            if job.method == "full" and any(not t.trainable for u in units for t in u.tensors):
+                # (measured: FullyShardedDataParallel(use_orig_params=False) raises it on the tiny
+                # ernie4_5_moe; use_orig_params=True wraps it)
+                notes.append("fsdp1: a decoder layer mixes trainable and frozen parameters (the router's frozen "
+                             "e_score_correction_bias), which FSDP1's flat parameters refuse with "
+                             "use_orig_params=False ('Must flatten tensors with uniform requires_grad'); set "
+                             "fsdp_use_orig_params true or use FSDP2 (fsdp_version 2)")
             if job.uses_lora and lora_wraps_experts(model, job.lora):
                 notes.append("fsdp1: LoRA on the fused MoE experts (PEFT ParamWrapper) did not train under "
                              "FSDP1 in ftplan's CPU runs (torch 2.13, PEFT 0.21; use_orig_params False and "
@@ -681,6 +690,9 @@ def layout_memory(model: ModelSpec, job: Job, layout: Layout, st, consts: Memory
     if stage in (1, 2):
         trainable = train_w
         frozen = frozen_w
+        if job.method == "full":  # (ernie4_5_moe's frozen correction biases: whole, in the module's dtype)
+            frozen = wb * sum(g.count * g.moe.num_experts for g in model.groups
+                              if g.moe is not None and g.moe.frozen_bias_param)
         # the worst rank's gradient partition buffer and backward transient (see zero12_rank_bytes);
         # the two ipg buckets (overlap_comm) are in the compute dtype (DeepSpeed's grad_accum_dtype
         # defaults to the model dtype: ZeRO-1 reduces in bf16 too)

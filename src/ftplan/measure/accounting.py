@@ -81,7 +81,8 @@ def _categorise(model: nn.Module, name: str, param: nn.Parameter) -> str:
         if segs and segs[-1] == "shared_expert_gate":
             return "router"
         return "mlp"
-    if _is_router(owner, segs) or ("bias" in pname and "router" in pname) or "router" in segs:
+    if _is_router(owner, segs) or ("bias" in pname and "router" in pname) or "router" in segs \
+            or "moe_statics" in segs:  # (ernie4_5_moe: gate.moe_statics.e_score_correction_bias)
         return "router"
     if any(s == "experts" for s in segs):
         return "experts"

@@ -775,11 +775,13 @@ def tiny_config(config: dict) -> dict:
     out["num_key_value_heads"] = 4 if kv >= heads else (1 if kv == 1 else 2)
     if isinstance(out.get("max_position_embeddings"), int):
         out["max_position_embeddings"] = max(4096, min(out["max_position_embeddings"], 131072))
-    for k, v in (("num_local_experts", 4), ("num_experts", 4), ("n_routed_experts", 4)):
+    for k, v in (("num_local_experts", 4), ("num_experts", 4), ("n_routed_experts", 4), ("moe_num_experts", 4)):
         if cfg.get(k):
             out[k] = v
     if cfg.get("num_experts_per_tok"):
         out["num_experts_per_tok"] = 2
+    if cfg.get("moe_k"):  # (ernie4_5_moe's top-k)
+        out["moe_k"] = 2
     if cfg.get("moe_intermediate_size"):
         out["moe_intermediate_size"] = 32
     if cfg.get("shared_expert_intermediate_size"):
@@ -887,3 +889,24 @@ def default_attention(config: dict) -> str:
     from ..model import model_from_config
 
     return "sdpa" if model_from_config(config).supports_sdpa else "eager"
+
+#: ernie4_5_moe: ERNIE 4.5 MoE (21B-A3B shape, shrunk): layer 0 dense, layer 1 an MoE block (fp32
+#: softmax router with the frozen fp32 e_score_correction_bias, 4 experts top-2, 2 shared experts);
+#: ernie4_5's fp32 interleaved rope, head_dim 32 != 64 / 4, GQA 4 / 2, tied embeddings
+TINY_CONFIGS["ernie4_5_moe"] = {
+    "model_type": "ernie4_5_moe",
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "max_position_embeddings": 256,
+    "moe_num_experts": 4,
+    "moe_k": 2,
+    "moe_intermediate_size": 24,
+    "moe_num_shared_experts": 2,
+    "moe_layer_start_index": 1,
+    "tie_word_embeddings": True,
+}

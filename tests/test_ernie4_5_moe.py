@@ -28,7 +28,6 @@ a published ERNIE 4.5 MoE checkpoint was found (the defaults are the 21B-A3B sha
 from __future__ import annotations
 
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
@@ -46,14 +45,11 @@ TINY = {"model_type": "ernie4_5_moe", "vocab_size": 512, "hidden_size": 64, "int
 
 
 def _meta_params(cfg: dict) -> dict[str, int]:
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    """transformers' parameters by category, built on the meta device from ``cfg``."""
+    from ftplan.measure.accounting import params_by_category
+    from ftplan.measure.hf import build_model
 
-    from ftplan.measure.torchref import params_by_category
-
-    with warnings.catch_warnings(), torch.device("meta"):
-        warnings.simplefilter("ignore")
-        return params_by_category(AutoModelForCausalLM.from_config(AutoConfig.for_model(**cfg)))
+    return params_by_category(build_model(cfg, device="meta"))
 
 
 @pytest.mark.torch

@@ -18,7 +18,6 @@ LoRA, TRL's fused head (which reads ``logits_scaling``), QLoRA and the catalog e
 from __future__ import annotations
 
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
@@ -35,15 +34,11 @@ SMALL = {"model_type": "granite", "vocab_size": 512, "hidden_size": 64, "interme
 
 
 def _meta_params(cfg: dict) -> dict[str, int]:
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    """transformers' parameters by category, built on the meta device from ``cfg``."""
+    from ftplan.measure.accounting import params_by_category
+    from ftplan.measure.hf import build_model
 
-    from ftplan.measure.torchref import params_by_category
-
-    hf = AutoConfig.for_model(**cfg)
-    with warnings.catch_warnings(), torch.device("meta"):
-        warnings.simplefilter("ignore")
-        return params_by_category(AutoModelForCausalLM.from_config(hf))
+    return params_by_category(build_model(cfg, device="meta"))
 
 
 @pytest.mark.torch

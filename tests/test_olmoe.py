@@ -33,14 +33,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 
 def _meta_params(cfg: dict) -> dict[str, int]:
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    """transformers' parameters by category, built on the meta device from ``cfg``."""
+    from ftplan.measure.accounting import params_by_category
+    from ftplan.measure.hf import build_model
 
-    from ftplan.measure.torchref import params_by_category
-
-    with warnings.catch_warnings(), torch.device("meta"):
-        warnings.simplefilter("ignore")
-        return params_by_category(AutoModelForCausalLM.from_config(AutoConfig.for_model(**cfg)))
+    return params_by_category(build_model(cfg, device="meta"))
 
 
 @pytest.mark.torch

@@ -28,7 +28,7 @@ def test_mixtral_without_checkpointing_names_the_merged_experts():
     per_layer = 8 * 3 * 4096 * 14336 * 2  # E x (gate, up, down) x h x I x bf16
     assert f"{per_layer / 2**30:,.2f} GiB per MoE layer" in note
     assert f"{32 * per_layer / 2**30:,.1f} GiB over 32 layers" in note
-    assert "--gradient-checkpointing" in note and "--lora-targets" in note
+    assert "`gradient_checkpointing`" in note and "`lora_targets=" in note
 
 
 @pytest.mark.parametrize("change", [

@@ -1398,7 +1398,7 @@ def _moe_saved(m: MoeSpec, t: int, h: int, dt: _Dtypes, tp: int, wrapped: bool =
         # compute-dtype delta) and grouped_mm runs in it and saves the merged weight itself: fp32
         # under PEFT's QLoRA recipe (prepare_model_for_kbit_training upcasts the unquantized
         # fused experts)
-        out += m.num_experts * h * router_w + m.num_experts * 3 * h * i * e + dt.router_delta_copy
+        out += m.num_experts * h * router_w + _merged_experts_bytes(m, h, e) + dt.router_delta_copy
     if m.dense_dispatch:
         return _llama4_moe_saved(m, t, h, dt, tp)
     if ep > 1:
@@ -2641,31 +2641,28 @@ def _short_conv_kernel_note(model: ModelSpec, job: Job) -> str:
             "around the conv); not measured")
 
 
-def _merged_experts_note(model: ModelSpec, job: Job, layout: Layout, backend: str) -> str:
+def _merged_experts_bytes(m: MoeSpec, h: int, e: int) -> int:
+    """PEFT's ParamWrapper ``W + BA`` of every expert of one MoE layer (gate, up, down), in the
+    experts' dtype ``e``: what grouped_mm saves for backward (see :func:`_moe_saved`)."""
+    return m.num_experts * 3 * h * m.expert_intermediate_size * e
+
+
+def _merged_experts_note(model: ModelSpec, job: Job, backend: str) -> str:
     """Without checkpointing, PEFT's ParamWrapper adapters on the fused experts keep each MoE
-    layer's merged ``W + BA`` alive for backward (see :func:`_moe_saved`): say how much, and the
-    two ways out. Empty when it is under 1 GiB."""
+    layer's merged ``W + BA`` alive for backward (:func:`_merged_experts_bytes`, counted in the
+    activations): say how much, and the two ways out. Empty when it is under 1 GiB."""
     e = _act_dtypes(job, backend).expert
-    per_layer = {}
-    for g in model.groups:
-        if g.moe is not None and not g.moe.dense_dispatch:
-            m = g.moe
-            per_layer[m] = per_layer.get(m, 0) + g.count
-    if not per_layer:
-        return ""
-    ep = max(layout.ep, 1)
-    layer_bytes = [m.num_experts // ep * 3 * model.hidden_size * m.expert_intermediate_size * e
-                   for m in per_layer]
-    total = sum(b * n for b, n in zip(layer_bytes, per_layer.values()))
+    moe = [(g.count, _merged_experts_bytes(g.moe, model.hidden_size, e)) for g in model.groups
+           if g.moe is not None and not g.moe.dense_dispatch]
+    total = sum(n * b for n, b in moe)
     if total < 2**30:
         return ""
-    n_layers = sum(per_layer.values())
     return (f"LoRA on the experts (all-linear on a transformers-5 MoE): PEFT's ParamWrapper builds the merged "
             f"expert weights W + BA in every forward and grouped_mm saves them for backward, "
-            f"{max(layer_bytes) / 2**30:,.2f} GiB per MoE layer, {total / 2**30:,.1f} GiB over {n_layers} layers "
-            "without checkpointing (under ZeRO-3 / FSDP too: they are built from the gathered weights); "
-            "--gradient-checkpointing keeps one layer's at a time, --lora-targets q_proj,k_proj,v_proj,o_proj "
-            "leaves the experts frozen")
+            f"{max(b for _, b in moe) / 2**30:,.2f} GiB per MoE layer, {total / 2**30:,.1f} GiB over "
+            f"{sum(n for n, _ in moe)} layers without checkpointing (under ZeRO-3 / FSDP too: they are built from "
+            "the gathered weights); `gradient_checkpointing` keeps one layer's at a time, "
+            "`lora_targets=q_proj,k_proj,v_proj,o_proj` leaves the experts frozen")
 
 
 def _engine_qlora_recipe(job: Job, layout: Layout, notes: list[str]) -> Job:
@@ -2926,7 +2923,7 @@ def estimate_memory(
                      f"({n_exp * u / 2**30:,.1f} GiB against {n_exp * 2 / 2**30:,.1f} GiB in bf16 for LoRA)")
         notes.append(note)
     if job.ac_mode == "none" and job.uses_lora and lora_wraps_experts(model, job.lora):
-        merged_note = _merged_experts_note(model, job, layout, backend)
+        merged_note = _merged_experts_note(model, job, backend)
         if merged_note:
             notes.append(merged_note)
     return MemoryBreakdown(

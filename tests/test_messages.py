@@ -46,7 +46,7 @@ _MESSAGE_CALLS = {"Problem", "Infeasible", "Assumption", "Suggestion", "_need", 
 #: keyword arguments that are messages in any call
 _MESSAGE_KEYWORDS = {"hint", "message", "reason", "why", "notes", "help", "change", "text"}
 #: a variable holding message text (assigned, appended to, extended): ``hint = ...``, ``notes.append(...)``
-_MESSAGE_VARS = re.compile(r"(^|_)(hints?|notes|why|reasons?|message|msg|problems)$")
+_MESSAGE_VARS = re.compile(r"(^|_)(hints?|notes?|why|reasons?|message|msg|problems)$")
 _COMMAND_REF = re.compile(r"`ftplan(?: [^`]+)?`")
 _BARE_FLAG = re.compile(r"(?<![\w-])--[a-z]")
 _FIELD_REF = re.compile(r"`([a-z][a-z0-9_]*)(?:=([^`]*))?`")
@@ -126,9 +126,30 @@ def _message_strings() -> list[tuple[str, int, str]]:
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                 if any(_MESSAGE_VARS.search(_name(t) or "") for t in targets):
                     found.append(node.value)
+        found += _returned_by_helpers(tree, found)
         for expr in found:
             out.update((rel, line, text) for line, text in _strings(expr))
     return sorted(out)
+
+
+def _returned_by_helpers(tree: ast.AST, found: list[ast.AST]) -> list[ast.AST]:
+    """The return values of the module's own functions that a message expression calls
+    (``notes.append(_merged_experts_note(...))``), followed through helpers that call helpers."""
+    functions = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+    seen: set[str] = set()
+    todo = [e for e in found]
+    out: list[ast.AST] = []
+    while todo:
+        expr = todo.pop()
+        for n in ast.walk(expr):
+            name = _name(n.func) if isinstance(n, ast.Call) else None
+            if name in functions and name not in seen:
+                seen.add(name)
+                returns = [r.value for r in ast.walk(functions[name])
+                           if isinstance(r, ast.Return) and r.value is not None]
+                out += returns
+                todo += returns
+    return out
 
 
 MESSAGES = _message_strings()
@@ -147,6 +168,8 @@ def test_the_scan_sees_the_messages():
     assert any("`max_gpus` to change" in t for t in texts)  # a plan note
     assert any("`method=qlora`" in t for t in texts)  # a why-not hint
     assert any("`gradient_checkpointing=false`" in t for t in texts)  # an option's help
+    # a note built by a helper function and appended by its caller
+    assert any(rel == "memory.py" and "W + BA in every forward" in t for rel, _, t in MESSAGES)
     assert len(MESSAGES) > 300
 
 

@@ -316,3 +316,20 @@ def test_web_errors_and_notes_name_fields():
         hints = [i["hint"] for i in doc["infeasible"] if i["hint"]]
         assert any("relax deadline / budget or raise max_gpus" in h for h in hints), doc["infeasible"]
         assert "--" not in json.dumps(doc["notes"] + hints)
+
+
+@pytest.mark.parametrize("argv", [
+    ["estimate", "llama-3.1-70b", "--method", "qlora", "--gpu", "h100-sxm"],
+    ["estimate", "llama-3.1-8b", "--method", "lora", "--gpu", "l4", "--base-dtype", "fp32"],
+    ["estimate", "mixtral-8x7b", "--method", "lora", "--gpu", "h100-sxm", "--no-gradient-checkpointing"],
+    ["estimate", "qwen2.5-7b", "--method", "full", "--gpu", "a100-80gb", "--gpus", "4", "--strategy", "zero3"],
+    ["recommend", "llama-3.1-70b", "--method", "qlora", "--tokens", "1M", "--gpus-filter", "h100-sxm", "--top", "1"],
+])
+def test_estimate_text_and_json_render_every_reference(capsys, argv):
+    """Every part of an answer (assumption sentences and sources too, not only their 'change'
+    field) goes through the front end's renderer: no backticked field reaches the user."""
+    rc, out, err = _cli(capsys, *argv)
+    assert rc in (0, 1), err
+    assert "`" not in out, [ln for ln in out.splitlines() if "`" in ln]
+    rc, out, err = _cli(capsys, *argv, "--json")
+    assert "`" not in out, [ln for ln in out.splitlines() if "`" in ln][:3]

@@ -40,7 +40,8 @@ class Assumption:
 
     def to_dict(self, renderer: Renderer | None = None) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        d["change"] = render_refs(self.change, renderer)
+        for k in ("text", "change", "source"):
+            d[k] = render_refs(d[k], renderer)
         return d
 
 
@@ -187,7 +188,7 @@ def job_assumptions(job: Job, layout: Layout | None = None, *,
             f"frozen base loaded in {job.frozen_dtype} (ftplan's exported script passes dtype to from_pretrained)",
             "`base_dtype=fp32`",
             "TRL SFTTrainer loads a model id in float32 unless model_init_kwargs sets dtype, and so does "
-            "the `trl sft` CLI by default (its ModelConfig dtype is float32)"))
+            "the trl sft command line by default (its ModelConfig dtype is float32)"))
     if job.method == "qlora" and assumed("quant", "quant_type", "no_double_quant", "compute_dtype", "qlora_recipe"):
         q = job.quant
         prep = ("prepare_model_for_kbit_training upcasts the non-quantized weights to fp32 (PEFT's recipe; "

@@ -211,7 +211,8 @@ def estimate_text(model: ModelSpec, job: Job, layout: Layout, mem: MemoryBreakdo
         lines += [f"  - {render_refs(a.text, renderer)}" for a in advice]
     if assumptions:
         lines.append("assumed (defaults of the reference stack; change them with the options named):")
-        lines += [f"  - {a.text} [{a.source}; {render_refs(a.change, renderer)}]" for a in assumptions]
+        lines += [f"  - {render_refs(a.text, renderer)} [{render_refs(a.source, renderer)}; "
+                  f"{render_refs(a.change, renderer)}]" for a in assumptions]
     return "\n".join(lines)
 
 

@@ -158,7 +158,7 @@ def _footer_lines(ps, job, model=None) -> list[str]:
     lines += [f"note: {n}" for n in rendered(ps.notes, RENDERER)]
     assumed = search_assumptions(job, model)
     if assumed:
-        lines.append("assumed: " + "; ".join(a.text for a in assumed) + " (change with: "
+        lines.append("assumed: " + "; ".join(render_refs(a.text, RENDERER) for a in assumed) + " (change with: "
                      + ", ".join(render_refs(a.change, RENDERER) for a in assumed) + ")")
     return lines
 

@@ -833,7 +833,9 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
         if a.rope and FAMILIES[model.family].rope_interleave_tables:
             # ernie4_5: the layer's interleaved copies of the fp32 cos/sin (bf16 where FSDP2 cast the
             # tables at the layer's input), ``(1, 1, s, d)`` each, which the rotary muls save
-            total += 2 * s * a.head_dim * (c if dt.casts_layer_inputs else 4)
+            # (glm4: the tables in the residual stream's dtype, over the partial rotary's features)
+            width = a.head_dim if a.rotary_dim is None else _rope_table_width(a.rotary_dim)
+            total += 2 * s * width * (c if dt.casts_layer_inputs else 4 if FAMILIES[model.family].fp32_rope else dt.resid)
         if a.qk_norm and a.qk_norm_whole:  # olmo2: one norm over each whole projection
             total += _norm_saved(t, q, c, dt.full, style=style) + _norm_saved(t, kv_heads * a.head_dim, c, dt.full,
                                                                                style=style)

@@ -665,7 +665,7 @@ FAMILIES: dict[str, Family] = {
             # rewrite all-linear here: it wraps every nn.Linear (attention, dense and shared-expert
             # MLPs, shared_expert_gate), neither the fused experts nor the router
             "qwen2_moe",
-            {**_LLAMA_LIKE, "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 5632,
+            {**{k: v for k, v in _LLAMA_LIKE.items() if k != "attention_bias"}, "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 5632,
              "num_hidden_layers": 24, "num_attention_heads": 16, "num_key_value_heads": 16,
              "max_position_embeddings": 32768, "use_sliding_window": False, "sliding_window": 4096,
              "max_window_layers": 28, "decoder_sparse_step": 1, "moe_intermediate_size": 1408,

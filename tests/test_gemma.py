@@ -114,3 +114,20 @@ def test_bidirectional_attention_is_refused():
     with pytest.raises(ConfigError, match="use_bidirectional_attention=True") as e:
         model_from_config({**CF.TINY_CONFIGS["gemma"], "use_bidirectional_attention": True})
     assert "\n" not in str(e.value)
+
+
+def test_catalog_entries_count_against_the_technical_report():
+    """Gemma technical report (arXiv 2403.08295) Table 2: non-embedding 7,751,248,896 (7B) and
+    1,981,884,416 (2B), equal to ftplan's (= transformers 5.24 on meta); the report's embedding
+    rows are 256,128 (its Table 1), the checkpoints' 256,000."""
+    from ftplan.catalog.models import get_model
+
+    for name, non_emb, total in (("gemma-7b", 7_751_248_896, 8_537_680_896),
+                                 ("gemma-2b", 1_981_884_416, 2_506_172_416)):
+        spec = get_model(name).spec()
+        p = spec.params
+        assert spec.family == "gemma" and spec.tie_word_embeddings and p.lm_head == 0
+        assert p.total == total and p.total - p.embedding == non_emb and p.embedding == 256_000 * spec.hidden_size
+    a7 = get_model("gemma-7b").spec().attention
+    assert (a7.num_heads, a7.num_kv_heads, a7.head_dim) == (16, 16, 256)
+    assert get_model("google/gemma-2b-it").spec().attention.num_kv_heads == 1

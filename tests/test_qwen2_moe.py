@@ -169,3 +169,19 @@ def test_expert_parallel_layouts_are_planned():
     spec = model_from_config(CF.TINY_CONFIGS["qwen2_moe"])
     validate_job(spec, Job(method="full"), Layout(2, 1, "fsdp", ep=2))
     validate_job(spec, Job(method="lora"), Layout(4, 1, "fsdp", ep=4))
+
+
+def test_catalog_entry_counts_against_the_model_card():
+    """Qwen2-57B-A14B: '57B-A14B' (57B total, 14B activated, the model card); ftplan (=
+    transformers 5.24 on meta): 57,408,658,944 total, 14,249,270,784 active (top-8 of 64 experts,
+    the shared expert, embedding and lm_head included)."""
+    from ftplan.catalog.models import get_model
+
+    spec = get_model("qwen2-57b-a14b").spec()
+    assert spec.family == "qwen2_moe" and spec.is_moe and spec.groups[0].count == 28 and len(spec.groups) == 1
+    assert spec.params.total == 57_408_658_944 and round(spec.params.total / 1e9) == 57
+    assert spec.params.active == 14_249_270_784 and round(spec.params.active / 1e9) == 14
+    moe = spec.groups[0].moe
+    assert (moe.num_experts, moe.top_k, moe.expert_intermediate_size, moe.renormalize) == (64, 8, 2560, False)
+    assert moe.shared.intermediate_size == 20480 and moe.shared_gate
+    assert spec.attention.qkv_bias and not spec.attention.o_bias and spec.groups[0].window is None

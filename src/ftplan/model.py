@@ -1475,6 +1475,7 @@ _NULL_IS_A_VALUE = frozenset({"sliding_window", "attention_chunk_size", "q_lora_
 #: tests/test_head_dim_null.py
 _HEAD_DIM_NULL_REFUSED = frozenset({"qwen3", "gemma2", "gemma3_text", "gpt_oss", "qwen3_5", "qwen3_5_moe",
                                     "qwen3_next", "llama4_text", "gemma4", "minimax_m2"})
+_HEAD_DIM_NULL_REFUSED |= {"gemma", "glm4"}  # (GemmaConfig, Glm4Config: head_dim int = 256 / 128)
 
 
 def _with_defaults(fam: Family, cfg0: Mapping[str, Any]) -> dict[str, Any]:

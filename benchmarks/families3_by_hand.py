@@ -1,8 +1,10 @@
 """Checks of the families added in session 17 (gemma, qwen2_moe, glm4) held by hand,
 out of CI for time.
 
-Usage: ``PYTHONPATH=src python benchmarks/families3_by_hand.py [family ...]`` (default: all three;
-about 3 minutes on 2 cores, of which ~25 s per MoE family for the gloo run)
+Usage: ``PYTHONPATH=src python benchmarks/families3_by_hand.py [family ...] [--engines]`` (default: all
+three; about 2 minutes on 2 cores, of which ~25 s for qwen2_moe's gloo EP run; ``--engines`` adds the
+2-rank gloo FSDP2 / DeepSpeed ZeRO-3 runs, full and LoRA, of tests/test_distributed_memory.py's
+harness, several minutes more)
 
 For each family named, runs the cases its test file lists in ``VARIANTS_BY_HAND`` (saved
 activations against one real step, byte-exact) and ``QLORA_BY_HAND`` (bitsandbytes QLoRA: model
@@ -55,6 +57,29 @@ def _ep_check(family: str) -> None:
         assert sum(r.rows[layer] for r in ranks) == sum(r.tokens for r in ranks) * moe.top_k
 
 
+def _engines(families: list[str]) -> int:
+    """2-rank gloo runs of tests/test_distributed_memory.py's harness (its checks: per-rank
+    parameters, gradients, optimizer states, buffers, transients, saved activations): FSDP2 full /
+    LoRA, DeepSpeed ZeRO-3 full / LoRA, per family. As that test does, a failing case runs once
+    more in a fresh process group (gloo's asynchronous frees depend on the ranks' timing)."""
+    import test_distributed_memory as D
+
+    from ftplan.measure.distributed import Case, run_cases
+
+    cases = [c for fam in families for c in (
+        Case(family=fam, engine="fsdp2"), Case(family=fam, engine="fsdp2", method="lora"),
+        Case(family=fam, engine="deepspeed", zero_stage=3, steps=2),
+        Case(family=fam, engine="deepspeed", zero_stage=3, method="lora", steps=2))]
+    failures = D._failures(cases, 2, run_cases(cases, 2, timeout_s=900))
+    if failures:
+        retry = [c for c in cases if any(f.startswith((c.label + " rank", c.label + ":")) for f in failures)]
+        failures = D._failures(retry, 2, run_cases(retry, 2, timeout_s=900))
+    for c in cases:
+        mine = [f for f in failures if f.startswith((c.label + " rank", c.label + ":"))]
+        print(f"{'FAIL' if mine else 'ok  '} engine {c.label}: {mine}", flush=True)
+    return len({f.split(" rank")[0].split(":")[0] for f in failures})
+
+
 def main(families: list[str]) -> int:
     import warnings
 
@@ -78,8 +103,11 @@ def main(families: list[str]) -> int:
                 failed += 1
                 continue
             print(f"ok   {name} ({time.perf_counter() - t0:.1f} s)", flush=True)
+    if "--engines" in sys.argv:
+        failed += _engines(families)
     return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:] or ["gemma", "qwen2_moe", "glm4"]))
+    names = [a for a in sys.argv[1:] if not a.startswith("--")]
+    sys.exit(main(names or ["gemma", "qwen2_moe", "glm4"]))

@@ -1962,8 +1962,12 @@ def _model_level_saved(model: ModelSpec, job: Job, dt: _Dtypes) -> int:
     t = b * s
     a = model.attention
     out = t * 8 if dt.full else 0  # embedding backward keeps the token ids
-    if dt.full and dt.engine_compute and FAMILIES[model.family].gemma4:
-        out += dt.compute  # the embedding's 0-dim scale in the gathered weight's dtype
+    if dt.full and dt.engine_compute and (FAMILIES[model.family].gemma4
+                                          or model.family in ("gemma", "gemma2", "gemma3_text")):
+        # the embedding's 0-dim scale in the gathered weight's dtype (Gemma*TextScaledWordEmbedding:
+        # ``embed_scale.to(weight.dtype)``, a copy of the fp32 buffer once FSDP2 / ZeRO-3 gather bf16;
+        # gemma2 / gemma3_text were 2 B under on the gloo ranks before, 2026-11-25)
+        out += dt.compute
     if not a.is_mla:
         out += _rope_bytes(model, job, dt)  # RoPE cos, sin: (1, s, d), shared
     else:

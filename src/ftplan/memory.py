@@ -833,7 +833,9 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
         if a.rope and FAMILIES[model.family].rope_interleave_tables:
             # ernie4_5: the layer's interleaved copies of the fp32 cos/sin (bf16 where FSDP2 cast the
             # tables at the layer's input), ``(1, 1, s, d)`` each, which the rotary muls save
-            total += 2 * s * a.head_dim * (c if dt.casts_layer_inputs else 4)
+            # (glm4: the tables in the residual stream's dtype, over the partial rotary's features)
+            width = a.head_dim if a.rotary_dim is None else _rope_table_width(a.rotary_dim)
+            total += 2 * s * width * (c if dt.casts_layer_inputs else 4 if FAMILIES[model.family].fp32_rope else dt.resid)
         if a.qk_norm and a.qk_norm_whole:  # olmo2: one norm over each whole projection
             total += _norm_saved(t, q, c, dt.full, style=style) + _norm_saved(t, kv_heads * a.head_dim, c, dt.full,
                                                                                style=style)
@@ -1960,8 +1962,12 @@ def _model_level_saved(model: ModelSpec, job: Job, dt: _Dtypes) -> int:
     t = b * s
     a = model.attention
     out = t * 8 if dt.full else 0  # embedding backward keeps the token ids
-    if dt.full and dt.engine_compute and FAMILIES[model.family].gemma4:
-        out += dt.compute  # the embedding's 0-dim scale in the gathered weight's dtype
+    if dt.full and dt.engine_compute and (FAMILIES[model.family].gemma4
+                                          or model.family in ("gemma", "gemma2", "gemma3_text")):
+        # the embedding's 0-dim scale in the gathered weight's dtype (Gemma*TextScaledWordEmbedding:
+        # ``embed_scale.to(weight.dtype)``, a copy of the fp32 buffer once FSDP2 / ZeRO-3 gather bf16;
+        # gemma2 / gemma3_text were 2 B under on the gloo ranks before, 2026-11-25)
+        out += dt.compute
     if not a.is_mla:
         out += _rope_bytes(model, job, dt)  # RoPE cos, sin: (1, s, d), shared
     else:

@@ -638,6 +638,57 @@ FAMILIES: dict[str, Family] = {
             qkv_bias_key="use_bias", o_bias_key="use_bias", mlp_bias_key="use_bias", fp32_rope=True,
             rope_interleave_tables=True, moe="ernie4_5_moe",
         ),
+        Family(
+            # Google Gemma 1 (GemmaConfig, transformers 5.24): llama's pre-norm layers with gemma's
+            # fp32 (1 + weight) RMSNorm, the embedding output scaled by sqrt(hidden_size) inside the
+            # embedding module (GemmaTextScaledWordEmbedding, as gemma2's), a GeGLU MLP
+            # (gelu_pytorch_tanh; GemmaConfig turns a checkpoint's "gelu" into it), attention_bias on
+            # q/k/v and o_proj, head_dim 256 whatever hidden / heads (gemma-7b: 16 x 256 > 3072),
+            # tied embeddings; two norms per layer, no window, no soft-capping (gemma2's additions)
+            "gemma",
+            {**_LLAMA_LIKE, "vocab_size": 256000, "hidden_size": 3072, "intermediate_size": 24576,
+             "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 16, "head_dim": 256,
+             "hidden_act": "gelu_pytorch_tanh", "max_position_embeddings": 8192, "tie_word_embeddings": True,
+             "use_bidirectional_attention": None},
+            norm_style="gemma",
+        ),
+        Family(
+            # Qwen1.5-MoE / Qwen2-MoE (Qwen2MoeConfig, transformers 5.24): qwen2's attention (q/k/v
+            # biases by qkv_bias, default on; o_proj none) with the sparse block qwen3_next copies
+            # (planned as "qwen3_next"): a softmax top-k router renormalised when norm_topk_prob,
+            # fused 3-D experts of moe_intermediate_size, one shared expert MLP of
+            # shared_expert_intermediate_size scaled by sigmoid(shared_expert_gate(x));
+            # decoder_sparse_step / mlp_only_layers pick dense layers of intermediate_size. With
+            # use_sliding_window the even layers below max_window_layers slide (Qwen2MoeConfig's
+            # rule). transformers' _MODEL_TO_CONVERSION_PATTERN maps other families onto the
+            # "qwen2_moe" pattern but has no entry for qwen2_moe itself, so PEFT 0.21.2 does not
+            # rewrite all-linear here: it wraps every nn.Linear (attention, dense and shared-expert
+            # MLPs, shared_expert_gate), neither the fused experts nor the router
+            "qwen2_moe",
+            {**{k: v for k, v in _LLAMA_LIKE.items() if k != "attention_bias"}, "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 5632,
+             "num_hidden_layers": 24, "num_attention_heads": 16, "num_key_value_heads": 16,
+             "max_position_embeddings": 32768, "use_sliding_window": False, "sliding_window": 4096,
+             "max_window_layers": 28, "decoder_sparse_step": 1, "moe_intermediate_size": 1408,
+             "shared_expert_intermediate_size": 5632, "num_experts_per_tok": 4, "num_experts": 60,
+             "norm_topk_prob": False, "output_router_logits": False, "mlp_only_layers": [], "qkv_bias": True,
+             "layer_types": None},
+            qkv_bias_key="qkv_bias", o_bias_key=None, moe="qwen3_next", peft_wraps_experts=False,
+        ),
+        Family(
+            # GLM-4-0414 dense (Glm4Config, transformers 5.24): llama's RMSNorm with four norms per
+            # layer (input, post_self_attn on o_proj's output, post_attention before the MLP,
+            # post_mlp on down_proj's output: gemma2's sandwich), q/k/v biases (attention_bias,
+            # default on; o_proj none), a fused gate_up_proj (phi3's chunked SwiGLU, up * act(gate)),
+            # a partial rotary (Glm4Config's default factor 0.5) applied GLM-style: each layer
+            # builds interleaved copies of the shared cos/sin (``cos[..., :w/2].repeat_interleave(2)``,
+            # the residual stream's dtype) which the rotary muls save; head_dim 128 by default
+            "glm4",
+            {**{k: v for k, v in _LLAMA_LIKE.items() if k != "sliding_window"}, "vocab_size": 151552,
+             "hidden_size": 4096, "intermediate_size": 13696, "num_hidden_layers": 40, "num_attention_heads": 32,
+             "num_key_value_heads": 2, "head_dim": 128, "max_position_embeddings": 131072, "attention_bias": True},
+            norms_per_layer=4, fused_gate_up=True, o_bias_key=None, partial_rotary_factor=0.5,
+            rope_interleave_tables=True,
+        ),
     ]
 }
 
@@ -683,6 +734,9 @@ _ARCH_TO_TYPE = {
     "Dots1ForCausalLM": "dots1",
     "HunYuanDenseV1ForCausalLM": "hunyuan_v1_dense",
     "Ernie4_5_MoeForCausalLM": "ernie4_5_moe",  # (transformers' class and the remote-code one share the name)
+    "GemmaForCausalLM": "gemma",
+    "Qwen2MoeForCausalLM": "qwen2_moe",
+    "Glm4ForCausalLM": "glm4",
 }
 #: text model_types that name a family under another key (the inner type of a multimodal config)
 _TEXT_TYPE_ALIASES = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe", "llama4": "llama4_text",
@@ -1421,6 +1475,7 @@ _NULL_IS_A_VALUE = frozenset({"sliding_window", "attention_chunk_size", "q_lora_
 #: tests/test_head_dim_null.py
 _HEAD_DIM_NULL_REFUSED = frozenset({"qwen3", "gemma2", "gemma3_text", "gpt_oss", "qwen3_5", "qwen3_5_moe",
                                     "qwen3_next", "llama4_text", "gemma4", "minimax_m2"})
+_HEAD_DIM_NULL_REFUSED |= {"gemma", "glm4"}  # (GemmaConfig, Glm4Config: head_dim int = 256 / 128)
 
 
 def _with_defaults(fam: Family, cfg0: Mapping[str, Any]) -> dict[str, Any]:
@@ -1532,6 +1587,8 @@ def model_from_config(
         _gemma4_refusals(c.cfg, mt)
     if mt == "olmoe":
         _olmoe_refusals(c.cfg, h, heads, head_dim)
+    if mt in ("gemma", "qwen2_moe"):
+        _gemma_qwen2_moe_refusals(c.cfg, mt)
 
     if mla is not None:
         nope, rope, v_dim, kv_rank, q_rank = mla
@@ -1675,6 +1732,28 @@ def _olmoe_refusals(cfg: Mapping[str, Any], h: int, heads: int, head_dim: int | 
         raise ConfigError(f"config.json (olmoe): head_dim={head_dim} x {heads} heads != hidden_size={h}: "
                           "OlmoeAttention's q_norm is hidden_size wide and fails on that q_proj",
                           "drop head_dim (OlmoeConfig has none: hidden_size // num_attention_heads)")
+
+
+def _gemma_qwen2_moe_refusals(cfg: Mapping[str, Any], mt: str) -> None:
+    """Options of GemmaConfig / Qwen2MoeConfig that transformers runs and ftplan does not plan, one
+    line each: Gemma's ``use_bidirectional_attention`` (non-causal attention); Qwen2-MoE's
+    ``output_router_logits`` (the load-balancing loss over every layer's router logits, whose saved
+    tensors are not modelled; false in the Qwen checkpoints) and ``layer_types`` naming sliding
+    layers without ``use_sliding_window`` (Qwen2MoeConfig sets the window to 0 then)."""
+    if mt == "gemma" and cfg.get("use_bidirectional_attention"):
+        raise ConfigError(f"config.json (gemma): use_bidirectional_attention={_show(cfg['use_bidirectional_attention'])} "
+                          "(non-causal attention) is not planned", "ftplan plans causal language-model fine-tuning")
+    if mt != "qwen2_moe":
+        return
+    if cfg.get("output_router_logits"):
+        raise ConfigError("config.json (qwen2_moe): output_router_logits=True (the auxiliary load-balancing loss "
+                          "over every layer's router logits) is not planned",
+                          "set it to false, as the Qwen checkpoints do")
+    types = cfg.get("layer_types")
+    if isinstance(types, list) and "sliding_attention" in types and not cfg.get("use_sliding_window"):
+        raise ConfigError("config.json (qwen2_moe): layer_types names sliding_attention layers without "
+                          "use_sliding_window (Qwen2MoeConfig then sets sliding_window to 0)",
+                          "set use_sliding_window to true, or make every layer full_attention")
 
 
 def _gemma4_groups(groups: tuple[LayerGroup, ...], g4: _Gemma4Global, mlp: MlpSpec) -> tuple[LayerGroup, ...]:
@@ -1841,7 +1920,7 @@ def _layer_plan(fam: Family, c: _Check, n: int) -> _LayerPlan:
     mt = fam.model_type
     qwen = mt in ("qwen2", "qwen3", "qwen3_moe")
     # (dots1: Dots1Config slides the layers from max_window_layers on whenever sliding_window is set)
-    use_sw = c.bool("use_sliding_window") if qwen and window else (mt == "dots1" and bool(window))
+    use_sw = c.bool("use_sliding_window") if (qwen or mt == "qwen2_moe") and window else (mt == "dots1" and bool(window))
     start = (c.int("max_window_layers", minimum=0, optional=True) or 0) if use_sw else 0
     pattern = (c.int("sliding_window_pattern", optional=True) or 6) if mt == "gemma3_text" and window else 6
     if mt == "smollm3" and not c.bool("use_sliding_window"):
@@ -1879,6 +1958,13 @@ def _layer_plan(fam: Family, c: _Check, n: int) -> _LayerPlan:
     elif mt == "gemma3_text":
         window_at = lambda i: window if (i + 1) % pattern else None  # noqa: E731
         period = pattern
+    elif mt == "qwen2_moe":
+        if use_sw:  # Qwen2MoeConfig: the even layers below max_window_layers slide
+            window_at = lambda i: window if (i + 1) % 2 and i < start else None  # noqa: E731
+            period = 2
+            cuts.add(min(start, n))
+        else:
+            window_at = lambda i: None  # noqa: E731
     elif qwen or mt == "dots1":
         if use_sw:
             window_at = lambda i: window if i >= start else None  # noqa: E731

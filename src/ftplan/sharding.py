@@ -1134,7 +1134,7 @@ def _ds_zero3_limits(model: ModelSpec, consts: MemoryConstants, layout: Layout |
 #: (runtime/zero/leaf_module_config.py ``DEFAULT_LEAF_MODULE_CLASSES``: MixtralSparseMoeBlock,
 #: Qwen2MoeSparseMoeBlock, Qwen3MoeSparseMoeBlock): no hooks inside, the block's parameters (router,
 #: every expert, shared experts, adapters) are fetched together by the block's own hook
-_DS_LEAF_MOE_FAMILIES = frozenset({"mixtral", "qwen3_moe"})
+_DS_LEAF_MOE_FAMILIES = frozenset({"mixtral", "qwen3_moe", "qwen2_moe"})
 
 #: families whose fused experts run through transformers 5's ``@use_experts_implementation``
 #: without ``is_transposed`` (``grouped_mm`` passes ``weight.transpose(-2, -1)``, ``eager``

@@ -302,7 +302,7 @@ def test_every_family_builds_and_categories_sum(family):
     assert (cats["lm_head"] == 0) == bool(cfg.get("tie_word_embeddings"))
     moe = family in ("mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss", "glm4_moe", "qwen3_5_moe", "qwen3_next", "llama4_text",
                       "gemma4_moe", "glm4_moe_lite", "mistral4", "minimax_m2", "lfm2_moe",
-                      "granitemoe", "olmoe", "dots1", "ernie4_5_moe")
+                      "granitemoe", "olmoe", "dots1", "ernie4_5_moe", "qwen2_moe")
     assert (cats["experts"] > 0) == moe and (cats["router"] > 0) == moe
 
 

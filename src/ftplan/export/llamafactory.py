@@ -78,7 +78,10 @@ _TEMPLATES = {"llama": "llama3", "qwen2": "qwen", "qwen3": "qwen3", "qwen3_moe":
               "hunyuan_v1_dense": "hunyuan",
               # ERNIE 4.5 MoE: 0.9.5's constants.py registers ERNIE-4.5-21B-A3B-PT / 300B-A47B-PT with
               # ernie_nothink (the 21B-A3B-Thinking checkpoint with ernie)
-              "ernie4_5_moe": "ernie_nothink"}
+              "ernie4_5_moe": "ernie_nothink",
+              # Gemma 1 (Gemma-2B/7B and -Instruct), Qwen1.5-MoE / Qwen2-57B-A14B, GLM-4-9B/32B-0414: 0.9.5's
+              # constants.py registers them with gemma, qwen and glm4
+              "gemma": "gemma", "qwen2_moe": "qwen", "glm4": "glm4"}
 #: Kimi K2 (planned as deepseek_v3) speaks Moonshot's <|im_user|>/<|im_assistant|>/<|im_middle|> format,
 #: which 0.9.5 registers as kimi_vl; Phi-4-mini's <|user|>...<|end|> format as phi4_mini. The catalog's
 #: Qwen3-Next is the Instruct checkpoint, which 0.9.5's constants.py registers with qwen3_nothink (the

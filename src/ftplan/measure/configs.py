@@ -910,3 +910,65 @@ TINY_CONFIGS["ernie4_5_moe"] = {
     "moe_layer_start_index": 1,
     "tie_word_embeddings": True,
 }
+
+
+#: gemma: Gemma 1's layers (gemma-2b's multi-query shape): 4 heads of 32 over hidden 64 (q_proj 128
+#: wide, as gemma-7b's 16 x 256 > 3072), one kv head, a GeGLU MLP of 120, the (1 + w) fp32 RMSNorms,
+#: the embedding scaled by sqrt(64), tied; GemmaConfig's pad/bos/eos ids dropped.
+TINY_CONFIGS["gemma"] = {
+    "model_type": "gemma",
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 120,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 1,
+    "head_dim": 32,
+    "hidden_act": "gelu_pytorch_tanh",
+    "max_position_embeddings": 256,
+    "tie_word_embeddings": True,
+    "pad_token_id": None, "bos_token_id": None, "eos_token_id": None,
+}
+
+
+#: qwen2_moe: Qwen1.5-MoE's layers: GQA 4 / 2 heads of 16 with q/k/v biases, layer 0 dense
+#: (``mlp_only_layers=[0]``, an MLP of 120), layer 1 the sparse block (4 experts top-2 of
+#: ``moe_intermediate_size=24``, not renormalised as the checkpoints, one shared expert of 48 behind
+#: its sigmoid gate); untied.
+TINY_CONFIGS["qwen2_moe"] = {
+    "model_type": "qwen2_moe",
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 120,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 24,
+    "shared_expert_intermediate_size": 48,
+    "norm_topk_prob": False,
+    "mlp_only_layers": [0],
+    "max_position_embeddings": 256,
+    "tie_word_embeddings": False,
+    "pad_token_id": None, "bos_token_id": None, "eos_token_id": None,
+}
+
+
+#: glm4: GLM-4-0414's layers: four llama RMSNorms per layer (sandwich norms around attention and
+#: MLP), GQA 4 / 2 heads of 16 with q/k/v biases, Glm4Config's half rotary (8 of 16 features,
+#: interleaved per layer), a fused gate_up_proj of 2 x 120; untied; Glm4Config's pad/eos ids dropped.
+TINY_CONFIGS["glm4"] = {
+    "model_type": "glm4",
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 120,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "max_position_embeddings": 256,
+    "attention_bias": True,
+    "tie_word_embeddings": False,
+    "pad_token_id": None, "bos_token_id": None, "eos_token_id": None,
+}

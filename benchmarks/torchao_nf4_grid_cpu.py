@@ -6,8 +6,8 @@ torchtune 0.3.1's QLoRA linears (``ftplan.measure.torchtune_nf4``), and one pure
 counted (``ftplan.measure.lowprec_ref.measure_lowprec_step``): frozen / trainable / gradient /
 optimizer bytes and every saved tensor, against ``ftplan.memory.model_states`` and
 ``saved_activation_bytes(backend="cpu")``; then one ``linear_nf4`` call per shape against
-``torchao_nf4.nf4_dequant_peak_bytes``. ``tests/test_torchao_nf4_qlora.py`` keeps one case of
-each in CI. Run: ``PYTHONPATH=src python benchmarks/torchao_nf4_grid_cpu.py`` (~1 min).
+``torchao_nf4.nf4_dequant_peak_bytes``, and compiled with inductor (its fused dequantize).
+``tests/test_torchao_nf4_qlora.py`` keeps one case of each in CI. Run: ``PYTHONPATH=src python benchmarks/torchao_nf4_grid_cpu.py`` (~1 min).
 """
 
 from __future__ import annotations
@@ -65,7 +65,46 @@ def main() -> int:
         bad += not ok
         print(f"{'ok ' if ok else 'BAD'} linear_nf4 {out_f}x{in_f}, {tokens} tokens: saved {m.saved}, peak "
               f"forward {m.forward_peak_bytes} backward {m.backward_peak_bytes}, predicted {want}")
+    bad += _compiled_dequant()
     return 1 if bad else 0
+
+
+def _compiled_dequant(out_f: int = 512, in_f: int = 1024, tokens: int = 8) -> int:
+    """``torch.compile`` (inductor) of torchtune's ``FrozenNF4Linear``: the dequantize is one fused
+    kernel, so the forward + backward peak (the profiler's allocation events, inductor's buffers
+    included) is the bf16 weight plus the op outputs and gradients, not 14 bytes per element."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from ftplan.measure.torchtune_loss import _allocations
+    from ftplan.measure.torchtune_nf4 import FrozenNF4Linear
+    from ftplan.torchao_nf4 import nf4_dequant_peak_bytes
+
+    n, c = out_f * in_f, 2
+    peaks = {}
+    for backend in ("eager", "inductor"):
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        m = FrozenNF4Linear(torch.randn(out_f, in_f, dtype=torch.bfloat16))
+        f = m if backend == "eager" else torch.compile(m, backend=backend)
+        x = torch.randn(tokens, in_f, dtype=torch.bfloat16, requires_grad=True)
+        f(x).sum().backward()  # compile outside the profile
+        x.grad = None
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            y = f(x)
+            y.backward(torch.ones_like(y))
+        cur = peak = 0
+        for _t, _ptr, nbytes in _allocations(prof):
+            cur += nbytes
+            peak = max(peak, cur)
+        peaks[backend] = peak
+    outs = tokens * (2 * out_f + in_f) * c  # the output, its gradient, the input's gradient
+    ok = (nf4_dequant_peak_bytes(n) <= peaks["eager"] <= nf4_dequant_peak_bytes(n) + outs
+          and c * n <= peaks["inductor"] <= c * n + outs)
+    print(f"{'ok ' if ok else 'BAD'} FrozenNF4Linear {out_f}x{in_f}, {tokens} tokens, forward + backward peak: eager "
+          f"{peaks['eager']} ({peaks['eager'] / n:.3f} B/element), inductor {peaks['inductor']} "
+          f"({peaks['inductor'] / n:.3f} B/element); planned {nf4_dequant_peak_bytes(n)} / {c * n} + op outputs")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -327,7 +327,7 @@ def _qlora_frozen_bytes(model: ModelSpec, job: Job) -> tuple[Fraction, Fraction]
     return quant_bytes, Fraction(unquantized)
 
 
-def _nf4_dequant_bytes(model: ModelSpec, job: Job) -> int:
+def _nf4_dequant_bytes(model: ModelSpec, job: Job, compiled: bool) -> int:
     """torchtune's QLoRA (``quant_type="torchao-nf4"``): what torchao's ``linear_nf4`` allocates to
     dequantize its weight, at each call in the forward and again in the backward
     (``torchao_nf4.nf4_dequant_peak_bytes``: 8 n + 3 c n + c n / 64 for an n-element weight, 14 n
@@ -335,13 +335,16 @@ def _nf4_dequant_bytes(model: ModelSpec, job: Job) -> int:
     it. Autograd keeps no activation for it (only the ``NF4Tensor``), so the QLoRA layer saves
     what a LoRA layer on a compute-dtype base saves. In backward it comes on top of the layer's
     recomputed saved tensors (checkpointing) or of everything still saved; held on CPU in
-    ``tests/test_torchao_nf4_qlora.py``. 0 for other jobs."""
+    ``tests/test_torchao_nf4_qlora.py``. Compiled (``compiled``: the job's ``torch_compile``,
+    torchtune's ``compile_model``) inductor fuses the dequantize into one kernel that writes only the c n weight (measured on CPU,
+    ``benchmarks/torchao_nf4_grid_cpu.py``). 0 for other jobs."""
     if not job.torchao_nf4:
         return 0
     skip = set(job.quant.skip_modules)
     c = int(dtype_bytes(job.quant.compute_dtype))
-    return max((nf4_dequant_peak_bytes(lin.in_features * lin.out_features, c) for lin in model.linears()
-                if lin.is_module and lin.module not in skip), default=0)
+    return max((c * lin.in_features * lin.out_features if compiled
+                else nf4_dequant_peak_bytes(lin.in_features * lin.out_features, c)
+                for lin in model.linears() if lin.is_module and lin.module not in skip), default=0)
 
 
 def _autocast_weight_elems(model: ModelSpec, backend: str = "cuda") -> int:
@@ -2479,6 +2482,8 @@ def activation_parts(model: ModelSpec, job: Job, layout: Layout | None = None, *
     layout = layout or Layout()
     consts = consts or memory_constants()
     compile_note = ""
+    # (torchao NF4: the dequantize under torch.compile is fused, whatever the saved set is planned as)
+    nf4_dequant = _nf4_dequant_bytes(model, job, job.torch_compile)
     if quantized_base and job.torch_compile:
         # sharded QLoRA runs as LoRA on compute-dtype weights (activation_job), but its linears are
         # bitsandbytes' 4-bit layers: the compiled saved set is not modelled there
@@ -2536,7 +2541,7 @@ def activation_parts(model: ModelSpec, job: Job, layout: Layout | None = None, *
         recompute += (_recompute_weight_copy_bytes(model, job, layout, backend)
                       + _lowprec_recompute_copies(model, job, layout))
         if recompute:
-            recompute += _nf4_dequant_bytes(model, job)
+            recompute += nf4_dequant
     x0, bc0 = per_layer[0][1], base_copy[0]
     first_saved = t * model.hidden_size * dt.resid if ck_counts[0] else x0 + bc0
     # pipeline 1F1B: a stage holds layers/pp, for up to pp micro-batches in flight
@@ -2578,7 +2583,7 @@ def activation_parts(model: ModelSpec, job: Job, layout: Layout | None = None, *
     return ActivationParts(
         layers_saved_bytes=saved, sac_cache_bytes=sac, model_level_bytes=level,
         loss_saved_bytes=loss_device,
-        transient_bytes=max(recompute, logits_transient, attention_backward, _nf4_dequant_bytes(model, job)),
+        transient_bytes=max(recompute, logits_transient, attention_backward, nf4_dequant),
         recompute_bytes=recompute,
         loss_transient_bytes=logits_transient, checkpointed_layers=sum(ck_counts),
         offloaded_bytes=offloaded, host_pinned_bytes=pinned, device_saved_bytes=device,

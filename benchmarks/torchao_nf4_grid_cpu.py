@@ -7,7 +7,8 @@ counted (``ftplan.measure.lowprec_ref.measure_lowprec_step``): frozen / trainabl
 optimizer bytes and every saved tensor, against ``ftplan.memory.model_states`` and
 ``saved_activation_bytes(backend="cpu")``; then one ``linear_nf4`` call per shape against
 ``torchao_nf4.nf4_dequant_peak_bytes``, and compiled with inductor (its fused dequantize).
-``tests/test_torchao_nf4_qlora.py`` keeps one case of each in CI. Run: ``PYTHONPATH=src python benchmarks/torchao_nf4_grid_cpu.py`` (~1 min).
+``tests/test_torchao_nf4_qlora.py`` keeps one case of each in CI.
+Run: ``PYTHONPATH=src python benchmarks/torchao_nf4_grid_cpu.py`` (~1 min).
 """
 
 from __future__ import annotations

@@ -336,8 +336,8 @@ def _nf4_dequant_bytes(model: ModelSpec, job: Job, compiled: bool) -> int:
     what a LoRA layer on a compute-dtype base saves. In backward it comes on top of the layer's
     recomputed saved tensors (checkpointing) or of everything still saved; held on CPU in
     ``tests/test_torchao_nf4_qlora.py``. Compiled (``compiled``: the job's ``torch_compile``,
-    torchtune's ``compile_model``) inductor fuses the dequantize into one kernel that writes only the c n weight (measured on CPU,
-    ``benchmarks/torchao_nf4_grid_cpu.py``). 0 for other jobs."""
+    torchtune's ``compile_model``) inductor fuses the dequantize into one kernel that writes only
+    the c n weight (measured on CPU, ``benchmarks/torchao_nf4_grid_cpu.py``). 0 for other jobs."""
     if not job.torchao_nf4:
         return 0
     skip = set(job.quant.skip_modules)

@@ -14,7 +14,9 @@ Against bitsandbytes' nf4 with double quantization (``sharding.quant_state_bytes
 per 64, an fp32 absmax per 256 of them, a 256-entry fp32 code and offset, the 16-entry fp32 code)
 the difference is the dtype of the per-256 factors and the code tables: ~n / 8192 bytes less in
 bf16, 0.01 % of the 4-bit data. Held exact against torchao's ``NF4Tensor`` in
-``tests/test_torchtune_loss.py``. torchao refuses tensors whose size is not a multiple of 64, or
+``tests/test_torchtune_loss.py`` and ``tests/test_torchao_nf4_qlora.py`` (storage, FSDP2 shards
+and all-gather inputs, ``linear_nf4``'s saved tensors and dequantize peak). Planned as
+``Job.quant.quant_type == "torchao-nf4"`` (``memory``, ``sharding``, ``job._torchao_nf4_problems``). torchao refuses tensors whose size is not a multiple of 64, or
 whose number of blocks is not a multiple of 256 (``NF4Tensor.from_tensor`` /
 ``double_quantize_scalers`` assertions).
 """

@@ -215,7 +215,9 @@ class LoraSpec:
 @_hash_once
 @dataclass(frozen=True)
 class QuantSpec:
-    """bitsandbytes 4-bit quantization of the frozen base (QLoRA)."""
+    """4-bit quantization of the frozen base (QLoRA): bitsandbytes' nf4/fp4, or torchao's NF4 as
+    torchtune's QLoRA uses it (``quant_type="torchao-nf4"``: ``double_quant``, ``recipe``,
+    ``blocksize`` do not apply; its own rules in ``_torchao_nf4_problems``)."""
 
     quant_type: str = option("nf4", choices=QUANT_TYPES, label="quant type",
                              help="QLoRA 4-bit type: nf4 | fp4 (bitsandbytes) | torchao-nf4 (torchtune's QLoRA: "

@@ -10,7 +10,8 @@ date. ftplan's figure compared is ``peak_reserved_bytes`` for reserved-type meas
 ``device_total_bytes`` (reserved + CUDA context + NCCL communicators) for nvidia-smi readings.
 
 Rows whose job ftplan cannot express yet name what is missing in ``depends_on`` (chunked loss,
-selective activation checkpointing: issue 12's other half; torch.compile; torchao NF4): they are
+selective activation checkpointing: issue 12's other half; torch.compile; torchtune's own FSDP2
+wrapping): they are
 printed but left out of the statistics. The points check the formulas; no constant is fitted to
 them.
 """
@@ -77,6 +78,15 @@ def _loss(r: dict) -> str:
             "chunked_ce(8)": "torchtune"}.get(loss, "hf")
 
 
+def _quant(r: dict):
+    """The row's QLoRA quantization as ``Job.quant``: torchao's NF4 (``quant_type="torchao-nf4"``,
+    torchtune's QLoRA) where the row's stack or notes name it, else bitsandbytes' default."""
+    from ftplan.job import QuantSpec
+
+    text = f"{r.get('stack') or ''} {r.get('notes') or ''}".lower()
+    return QuantSpec(quant_type="torchao-nf4") if r["method"] == "qlora" and "torchao nf4" in text else QuantSpec()
+
+
 def job_and_layout(r: dict):
     from ftplan.job import Job, Layout, LoraSpec
 
@@ -88,7 +98,7 @@ def job_and_layout(r: dict):
               gradient_checkpointing=r["gradient_checkpointing"] == "1", checkpointing=_checkpointing(r),
               attn_impl=r["attn"] or "sdpa", lora=lora, loss=_loss(r), packing=r.get("packing") == "1",
               keep_output=r.get("keeps_output") == "1", base_dtype=r.get("base_dtype") or "compute",
-              torch_compile=r.get("torch_compile") == "1")
+              torch_compile=r.get("torch_compile") == "1", quant=_quant(r))
     layout = Layout(int(r["gpus_per_node"]), int(r["nodes"]), r["strategy"],
                     offload_optimizer=r["offload_optimizer"] == "1", offload_params=r["offload_params"] == "1",
                     fsdp_version=int(r["fsdp_version"] or 2),

@@ -179,6 +179,7 @@ def job_assumptions(job: Job, layout: Layout | None = None, *,
                               f"targets {','.join(lo.target_modules)}; adapters in {job.adapter_dtype}",
                               "`lora_r`, `lora_alpha`, `lora_dropout`, `lora_targets`",
                               "ftplan's defaults; " + (
+                                  "torchtune builds the adapters in its dtype" if job.torchao_nf4 else
                                   "TRL SFTTrainer casts a quantized model's adapters to bf16"
                                   if job.adapter_dtype == "bf16" else
                                   "PEFT get_peft_model keeps adapters in fp32 (autocast_adapter_dtype=True)")))
@@ -189,7 +190,19 @@ def job_assumptions(job: Job, layout: Layout | None = None, *,
             "`base_dtype=fp32`",
             "TRL SFTTrainer loads a model id in float32 unless model_init_kwargs sets dtype, and so does "
             "the trl sft command line by default (its ModelConfig dtype is float32)"))
-    if job.method == "qlora" and assumed("quant", "quant_type", "no_double_quant", "compute_dtype", "qlora_recipe"):
+    if job.torchao_nf4:
+        q = job.quant
+        out.append(Assumption("quant", {"quant_type": q.quant_type, "double_quant": True,
+                                        "compute_dtype": q.compute_dtype, "recipe": "torchtune"},
+                              "torchao NF4 (torchtune's QLoRA): every decoder-layer linear an NF4Tensor (block 64, "
+                              f"scalers double-quantized per 256), embedding, norms and output projection in "
+                              f"{q.compute_dtype}, adapters in {job.adapter_dtype}; linear_nf4 dequantizes its "
+                              "weight at each call (int64 code indices: 14 bytes per element in bf16, "
+                              "forward and backward)",
+                              "`quant_type`",
+                              "torchtune 0.3.1 modules/peft/lora.py (LoRALinear quantize_base), "
+                              "modules/low_precision/nf4_linear.py; torchao 0.18 nf4_tensor.py"))
+    elif job.method == "qlora" and assumed("quant", "quant_type", "no_double_quant", "compute_dtype", "qlora_recipe"):
         q = job.quant
         prep = ("prepare_model_for_kbit_training upcasts the non-quantized weights to fp32 (PEFT's recipe; "
                 "`qlora_recipe=trl` for TRL SFTTrainer's, which skips it and casts the adapters to bf16)"

@@ -82,7 +82,11 @@ BASE_DTYPES = ("compute", "fp32")
 OPTIMIZERS = ("adamw", "adamw_8bit", "paged_adamw_8bit", "adafactor", "sgd")
 STRATEGIES = ("single", "ddp", "zero1", "zero2", "zero3", "fsdp")
 ATTN_IMPLS = ("sdpa", "flash", "eager")
-QUANT_TYPES = ("nf4", "fp4")
+#: bitsandbytes' 4-bit types, and ``torchao-nf4``: torchao's ``NF4Tensor`` as torchtune's QLoRA uses it
+#: (``to_nf4(w, 64, 256)`` on every decoder-layer linear; ``ftplan.torchao_nf4``)
+QUANT_TYPES = ("nf4", "fp4", "torchao-nf4")
+#: the torchao NF4 quant type (torchtune's QLoRA)
+TORCHAO_NF4 = "torchao-nf4"
 #: how the optimizer step is implemented: one fused kernel (HF Trainer ``adamw_torch_fused``, torch
 #: ``fused=True``), torch's default multi-tensor ``foreach`` path, or the per-tensor for-loop
 OPTIMIZER_IMPLS = ("fused", "foreach", "forloop")
@@ -211,9 +215,13 @@ class LoraSpec:
 @_hash_once
 @dataclass(frozen=True)
 class QuantSpec:
-    """bitsandbytes 4-bit quantization of the frozen base (QLoRA)."""
+    """4-bit quantization of the frozen base (QLoRA): bitsandbytes' nf4/fp4, or torchao's NF4 as
+    torchtune's QLoRA uses it (``quant_type="torchao-nf4"``: ``double_quant``, ``recipe``,
+    ``blocksize`` do not apply; its own rules in ``_torchao_nf4_problems``)."""
 
-    quant_type: str = option("nf4", choices=QUANT_TYPES, label="quant type", help="QLoRA 4-bit type: nf4 | fp4")
+    quant_type: str = option("nf4", choices=QUANT_TYPES, label="quant type",
+                             help="QLoRA 4-bit type: nf4 | fp4 (bitsandbytes) | torchao-nf4 (torchtune's QLoRA: "
+                                  "torchao NF4Tensor bases, pure bf16/fp32, adapters in that dtype)")
     double_quant: bool = option(True, name="no_double_quant", invert=True,
                                 help="QLoRA without double quantization of the quantization constants")
     compute_dtype: str = option("bf16", choices=COMPUTE_DTYPES, label="QLoRA compute dtype",
@@ -337,15 +345,23 @@ class Job:
         return self.method == "qlora"
 
     @property
+    def torchao_nf4(self) -> bool:
+        """torchtune's QLoRA: torchao ``NF4Tensor`` base weights (``quant_type="torchao-nf4"``), every
+        other weight and the adapters in the precision's dtype (no kbit preparation, no autocast)."""
+        return self.method == "qlora" and self.quant.quant_type == TORCHAO_NF4
+
+    @property
     def kbit_upcast(self) -> bool:
         """QLoRA through ``prepare_model_for_kbit_training``: every non-quantized weight in fp32."""
-        return self.method == "qlora" and self.quant.recipe == "peft"
+        return self.method == "qlora" and self.quant.recipe == "peft" and not self.torchao_nf4
 
     @property
     def adapter_dtype(self) -> str:
         """dtype of the LoRA adapters: fp32 (PEFT's ``autocast_adapter_dtype=True``), or bf16 under
         TRL's QLoRA recipe (``SFTTrainer`` casts a quantized model's trainable parameters to
         ``torch.bfloat16``, whatever the compute dtype)."""
+        if self.torchao_nf4:
+            return self.quant.compute_dtype  # torchtune builds the model in its dtype (validated equal)
         if self.method == "qlora" and self.quant.recipe == "trl":
             return "bf16"
         return "fp32"
@@ -743,6 +759,46 @@ def planned_attention(model: ModelSpec, job: Job) -> tuple[Job, str | None]:
     return job, None
 
 
+def _torchao_nf4_problems(model: ModelSpec, job: Job, layout: Layout) -> list[Problem]:
+    """What torchtune 0.3.1's QLoRA (torchao 0.18's ``NF4Tensor``) runs, and what ftplan held of it:
+    a pure precision (torchtune's ``dtype``), dense decoder layers whose linears have no bias
+    (``FrozenNF4Linear`` / ``LoRALinear(quantize_base=True)`` refuse one), one GPU or FSDP2 over
+    one shard dimension (torchtune's ``load_from_full_model_state_dict`` refuses a 2-D mesh),
+    and sizes torchao accepts (``ftplan.torchao_nf4.nf4_problems``)."""
+    from .torchao_nf4 import nf4_problems
+
+    p: list[Problem] = []
+    hint = "use `quant_type=nf4` (bitsandbytes) for this job"
+    prec = PRECISIONS.get(job.precision, {}).get("compute")
+    _check(job.precision in ("bf16", "fp32") and job.low_precision is None, p,
+           f"torchao-nf4 is torchtune's QLoRA, which trains in its `dtype` (bf16 or fp32) without autocast; "
+           f"precision is {job.precision_label}", "precision", "use `precision=bf16`")
+    _check(prec is None or job.quant.compute_dtype == prec, p,
+           f"torchao NF4 dequantizes to the weight's dtype: the compute dtype must be the precision's ({prec}), "
+           f"not {job.quant.compute_dtype}", "compute_dtype", f"use `compute_dtype={prec}`")
+    _check(job.quant.double_quant, p, "torchao's NF4Tensor always double-quantizes its block scalers",
+           "no_double_quant", "drop `no_double_quant`")
+    _check(job.quant.recipe == "peft", p, "qlora_recipe picks how PEFT/TRL prepare a bitsandbytes model; "
+           "torchao-nf4 follows torchtune's recipe", "qlora_recipe", "drop `qlora_recipe`")
+    _check(not model.is_moe and not model.is_hybrid, p,
+           f"torchao-nf4 (torchtune 0.3.1's QLoRA builders) is planned for dense decoder layers; {model.name} "
+           "is not", "quant_type", hint)
+    biased = sorted({lin.module for lin in model.linears() if lin.is_module and lin.bias
+                     and lin.module not in job.quant.skip_modules})
+    _check(not biased, p, f"torchtune's NF4 linears (FrozenNF4Linear, LoRALinear with quantize_base) refuse a "
+           f"bias; {model.name}'s {', '.join(biased)} have one", "quant_type", hint)
+    _check(layout.strategy in ("single", "fsdp") and layout.fsdp_version == 2 and layout.tp == 1
+           and layout.pp == 1 and layout.ep == 1 and not layout.hsdp and not layout.offload_params, p,
+           "torchao-nf4 is planned on one GPU or under FSDP2 sharding one dimension (torchtune's "
+           "lora_finetune_distributed), without TP, PP, EP, HSDP or parameter offload", "strategy",
+           "use `strategy=fsdp` (FSDP2) or one GPU")
+    shard = layout.shard_degree if layout.strategy == "fsdp" else 1
+    for msg in nf4_problems(((lin.module, lin.out_features, lin.in_features) for lin in model.linears()
+                             if lin.is_module and lin.module not in job.quant.skip_modules), shard):
+        p.append(Problem("quant_type", f"{model.name}: {msg}", hint))
+    return p
+
+
 def validate_job(model: ModelSpec, job: Job, layout: Layout | None = None) -> None:
     """Raise one ``ConfigError`` listing every problem with ``job``/``layout`` for ``model``.
 
@@ -892,5 +948,7 @@ def validate_job(model: ModelSpec, job: Job, layout: Layout | None = None) -> No
                "drop `activation_offloading` or `base_dtype`")
     if job.method == "qlora" and layout.strategy in ("zero3", "fsdp"):
         pass  # supported by accelerate/FSDP-QLoRA with bnb_4bit_quant_storage; modelled as sharded
+    if job.torchao_nf4:
+        p += _torchao_nf4_problems(model, job, layout)
     if p:
         raise ConfigError(problems=p)

@@ -28,6 +28,7 @@ from .model import (FAMILIES, LAYER_INPUT_PROJECTIONS, AttentionSpec, GatedDelta
                     planned_as_note, unmodelled_dropout_note)
 from .sharding import (activation_job, casts_whole_module, checkpointed_counts, communicator_groups, engine_compute,
                        layout_memory, quant_state_bytes)
+from .torchao_nf4 import nf4_dequant_peak_bytes, nf4_tensor_bytes
 from .units import dtype_bytes
 
 __all__ = [
@@ -312,11 +313,38 @@ def _qlora_frozen_bytes(model: ModelSpec, job: Job) -> tuple[Fraction, Fraction]
     skip = set(job.quant.skip_modules)
     quantized = sum(lin.count * lin.in_features * lin.out_features for lin in model.linears()
                     if lin.is_module and lin.module not in skip)
+    if job.torchao_nf4:
+        # torchtune's QLoRA: every decoder-layer linear an NF4Tensor (codes, int8 block scalers,
+        # compute-dtype factors and tables: torchao_nf4.nf4_tensor_bytes), the rest in its dtype
+        c = int(dtype_bytes(job.quant.compute_dtype))
+        quant_bytes = Fraction(sum(lin.count * nf4_tensor_bytes(lin.in_features * lin.out_features, c)
+                                   for lin in model.linears() if lin.is_module and lin.module not in skip))
+        return quant_bytes, Fraction(model.params.total - quantized)
     consts = quant_state_bytes(model, job)
     quant_bytes = Fraction(quantized, 2) + consts
     # biases of quantized layers stay in the compute dtype
     unquantized = model.params.total - quantized
     return quant_bytes, Fraction(unquantized)
+
+
+def _nf4_dequant_bytes(model: ModelSpec, job: Job, compiled: bool) -> int:
+    """torchtune's QLoRA (``quant_type="torchao-nf4"``): what torchao's ``linear_nf4`` allocates to
+    dequantize its weight, at each call in the forward and again in the backward
+    (``torchao_nf4.nf4_dequant_peak_bytes``: 8 n + 3 c n + c n / 64 for an n-element weight, 14 n
+    in bf16, against the 2 n of the weight itself); the largest quantized linear of a layer sets
+    it. Autograd keeps no activation for it (only the ``NF4Tensor``), so the QLoRA layer saves
+    what a LoRA layer on a compute-dtype base saves. In backward it comes on top of the layer's
+    recomputed saved tensors (checkpointing) or of everything still saved; held on CPU in
+    ``tests/test_torchao_nf4_qlora.py``. Compiled (``compiled``: the job's ``torch_compile``,
+    torchtune's ``compile_model``) inductor fuses the dequantize into one kernel that writes only
+    the c n weight (measured on CPU, ``benchmarks/torchao_nf4_grid_cpu.py``). 0 for other jobs."""
+    if not job.torchao_nf4:
+        return 0
+    skip = set(job.quant.skip_modules)
+    c = int(dtype_bytes(job.quant.compute_dtype))
+    return max((c * lin.in_features * lin.out_features if compiled
+                else nf4_dequant_peak_bytes(lin.in_features * lin.out_features, c)
+                for lin in model.linears() if lin.is_module and lin.module not in skip), default=0)
 
 
 def _autocast_weight_elems(model: ModelSpec, backend: str = "cuda") -> int:
@@ -2460,6 +2488,8 @@ def activation_parts(model: ModelSpec, job: Job, layout: Layout | None = None, *
     layout = layout or Layout()
     consts = consts or memory_constants()
     compile_note = ""
+    # (torchao NF4: the dequantize under torch.compile is fused, whatever the saved set is planned as)
+    nf4_dequant = _nf4_dequant_bytes(model, job, job.torch_compile)
     if quantized_base and job.torch_compile:
         # sharded QLoRA runs as LoRA on compute-dtype weights (activation_job), but its linears are
         # bitsandbytes' 4-bit layers: the compiled saved set is not modelled there
@@ -2516,6 +2546,8 @@ def activation_parts(model: ModelSpec, job: Job, layout: Layout | None = None, *
             saved -= sum(d for i, d in nope.items() if i % job.checkpoint_every)
         recompute += (_recompute_weight_copy_bytes(model, job, layout, backend)
                       + _lowprec_recompute_copies(model, job, layout))
+        if recompute:
+            recompute += nf4_dequant
     x0, bc0 = per_layer[0][1], base_copy[0]
     first_saved = t * model.hidden_size * dt.resid if ck_counts[0] else x0 + bc0
     # pipeline 1F1B: a stage holds layers/pp, for up to pp micro-batches in flight
@@ -2557,7 +2589,8 @@ def activation_parts(model: ModelSpec, job: Job, layout: Layout | None = None, *
     return ActivationParts(
         layers_saved_bytes=saved, sac_cache_bytes=sac, model_level_bytes=level,
         loss_saved_bytes=loss_device,
-        transient_bytes=max(recompute, logits_transient, attention_backward), recompute_bytes=recompute,
+        transient_bytes=max(recompute, logits_transient, attention_backward, nf4_dequant),
+        recompute_bytes=recompute,
         loss_transient_bytes=logits_transient, checkpointed_layers=sum(ck_counts),
         offloaded_bytes=offloaded, host_pinned_bytes=pinned, device_saved_bytes=device,
         autocast_cache_bytes=cache, forward_peak_bytes=forward_peak,
@@ -2772,7 +2805,9 @@ def estimate_memory(
     # FSDP's mixed precision and DeepSpeed's bf16 mode run the model on compute-dtype weights:
     # activations are those of pure compute-dtype training, but for an fp32 path transformers
     # keeps (FSDP runs under accelerate's autocast, DeepSpeed does not: sharding.engine_compute)
-    act = activation_parts(model, activation_job(job, lm), layout, backend=backend, consts=consts,
+    # (torchtune's QLoRA trains in one dtype already: its own activations, bf16 adapters included)
+    act = activation_parts(model, job if job.torchao_nf4 else activation_job(job, lm), layout, backend=backend,
+                           consts=consts,
                            engine_compute=engine_compute(job, layout), quantized_base=job.method == "qlora")
     saved, logits_saved, transient = act.device_saved_bytes, act.loss_saved_bytes, act.transient_bytes
     if act.compile_note:

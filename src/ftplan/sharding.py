@@ -41,6 +41,7 @@ from fractions import Fraction
 from .catalog.constants import MemoryConstants
 from .job import PRECISIONS, Job, Layout, lora_targets, lora_wraps_experts
 from .model import LAYER_INPUT_PROJECTIONS, LayerGroup, ModelSpec, layer_group_order, layer_linears, mlp_linears
+from .torchao_nf4 import nf4_element_bytes, nf4_table_bytes
 from .units import dtype_bytes
 
 __all__ = ["LayoutMemory", "layout_memory", "communicator_groups", "activation_job", "engine_compute", "fsdp_units",
@@ -87,6 +88,11 @@ def quant_state_bytes(model: ModelSpec, job: Job) -> int:
     q = job.quant
     skip = set(q.skip_modules)
     total = 0
+    if job.torchao_nf4:
+        # torchao's NF4Tensor: only its scaler mean and 16-entry code stay whole on every rank
+        # (the codes, scalers and factors are the tensor's elements: _layer_tensors)
+        table = nf4_table_bytes(int(dtype_bytes(q.compute_dtype)))
+        return sum(lin.count * table for lin in model.linears() if lin.is_module and lin.module not in skip)
     for lin in model.linears():
         if lin.is_module and lin.module not in skip:
             blocks = -(-(lin.in_features * lin.out_features) // q.blocksize)
@@ -222,6 +228,8 @@ def _stored_bytes(job: Job, engine: str) -> tuple[Fraction, Fraction]:
     # and skips prepare_model_for_kbit_training's fp32 upcast (TRL's is_sharded_qlora path, PEFT's
     # FSDP-QLoRA recipe, ftplan's exported train.py; FSDP1's flat parameters need one dtype): the
     # non-quantized weights stay in that dtype
+    if job.torchao_nf4:  # torchtune's QLoRA: adapters and unquantized weights in its one dtype
+        return dtype_bytes(job.adapter_dtype), dtype_bytes(job.unquantized_dtype)
     if job.method == "qlora":
         return Fraction(4), _quant_storage_bytes(job) if engine in ("fsdp1", "fsdp2") else Fraction(4)
     return Fraction(4), dtype_bytes(job.frozen_dtype)
@@ -250,7 +258,11 @@ def _layer_tensors(model: ModelSpec, g: LayerGroup, job: Job, tb: Fraction, fb: 
             out.append(Tensor(h, h, wb, full))
     for lin in layer_linears(model, g):
         n = lin.in_features * lin.out_features
-        if job.method == "qlora" and lin.module not in skip:
+        if job.torchao_nf4 and lin.module not in skip:
+            # torchao's NF4Tensor, sharded on dim 0 (its rows) and gathered as its codes, int8 block
+            # scalers and factors (NF4Tensor.fsdp_pre_all_gather); the tables: quant_state_bytes
+            out.append(Tensor(lin.out_features, n, nf4_element_bytes(int(dtype_bytes(job.quant.compute_dtype))), False))
+        elif job.method == "qlora" and lin.module not in skip:
             # Params4bit with a float quant storage (bnb_4bit_quant_storage): n/2 bytes packed into
             # n / (2 * storage bytes) elements, shape (elements, 1)
             sb = _quant_storage_bytes(job)

@@ -346,6 +346,9 @@ def _need(module: str, why: str, pip: str) -> None:
 
 def check_machine(job, layout) -> Machine:
     """What this machine can run of ``job``/``layout``; ``ConfigError`` for what it cannot."""
+    if job.torchao_nf4:
+        raise ConfigError("ftplan train runs the TRL/PEFT/bitsandbytes script; torchao-nf4 plans torchtune's QLoRA",
+                          "use `quant_type=nf4`, or torchtune's own recipe")
     if layout.nodes > 1:
         raise ConfigError(f"ftplan train runs on this machine; the plan spans {layout.nodes} nodes",
                           "use `ftplan export` for a multi-node launch, or `nodes=1`")

@@ -68,6 +68,9 @@ def _is_moe(model) -> bool:
 def _engine(layout: Layout, job: Job, target: str, model) -> tuple[str | None, str]:
     """(kind or None, reason when None)."""
     s = layout.strategy
+    if job.torchao_nf4:
+        return None, ("torchao-nf4 is torchtune's QLoRA (its own recipes and model code): no export target "
+                      "writes a torchtune config; `quant_type=nf4` is bitsandbytes' QLoRA, which they export")
     if layout.pp > 1:
         return None, _PP
     if layout.tp > 1:

@@ -347,6 +347,10 @@ def check_measurable(job) -> None:
     if job.keep_output:
         raise ConfigError("ftplan measure runs HF Trainer's step, which drops the model output before backward",
                           "leave `keep_output` off", field="keep_output")
+    if job.torchao_nf4:
+        raise ConfigError("ftplan measure runs transformers + bitsandbytes QLoRA; torchao-nf4 plans torchtune's "
+                          "QLoRA (benchmarks/torchao_nf4_grid_cpu.py holds it on CPU)",
+                          "use `quant_type=nf4`", field="quant_type")
 
 
 def _check_setup(job, device: str) -> None:

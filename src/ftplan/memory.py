@@ -1356,6 +1356,18 @@ def _moe_saved(m: MoeSpec, t: int, h: int, dt: _Dtypes, tp: int, wrapped: bool =
             # fp32; under autocast its compute-dtype recast). PEFT's wrapped router: the merged
             # weight below
             out += m.num_experts * h * r
+    elif m.router == "deepseek_v2":
+        # DeepSeek-V3's fp32 linear (the logits in the compute dtype under autocast), then an fp32
+        # softmax (its output kept), top-k of it (the ids kept; group_limited_greedy's masked_fill
+        # keeps its bool mask of the experts left), never renormalised; the top-k probabilities
+        # times routed_scaling_factor, fp32, gathered per row by the experts
+        r = c if dt.autocast or dt.engine_compute == "autocast" else 4
+        router_in = t * h * r
+        out = t * m.num_experts * 4 + routed * 8 + (t * m.num_experts if m.group_limited else 0)
+        per_row = routed * 4
+        w_bytes = 4
+        if dt.engine_compute and c != 4 and not wrapped:
+            out += m.num_experts * h * r  # the engine's compute-dtype weight's fp32 copy (as deepseek_v3)
     elif m.router == "ernie4_5_moe":
         # autocast off: ``x.float()`` (an fp32 copy unless x is fp32 already, the norm's output
         # then) through the fp32 weight; the fp32 softmax, the top-k ids (top-k over the
@@ -1392,7 +1404,8 @@ def _moe_saved(m: MoeSpec, t: int, h: int, dt: _Dtypes, tp: int, wrapped: bool =
         # (DeepSpeed's cast deepseek_v3 router: the linear saves the fp32 copy of the bf16 merged
         # weight, ``weight.float()``, which no autocast turns back)
         # (ernie4_5_moe: the merged router weight is fp32, autocast off)
-        router_w = 4 if (m.router == "deepseek_v3" and dt.engine_compute == "cast") or m.router == "ernie4_5_moe" \
+        router_w = 4 if (m.router in ("deepseek_v3", "deepseek_v2") and dt.engine_compute == "cast") \
+            or m.router == "ernie4_5_moe" \
             else c
         # the merged experts ``W + BA`` take the base weight's dtype (type promotion over the
         # compute-dtype delta) and grouped_mm runs in it and saves the merged weight itself: fp32
@@ -1962,7 +1975,7 @@ def _model_level_saved(model: ModelSpec, job: Job, dt: _Dtypes) -> int:
     out = t * 8 if dt.full else 0  # embedding backward keeps the token ids
     if dt.full and dt.engine_compute and FAMILIES[model.family].gemma4:
         out += dt.compute  # the embedding's 0-dim scale in the gathered weight's dtype
-    if not a.is_mla:
+    if not a.is_mla or a.complex_rope:  # (deepseek_v2's complex table: _rope_bytes)
         out += _rope_bytes(model, job, dt)  # RoPE cos, sin: (1, s, d), shared
     else:
         out += 2 * s * a.qk_rope_head_dim * dt.resid
@@ -2269,6 +2282,8 @@ def _rope_bytes(model: ModelSpec, job: Job, dt: _Dtypes) -> int:
     a = model.attention
     if FAMILIES[model.family].rope_interleave_tables and job.ac_mode == "none":
         return 0  # ernie4_5: the layers save their own interleaved copies; only the closures keep these
+    if a.is_mla and a.complex_rope:
+        return s * a.qk_rope_head_dim * 4  # deepseek_v2: one complex64 freqs_cis (1, s, d / 2)
     if a.is_mla:
         return 2 * s * a.qk_rope_head_dim * dt.resid
     # gemma3 keeps a second pair for its local layers; gpt_oss's tables are half-width (the

@@ -163,6 +163,10 @@ class Family:
     #: the per-head q/k RMSNorms run after the rotary embedding (hunyuan_v1_dense:
     #: ``query_layernorm(apply_rotary_pos_emb(q))``), on q/k in the rope's output dtype
     qk_norm_after_rope: bool = False
+    #: the MLA attention rotates q_pe / k_pe through ``view_as_complex`` of fp32 copies times one
+    #: shared complex64 ``freqs_cis`` table (deepseek_v2: ``apply_rotary_emb``), cast back to the
+    #: projections' dtype, instead of DeepSeek-V3's cos/sin tables
+    mla_complex_rope: bool = False
 
 
 #: first transformers wheel with models/gemma4: 5.5.0 (the 5.4.0 wheel has none; checked with
@@ -638,6 +642,27 @@ FAMILIES: dict[str, Family] = {
             qkv_bias_key="use_bias", o_bias_key="use_bias", mlp_bias_key="use_bias", fp32_rope=True,
             rope_interleave_tables=True, moe="ernie4_5_moe",
         ),
+        Family(
+            # DeepSeek-V2 / V2-Lite / Coder-V2 (DeepseekV2Config, transformers 5.24): DeepSeek-V3's
+            # MLA attention (q_lora_rank null: one q_proj, as V2-Lite) with a complex rope
+            # (``view_as_complex`` of fp32 copies of q_pe / k_pe times one complex64 ``freqs_cis``
+            # table, cast back), and DeepSeek-V3's block layout (fused experts of
+            # moe_intermediate_size, n_shared_experts shared experts fused into one MLP, the first
+            # first_k_dense_replace layers dense) behind DeepSeek-V2's router: an fp32 linear (fp32
+            # ``gate.weight``), an fp32 softmax, top-k of the probabilities (``greedy``) or of those
+            # left in the topk_group best of n_group groups (``group_limited_greedy``), never
+            # renormalised, times routed_scaling_factor. transformers maps deepseek_v2 onto
+            # qwen2_moe's conversions: PEFT's all-linear wraps the experts and the router
+            "deepseek_v2",
+            {**{k: v for k, v in _LLAMA_LIKE.items() if k != "sliding_window"}, "vocab_size": 102400,
+             "intermediate_size": 11008, "mlp_bias": False, "first_k_dense_replace": 0,
+             "kv_lora_rank": 512, "q_lora_rank": 1536, "n_group": None, "n_routed_experts": 64,
+             "n_shared_experts": 2, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+             "routed_scaling_factor": 1.0, "topk_group": None, "topk_method": "greedy",
+             "norm_topk_prob": False, "v_head_dim": 128, "num_experts_per_tok": None,
+             "moe_intermediate_size": 1407},
+            moe="deepseek_v2", mla=True, mlp_bias_key="mlp_bias", mla_complex_rope=True,
+        ),
     ]
 }
 
@@ -683,6 +708,7 @@ _ARCH_TO_TYPE = {
     "Dots1ForCausalLM": "dots1",
     "HunYuanDenseV1ForCausalLM": "hunyuan_v1_dense",
     "Ernie4_5_MoeForCausalLM": "ernie4_5_moe",  # (transformers' class and the remote-code one share the name)
+    "DeepseekV2ForCausalLM": "deepseek_v2",
 }
 #: text model_types that name a family under another key (the inner type of a multimodal config)
 _TEXT_TYPE_ALIASES = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe", "llama4": "llama4_text",
@@ -906,6 +932,9 @@ class MoeSpec:
     #: ``requires_grad=False`` (ernie4_5_moe), not a buffer: counted in the parameters (router),
     #: stored in fp32 whatever the model's dtype, never trained
     frozen_bias_param: bool = False
+    #: deepseek_v2's ``group_limited_greedy``: the router zeroes the experts outside the
+    #: topk_group best groups (``masked_fill``, which keeps its bool mask) before the top-k
+    group_limited: bool = False
 
     @property
     def computed_experts(self) -> int:
@@ -1539,7 +1568,7 @@ def model_from_config(
         attn = AttentionSpec(
             num_heads=heads, num_kv_heads=heads, head_dim=nope + rope, v_head_dim=v_dim,
             qkv_bias=bias, o_bias=bias, q_lora_rank=q_rank, kv_lora_rank=kv_rank, qk_rope_head_dim=rope,
-            query_pos_scale=mt == "mistral4",
+            query_pos_scale=mt == "mistral4", complex_rope=fam.mla_complex_rope,
         )
     else:
         hd = head_dim or h // heads
@@ -1930,7 +1959,7 @@ def _layer_plan(fam: Family, c: _Check, n: int) -> _LayerPlan:
     elif fam.moe == "deepseek_v3" and fam.mlp_layer_types:
         moe_at, any_moe = _mlp_layer_types(c, n)
         cuts.update(range(n) if cfg.get("mlp_layer_types") is not None else (min(1, n),))
-    elif fam.moe in ("deepseek_v3", "mistral4", "lfm2_moe"):
+    elif fam.moe in ("deepseek_v3", "mistral4", "lfm2_moe", "deepseek_v2"):
         # (lfm2_moe: the first num_dense_layers layers are dense)
         k = c.int("num_dense_layers" if fam.moe == "lfm2_moe" else "first_k_dense_replace", minimum=0,
                   optional=True) or 0
@@ -2174,20 +2203,49 @@ def _moe_spec(fam: Family, c: _Check, any_moe: bool) -> MoeSpec | None:
         # (Dots1MoE always builds its shared expert MLP: Dots1Config's n_shared_experts null fails)
         shared_n = c.int("n_shared_experts", minimum=0, optional=fam.model_type != "dots1") or 0
         # mistral4: DeepSeek-V2's softmax router on DeepSeek-V3's block
-        router = "mistral4" if fam.moe == "mistral4" else "deepseek_v3"
-        if fam.moe == "mistral4" or c.cfg.get("norm_topk_prob") is not None:
+        router = fam.moe if fam.moe in ("mistral4", "deepseek_v2") else "deepseek_v3"
+        if fam.moe == "deepseek_v2":  # DeepseekV2TopkRouter never renormalises (norm_topk_prob unread)
+            renorm = False
+            _deepseek_v2_router_checks(c, experts)
+        elif fam.moe == "mistral4" or c.cfg.get("norm_topk_prob") is not None:
             # (DeepseekV3Config's default is True: a deepseek_v3 config without the key renormalises)
             renorm = c.bool("norm_topk_prob")
-        shared = MlpSpec(inter * shared_n) if shared_n and inter else None
+        # (deepseek_v2: mlp_bias puts biases on the shared experts' projections too)
+        shared = MlpSpec(inter * shared_n, bias=fam.moe == "deepseek_v2" and c.bool("mlp_bias")) \
+            if shared_n and inter else None
     if experts is not None and top_k is not None and top_k > experts:
         c.bad(f"num_experts_per_tok={top_k} exceeds the {experts} experts")
     if experts is None or top_k is None or inter is None or not any_moe:
         return None
     return MoeSpec(experts, top_k, inter, shared, router=router,
-                   router_fp32=router in ("deepseek_v3", "ernie4_5_moe"),
+                   router_fp32=router in ("deepseek_v3", "ernie4_5_moe", "deepseek_v2"),
                    bias=router == "gpt_oss", shared_gate=fam.moe in ("qwen3_5_moe", "qwen3_next"),
                    renormalize=renorm, dense_dispatch=router == "llama4",
-                   frozen_bias_param=router == "ernie4_5_moe")
+                   frozen_bias_param=router == "ernie4_5_moe",
+                   group_limited=router == "deepseek_v2" and c.cfg.get("topk_method") == "group_limited_greedy")
+
+
+def _deepseek_v2_router_checks(c: _Check, experts: int | None) -> None:
+    """What DeepseekV2TopkRouter runs: ``greedy`` or ``group_limited_greedy`` (any other
+    topk_method leaves its top-k undefined: transformers fails), the latter with n_group groups
+    dividing the experts and topk_group of them; ``moe_layer_freq`` (DeepSeek's remote code) is not
+    read by transformers, which makes every layer from first_k_dense_replace on an MoE layer."""
+    method = c.cfg.get("topk_method")
+    if method not in ("greedy", "group_limited_greedy"):
+        c.bad(f"topk_method={_show(method)}: transformers' DeepseekV2TopkRouter runs only 'greedy' and "
+              "'group_limited_greedy' (it fails on any other)")
+    elif method == "group_limited_greedy":
+        groups = c.int("n_group", optional=True)
+        top = c.int("topk_group", optional=True)
+        if groups is None or top is None:
+            c.bad("topk_method='group_limited_greedy' needs integer n_group and topk_group "
+                  "(DeepseekV2TopkRouter divides by n_group and takes topk_group groups)")
+        elif experts is not None and (experts % groups or top > groups):
+            c.bad(f"n_group={groups} must divide the {experts} experts and be at least topk_group={top}")
+    freq = c.cfg.get("moe_layer_freq", 1)
+    if freq != 1:
+        c.bad(f"moe_layer_freq={_show(freq)}: transformers' DeepseekV2DecoderLayer ignores it (every layer "
+              "from first_k_dense_replace on is MoE), so it would not build this checkpoint's model")
 
 
 def layer_group_order(model: ModelSpec) -> list[int]:

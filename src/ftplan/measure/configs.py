@@ -910,3 +910,33 @@ TINY_CONFIGS["ernie4_5_moe"] = {
     "moe_layer_start_index": 1,
     "tie_word_embeddings": True,
 }
+
+
+#: deepseek_v2: DeepSeek-V2-Lite's layers, shrunk: MLA with ``q_lora_rank`` null (one q_proj),
+#: kv_lora_rank 16, qk_nope 16 + qk_rope 8 (the complex rope), v_head_dim 16; layer 0 dense
+#: (``first_k_dense_replace=1``, an MLP of 120), layers 1-2 DeepSeek-V2's MoE block (8 experts top-2
+#: of ``moe_intermediate_size=24``, 2 shared experts fused into one MLP of 48, the fp32 softmax router,
+#: ``greedy``, routed_scaling_factor 1.5); untied.
+TINY_CONFIGS["deepseek_v2"] = {
+    "model_type": "deepseek_v2",
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 120,
+    "moe_intermediate_size": 24,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "q_lora_rank": None,
+    "kv_lora_rank": 16,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8,
+    "v_head_dim": 16,
+    "n_routed_experts": 8,
+    "n_shared_experts": 2,
+    "num_experts_per_tok": 2,
+    "first_k_dense_replace": 1,
+    "topk_method": "greedy",
+    "routed_scaling_factor": 1.5,
+    "max_position_embeddings": 256,
+    "tie_word_embeddings": False,
+}

@@ -349,7 +349,7 @@ def _first_layer_frozen_a(model: ModelSpec, job: Job) -> int:
         return 0
     targets = lora_targets(model, job.lora)
     return sum(job.lora.r * lin.in_features for lin in layer_linears(model, model.groups[0])
-               if lin.module in _READS_LAYER_INPUT and lin.module in targets)
+               if lin.module in _layer_input_modules(model) and lin.module in targets)
 
 
 def _autocast_recompute(job: Job, layout: Layout) -> bool:
@@ -762,6 +762,12 @@ def _norm_saved(t: int, width: int, in_bytes: int, trainable: bool, *, rows: int
         out += (width if weight is None else weight) * 4 + (t * width * 4 if trainable else 0)
     elif style == "gpt_oss":
         out += t * width * 4 if trainable else 0
+    elif style == "cohere":
+        # Cohere2LayerNorm: ``x - mean`` twice (pow(2) keeps the first, the product the second),
+        # the fp32 rsqrt; ``weight.float() * x_normed`` keeps the normalised tensor (trainable
+        # weight) and the fp32 weight (a copy where the weight is not fp32: ``weight_bytes``)
+        out = 2 * t * width * 4 + rows * 4 + (t * width * 4 if trainable else 0)
+        out += (width if weight is None else weight) * 4 if weight_bytes != 4 else 0
     elif trainable:
         out += t * width * in_bytes
     return out
@@ -813,7 +819,7 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
         if g.norms_per_layer >= 4:  # gemma: post-attention norm (on o_proj output) and pre/post feed-forward
             total += (2 * _norm_saved(t, h, c, dt.full, style=style, weight_bytes=nw)
                       + _norm_saved(t, h, dt.resid, dt.full, style=style, weight_bytes=nw))
-        else:
+        elif not FAMILIES[model.family].parallel_block:  # (cohere2: one norm per layer)
             total += _norm_saved(t, h, dt.resid, dt.full, style=style)  # post-attention norm
     masked = _masked(g, job, s)
     if g.linear_attention is not None:
@@ -909,6 +915,8 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
                 total += t * heads * a.head_dim * 4
     if g.mlp is not None:
         total += _mlp_saved(g.mlp, t, h, dt, tp, g.norms_per_layer == 4)
+        if FAMILIES[model.family].parallel_block and dt.full and dt.norm_out == dt.compute:
+            total -= t * h * dt.compute  # (cohere2) gate/up read the norm output q/k/v saved: one storage
         if g.mlp.out_dropout:  # seed_oss: residual dropout on down_proj's output keeps its mask
             total += t * h * _dropout_mask_bytes(dt.base_out, backend)
     if g.moe is not None and g.moe.router == "gemma4":
@@ -1016,7 +1024,7 @@ def _compiled_first_layer_discount(model: ModelSpec, job: Job, dt: _Dtypes) -> i
     if job.lora.dropout > 0:
         targets = lora_targets(model, job.lora)
         out += sum(t * h for lin in layer_linears(model, model.groups[0])
-                   if lin.module in _READS_LAYER_INPUT and lin.module in targets)
+                   if lin.module in _layer_input_modules(model) and lin.module in targets)
     return out
 
 
@@ -1088,7 +1096,8 @@ def _kv_saved(a: AttentionSpec, model: ModelSpec, dt: _Dtypes, b: int, s: int, h
     fam = FAMILIES[model.family]
     # k's dtype: the projection's output, promoted by the rope's cos/sin (the residual stream's
     # dtype), except where the rope casts back (OLMo's fp32 rope, Llama 4's complex one) or is absent
-    k_bytes = dt.base_out if fam.fp32_rope or a.complex_rope or not a.rope else max(dt.base_out, dt.resid)
+    k_bytes = dt.base_out if fam.fp32_rope or fam.rope_cast_back or a.complex_rope or not a.rope \
+        else max(dt.base_out, dt.resid)
     k = t * (kv_heads if view and k_bytes == c else n) * a.head_dim * c
     if view and dt.base_out == c:
         v = t * ((heads + 2 * kv_heads) * a.head_dim if a.fused_qkv else kv_heads * a.v_head_dim) * c
@@ -1614,7 +1623,7 @@ def _lora_saved(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t: int, 
         width = lin.in_features
         out += t * r * c  # lora_B's r-wide input
         if shared:
-            src = _linear_source(lin.module)
+            src = _linear_source(lin.module, model)
             if src in seen:
                 continue
             seen.add(src)
@@ -1624,11 +1633,11 @@ def _lora_saved(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t: int, 
     return out + _zero3_base_inputs(g, model, job, dt, t, backend, seen if shared else set())[0]
 
 
-def _linear_source(module: str) -> str:
+def _linear_source(module: str, model: ModelSpec | None = None) -> str:
     """The tensor a decoder-layer linear reads (one storage however many linears read it): qwen2_moe's
     ``shared_expert_gate`` reads the MoE block's input, as the shared expert's gate/up do (lfm2's
-    w1 / w3 are its gate / up)."""
-    return ("layer_input" if module in _READS_LAYER_INPUT
+    w1 / w3 are its gate / up); cohere2's gate / up read the layer's normed input."""
+    return ("layer_input" if module in (_READS_LAYER_INPUT if model is None else _layer_input_modules(model))
             else "mlp_input" if module in ("gate_proj", "up_proj", "gate_up_proj", "shared_expert_gate", "w1", "w3")
             else module)
 
@@ -1671,7 +1680,7 @@ def _zero3_base_inputs(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
     for lin in layer_linears(model, g):
         if not lin.is_module:
             continue
-        src = _linear_source(lin.module)
+        src = _linear_source(lin.module, model)
         if src in seen or (_is_o_proj(g, lin.module) and _kernel_keeps_o_proj_input(g, job, backend)):
             continue
         seen.add(src)
@@ -1908,6 +1917,14 @@ def _liger_head_bytes(model: ModelSpec, job: Job, dt: _Dtypes, tp: int) -> tuple
 _READS_LAYER_INPUT = LAYER_INPUT_PROJECTIONS
 
 
+def _layer_input_modules(model: ModelSpec) -> frozenset[str]:
+    """The linears that read a decoder layer's (normed) input: the attention's input projections,
+    and in a parallel block (cohere2) the MLP's gate / up too."""
+    if FAMILIES[model.family].parallel_block:
+        return _READS_LAYER_INPUT | {"gate_proj", "up_proj"}
+    return _READS_LAYER_INPUT
+
+
 def _first_layer_discount(model: ModelSpec, job: Job, dt: _Dtypes, backend: str) -> int:
     """With a frozen embedding (LoRA/QLoRA, no checkpointing) the first layer's input does not
     require grad: its input norm saves nothing and the LoRA dropouts reading it keep no mask."""
@@ -1919,13 +1936,13 @@ def _first_layer_discount(model: ModelSpec, job: Job, dt: _Dtypes, backend: str)
     if job.casts_fp32_base:
         # nor do the projections reading it save their weight copies (nothing needs a gradient)
         out += dt.compute * sum(lin.in_features * lin.out_features for lin in layer_linears(model, model.groups[0])
-                                if lin.module in _READS_LAYER_INPUT)
+                                if lin.module in _layer_input_modules(model))
     if job.uses_lora and job.lora.dropout > 0:
         mask = 1 if backend == "cuda" else _adapter_compute_bytes(job, dt)
         targets = lora_targets(model, job.lora)
         first = layer_linears(model, model.groups[0])
         for lin in first:
-            if lin.module in _READS_LAYER_INPUT and lin.module in targets:
+            if lin.module in _layer_input_modules(model) and lin.module in targets:
                 out += t * h * mask
     if dt.frozen_linears_save_input and job.uses_lora:
         # nor do ZeRO-3's linears reading it save it (no input needs a gradient: the autograd
@@ -1934,7 +1951,7 @@ def _first_layer_discount(model: ModelSpec, job: Job, dt: _Dtypes, backend: str)
         targets = lora_targets(model, job.lora)
         shared = job.lora.dropout == 0 and _adapter_compute_bytes(job, dt) == dt.compute == dt.resid and (
             g0.moe is None or bool(dt.engine_compute))
-        seen = {"layer_input"} if shared and any(lin.module in _READS_LAYER_INPUT and lin.module in targets
+        seen = {"layer_input"} if shared and any(lin.module in _layer_input_modules(model) and lin.module in targets
                                                   for lin in layer_linears(model, g0) if lin.is_module) else set()
         out += _zero3_base_inputs(g0, model, job, dt, t, backend, seen)[1]
     return out

@@ -167,6 +167,15 @@ class Family:
     #: shared complex64 ``freqs_cis`` table (deepseek_v2: ``apply_rotary_emb``), cast back to the
     #: projections' dtype, instead of DeepSeek-V3's cos/sin tables
     mla_complex_rope: bool = False
+    #: cohere2: attention and MLP run in parallel on one norm's output (``residual + attn(x) +
+    #: mlp(x)``, ``norms_per_layer=1``): the MLP's linears read the tensor q/k/v read
+    parallel_block: bool = False
+    #: the rope rotates fp32 copies of q and k and casts the results back to their dtype (cohere2's
+    #: ``apply_rotary_pos_emb``: ``q.float()``), its cos/sin tables in the residual stream's dtype
+    rope_cast_back: bool = False
+    #: only the sliding-window layers rotate (cohere2: ``if self.sliding_window is not None``): the
+    #: full-attention layers are NoPE, and every layer is without a window
+    rope_only_sliding: bool = False
 
 
 #: first transformers wheel with models/gemma4: 5.5.0 (the 5.4.0 wheel has none; checked with
@@ -663,6 +672,22 @@ FAMILIES: dict[str, Family] = {
              "moe_intermediate_size": 1407},
             moe="deepseek_v2", mla=True, mlp_bias_key="mlp_bias", mla_complex_rope=True,
         ),
+        Family(
+            # Cohere Command R7B / Command A (Cohere2Config, transformers 5.24): a parallel block
+            # (``residual + attn(norm(x)) + mlp(norm(x))``) behind one Cohere2LayerNorm (mean-centred,
+            # fp32, a weight and no bias; the final norm too); q/k/v/o biases with attention_bias;
+            # layer_types sliding/full (default: every 4th layer full, ``sliding_window_pattern``),
+            # the rope (fp32 copies of q / k rotated over interleaved tables and cast back) on the
+            # sliding layers only: full-attention layers are NoPE; logits times ``logit_scale`` (a
+            # tensor-by-scalar mul: nothing saved); head_dim is hidden // heads whatever config.json says
+            "cohere2",
+            {**{k: v for k, v in _LLAMA_LIKE.items() if k != "head_dim"}, "vocab_size": 256000,
+             "hidden_size": 8192, "intermediate_size": 22528, "logit_scale": 0.0625,
+             "num_hidden_layers": 40, "num_attention_heads": 64, "max_position_embeddings": 8192,
+             "tie_word_embeddings": True, "sliding_window": 4096, "layer_types": None},
+            norms_per_layer=1, norm_style="cohere", parallel_block=True, rope_cast_back=True,
+            rope_only_sliding=True,
+        ),
     ]
 }
 
@@ -709,6 +734,7 @@ _ARCH_TO_TYPE = {
     "HunYuanDenseV1ForCausalLM": "hunyuan_v1_dense",
     "Ernie4_5_MoeForCausalLM": "ernie4_5_moe",  # (transformers' class and the remote-code one share the name)
     "DeepseekV2ForCausalLM": "deepseek_v2",
+    "Cohere2ForCausalLM": "cohere2",
 }
 #: text model_types that name a family under another key (the inner type of a multimodal config)
 _TEXT_TYPE_ALIASES = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe", "llama4": "llama4_text",
@@ -1500,6 +1526,8 @@ def model_from_config(
     # classes whose default is None anyway); the strict classes of _HEAD_DIM_NULL_REFUSED refuse it
     if "head_dim" in cfg0 and cfg0["head_dim"] is None:
         cfg["head_dim"] = None
+    if mt == "cohere2":  # Cohere2Config.__post_init__ sets head_dim = hidden_size // num_attention_heads
+        cfg["head_dim"] = None
     if fam.short_conv:
         # Lfm2Config.__post_init__: config.json's block_ff_dim and tie_embedding (LFM2's own
         # names) override intermediate_size and tie_word_embeddings
@@ -1632,7 +1660,7 @@ def _variant_attention(attn: AttentionSpec, variant: Any, c: _Check, fam: Family
     if variant is None:
         return attn
     rope, chunked = variant
-    if fam.nope_global_layers:  # exaone4: a NoPE full-attention layer
+    if fam.nope_global_layers or fam.rope_only_sliding:  # exaone4 / cohere2: a NoPE full-attention layer
         return replace(attn, rope=rope)
 
     return replace(attn, rope=rope, complex_rope=rope, l2_qk_norm=rope and c.bool("use_qk_norm"),
@@ -1891,6 +1919,10 @@ def _layer_plan(fam: Family, c: _Check, n: int) -> _LayerPlan:
     elif types is not None:
         window_at = lambda i: window if types[i] == "sliding_attention" else None  # noqa: E731
         cuts.update(range(n))
+    elif mt == "cohere2":  # Cohere2Config: every sliding_window_pattern-th (default 4th) layer full attention
+        pat = c.int("sliding_window_pattern", optional=True) or 4
+        window_at = lambda i: window if (i + 1) % pat else None  # noqa: E731
+        period = pat
     elif mt == "exaone4":  # Exaone4Config: every sliding_window_pattern-th layer full attention
         pat = cfg["sliding_window_pattern"]
         window_at = lambda i: window if (i + 1) % pat else None  # noqa: E731
@@ -2005,7 +2037,7 @@ def _layer_plan(fam: Family, c: _Check, n: int) -> _LayerPlan:
             linear_at = lambda i: i not in attn_set  # noqa: E731
             cuts.update(range(n))
     variant_at = _llama4_attention_layers(c, n, types) if fam.moe == "llama4" else (lambda i: None)
-    if fam.nope_global_layers and window:  # exaone4: the full-attention layers are NoPE
+    if (fam.nope_global_layers and window) or fam.rope_only_sliding:  # exaone4 / cohere2: full layers NoPE
         variant_at = lambda i: None if window_at(i) is not None else (False, False)  # noqa: E731
     return _LayerPlan(window_at, moe_at, period, tuple(sorted(x for x in cuts if 0 <= x <= n)), any_moe,
                       linear_at, variant_at)

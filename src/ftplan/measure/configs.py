@@ -940,3 +940,26 @@ TINY_CONFIGS["deepseek_v2"] = {
     "max_position_embeddings": 256,
     "tie_word_embeddings": False,
 }
+
+
+#: cohere2: Command R7B's layers, shrunk: the parallel attention + MLP block behind one
+#: Cohere2LayerNorm, GQA 4 / 2 heads of 16, layer_types sliding/sliding/full from
+#: ``sliding_window_pattern=3`` (window 16: the sliding layers rotate, the full one is NoPE),
+#: q/k/v/o biases (attention_bias), ``logit_scale=0.25``, tied embeddings; Cohere2Config's special ids
+#: dropped.
+TINY_CONFIGS["cohere2"] = {
+    "model_type": "cohere2",
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 120,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
+    "sliding_window": 16,
+    "sliding_window_pattern": 3,
+    "attention_bias": True,
+    "logit_scale": 0.25,
+    "tie_word_embeddings": True,
+    "pad_token_id": None, "bos_token_id": None, "eos_token_id": None,
+}

@@ -679,9 +679,10 @@ FAMILIES: dict[str, Family] = {
             # layer_types sliding/full (default: every 4th layer full, ``sliding_window_pattern``),
             # the rope (fp32 copies of q / k rotated over interleaved tables and cast back) on the
             # sliding layers only: full-attention layers are NoPE; logits times ``logit_scale`` (a
-            # tensor-by-scalar mul: nothing saved); head_dim is hidden // heads whatever config.json says
+            # tensor-by-scalar mul: nothing saved); head_dim: hidden // heads, unless config.json
+            # gives one (Cohere2Config's __post_init__ sets the quotient, then its kwargs override it)
             "cohere2",
-            {**{k: v for k, v in _LLAMA_LIKE.items() if k != "head_dim"}, "vocab_size": 256000,
+            {**_LLAMA_LIKE, "vocab_size": 256000,
              "hidden_size": 8192, "intermediate_size": 22528, "logit_scale": 0.0625,
              "num_hidden_layers": 40, "num_attention_heads": 64, "max_position_embeddings": 8192,
              "tie_word_embeddings": True, "sliding_window": 4096, "layer_types": None},
@@ -1526,8 +1527,6 @@ def model_from_config(
     # classes whose default is None anyway); the strict classes of _HEAD_DIM_NULL_REFUSED refuse it
     if "head_dim" in cfg0 and cfg0["head_dim"] is None:
         cfg["head_dim"] = None
-    if mt == "cohere2":  # Cohere2Config.__post_init__ sets head_dim = hidden_size // num_attention_heads
-        cfg["head_dim"] = None
     if fam.short_conv:
         # Lfm2Config.__post_init__: config.json's block_ff_dim and tie_embedding (LFM2's own
         # names) override intermediate_size and tie_word_embeddings
@@ -1546,6 +1545,9 @@ def model_from_config(
         for k in ("n_group", "topk_group"):
             if k in cfg0 and cfg0[k] is None:
                 c.bad(f"{k} is null: transformers' Dots1TopkRouter divides by it and fails; give 1 (no group limit)")
+    if mt == "cohere2" and not cfg.get("sliding_window"):
+        c.bad("sliding_window is null: transformers' Cohere2Model builds a sliding-window mask every forward and "
+              "fails without one; give the window (Command R7B / A: 4096)")
     h = c.int("hidden_size")
     n_layers = c.int("num_hidden_layers")
     vocab = c.int("vocab_size")

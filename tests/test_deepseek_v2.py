@@ -152,3 +152,13 @@ def test_refusals_and_layouts():
     spec = model_from_config(cfg)
     validate_job(spec, Job(method="full"), Layout(2, 1, "fsdp", ep=2))
     validate_job(spec, Job(method="lora", lora=LoraSpec(dropout=0.0)), Layout(4, 1, "fsdp", ep=4))
+
+
+def test_catalog_entry_against_the_model_card():
+    """DeepSeek-V2-Lite(-Chat): 'DeepSeek-V2-Lite has 15.7B parameters in total and 2.4B activated'
+    (the meta build of transformers 5.24: 15,706,484,224, tests/test_model_params.py per category)."""
+    from ftplan.catalog.models import get_model
+
+    p = get_model("deepseek-ai/DeepSeek-V2-Lite-Chat").spec().params
+    assert p.total == 15_706_484_224 and round(p.total / 1e9, 1) == 15.7
+    assert 2.4 <= (p.active - p.embedding) / 1e9 < 2.5  # 2.45B without the input embedding

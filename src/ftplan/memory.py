@@ -138,7 +138,7 @@ def _full_tensor_count(model: ModelSpec) -> int:
             n += lin.count * (2 if lin.bias else 1)
         else:  # fused experts: one 3-D tensor per layer, not per expert (+ one 2-D bias)
             n += lin.count // _experts_of(model) * (2 if lin.bias else 1)
-    n += 1  # final norm
+    n += 2 if model.norm_bias else 1  # final norm (phimoe's LayerNorm: and its bias)
     for g in model.groups:
         if g.linear_attention is not None:  # conv1d weight, dt_bias, A_log, the gated norm
             n += g.count * (g.norms_per_layer + 4 + (1 if g.moe is not None else 0))  # (+ router)
@@ -146,7 +146,7 @@ def _full_tensor_count(model: ModelSpec) -> int:
         if g.short_conv is not None:  # LFM2: the Conv1d weight (and bias) (+ router)
             n += g.count * (g.norms_per_layer + (2 if g.short_conv.bias else 1) + (1 if g.moe is not None else 0))
             continue
-        per = g.norms_per_layer + (2 if g.attention.qk_norm else 0)
+        per = g.norms_per_layer * (2 if model.norm_bias else 1) + (2 if g.attention.qk_norm else 0)
         if g.attention.is_mla:
             per += 1 + (1 if g.attention.q_lora_rank else 0)
         if g.attention.sinks:
@@ -267,13 +267,14 @@ def _lora_matrices(model: ModelSpec, job: Job) -> list[tuple[int, int, int]]:
 
 def _full_vectors(model: ModelSpec) -> list[tuple[int, int]]:
     h = model.hidden_size
-    out = [(h, 1)]
+    nb = 2 if model.norm_bias else 1  # (phimoe's LayerNorms: a bias beside each weight)
+    out = [(h, nb)]
     for lin in model.linears():
         if lin.bias and lin.is_module:
             out.append((lin.out_features, lin.count))
     for g in model.groups:
         a = g.attention
-        out.append((h, g.count * g.norms_per_layer))
+        out.append((h, g.count * g.norms_per_layer * nb))
         if g.linear_attention is not None:
             la = g.linear_attention
             out += [(la.num_v_heads, 2 * g.count), (la.v_head_dim, g.count)]  # dt_bias, A_log; norm
@@ -736,7 +737,8 @@ def _norm_style(model: ModelSpec) -> str:
 
 
 def _norm_saved(t: int, width: int, in_bytes: int, trainable: bool, *, rows: int | None = None,
-                style: str = "llama", weight: int | None = None, weight_bytes: int = 4) -> int:
+                style: str = "llama", weight: int | None = None, weight_bytes: int = 4,
+                autocast: bool = False) -> int:
     """Bytes one RMSNorm call saves over ``t`` tokens of ``width`` features (``rows`` rsqrt
     values: ``t``, or ``t`` x heads for per-head q/k norms).
 
@@ -748,6 +750,15 @@ def _norm_saved(t: int, width: int, in_bytes: int, trainable: bool, *, rows: int
     style is fp32 throughout as well (``(weight * x_normed).to(input_dtype)``) but multiplies by the
     weight itself (type promotion inside the product: no copy of it to save)."""
     rows = t if rows is None else rows
+    if style == "layernorm":
+        # nn.LayerNorm (phimoe): native_layer_norm keeps its input, the mean and rstd (in the
+        # input's dtype on CPU, where autocast leaves layer_norm alone), and the weight and bias it
+        # reads. ``autocast``: CUDA's autocast runs layer_norm in fp32 (its fp32 policy): an fp32
+        # copy of a narrower input, fp32 mean and rstd, fp32 copies of non-fp32 weight and bias
+        # (the frozen bf16 norms of LoRA) -- from the policy, not measured (no CUDA here)
+        x = 4 if autocast else in_bytes
+        return t * width * x + 2 * rows * (4 if autocast else in_bytes) + (
+            2 * width * 4 if autocast and weight_bytes != 4 else 0)
     out = t * width * 4 + rows * 4
     if style == "gemma4":
         # ``x * pow(mean(x^2) + eps, -0.5)``: pow saves its input and the product its result (two
@@ -809,18 +820,22 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
     c = dt.compute
     heads = a.num_heads // tp if a is not None else 0
     style = _norm_style(model)
+    ln_fp32 = style == "layernorm" and dt.autocast and backend == "cuda"
+    if ln_fp32:  # (phimoe) CUDA autocast's layer_norm returns fp32
+        dt = dataclasses.replace(dt, norm_out=4)
     nw = _norm_weight_bytes(dt)  # gemma4's norms save an fp32 copy of a non-fp32 frozen weight
     if FAMILIES[model.family].post_norms:
         # olmo2: no input norm; the post-attention and post-feed-forward norms read o_proj's and
         # down_proj's outputs (compute dtype)
         total = 2 * _norm_saved(t, h, c, dt.full, style=style)
     else:
-        total = _norm_saved(t, h, dt.resid, dt.full, style=style, weight_bytes=nw)  # input norm
+        total = _norm_saved(t, h, dt.resid, dt.full, style=style, weight_bytes=nw, autocast=ln_fp32)  # input norm
         if g.norms_per_layer >= 4:  # gemma: post-attention norm (on o_proj output) and pre/post feed-forward
             total += (2 * _norm_saved(t, h, c, dt.full, style=style, weight_bytes=nw)
                       + _norm_saved(t, h, dt.resid, dt.full, style=style, weight_bytes=nw))
         elif not FAMILIES[model.family].parallel_block:  # (cohere2: one norm per layer)
-            total += _norm_saved(t, h, dt.resid, dt.full, style=style)  # post-attention norm
+            total += _norm_saved(t, h, dt.resid, dt.full, style=style, weight_bytes=nw if style == "layernorm" else 4,
+                                 autocast=ln_fp32)  # post-attention norm
     masked = _masked(g, job, s)
     if g.linear_attention is not None:
         total += _gdn_saved(g.linear_attention, b, s, h, dt, job, tp)
@@ -1365,6 +1380,20 @@ def _moe_saved(m: MoeSpec, t: int, h: int, dt: _Dtypes, tp: int, wrapped: bool =
             # fp32; under autocast its compute-dtype recast). PEFT's wrapped router: the merged
             # weight below
             out += m.num_experts * h * r
+    elif m.router == "phimoe":
+        # sparsemixer, two rounds (top-1, then top-1 of the rest): each keeps the masked_fill's bool
+        # mask, the softmax output (the logits' dtype: the compute dtype; autocast on CPU leaves
+        # softmax alone), the sampled expert's id (gather, then scatter: one int64 storage) and
+        # the gathered probability PhimoeMultiplier keeps; the multipliers (the logits' dtype)
+        # weight the experts' rows
+        router_in = t * h * c
+        out = 2 * t * m.num_experts * (1 + c) + routed * 8 + routed * c
+        per_row = routed * c
+        w_bytes = c
+        if m.input_jitter:
+            # ``hidden *= uniform`` in the block and again in the router (in place on the norm's
+            # output): each keeps its uniform tensor, in the norm output's dtype
+            out += 2 * t * h * dt.norm_out
     elif m.router == "deepseek_v2":
         # DeepSeek-V3's fp32 linear (the logits in the compute dtype under autocast), then an fp32
         # softmax (its output kept), top-k of it (the ids kept; group_limited_greedy's masked_fill
@@ -1720,7 +1749,8 @@ def _logits_bytes(model: ModelSpec, job: Job, dt: _Dtypes, tp: int, backend: str
     h = model.hidden_size
     v = model.vocab_size // tp
     c = dt.compute
-    saved = _norm_saved(t, h, dt.resid, dt.full, style=_norm_style(model), weight_bytes=_norm_weight_bytes(dt))
+    saved = _norm_saved(t, h, dt.resid, dt.full, style=_norm_style(model), weight_bytes=_norm_weight_bytes(dt),
+                        autocast=dt.autocast and backend == "cuda")
     if job.loss == "trl":
         head_saved, transient = _trl_head_bytes(model, job, dt, tp, backend, consts or memory_constants())
         return saved + head_saved, transient, transient
@@ -1932,7 +1962,8 @@ def _first_layer_discount(model: ModelSpec, job: Job, dt: _Dtypes, backend: str)
     h = model.hidden_size
     # (post-norm families, olmo2: the first layer has no input norm)
     out = 0 if FAMILIES[model.family].post_norms else _norm_saved(t, h, dt.resid, False, style=_norm_style(model),
-                                                                   weight_bytes=_norm_weight_bytes(dt))
+                                                                   weight_bytes=_norm_weight_bytes(dt),
+                                                                   autocast=dt.autocast and backend == "cuda")
     if job.casts_fp32_base:
         # nor do the projections reading it save their weight copies (nothing needs a gradient)
         out += dt.compute * sum(lin.in_features * lin.out_features for lin in layer_linears(model, model.groups[0])

@@ -176,6 +176,10 @@ class Family:
     #: only the sliding-window layers rotate (cohere2: ``if self.sliding_window is not None``): the
     #: full-attention layers are NoPE, and every layer is without a window
     rope_only_sliding: bool = False
+    #: the hidden-size norms are ``nn.LayerNorm`` with a bias (phimoe: weight + bias per norm)
+    norm_bias: bool = False
+    #: config key that puts a vocab-size bias on the lm_head (phimoe: ``lm_head_bias``)
+    lm_head_bias_key: str | None = None
 
 
 #: first transformers wheel with models/gemma4: 5.5.0 (the 5.4.0 wheel has none; checked with
@@ -689,6 +693,23 @@ FAMILIES: dict[str, Family] = {
             norms_per_layer=1, norm_style="cohere", parallel_block=True, rope_cast_back=True,
             rope_only_sliding=True,
         ),
+        Family(
+            # Phi-3.5-MoE (PhimoeConfig, transformers 5.24): GQA attention (attention_bias on q/k/v/o,
+            # llama's rope: the checkpoints' longrope has tables of the same shape) and an MoE block in
+            # every layer: fused 3-D experts of intermediate_size behind an ``nn.Linear`` router whose
+            # logits go through sparsemixer (two rounds of a masked softmax with Gumbel sampling in
+            # training and PhimoeMultiplier's custom backward: always top-2), with multiplicative
+            # input jitter (``input_jitter_noise``, in place, in the block and again in the router);
+            # ``nn.LayerNorm`` norms with a bias; lm_head_bias. PEFT's all-linear wraps the router (an
+            # nn.Linear returning a tuple: the forward fails) and not the experts: ftplan plans
+            # all-linear as the attention projections
+            "phimoe",
+            {**_LLAMA_LIKE, "vocab_size": 32064, "intermediate_size": 6400, "num_key_value_heads": 8,
+             "max_position_embeddings": 131072, "num_experts_per_tok": 2, "num_local_experts": 16,
+             "router_jitter_noise": 0.01, "input_jitter_noise": 0.0, "lm_head_bias": False},
+            moe="phimoe", norm_style="layernorm", norm_bias=True, lm_head_bias_key="lm_head_bias",
+            peft_wraps_experts=False, peft_all_linear=False,
+        ),
     ]
 }
 
@@ -736,6 +757,8 @@ _ARCH_TO_TYPE = {
     "Ernie4_5_MoeForCausalLM": "ernie4_5_moe",  # (transformers' class and the remote-code one share the name)
     "DeepseekV2ForCausalLM": "deepseek_v2",
     "Cohere2ForCausalLM": "cohere2",
+    "PhiMoEForCausalLM": "phimoe",  # (the remote-code class name of the Phi-3.5-MoE configs)
+    "PhimoeForCausalLM": "phimoe",
 }
 #: text model_types that name a family under another key (the inner type of a multimodal config)
 _TEXT_TYPE_ALIASES = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe", "llama4": "llama4_text",
@@ -962,6 +985,9 @@ class MoeSpec:
     #: deepseek_v2's ``group_limited_greedy``: the router zeroes the experts outside the
     #: topk_group best groups (``masked_fill``, which keeps its bool mask) before the top-k
     group_limited: bool = False
+    #: phimoe's ``input_jitter_noise`` > 0: the MoE block and its router each multiply their input
+    #: in place by a fresh uniform tensor in training
+    input_jitter: bool = False
 
     @property
     def computed_experts(self) -> int:
@@ -1068,6 +1094,10 @@ class ModelSpec:
     hf_id: str | None = None
     source: str | None = None
     config: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    #: the hidden-size norms carry a bias (``nn.LayerNorm``: phimoe)
+    norm_bias: bool = False
+    #: the lm_head has a vocab-size bias (phimoe's ``lm_head_bias``)
+    lm_head_bias: bool = False
 
     # ---- structure ----------------------------------------------------------------------
     @property
@@ -1144,7 +1174,7 @@ class ModelSpec:
                 if m.router_is_module:
                     out.append(LinearSpec("proj", h, m.num_experts, g.count, False, "router"))
         if not self.tie_word_embeddings:
-            out.append(LinearSpec("lm_head", h, self.vocab_size, 1, False, "lm_head"))
+            out.append(LinearSpec("lm_head", h, self.vocab_size, 1, self.lm_head_bias, "lm_head"))
         return tuple(out)
 
     @cached_property
@@ -1185,6 +1215,9 @@ class ModelSpec:
             if a.sinks:
                 cats["attention"] += g.count * a.num_heads
                 active += g.count * a.num_heads
+        if self.norm_bias:  # (phimoe's nn.LayerNorm: a bias beside every hidden-size weight)
+            extra = h * (1 + sum(g.count * g.norms_per_layer for g in self.groups))
+            norms += extra
         cats["norms"] = norms
         cats["router"] += router
         active += cats["embedding"] + norms + router
@@ -1580,6 +1613,8 @@ def model_from_config(
     if fam.nope_layers:
         _nope_rule(c, n_layers or 1)  # (validates no_rope_layers)
     moe = _moe_spec(fam, c, plan.any_moe)
+    if mt == "phimoe":
+        _phimoe_checks(c)
     g4 = _gemma4_fields(c, heads) if fam.gemma4 else None
     if c.problems:
         n = len(c.problems)
@@ -1643,6 +1678,8 @@ def model_from_config(
         hf_id=hf_id,
         source=source,
         config=dict(raw),
+        norm_bias=fam.norm_bias,
+        lm_head_bias=bool(fam.lm_head_bias_key and c.bool(fam.lm_head_bias_key)),
     )
 
 
@@ -1952,7 +1989,7 @@ def _layer_plan(fam: Family, c: _Check, n: int) -> _LayerPlan:
         window_at = lambda i: window  # noqa: E731
     # ---- MoE layers
     any_moe = False
-    if fam.moe in ("mixtral", "gpt_oss", "qwen3_5_moe", "granitemoe", "olmoe"):
+    if fam.moe in ("mixtral", "gpt_oss", "qwen3_5_moe", "granitemoe", "olmoe", "phimoe"):
         moe_at = lambda i: True  # noqa: E731
         any_moe = True
     elif fam.moe in ("qwen3_moe", "qwen3_next"):
@@ -2173,7 +2210,7 @@ def _moe_spec(fam: Family, c: _Check, any_moe: bool) -> MoeSpec | None:
     if fam.moe is None:
         return None
     renorm = True
-    if fam.moe in ("mixtral", "gpt_oss", "granitemoe"):
+    if fam.moe in ("mixtral", "gpt_oss", "granitemoe", "phimoe"):
         experts, top_k, inter = (c.int("num_local_experts"), c.int("num_experts_per_tok"),
                                  c.int("intermediate_size"))
         router, shared = fam.moe, None
@@ -2256,7 +2293,21 @@ def _moe_spec(fam: Family, c: _Check, any_moe: bool) -> MoeSpec | None:
                    bias=router == "gpt_oss", shared_gate=fam.moe in ("qwen3_5_moe", "qwen3_next"),
                    renormalize=renorm, dense_dispatch=router == "llama4",
                    frozen_bias_param=router == "ernie4_5_moe",
-                   group_limited=router == "deepseek_v2" and c.cfg.get("topk_method") == "group_limited_greedy")
+                   group_limited=router == "deepseek_v2" and c.cfg.get("topk_method") == "group_limited_greedy",
+                   input_jitter=router == "phimoe" and _probability(c, "input_jitter_noise") > 0)
+
+
+def _phimoe_checks(c: _Check) -> None:
+    """PhimoeTopKRouter's sparsemixer always picks two experts (it ignores num_experts_per_tok:
+    another value builds a model whose routing is not the config's); a tied lm_head keeps its own
+    bias (ftplan counts a tied head as the embedding only)."""
+    k = c.cfg.get("num_experts_per_tok")
+    if k != 2:
+        c.bad(f"num_experts_per_tok={_show(k)}: transformers' phimoe sparsemixer always routes each token to 2 "
+              "experts (every Phi-3.5-MoE config says 2)")
+    if c.cfg.get("tie_word_embeddings") and c.cfg.get("lm_head_bias"):
+        c.bad("tie_word_embeddings with lm_head_bias: a tied lm_head with its own bias is not planned "
+              "(Phi-3.5-MoE is untied)")
 
 
 def _deepseek_v2_router_checks(c: _Check, experts: int | None) -> None:

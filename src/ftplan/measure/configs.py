@@ -963,3 +963,26 @@ TINY_CONFIGS["cohere2"] = {
     "tie_word_embeddings": True,
     "pad_token_id": None, "bos_token_id": None, "eos_token_id": None,
 }
+
+
+#: phimoe: Phi-3.5-MoE's layers, shrunk: GQA 4 / 2 heads of 16 with q/k/v/o biases, nn.LayerNorm
+#: norms (weight + bias), every layer an MoE block of 4 experts of ``intermediate_size=24`` behind the
+#: sparsemixer router (top-2), input jitter 0.01 (as the checkpoint's config), lm_head bias, untied.
+TINY_CONFIGS["phimoe"] = {
+    "model_type": "phimoe",
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 24,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+    "attention_bias": True,
+    "lm_head_bias": True,
+    "input_jitter_noise": 0.01,
+    "router_jitter_noise": 0.01,
+    "sliding_window": None,
+    "tie_word_embeddings": False,
+}

@@ -396,7 +396,9 @@ def _head_copy_elems(model: ModelSpec, job: Job) -> int:
     Liger cast tile by tile inside their autograd functions and keep nothing."""
     if not job.materialises_logits:
         return 0
-    return model.params.lm_head + (model.params.embedding if model.tie_word_embeddings else 0)
+    # (phimoe's lm_head bias: autocast casts it too, but the linear's backward does not keep it)
+    bias = model.vocab_size if model.lm_head_bias and not model.tie_word_embeddings else 0
+    return model.params.lm_head - bias + (model.params.embedding if model.tie_word_embeddings else 0)
 
 
 def _frozen_layer_copy_elems(model: ModelSpec, g: LayerGroup, backend: str) -> int:

@@ -108,7 +108,11 @@ VARIANTS_BY_HAND = [("full", False, 2, 24, "eager", {}), ("lora", True, 2, 24, "
                     ("full", True, 1, 40, "eager", {}), ("lora", False, 2, 24, "eager", {}),
                     ("lora", False, 1, 40, "sdpa", _GROUPED), ("full", True, 2, 24, "sdpa", _GROUPED),
                     ("lora", True, 2, 24, "eager", _GROUPED),
-                    ("full", False, 2, 24, "sdpa", {"routed_scaling_factor": 1.0, "n_shared_experts": 1})]
+                    ("full", False, 2, 24, "sdpa", {"routed_scaling_factor": 1.0, "n_shared_experts": 1}),
+                    # DeepSeek-V2-Lite's yarn rope (the table scaled by its attention factor, same shape)
+                    ("lora", False, 1, 40, "sdpa", {"rope_scaling": {
+                        "type": "yarn", "factor": 40, "beta_fast": 32, "beta_slow": 1, "mscale": 0.707,
+                        "mscale_all_dim": 0.707, "original_max_position_embeddings": 16}})]
 QLORA_BY_HAND = [("peft", True), ("peft", False), ("trl", True), ("trl", False)]
 
 

@@ -40,6 +40,8 @@ from ftplan.model import FAMILIES, model_from_config
 sys.path.insert(0, str(Path(__file__).parent))
 
 FAMILY = "phimoe"
+_LONGROPE = {"rope_type": "longrope", "long_factor": [1.0] * 8, "short_factor": [1.0] * 8, "long_mscale": 1.24,
+             "short_mscale": 1.24, "original_max_position_embeddings": 16}
 _PLAIN = {"input_jitter_noise": 0.0, "attention_bias": False, "lm_head_bias": False, "sliding_window": 16,
           "num_key_value_heads": 4}
 
@@ -109,7 +111,10 @@ VARIANTS = [("lora", False, 1, 40, "sdpa", _PLAIN)]
 VARIANTS_BY_HAND = [("full", False, 2, 24, "eager", {}), ("lora", True, 2, 24, "eager", {}),
                     ("full", True, 1, 40, "eager", {}), ("lora", False, 2, 24, "eager", {}),
                     ("full", False, 2, 24, "sdpa", _PLAIN), ("full", True, 1, 40, "sdpa", _PLAIN),
-                    ("lora", True, 2, 24, "eager", _PLAIN)]
+                    ("lora", True, 2, 24, "eager", _PLAIN),
+                    # Phi-3.5-MoE's longrope (short / long factors and mscales; s = 40 > the original 16)
+                    ("full", False, 2, 24, "sdpa", {"rope_scaling": _LONGROPE}), ("lora", True, 1, 40, "sdpa",
+                                                                               {"rope_scaling": _LONGROPE})]
 QLORA_BY_HAND = [("peft", True), ("peft", False), ("trl", True), ("trl", False)]
 
 

@@ -31,6 +31,10 @@ MOE = {"mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss", "glm4_moe", "qwen3_next
 #: ``nn.Linear`` subclass returning a tuple) and the forward fails; ftplan plans all-linear there as
 #: every other nn.Linear (and exports this list)
 LORA_TARGETS = {"llama4_text": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
+#: (session 17, famb: MoE families whose experts PEFT wraps, so no dropout)
+MOE |= {"deepseek_v2"}
+#: (phimoe: PEFT's all-linear wraps its router, an nn.Linear whose forward returns a tuple, and fails)
+LORA_TARGETS["phimoe"] = ["q_proj", "k_proj", "v_proj", "o_proj"]
 
 
 def _run(family, method, ckpt, batch, seq, optimizer="adamw", attn=None, precision="bf16-mixed", cfg=None):

@@ -139,7 +139,7 @@ def _full_tensor_count(model: ModelSpec) -> int:
             n += lin.count * (2 if lin.bias else 1)
         else:  # fused experts: one 3-D tensor per layer, not per expert (+ one 2-D bias)
             n += lin.count // _experts_of(model) * (2 if lin.bias else 1)
-    n += 1  # final norm
+    n += 2 if model.norm_bias else 1  # final norm (phimoe's LayerNorm: and its bias)
     for g in model.groups:
         if g.linear_attention is not None:  # conv1d weight, dt_bias, A_log, the gated norm
             n += g.count * (g.norms_per_layer + 4 + (1 if g.moe is not None else 0))  # (+ router)
@@ -147,7 +147,7 @@ def _full_tensor_count(model: ModelSpec) -> int:
         if g.short_conv is not None:  # LFM2: the Conv1d weight (and bias) (+ router)
             n += g.count * (g.norms_per_layer + (2 if g.short_conv.bias else 1) + (1 if g.moe is not None else 0))
             continue
-        per = g.norms_per_layer + (2 if g.attention.qk_norm else 0)
+        per = g.norms_per_layer * (2 if model.norm_bias else 1) + (2 if g.attention.qk_norm else 0)
         if g.attention.is_mla:
             per += 1 + (1 if g.attention.q_lora_rank else 0)
         if g.attention.sinks:
@@ -268,13 +268,14 @@ def _lora_matrices(model: ModelSpec, job: Job) -> list[tuple[int, int, int]]:
 
 def _full_vectors(model: ModelSpec) -> list[tuple[int, int]]:
     h = model.hidden_size
-    out = [(h, 1)]
+    nb = 2 if model.norm_bias else 1  # (phimoe's LayerNorms: a bias beside each weight)
+    out = [(h, nb)]
     for lin in model.linears():
         if lin.bias and lin.is_module:
             out.append((lin.out_features, lin.count))
     for g in model.groups:
         a = g.attention
-        out.append((h, g.count * g.norms_per_layer))
+        out.append((h, g.count * g.norms_per_layer * nb))
         if g.linear_attention is not None:
             la = g.linear_attention
             out += [(la.num_v_heads, 2 * g.count), (la.v_head_dim, g.count)]  # dt_bias, A_log; norm
@@ -377,7 +378,7 @@ def _first_layer_frozen_a(model: ModelSpec, job: Job) -> int:
         return 0
     targets = lora_targets(model, job.lora)
     return sum(job.lora.r * lin.in_features for lin in layer_linears(model, model.groups[0])
-               if lin.module in _READS_LAYER_INPUT and lin.module in targets)
+               if lin.module in _layer_input_modules(model) and lin.module in targets)
 
 
 def _autocast_recompute(job: Job, layout: Layout) -> bool:
@@ -423,7 +424,9 @@ def _head_copy_elems(model: ModelSpec, job: Job) -> int:
     Liger cast tile by tile inside their autograd functions and keep nothing."""
     if not job.materialises_logits:
         return 0
-    return model.params.lm_head + (model.params.embedding if model.tie_word_embeddings else 0)
+    # (phimoe's lm_head bias: autocast casts it too, but the linear's backward does not keep it)
+    bias = model.vocab_size if model.lm_head_bias and not model.tie_word_embeddings else 0
+    return model.params.lm_head - bias + (model.params.embedding if model.tie_word_embeddings else 0)
 
 
 def _frozen_layer_copy_elems(model: ModelSpec, g: LayerGroup, backend: str) -> int:
@@ -764,7 +767,8 @@ def _norm_style(model: ModelSpec) -> str:
 
 
 def _norm_saved(t: int, width: int, in_bytes: int, trainable: bool, *, rows: int | None = None,
-                style: str = "llama", weight: int | None = None, weight_bytes: int = 4) -> int:
+                style: str = "llama", weight: int | None = None, weight_bytes: int = 4,
+                autocast: bool = False) -> int:
     """Bytes one RMSNorm call saves over ``t`` tokens of ``width`` features (``rows`` rsqrt
     values: ``t``, or ``t`` x heads for per-head q/k norms).
 
@@ -776,6 +780,15 @@ def _norm_saved(t: int, width: int, in_bytes: int, trainable: bool, *, rows: int
     style is fp32 throughout as well (``(weight * x_normed).to(input_dtype)``) but multiplies by the
     weight itself (type promotion inside the product: no copy of it to save)."""
     rows = t if rows is None else rows
+    if style == "layernorm":
+        # nn.LayerNorm (phimoe): native_layer_norm keeps its input, the mean and rstd (in the
+        # input's dtype on CPU, where autocast leaves layer_norm alone), and the weight and bias it
+        # reads. ``autocast``: CUDA's autocast runs layer_norm in fp32 (its fp32 policy): an fp32
+        # copy of a narrower input, fp32 mean and rstd, fp32 copies of non-fp32 weight and bias
+        # (the frozen bf16 norms of LoRA) -- from the policy, not measured (no CUDA here)
+        x = 4 if autocast else in_bytes
+        return t * width * x + 2 * rows * (4 if autocast else in_bytes) + (
+            2 * width * 4 if autocast and weight_bytes != 4 else 0)
     out = t * width * 4 + rows * 4
     if style == "gemma4":
         # ``x * pow(mean(x^2) + eps, -0.5)``: pow saves its input and the product its result (two
@@ -790,6 +803,12 @@ def _norm_saved(t: int, width: int, in_bytes: int, trainable: bool, *, rows: int
         out += (width if weight is None else weight) * 4 + (t * width * 4 if trainable else 0)
     elif style == "gpt_oss":
         out += t * width * 4 if trainable else 0
+    elif style == "cohere":
+        # Cohere2LayerNorm: ``x - mean`` twice (pow(2) keeps the first, the product the second),
+        # the fp32 rsqrt; ``weight.float() * x_normed`` keeps the normalised tensor (trainable
+        # weight) and the fp32 weight (a copy where the weight is not fp32: ``weight_bytes``)
+        out = 2 * t * width * 4 + rows * 4 + (t * width * 4 if trainable else 0)
+        out += (width if weight is None else weight) * 4 if weight_bytes != 4 else 0
     elif trainable:
         out += t * width * in_bytes
     return out
@@ -831,18 +850,22 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
     c = dt.compute
     heads = a.num_heads // tp if a is not None else 0
     style = _norm_style(model)
+    ln_fp32 = style == "layernorm" and dt.autocast and backend == "cuda"
+    if ln_fp32:  # (phimoe) CUDA autocast's layer_norm returns fp32
+        dt = dataclasses.replace(dt, norm_out=4)
     nw = _norm_weight_bytes(dt)  # gemma4's norms save an fp32 copy of a non-fp32 frozen weight
     if FAMILIES[model.family].post_norms:
         # olmo2: no input norm; the post-attention and post-feed-forward norms read o_proj's and
         # down_proj's outputs (compute dtype)
         total = 2 * _norm_saved(t, h, c, dt.full, style=style)
     else:
-        total = _norm_saved(t, h, dt.resid, dt.full, style=style, weight_bytes=nw)  # input norm
+        total = _norm_saved(t, h, dt.resid, dt.full, style=style, weight_bytes=nw, autocast=ln_fp32)  # input norm
         if g.norms_per_layer >= 4:  # gemma: post-attention norm (on o_proj output) and pre/post feed-forward
             total += (2 * _norm_saved(t, h, c, dt.full, style=style, weight_bytes=nw)
                       + _norm_saved(t, h, dt.resid, dt.full, style=style, weight_bytes=nw))
-        else:
-            total += _norm_saved(t, h, dt.resid, dt.full, style=style)  # post-attention norm
+        elif not FAMILIES[model.family].parallel_block:  # (cohere2: one norm per layer)
+            total += _norm_saved(t, h, dt.resid, dt.full, style=style, weight_bytes=nw if style == "layernorm" else 4,
+                                 autocast=ln_fp32)  # post-attention norm
     masked = _masked(g, job, s)
     if g.linear_attention is not None:
         total += _gdn_saved(g.linear_attention, b, s, h, dt, job, tp)
@@ -939,6 +962,8 @@ def _layer_saved_bytes(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
                 total += t * heads * a.head_dim * 4
     if g.mlp is not None:
         total += _mlp_saved(g.mlp, t, h, dt, tp, g.norms_per_layer == 4)
+        if FAMILIES[model.family].parallel_block and dt.full and dt.norm_out == dt.compute:
+            total -= t * h * dt.compute  # (cohere2) gate/up read the norm output q/k/v saved: one storage
         if g.mlp.out_dropout:  # seed_oss: residual dropout on down_proj's output keeps its mask
             total += t * h * _dropout_mask_bytes(dt.base_out, backend)
     if g.moe is not None and g.moe.router == "gemma4":
@@ -1046,7 +1071,7 @@ def _compiled_first_layer_discount(model: ModelSpec, job: Job, dt: _Dtypes) -> i
     if job.lora.dropout > 0:
         targets = lora_targets(model, job.lora)
         out += sum(t * h for lin in layer_linears(model, model.groups[0])
-                   if lin.module in _READS_LAYER_INPUT and lin.module in targets)
+                   if lin.module in _layer_input_modules(model) and lin.module in targets)
     return out
 
 
@@ -1118,7 +1143,8 @@ def _kv_saved(a: AttentionSpec, model: ModelSpec, dt: _Dtypes, b: int, s: int, h
     fam = FAMILIES[model.family]
     # k's dtype: the projection's output, promoted by the rope's cos/sin (the residual stream's
     # dtype), except where the rope casts back (OLMo's fp32 rope, Llama 4's complex one) or is absent
-    k_bytes = dt.base_out if fam.fp32_rope or a.complex_rope or not a.rope else max(dt.base_out, dt.resid)
+    k_bytes = dt.base_out if fam.fp32_rope or fam.rope_cast_back or a.complex_rope or not a.rope \
+        else max(dt.base_out, dt.resid)
     k = t * (kv_heads if view and k_bytes == c else n) * a.head_dim * c
     if view and dt.base_out == c:
         v = t * ((heads + 2 * kv_heads) * a.head_dim if a.fused_qkv else kv_heads * a.v_head_dim) * c
@@ -1386,6 +1412,32 @@ def _moe_saved(m: MoeSpec, t: int, h: int, dt: _Dtypes, tp: int, wrapped: bool =
             # fp32; under autocast its compute-dtype recast). PEFT's wrapped router: the merged
             # weight below
             out += m.num_experts * h * r
+    elif m.router == "phimoe":
+        # sparsemixer, two rounds (top-1, then top-1 of the rest): each keeps the masked_fill's bool
+        # mask, the softmax output (the logits' dtype: the compute dtype; autocast on CPU leaves
+        # softmax alone), the sampled expert's id (gather, then scatter: one int64 storage) and
+        # the gathered probability PhimoeMultiplier keeps; the multipliers (the logits' dtype)
+        # weight the experts' rows
+        router_in = t * h * c
+        out = 2 * t * m.num_experts * (1 + c) + routed * 8 + routed * c
+        per_row = routed * c
+        w_bytes = c
+        if m.input_jitter:
+            # ``hidden *= uniform`` in the block and again in the router (in place on the norm's
+            # output): each keeps its uniform tensor, in the norm output's dtype
+            out += 2 * t * h * dt.norm_out
+    elif m.router == "deepseek_v2":
+        # DeepSeek-V3's fp32 linear (the logits in the compute dtype under autocast), then an fp32
+        # softmax (its output kept), top-k of it (the ids kept; group_limited_greedy's masked_fill
+        # keeps its bool mask of the experts left), never renormalised; the top-k probabilities
+        # times routed_scaling_factor, fp32, gathered per row by the experts
+        r = c if dt.autocast or dt.engine_compute == "autocast" else 4
+        router_in = t * h * r
+        out = t * m.num_experts * 4 + routed * 8 + (t * m.num_experts if m.group_limited else 0)
+        per_row = routed * 4
+        w_bytes = 4
+        if dt.engine_compute and c != 4 and not wrapped:
+            out += m.num_experts * h * r  # the engine's compute-dtype weight's fp32 copy (as deepseek_v3)
     elif m.router == "ernie4_5_moe":
         # autocast off: ``x.float()`` (an fp32 copy unless x is fp32 already, the norm's output
         # then) through the fp32 weight; the fp32 softmax, the top-k ids (top-k over the
@@ -1422,7 +1474,8 @@ def _moe_saved(m: MoeSpec, t: int, h: int, dt: _Dtypes, tp: int, wrapped: bool =
         # (DeepSpeed's cast deepseek_v3 router: the linear saves the fp32 copy of the bf16 merged
         # weight, ``weight.float()``, which no autocast turns back)
         # (ernie4_5_moe: the merged router weight is fp32, autocast off)
-        router_w = 4 if (m.router == "deepseek_v3" and dt.engine_compute == "cast") or m.router == "ernie4_5_moe" \
+        router_w = 4 if (m.router in ("deepseek_v3", "deepseek_v2") and dt.engine_compute == "cast") \
+            or m.router == "ernie4_5_moe" \
             else c
         # the merged experts ``W + BA`` take the base weight's dtype (type promotion over the
         # compute-dtype delta) and grouped_mm runs in it and saves the merged weight itself: fp32
@@ -1631,7 +1684,7 @@ def _lora_saved(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t: int, 
         width = lin.in_features
         out += t * r * c  # lora_B's r-wide input
         if shared:
-            src = _linear_source(lin.module)
+            src = _linear_source(lin.module, model)
             if src in seen:
                 continue
             seen.add(src)
@@ -1641,11 +1694,11 @@ def _lora_saved(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t: int, 
     return out + _zero3_base_inputs(g, model, job, dt, t, backend, seen if shared else set())[0]
 
 
-def _linear_source(module: str) -> str:
+def _linear_source(module: str, model: ModelSpec | None = None) -> str:
     """The tensor a decoder-layer linear reads (one storage however many linears read it): qwen2_moe's
     ``shared_expert_gate`` reads the MoE block's input, as the shared expert's gate/up do (lfm2's
-    w1 / w3 are its gate / up)."""
-    return ("layer_input" if module in _READS_LAYER_INPUT
+    w1 / w3 are its gate / up); cohere2's gate / up read the layer's normed input."""
+    return ("layer_input" if module in (_READS_LAYER_INPUT if model is None else _layer_input_modules(model))
             else "mlp_input" if module in ("gate_proj", "up_proj", "gate_up_proj", "shared_expert_gate", "w1", "w3")
             else module)
 
@@ -1688,7 +1741,7 @@ def _zero3_base_inputs(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
     for lin in layer_linears(model, g):
         if not lin.is_module:
             continue
-        src = _linear_source(lin.module)
+        src = _linear_source(lin.module, model)
         if src in seen or (_is_o_proj(g, lin.module) and _kernel_keeps_o_proj_input(g, job, backend)):
             continue
         seen.add(src)
@@ -1728,7 +1781,8 @@ def _logits_bytes(model: ModelSpec, job: Job, dt: _Dtypes, tp: int, backend: str
     h = model.hidden_size
     v = model.vocab_size // tp
     c = dt.compute
-    saved = _norm_saved(t, h, dt.resid, dt.full, style=_norm_style(model), weight_bytes=_norm_weight_bytes(dt))
+    saved = _norm_saved(t, h, dt.resid, dt.full, style=_norm_style(model), weight_bytes=_norm_weight_bytes(dt),
+                        autocast=dt.autocast and backend == "cuda")
     if job.loss == "trl":
         head_saved, transient = _trl_head_bytes(model, job, dt, tp, backend, consts or memory_constants())
         return saved + head_saved, transient, transient
@@ -1925,6 +1979,14 @@ def _liger_head_bytes(model: ModelSpec, job: Job, dt: _Dtypes, tp: int) -> tuple
 _READS_LAYER_INPUT = LAYER_INPUT_PROJECTIONS
 
 
+def _layer_input_modules(model: ModelSpec) -> frozenset[str]:
+    """The linears that read a decoder layer's (normed) input: the attention's input projections,
+    and in a parallel block (cohere2) the MLP's gate / up too."""
+    if FAMILIES[model.family].parallel_block:
+        return _READS_LAYER_INPUT | {"gate_proj", "up_proj"}
+    return _READS_LAYER_INPUT
+
+
 def _first_layer_discount(model: ModelSpec, job: Job, dt: _Dtypes, backend: str) -> int:
     """With a frozen embedding (LoRA/QLoRA, no checkpointing) the first layer's input does not
     require grad: its input norm saves nothing and the LoRA dropouts reading it keep no mask."""
@@ -1932,17 +1994,18 @@ def _first_layer_discount(model: ModelSpec, job: Job, dt: _Dtypes, backend: str)
     h = model.hidden_size
     # (post-norm families, olmo2: the first layer has no input norm)
     out = 0 if FAMILIES[model.family].post_norms else _norm_saved(t, h, dt.resid, False, style=_norm_style(model),
-                                                                   weight_bytes=_norm_weight_bytes(dt))
+                                                                   weight_bytes=_norm_weight_bytes(dt),
+                                                                   autocast=dt.autocast and backend == "cuda")
     if job.casts_fp32_base:
         # nor do the projections reading it save their weight copies (nothing needs a gradient)
         out += dt.compute * sum(lin.in_features * lin.out_features for lin in layer_linears(model, model.groups[0])
-                                if lin.module in _READS_LAYER_INPUT)
+                                if lin.module in _layer_input_modules(model))
     if job.uses_lora and job.lora.dropout > 0:
         mask = 1 if backend == "cuda" else _adapter_compute_bytes(job, dt)
         targets = lora_targets(model, job.lora)
         first = layer_linears(model, model.groups[0])
         for lin in first:
-            if lin.module in _READS_LAYER_INPUT and lin.module in targets:
+            if lin.module in _layer_input_modules(model) and lin.module in targets:
                 out += t * h * mask
     if dt.frozen_linears_save_input and job.uses_lora:
         # nor do ZeRO-3's linears reading it save it (no input needs a gradient: the autograd
@@ -1951,7 +2014,7 @@ def _first_layer_discount(model: ModelSpec, job: Job, dt: _Dtypes, backend: str)
         targets = lora_targets(model, job.lora)
         shared = job.lora.dropout == 0 and _adapter_compute_bytes(job, dt) == dt.compute == dt.resid and (
             g0.moe is None or bool(dt.engine_compute))
-        seen = {"layer_input"} if shared and any(lin.module in _READS_LAYER_INPUT and lin.module in targets
+        seen = {"layer_input"} if shared and any(lin.module in _layer_input_modules(model) and lin.module in targets
                                                   for lin in layer_linears(model, g0) if lin.is_module) else set()
         out += _zero3_base_inputs(g0, model, job, dt, t, backend, seen)[1]
     return out
@@ -1996,7 +2059,7 @@ def _model_level_saved(model: ModelSpec, job: Job, dt: _Dtypes) -> int:
         # ``embed_scale.to(weight.dtype)``, a copy of the fp32 buffer once FSDP2 / ZeRO-3 gather bf16;
         # gemma2 / gemma3_text were 2 B under on the gloo ranks before, 2026-11-25)
         out += dt.compute
-    if not a.is_mla:
+    if not a.is_mla or a.complex_rope:  # (deepseek_v2's complex table: _rope_bytes)
         out += _rope_bytes(model, job, dt)  # RoPE cos, sin: (1, s, d), shared
     else:
         out += 2 * s * a.qk_rope_head_dim * dt.resid
@@ -2303,6 +2366,8 @@ def _rope_bytes(model: ModelSpec, job: Job, dt: _Dtypes) -> int:
     a = model.attention
     if FAMILIES[model.family].rope_interleave_tables and job.ac_mode == "none":
         return 0  # ernie4_5: the layers save their own interleaved copies; only the closures keep these
+    if a.is_mla and a.complex_rope:
+        return s * a.qk_rope_head_dim * 4  # deepseek_v2: one complex64 freqs_cis (1, s, d / 2)
     if a.is_mla:
         return 2 * s * a.qk_rope_head_dim * dt.resid
     # gemma3 keeps a second pair for its local layers; gpt_oss's tables are half-width (the

@@ -163,6 +163,23 @@ class Family:
     #: the per-head q/k RMSNorms run after the rotary embedding (hunyuan_v1_dense:
     #: ``query_layernorm(apply_rotary_pos_emb(q))``), on q/k in the rope's output dtype
     qk_norm_after_rope: bool = False
+    #: the MLA attention rotates q_pe / k_pe through ``view_as_complex`` of fp32 copies times one
+    #: shared complex64 ``freqs_cis`` table (deepseek_v2: ``apply_rotary_emb``), cast back to the
+    #: projections' dtype, instead of DeepSeek-V3's cos/sin tables
+    mla_complex_rope: bool = False
+    #: cohere2: attention and MLP run in parallel on one norm's output (``residual + attn(x) +
+    #: mlp(x)``, ``norms_per_layer=1``): the MLP's linears read the tensor q/k/v read
+    parallel_block: bool = False
+    #: the rope rotates fp32 copies of q and k and casts the results back to their dtype (cohere2's
+    #: ``apply_rotary_pos_emb``: ``q.float()``), its cos/sin tables in the residual stream's dtype
+    rope_cast_back: bool = False
+    #: only the sliding-window layers rotate (cohere2: ``if self.sliding_window is not None``): the
+    #: full-attention layers are NoPE, and every layer is without a window
+    rope_only_sliding: bool = False
+    #: the hidden-size norms are ``nn.LayerNorm`` with a bias (phimoe: weight + bias per norm)
+    norm_bias: bool = False
+    #: config key that puts a vocab-size bias on the lm_head (phimoe: ``lm_head_bias``)
+    lm_head_bias_key: str | None = None
 
 
 #: first transformers wheel with models/gemma4: 5.5.0 (the 5.4.0 wheel has none; checked with
@@ -689,6 +706,61 @@ FAMILIES: dict[str, Family] = {
             norms_per_layer=4, fused_gate_up=True, o_bias_key=None, partial_rotary_factor=0.5,
             rope_interleave_tables=True,
         ),
+        Family(
+            # DeepSeek-V2 / V2-Lite / Coder-V2 (DeepseekV2Config, transformers 5.24): DeepSeek-V3's
+            # MLA attention (q_lora_rank null: one q_proj, as V2-Lite) with a complex rope
+            # (``view_as_complex`` of fp32 copies of q_pe / k_pe times one complex64 ``freqs_cis``
+            # table, cast back), and DeepSeek-V3's block layout (fused experts of
+            # moe_intermediate_size, n_shared_experts shared experts fused into one MLP, the first
+            # first_k_dense_replace layers dense) behind DeepSeek-V2's router: an fp32 linear (fp32
+            # ``gate.weight``), an fp32 softmax, top-k of the probabilities (``greedy``) or of those
+            # left in the topk_group best of n_group groups (``group_limited_greedy``), never
+            # renormalised, times routed_scaling_factor. transformers maps deepseek_v2 onto
+            # qwen2_moe's conversions: PEFT's all-linear wraps the experts and the router
+            "deepseek_v2",
+            {**{k: v for k, v in _LLAMA_LIKE.items() if k != "sliding_window"}, "vocab_size": 102400,
+             "intermediate_size": 11008, "mlp_bias": False, "first_k_dense_replace": 0,
+             "kv_lora_rank": 512, "q_lora_rank": 1536, "n_group": None, "n_routed_experts": 64,
+             "n_shared_experts": 2, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+             "routed_scaling_factor": 1.0, "topk_group": None, "topk_method": "greedy",
+             "norm_topk_prob": False, "v_head_dim": 128, "num_experts_per_tok": None,
+             "moe_intermediate_size": 1407},
+            moe="deepseek_v2", mla=True, mlp_bias_key="mlp_bias", mla_complex_rope=True,
+        ),
+        Family(
+            # Cohere Command R7B / Command A (Cohere2Config, transformers 5.24): a parallel block
+            # (``residual + attn(norm(x)) + mlp(norm(x))``) behind one Cohere2LayerNorm (mean-centred,
+            # fp32, a weight and no bias; the final norm too); q/k/v/o biases with attention_bias;
+            # layer_types sliding/full (default: every 4th layer full, ``sliding_window_pattern``),
+            # the rope (fp32 copies of q / k rotated over interleaved tables and cast back) on the
+            # sliding layers only: full-attention layers are NoPE; logits times ``logit_scale`` (a
+            # tensor-by-scalar mul: nothing saved); head_dim: hidden // heads, unless config.json
+            # gives one (Cohere2Config's __post_init__ sets the quotient, then its kwargs override it)
+            "cohere2",
+            {**_LLAMA_LIKE, "vocab_size": 256000,
+             "hidden_size": 8192, "intermediate_size": 22528, "logit_scale": 0.0625,
+             "num_hidden_layers": 40, "num_attention_heads": 64, "max_position_embeddings": 8192,
+             "tie_word_embeddings": True, "sliding_window": 4096, "layer_types": None},
+            norms_per_layer=1, norm_style="cohere", parallel_block=True, rope_cast_back=True,
+            rope_only_sliding=True,
+        ),
+        Family(
+            # Phi-3.5-MoE (PhimoeConfig, transformers 5.24): GQA attention (attention_bias on q/k/v/o,
+            # llama's rope: the checkpoints' longrope has tables of the same shape) and an MoE block in
+            # every layer: fused 3-D experts of intermediate_size behind an ``nn.Linear`` router whose
+            # logits go through sparsemixer (two rounds of a masked softmax with Gumbel sampling in
+            # training and PhimoeMultiplier's custom backward: always top-2), with multiplicative
+            # input jitter (``input_jitter_noise``, in place, in the block and again in the router);
+            # ``nn.LayerNorm`` norms with a bias; lm_head_bias. PEFT's all-linear wraps the router (an
+            # nn.Linear returning a tuple: the forward fails) and not the experts: ftplan plans
+            # all-linear as the attention projections
+            "phimoe",
+            {**_LLAMA_LIKE, "vocab_size": 32064, "intermediate_size": 6400, "num_key_value_heads": 8,
+             "max_position_embeddings": 131072, "num_experts_per_tok": 2, "num_local_experts": 16,
+             "router_jitter_noise": 0.01, "input_jitter_noise": 0.0, "lm_head_bias": False},
+            moe="phimoe", norm_style="layernorm", norm_bias=True, lm_head_bias_key="lm_head_bias",
+            peft_wraps_experts=False, peft_all_linear=False,
+        ),
     ]
 }
 
@@ -737,6 +809,10 @@ _ARCH_TO_TYPE = {
     "GemmaForCausalLM": "gemma",
     "Qwen2MoeForCausalLM": "qwen2_moe",
     "Glm4ForCausalLM": "glm4",
+    "DeepseekV2ForCausalLM": "deepseek_v2",
+    "Cohere2ForCausalLM": "cohere2",
+    "PhiMoEForCausalLM": "phimoe",  # (the remote-code class name of the Phi-3.5-MoE configs)
+    "PhimoeForCausalLM": "phimoe",
 }
 #: text model_types that name a family under another key (the inner type of a multimodal config)
 _TEXT_TYPE_ALIASES = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe", "llama4": "llama4_text",
@@ -960,6 +1036,12 @@ class MoeSpec:
     #: ``requires_grad=False`` (ernie4_5_moe), not a buffer: counted in the parameters (router),
     #: stored in fp32 whatever the model's dtype, never trained
     frozen_bias_param: bool = False
+    #: deepseek_v2's ``group_limited_greedy``: the router zeroes the experts outside the
+    #: topk_group best groups (``masked_fill``, which keeps its bool mask) before the top-k
+    group_limited: bool = False
+    #: phimoe's ``input_jitter_noise`` > 0: the MoE block and its router each multiply their input
+    #: in place by a fresh uniform tensor in training
+    input_jitter: bool = False
 
     @property
     def computed_experts(self) -> int:
@@ -1066,6 +1148,10 @@ class ModelSpec:
     hf_id: str | None = None
     source: str | None = None
     config: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    #: the hidden-size norms carry a bias (``nn.LayerNorm``: phimoe)
+    norm_bias: bool = False
+    #: the lm_head has a vocab-size bias (phimoe's ``lm_head_bias``)
+    lm_head_bias: bool = False
 
     # ---- structure ----------------------------------------------------------------------
     @property
@@ -1142,7 +1228,7 @@ class ModelSpec:
                 if m.router_is_module:
                     out.append(LinearSpec("proj", h, m.num_experts, g.count, False, "router"))
         if not self.tie_word_embeddings:
-            out.append(LinearSpec("lm_head", h, self.vocab_size, 1, False, "lm_head"))
+            out.append(LinearSpec("lm_head", h, self.vocab_size, 1, self.lm_head_bias, "lm_head"))
         return tuple(out)
 
     @cached_property
@@ -1183,6 +1269,9 @@ class ModelSpec:
             if a.sinks:
                 cats["attention"] += g.count * a.num_heads
                 active += g.count * a.num_heads
+        if self.norm_bias:  # (phimoe's nn.LayerNorm: a bias beside every hidden-size weight)
+            extra = h * (1 + sum(g.count * g.norms_per_layer for g in self.groups))
+            norms += extra
         cats["norms"] = norms
         cats["router"] += router
         active += cats["embedding"] + norms + router
@@ -1544,6 +1633,9 @@ def model_from_config(
         for k in ("n_group", "topk_group"):
             if k in cfg0 and cfg0[k] is None:
                 c.bad(f"{k} is null: transformers' Dots1TopkRouter divides by it and fails; give 1 (no group limit)")
+    if mt == "cohere2" and not cfg.get("sliding_window"):
+        c.bad("sliding_window is null: transformers' Cohere2Model builds a sliding-window mask every forward and "
+              "fails without one; give the window (Command R7B / A: 4096)")
     h = c.int("hidden_size")
     n_layers = c.int("num_hidden_layers")
     vocab = c.int("vocab_size")
@@ -1576,6 +1668,8 @@ def model_from_config(
     if fam.nope_layers:
         _nope_rule(c, n_layers or 1)  # (validates no_rope_layers)
     moe = _moe_spec(fam, c, plan.any_moe)
+    if mt == "phimoe":
+        _phimoe_checks(c)
     g4 = _gemma4_fields(c, heads) if fam.gemma4 else None
     if c.problems:
         n = len(c.problems)
@@ -1596,7 +1690,7 @@ def model_from_config(
         attn = AttentionSpec(
             num_heads=heads, num_kv_heads=heads, head_dim=nope + rope, v_head_dim=v_dim,
             qkv_bias=bias, o_bias=bias, q_lora_rank=q_rank, kv_lora_rank=kv_rank, qk_rope_head_dim=rope,
-            query_pos_scale=mt == "mistral4",
+            query_pos_scale=mt == "mistral4", complex_rope=fam.mla_complex_rope,
         )
     else:
         hd = head_dim or h // heads
@@ -1641,6 +1735,8 @@ def model_from_config(
         hf_id=hf_id,
         source=source,
         config=dict(raw),
+        norm_bias=fam.norm_bias,
+        lm_head_bias=bool(fam.lm_head_bias_key and c.bool(fam.lm_head_bias_key)),
     )
 
 
@@ -1660,7 +1756,7 @@ def _variant_attention(attn: AttentionSpec, variant: Any, c: _Check, fam: Family
     if variant is None:
         return attn
     rope, chunked = variant
-    if fam.nope_global_layers:  # exaone4: a NoPE full-attention layer
+    if fam.nope_global_layers or fam.rope_only_sliding:  # exaone4 / cohere2: a NoPE full-attention layer
         return replace(attn, rope=rope)
 
     return replace(attn, rope=rope, complex_rope=rope, l2_qk_norm=rope and c.bool("use_qk_norm"),
@@ -1941,6 +2037,10 @@ def _layer_plan(fam: Family, c: _Check, n: int) -> _LayerPlan:
     elif types is not None:
         window_at = lambda i: window if types[i] == "sliding_attention" else None  # noqa: E731
         cuts.update(range(n))
+    elif mt == "cohere2":  # Cohere2Config: every sliding_window_pattern-th (default 4th) layer full attention
+        pat = c.int("sliding_window_pattern", optional=True) or 4
+        window_at = lambda i: window if (i + 1) % pat else None  # noqa: E731
+        period = pat
     elif mt == "exaone4":  # Exaone4Config: every sliding_window_pattern-th layer full attention
         pat = cfg["sliding_window_pattern"]
         window_at = lambda i: window if (i + 1) % pat else None  # noqa: E731
@@ -1975,7 +2075,7 @@ def _layer_plan(fam: Family, c: _Check, n: int) -> _LayerPlan:
         window_at = lambda i: window  # noqa: E731
     # ---- MoE layers
     any_moe = False
-    if fam.moe in ("mixtral", "gpt_oss", "qwen3_5_moe", "granitemoe", "olmoe"):
+    if fam.moe in ("mixtral", "gpt_oss", "qwen3_5_moe", "granitemoe", "olmoe", "phimoe"):
         moe_at = lambda i: True  # noqa: E731
         any_moe = True
     elif fam.moe in ("qwen3_moe", "qwen3_next"):
@@ -2016,7 +2116,7 @@ def _layer_plan(fam: Family, c: _Check, n: int) -> _LayerPlan:
     elif fam.moe == "deepseek_v3" and fam.mlp_layer_types:
         moe_at, any_moe = _mlp_layer_types(c, n)
         cuts.update(range(n) if cfg.get("mlp_layer_types") is not None else (min(1, n),))
-    elif fam.moe in ("deepseek_v3", "mistral4", "lfm2_moe"):
+    elif fam.moe in ("deepseek_v3", "mistral4", "lfm2_moe", "deepseek_v2"):
         # (lfm2_moe: the first num_dense_layers layers are dense)
         k = c.int("num_dense_layers" if fam.moe == "lfm2_moe" else "first_k_dense_replace", minimum=0,
                   optional=True) or 0
@@ -2062,7 +2162,7 @@ def _layer_plan(fam: Family, c: _Check, n: int) -> _LayerPlan:
             linear_at = lambda i: i not in attn_set  # noqa: E731
             cuts.update(range(n))
     variant_at = _llama4_attention_layers(c, n, types) if fam.moe == "llama4" else (lambda i: None)
-    if fam.nope_global_layers and window:  # exaone4: the full-attention layers are NoPE
+    if (fam.nope_global_layers and window) or fam.rope_only_sliding:  # exaone4 / cohere2: full layers NoPE
         variant_at = lambda i: None if window_at(i) is not None else (False, False)  # noqa: E731
     return _LayerPlan(window_at, moe_at, period, tuple(sorted(x for x in cuts if 0 <= x <= n)), any_moe,
                       linear_at, variant_at)
@@ -2196,7 +2296,7 @@ def _moe_spec(fam: Family, c: _Check, any_moe: bool) -> MoeSpec | None:
     if fam.moe is None:
         return None
     renorm = True
-    if fam.moe in ("mixtral", "gpt_oss", "granitemoe"):
+    if fam.moe in ("mixtral", "gpt_oss", "granitemoe", "phimoe"):
         experts, top_k, inter = (c.int("num_local_experts"), c.int("num_experts_per_tok"),
                                  c.int("intermediate_size"))
         router, shared = fam.moe, None
@@ -2260,20 +2360,63 @@ def _moe_spec(fam: Family, c: _Check, any_moe: bool) -> MoeSpec | None:
         # (Dots1MoE always builds its shared expert MLP: Dots1Config's n_shared_experts null fails)
         shared_n = c.int("n_shared_experts", minimum=0, optional=fam.model_type != "dots1") or 0
         # mistral4: DeepSeek-V2's softmax router on DeepSeek-V3's block
-        router = "mistral4" if fam.moe == "mistral4" else "deepseek_v3"
-        if fam.moe == "mistral4" or c.cfg.get("norm_topk_prob") is not None:
+        router = fam.moe if fam.moe in ("mistral4", "deepseek_v2") else "deepseek_v3"
+        if fam.moe == "deepseek_v2":  # DeepseekV2TopkRouter never renormalises (norm_topk_prob unread)
+            renorm = False
+            _deepseek_v2_router_checks(c, experts)
+        elif fam.moe == "mistral4" or c.cfg.get("norm_topk_prob") is not None:
             # (DeepseekV3Config's default is True: a deepseek_v3 config without the key renormalises)
             renorm = c.bool("norm_topk_prob")
-        shared = MlpSpec(inter * shared_n) if shared_n and inter else None
+        # (deepseek_v2: mlp_bias puts biases on the shared experts' projections too)
+        shared = MlpSpec(inter * shared_n, bias=fam.moe == "deepseek_v2" and c.bool("mlp_bias")) \
+            if shared_n and inter else None
     if experts is not None and top_k is not None and top_k > experts:
         c.bad(f"num_experts_per_tok={top_k} exceeds the {experts} experts")
     if experts is None or top_k is None or inter is None or not any_moe:
         return None
     return MoeSpec(experts, top_k, inter, shared, router=router,
-                   router_fp32=router in ("deepseek_v3", "ernie4_5_moe"),
+                   router_fp32=router in ("deepseek_v3", "ernie4_5_moe", "deepseek_v2"),
                    bias=router == "gpt_oss", shared_gate=fam.moe in ("qwen3_5_moe", "qwen3_next"),
                    renormalize=renorm, dense_dispatch=router == "llama4",
-                   frozen_bias_param=router == "ernie4_5_moe")
+                   frozen_bias_param=router == "ernie4_5_moe",
+                   group_limited=router == "deepseek_v2" and c.cfg.get("topk_method") == "group_limited_greedy",
+                   input_jitter=router == "phimoe" and _probability(c, "input_jitter_noise") > 0)
+
+
+def _phimoe_checks(c: _Check) -> None:
+    """PhimoeTopKRouter's sparsemixer always picks two experts (it ignores num_experts_per_tok:
+    another value builds a model whose routing is not the config's); a tied lm_head keeps its own
+    bias (ftplan counts a tied head as the embedding only)."""
+    k = c.cfg.get("num_experts_per_tok")
+    if k != 2:
+        c.bad(f"num_experts_per_tok={_show(k)}: transformers' phimoe sparsemixer always routes each token to 2 "
+              "experts (every Phi-3.5-MoE config says 2)")
+    if c.cfg.get("tie_word_embeddings") and c.cfg.get("lm_head_bias"):
+        c.bad("tie_word_embeddings with lm_head_bias: a tied lm_head with its own bias is not planned "
+              "(Phi-3.5-MoE is untied)")
+
+
+def _deepseek_v2_router_checks(c: _Check, experts: int | None) -> None:
+    """What DeepseekV2TopkRouter runs: ``greedy`` or ``group_limited_greedy`` (any other
+    topk_method leaves its top-k undefined: transformers fails), the latter with n_group groups
+    dividing the experts and topk_group of them; ``moe_layer_freq`` (DeepSeek's remote code) is not
+    read by transformers, which makes every layer from first_k_dense_replace on an MoE layer."""
+    method = c.cfg.get("topk_method")
+    if method not in ("greedy", "group_limited_greedy"):
+        c.bad(f"topk_method={_show(method)}: transformers' DeepseekV2TopkRouter runs only 'greedy' and "
+              "'group_limited_greedy' (it fails on any other)")
+    elif method == "group_limited_greedy":
+        groups = c.int("n_group", optional=True)
+        top = c.int("topk_group", optional=True)
+        if groups is None or top is None:
+            c.bad("topk_method='group_limited_greedy' needs integer n_group and topk_group "
+                  "(DeepseekV2TopkRouter divides by n_group and takes topk_group groups)")
+        elif experts is not None and (experts % groups or top > groups):
+            c.bad(f"n_group={groups} must divide the {experts} experts and be at least topk_group={top}")
+    freq = c.cfg.get("moe_layer_freq", 1)
+    if freq != 1:
+        c.bad(f"moe_layer_freq={_show(freq)}: transformers' DeepseekV2DecoderLayer ignores it (every layer "
+              "from first_k_dense_replace on is MoE), so it would not build this checkpoint's model")
 
 
 def layer_group_order(model: ModelSpec) -> list[int]:

@@ -309,7 +309,8 @@ def _layer_tensors(model: ModelSpec, g: LayerGroup, job: Job, tb: Fraction, fb: 
             out += [Tensor(e * 2 * r, e * 2 * r * h, tb, True), Tensor(2 * i, 2 * i * e * 2 * r, tb, True),
                     Tensor(e * r, e * r * i, tb, True), Tensor(h, h * e * r, tb, True),
                     Tensor(r, r * h, tb, True), Tensor(e, e * r, tb, True)]
-    out += [Tensor(h, h, wb, full)] * g.norms_per_layer
+    # (phimoe's nn.LayerNorm: weight then bias, per norm)
+    out += [Tensor(h, h, wb, full)] * (g.norms_per_layer * (2 if model.norm_bias else 1))
     return out
 
 
@@ -332,6 +333,9 @@ def fsdp_units(model: ModelSpec, job: Job, engine: str = "fsdp2", reshard_after_
     emb = Tensor(v, v * h, wb, full)
     norm = Tensor(h, h, wb, full)
     lm_head = Tensor(v, v * h, wb, full)
+    # phimoe: the final LayerNorm's bias, the lm_head's bias (``lm_head_bias``)
+    norms = (norm, Tensor(h, h, wb, full)) if model.norm_bias else (norm,)
+    heads = (lm_head, Tensor(v, v, wb, full)) if model.lm_head_bias else (lm_head,)
     # the input norm's weight gradient is a layer's last (LoRA: the first adapter's lora_A)
     layers = []
     for i, g in enumerate(model.groups):
@@ -341,17 +345,17 @@ def fsdp_units(model: ModelSpec, job: Job, engine: str = "fsdp2", reshard_after_
     if _units_in_layer_order(model):
         layers = _layers_in_order(model, layers)
     if engine == "fsdp1":
-        root = (emb, norm) if model.tie_word_embeddings else (emb, norm, lm_head)
+        root = (emb, *norms) if model.tie_word_embeddings else (emb, *norms, *heads)
         return layers + [Unit("root", root, 1, False)]
     out = []
     if model.tie_word_embeddings:
         # gathered by the embedding lookup, kept (reshard_after_forward=False), reduced last
-        out.append(Unit("tail", (norm, emb), 1, False, late=v * h if full else 0,
+        out.append(Unit("tail", (*norms, emb), 1, False, late=v * h if full else 0,
                         early=h if full else 0, held=v * h if full else 0))
         return out + layers
     out.append(Unit("embed", (emb,), 1, reshard_after_forward, late=v * h if full else 0))
     out += layers
-    out.append(Unit("tail", (norm, lm_head), 1, False, late=v * h if full else 0))
+    out.append(Unit("tail", (*norms, *heads), 1, False, late=v * h if full else 0))
     return out
 
 
@@ -786,8 +790,8 @@ def ds_flat_order(model: ModelSpec, job: Job, ep: int = 1) -> list[int]:
     layers = [u for u in units if u.name.startswith("layer")]
     tail = next(u for u in units if u.name == "tail")
     if model.tie_word_embeddings:
-        norm, emb = tail.tensors
-        head = [emb, *[t for u in layers for _ in range(u.count) for t in u.tensors], norm]
+        *norms, emb = tail.tensors
+        head = [emb, *[t for u in layers for _ in range(u.count) for t in u.tensors], *norms]
     else:
         emb = next(u for u in units if u.name == "embed").tensors[0]
         head = [emb, *[t for u in layers for _ in range(u.count) for t in u.tensors], *tail.tensors]

@@ -300,6 +300,9 @@ def test_every_family_builds_and_categories_sum(family):
     assert cats["norms"] > 0 and cats["attention"] > 0
     cfg = tr.TINY_CONFIGS[family]
     assert (cats["lm_head"] == 0) == bool(cfg.get("tie_word_embeddings"))
+    if family in ("deepseek_v2", "phimoe"):  # (session 17, famb: MoE families)
+        assert cats["experts"] > 0 and cats["router"] > 0
+        return
     moe = family in ("mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss", "glm4_moe", "qwen3_5_moe", "qwen3_next", "llama4_text",
                       "gemma4_moe", "glm4_moe_lite", "mistral4", "minimax_m2", "lfm2_moe",
                       "granitemoe", "olmoe", "dots1", "ernie4_5_moe", "qwen2_moe")

@@ -931,6 +931,59 @@ TINY_CONFIGS["gemma"] = {
 }
 
 
+#: deepseek_v2: DeepSeek-V2-Lite's layers, shrunk: MLA with ``q_lora_rank`` null (one q_proj),
+#: kv_lora_rank 16, qk_nope 16 + qk_rope 8 (the complex rope), v_head_dim 16; layer 0 dense
+#: (``first_k_dense_replace=1``, an MLP of 120), layers 1-2 DeepSeek-V2's MoE block (8 experts top-2
+#: of ``moe_intermediate_size=24``, 2 shared experts fused into one MLP of 48, the fp32 softmax router,
+#: ``greedy``, routed_scaling_factor 1.5); untied.
+TINY_CONFIGS["deepseek_v2"] = {
+    "model_type": "deepseek_v2",
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 120,
+    "moe_intermediate_size": 24,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "q_lora_rank": None,
+    "kv_lora_rank": 16,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8,
+    "v_head_dim": 16,
+    "n_routed_experts": 8,
+    "n_shared_experts": 2,
+    "num_experts_per_tok": 2,
+    "first_k_dense_replace": 1,
+    "topk_method": "greedy",
+    "routed_scaling_factor": 1.5,
+    "max_position_embeddings": 256,
+    "tie_word_embeddings": False,
+}
+
+
+#: cohere2: Command R7B's layers, shrunk: the parallel attention + MLP block behind one
+#: Cohere2LayerNorm, GQA 4 / 2 heads of 16, layer_types sliding/sliding/full from
+#: ``sliding_window_pattern=3`` (window 16: the sliding layers rotate, the full one is NoPE),
+#: q/k/v/o biases (attention_bias), ``logit_scale=0.25``, tied embeddings; Cohere2Config's special ids
+#: dropped.
+TINY_CONFIGS["cohere2"] = {
+    "model_type": "cohere2",
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 120,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
+    "sliding_window": 16,
+    "sliding_window_pattern": 3,
+    "attention_bias": True,
+    "logit_scale": 0.25,
+    "tie_word_embeddings": True,
+    "pad_token_id": None, "bos_token_id": None, "eos_token_id": None,
+}
+
+
 #: qwen2_moe: Qwen1.5-MoE's layers: GQA 4 / 2 heads of 16 with q/k/v biases, layer 0 dense
 #: (``mlp_only_layers=[0]``, an MLP of 120), layer 1 the sparse block (4 experts top-2 of
 #: ``moe_intermediate_size=24``, not renormalised as the checkpoints, one shared expert of 48 behind
@@ -971,4 +1024,27 @@ TINY_CONFIGS["glm4"] = {
     "attention_bias": True,
     "tie_word_embeddings": False,
     "pad_token_id": None, "bos_token_id": None, "eos_token_id": None,
+}
+
+
+#: phimoe: Phi-3.5-MoE's layers, shrunk: GQA 4 / 2 heads of 16 with q/k/v/o biases, nn.LayerNorm
+#: norms (weight + bias), every layer an MoE block of 4 experts of ``intermediate_size=24`` behind the
+#: sparsemixer router (top-2), input jitter 0.01 (as the checkpoint's config), lm_head bias, untied.
+TINY_CONFIGS["phimoe"] = {
+    "model_type": "phimoe",
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 24,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+    "attention_bias": True,
+    "lm_head_bias": True,
+    "input_jitter_noise": 0.01,
+    "router_jitter_noise": 0.01,
+    "sliding_window": None,
+    "tie_word_embeddings": False,
 }

@@ -130,6 +130,12 @@ class Unit:
     #: buffer of the shared weight) waits there for the embedding's
     early: int = 0
     held: int = 0
+    #: forward calls per step (torchtune's output projection: once per loss chunk). Each call
+    #: gathers and reshards the unit; in backward each call's pre-backward gathers it again and
+    #: its post-backward reshards it, with no gradient to reduce until the last one (autograd sums
+    #: the calls' weight gradients in its input buffer before the parameter's gradient exists:
+    #: those partial sums are the loss path's, ``memory._torchtune_loss_bytes``)
+    calls: int = 1
 
     def numel(self, trainable: bool | None = None) -> int:
         return sum(t.numel for t in self.tensors if trainable is None or t.trainable == trainable)
@@ -306,13 +312,38 @@ def _quant_storage_bytes(job: Job) -> Fraction:
     return dtype_bytes(job.quant.compute_dtype)
 
 
+def torchtune_output_calls(job: Job) -> int:
+    """How many times torchtune's decoder calls its output projection in one micro-batch: once per
+    chunk of ``CEWithChunkedOutputLoss`` (``torch.chunk`` of the sequence: ceil(s / 8) positions
+    per chunk, so fewer chunks when s < 8 or s is just above a multiple), once otherwise."""
+    if job.loss != "torchtune":
+        return 1
+    from .memory import TORCHTUNE_OUTPUT_CHUNKS
+
+    size = -(-job.seq_len // TORCHTUNE_OUTPUT_CHUNKS)
+    return -(-job.seq_len // size)
+
+
 def fsdp_units(model: ModelSpec, job: Job, engine: str = "fsdp2", reshard_after_forward: bool = True,
-               ep: int = 1) -> list[Unit]:
+               ep: int = 1, wrap: str = "accelerate") -> list[Unit]:
     """The units accelerate wraps, in forward order: the input embedding (untied), every decoder
     layer, then [final norm, lm_head (and the tied embedding)] with ``reshard_after_forward=False``
     (FSDP2); FSDP1's transformer auto-wrap makes the decoder layers units and leaves the rest to
     the root unit. With expert parallelism (``ep`` > 1) a rank's layer holds ``num_experts / ep``
-    routed experts (what it gathers)."""
+    routed experts (what it gathers).
+
+    ``wrap="torchtune"`` (FSDP2, ``Layout.fsdp_wrap``): torchtune 0.3.x ``training.shard_model``
+    (``reversed(model.named_modules())``: ``fully_shard`` on every ``layers.i`` and on the
+    ``custom_sharded_layers``, then on the whole model), as its recipes call it: LoRA / QLoRA
+    (``lora_finetune_distributed``) shards the decoder layers only, so the root unit holds the
+    embedding, the final norm and the output projection; full fine-tuning
+    (``full_finetune_distributed`` with its configs' ``custom_sharded_layers: ['tok_embeddings',
+    'output']``) makes the embedding and the output projection units of their own (resharded
+    after forward like the layers), the root holding the final norm. The root is gathered first
+    and never resharded after forward (the torch of torchtune 0.3.x, 2.4/2.5, kept every root
+    gathered; torch 2.13 does so when ``reshard_after_forward`` is left unset, while torchtune's
+    explicit ``True`` would reshard it there); the output unit is called once per loss chunk
+    (``Unit.calls``)."""
     tb, fb = _stored_bytes(job, engine)
     full = job.method == "full"
     h, v = model.hidden_size, model.vocab_size
@@ -331,6 +362,14 @@ def fsdp_units(model: ModelSpec, job: Job, engine: str = "fsdp2", reshard_after_
     if engine == "fsdp1":
         root = (emb, norm) if model.tie_word_embeddings else (emb, norm, lm_head)
         return layers + [Unit("root", root, 1, False)]
+    if wrap == "torchtune":
+        if not full:
+            return [Unit("root", (emb, norm, lm_head), 1, False)] + layers
+        # the root's only parameter, the final norm's weight, gets its gradient once the output
+        # unit's backward is done (``early``), and is reduced at the end of backward
+        return ([Unit("root", (norm,), 1, False, late=h, early=h), Unit("embed", (emb,), 1, reshard_after_forward, late=v * h)]
+                + layers + [Unit("output", (lm_head,), 1, reshard_after_forward, late=v * h,
+                                 calls=torchtune_output_calls(job))])
     out = []
     if model.tie_word_embeddings:
         # gathered by the embedding lookup, kept (reshard_after_forward=False), reduced last
@@ -453,10 +492,18 @@ def fsdp2_transient_bytes(units: list[Unit], n: int, *, param_b: Fraction | None
         return pad
 
     early_release = torch_version >= 2.15
+    eb = param_b or reduce_b
+    # one entry per forward call: (unit, its wrapped module, call), a module called several
+    # times (``Unit.calls``) being one FSDP parameter group
+    calls = []
+    for gid, u in enumerate(seq):
+        calls += [(u, gid, k) for k in range(u.calls)]
     held_ag = Fraction(0)
     unsharded: dict[int, bool] = {}
     # forward
-    for i, u in enumerate(seq):
+    for u, gid, _k in calls:
+        if unsharded.get(gid):
+            continue  # kept gathered from an earlier call (not resharded after forward)
         unsh = sizes(u)[0]
         pad = gather(u)
         if early_release:
@@ -466,37 +513,34 @@ def fsdp2_transient_bytes(units: list[Unit], n: int, *, param_b: Fraction | None
             s.add(unsh)  # copy-out
             s.add(-held_ag)  # the previous all-gather output
         held_ag = pad
-        unsharded[i] = True
+        unsharded[gid] = True
         if u.reshard_after_forward:
             s.add(-unsh)
-            unsharded[i] = False
+            unsharded[gid] = False
     s.add(root_output_b)
     s.add(-held_ag)
+    # torchtune's root holding trainable parameters (the final norm): its forward input needs no
+    # gradient, so its post-backward runs in the final callback, just before the embedding unit's
+    # (the first unit in forward, reduced last); the norm's gradient arrives once the output
+    # unit's backward is done
+    root = seq[0] if seq[0].name == "root" and seq[0].numel(True) else None
+    root_grad = root.early * eb if root is not None else Fraction(0)
     # backward: reverse order (a tied embedding unit, first in forward, is reduced last)
-    early = sum(u.early for u in seq) * (param_b or reduce_b)
+    early = sum(u.early for u in seq if u is not root) * eb
     s.add(early)
-    order = list(range(len(seq) - 1, -1, -1))
+    order = list(range(len(calls) - 1, -1, -1))
     prefetched: dict[int, Fraction] = {}
     held_rs = Fraction(0)
     held_ar = Fraction(0)  # HSDP: every unit's all-reduce buffer, until backward ends
-    for pos, i in enumerate(order):
-        u = seq[i]
-        unsh, pad, shard_in, h2d, g, rs_in, rs_out, cast = sizes(u)
-        if not g and i == 0:
-            continue  # no backward of its own: only prefetched (held until backward ends)
-        if not unsharded[i]:
-            ag = prefetched.pop(i) if i in prefetched else gather(u)
-            s.add(unsh)
-            s.add(-ag)
-            unsharded[i] = True
-        if pos + 1 < len(order):
-            j = order[pos + 1]
-            if not unsharded[j] and j not in prefetched:
-                prefetched[j] = gather(seq[j])
-        late = 0 if early_release else u.late * (param_b or reduce_b)
-        s.add(g - u.early * (param_b or reduce_b))  # autograd's unsharded gradients
+
+    def post_backward(u: Unit, gid: int) -> None:
+        """Reshard, then reduce-scatter the unit's gradients (the previous unit's reduce-scatter
+        input freed first)."""
+        nonlocal held_rs, held_ar
+        unsh, _pad, _si, _h2d, g, rs_in, rs_out, cast = sizes(u)
+        late = 0 if early_release else u.late * eb
         s.add(-unsh)  # post-backward reshard
-        unsharded[i] = False
+        unsharded[gid] = False
         if g:
             s.add(-held_rs)
             s.add(rs_in)
@@ -513,6 +557,37 @@ def fsdp2_transient_bytes(units: list[Unit], n: int, *, param_b: Fraction | None
                 s.add(-rs_out)
             held_rs = rs_in
             s.add(-late)
+
+    for pos, i in enumerate(order):
+        u, gid, k = calls[i]
+        unsh, pad, shard_in, h2d, g, rs_in, rs_out, cast = sizes(u)
+        if u is root:
+            continue  # reduced before the first unit's post-backward (below)
+        if not g and i == 0:
+            continue  # no backward of its own: only prefetched (held until backward ends)
+        if not unsharded[gid]:
+            ag = prefetched.pop(gid) if gid in prefetched else gather(u)
+            s.add(unsh)
+            s.add(-ag)
+            unsharded[gid] = True
+        if k > 0:
+            # a later call of a unit called several times: its post-backward reshards with no
+            # gradient to reduce yet (autograd is still summing the calls' weight gradients);
+            # its pre-backward's prefetch targets the unit itself
+            s.add(-unsh)
+            unsharded[gid] = False
+            continue
+        if pos + 1 < len(order):
+            nxt, gj, _kj = calls[order[pos + 1]]
+            if not unsharded[gj] and gj not in prefetched:
+                prefetched[gj] = gather(nxt)
+        s.add(g - u.early * eb)  # autograd's unsharded gradients
+        if root is not None and gid == 1:
+            post_backward(root, 0)
+        post_backward(u, gid)
+        if g and root_grad:
+            s.add(root_grad)  # the final norm's gradient, after the output unit's backward
+            root_grad = Fraction(0)
     s.add(-held_rs)
     s.add(-sum(prefetched.values(), Fraction(0)))
     s.add(-held_ar)
@@ -568,7 +643,8 @@ def layout_memory(model: ModelSpec, job: Job, layout: Layout, st, consts: Memory
 
     n = layout.shard_degree
     if eng in ("fsdp1", "fsdp2"):
-        units = fsdp_units(model, job, eng, layout.reshard_after_forward)
+        wrap = layout.fsdp_wrap if eng == "fsdp2" else "accelerate"
+        units = fsdp_units(model, job, eng, layout.reshard_after_forward, wrap=wrap)
         trainable, n_tt = _padded_shard(units, n, True)
         frozen, _ = _padded_shard(units, n, False)
         if job.method == "qlora":
@@ -617,7 +693,7 @@ def layout_memory(model: ModelSpec, job: Job, layout: Layout, st, consts: Memory
         if layout.ep > 1:
             # expert parallelism: a rank gathers and reduces only its own experts (the states
             # are split by memory.estimate_memory through expert_parallel.ep_rank_states)
-            units = fsdp_units(model, job, eng, layout.reshard_after_forward, ep=layout.ep)
+            units = fsdp_units(model, job, eng, layout.reshard_after_forward, ep=layout.ep, wrap=wrap)
         if eng == "fsdp2":
             # without mixed precision (pure bf16 / fp32) FSDP2 has no param_dtype: every tensor is
             # gathered in its own dtype (a LoRA job's bf16 base beside its fp32 adapters)

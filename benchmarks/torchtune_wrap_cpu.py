@@ -44,12 +44,13 @@ from ftplan.measure.distributed import Case  # noqa: E402
 
 _QKV = "q_proj,k_proj,v_proj"
 #: the grid: full / LoRA (torchtune's 70B_lora q/k/v targets), CPU offload, reshard after forward
-#: off, 8 chunks (seq 32), uneven chunks (seq 20: 7 chunks of 3 and 2 positions), one row
+#: off, 8 chunks (seq 24, 40, 48), uneven chunks (seq 20: 7 chunks of 3 and 2 positions), one row
+#: (full: batch x seq_len != hidden_size, see ``measure.distributed``'s partial sums)
 CASES = [
-    Case(family="llama", engine="fsdp2", method="full", fsdp_wrap="torchtune", seq_len=32, offload_params=True),
-    Case(family="llama", engine="fsdp2", method="full", fsdp_wrap="torchtune", seq_len=32),
+    Case(family="llama", engine="fsdp2", method="full", fsdp_wrap="torchtune", seq_len=24, offload_params=True),
+    Case(family="llama", engine="fsdp2", method="full", fsdp_wrap="torchtune", seq_len=40),
     Case(family="llama", engine="fsdp2", method="full", fsdp_wrap="torchtune", seq_len=20),
-    Case(family="llama", engine="fsdp2", method="full", fsdp_wrap="torchtune", seq_len=32, batch=1,
+    Case(family="llama", engine="fsdp2", method="full", fsdp_wrap="torchtune", seq_len=48, batch=1,
          reshard_after_forward=False),
     Case(family="llama", engine="fsdp2", method="lora", fsdp_wrap="torchtune", seq_len=32, lora_targets=_QKV),
     Case(family="llama", engine="fsdp2", method="lora", fsdp_wrap="torchtune", seq_len=32, lora_targets=_QKV,

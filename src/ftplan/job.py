@@ -882,6 +882,17 @@ def validate_job(model: ModelSpec, job: Job, layout: Layout | None = None) -> No
     if layout.fsdp_reduce_dtype != "compute":
         _check(layout.strategy == "fsdp", p, "the reduce dtype is an FSDP mixed-precision option (strategy fsdp)",
                "fsdp_reduce_dtype", "drop `fsdp_reduce_dtype`, or use strategy fsdp")
+    if layout.fsdp_wrap != "accelerate":
+        _check(layout.strategy == "fsdp" and layout.fsdp_version == 2, p,
+               f"the {layout.fsdp_wrap} wrapping is an FSDP2 option (strategy fsdp, fsdp_version 2)", "fsdp_wrap",
+               "drop `fsdp_wrap`, or use strategy fsdp with `fsdp_version=2`")
+        _check(layout.tp == 1 and layout.pp == 1 and layout.ep == 1 and not layout.hsdp, p,
+               "torchtune's wrapping is planned for plain FSDP2 (its 0.3.x distributed recipes have no HSDP, "
+               "tensor, pipeline or expert parallelism)", "fsdp_wrap", "drop `fsdp_wrap`, or `tp`, `pp`, `ep` and "
+               "`hsdp`")
+        _check(not model.tie_word_embeddings, p,
+               f"torchtune's wrapping is planned for an untied output projection ({model.name} ties it to the "
+               "input embedding)", "fsdp_wrap", "drop `fsdp_wrap`")
     if not layout.reshard_after_forward:
         _check(layout.strategy == "fsdp", p,
                "keeping gathered layers after forward is an FSDP option (strategy fsdp; ZeRO-3 always re-gathers)",

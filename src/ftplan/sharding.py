@@ -570,6 +570,14 @@ def fsdp2_transient_bytes(units: list[Unit], n: int, *, param_b: Fraction | None
             s.add(unsh)
             s.add(-ag)
             unsharded[gid] = True
+        if u.calls > 1 and g and k > 0:
+            # autograd sums the calls' weight gradients in its input buffer (out of place: the
+            # earlier sum, this call's fresh gradient and their sum), the first one kept as is
+            s.add(g)  # this call's gradient
+            if k < u.calls - 1:
+                s.add(g)  # the new sum
+                s.add(-g)  # the earlier sum
+                s.add(-g)  # this call's gradient
         if k > 0:
             # a later call of a unit called several times: its post-backward reshards with no
             # gradient to reduce yet (autograd is still summing the calls' weight gradients);
@@ -581,7 +589,14 @@ def fsdp2_transient_bytes(units: list[Unit], n: int, *, param_b: Fraction | None
             nxt, gj, _kj = calls[order[pos + 1]]
             if not unsharded[gj] and gj not in prefetched:
                 prefetched[gj] = gather(nxt)
-        s.add(g - u.early * eb)  # autograd's unsharded gradients
+        if u.calls > 1 and g:
+            # the first call's gradient (after the prefetch) and the sum that becomes the
+            # parameter's gradient, the earlier sum and the fresh one freed
+            s.add(g)
+            s.add(g)
+            s.add(-g)
+            s.add(-g)
+        s.add((g if u.calls == 1 else 0) - u.early * eb)  # autograd's unsharded gradients
         if root is not None and gid == 1:
             post_backward(root, 0)
         post_backward(u, gid)
@@ -729,6 +744,15 @@ def layout_memory(model: ModelSpec, job: Job, layout: Layout, st, consts: Memory
                          + ("; FSDP1 also pins a gradient buffer for every flat parameter, frozen ones "
                             "included, and keeps the reduced gradient shards on the GPU until backward ends"
                             if eng == "fsdp1" else ""))
+        if wrap == "torchtune":
+            calls = max(u.calls for u in units)
+            notes.append("fsdp2: torchtune's units (`fsdp_wrap`): " + (
+                "decoder layers, the input embedding and the output projection, the root holding the final norm"
+                if job.method == "full" else
+                "decoder layers; the root holds the input embedding, final norm and output projection, gathered "
+                "from the start of forward to the end of backward")
+                + (f"; the output unit gathered {calls} times in forward and in backward (once per loss chunk)"
+                   if calls > 1 else ""))
         held = sum(u.held * u.count for u in units) * pb if eng == "fsdp2" else zero
         return LayoutMemory(frozen / mp, trainable / mp, zero, grads / mp, opt / mp, zero, transient / mp,
                             zero, host / mp, mixed or job.method == "qlora", tuple(notes), held / mp)

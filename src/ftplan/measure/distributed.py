@@ -913,6 +913,21 @@ def _run_case(case: Case, rank: int, world: int) -> RankMeasure:
     # transient: what does not survive backward (storages FSDP resized to 0 included)
     eng = {k for k in tr.meta if not fwd_start_live.get(k) and not bwd_end_live.get(k)
            and (tr.meta[k][1] in ENGINE_OWNERS or tr.role.get(k) == "grad")}
+    if case.fsdp_wrap == "torchtune" and case.method == "full":
+        # autograd's out-of-place partial sums of the output unit's per-chunk weight gradients
+        # (its input buffer: no Python frame, no hook sees them): the storages of the output
+        # weight's size made in backward by no engine and freed before it ends (the case's
+        # tokens x vocabulary must differ from vocabulary x hidden, so that no logits-sized
+        # tensor is taken for one)
+        w = cfg["vocab_size"] * cfg["hidden_size"] * 2
+        if case.batch * case.seq_len * cfg["vocab_size"] * 2 == w:
+            raise ValueError("torchtune full case: choose batch x seq_len != hidden_size")
+        first: dict[int, int] = {}
+        for ph, sid, d in tr.events:
+            if ph == f"bwd{s}" and d > 0:
+                first.setdefault(sid, d)
+        eng |= {k for k, d in first.items() if d == w and tr.meta[k][1] == "other" and not bwd_end_live.get(k)
+                and not fwd_start_live.get(k)}
     out.engine_transient_peak = replay_peak(tr.events, eng.__contains__, fb)
     out.activations = sum(v for k, v in fwd_end_live.items()
                           if tr.meta.get(k, ("", ""))[0] == f"fwd{s}" and tr.meta[k][1] not in ENGINE_OWNERS

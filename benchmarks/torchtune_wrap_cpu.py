@@ -1,6 +1,9 @@
 """torchtune's own FSDP2 wrapping (``Layout.fsdp_wrap="torchtune"``) against real 2-rank gloo runs.
 
-    PYTHONPATH=src python benchmarks/torchtune_wrap_cpu.py      (about 1 min on 2 cores)
+    PYTHONPATH=src python benchmarks/torchtune_wrap_cpu.py [--write]      (about 1 min on 2 cores)
+
+``--write`` records the measured bytes in ``benchmarks/measurements/torchtune_wrap_cpu.json``, which
+``tests/test_torchtune_wrapping.py`` holds the formula to without torch (one case is re-measured in CI).
 
 torchtune 0.3.1 (the recipes behind the README's memory table) shards with its own ``fully_shard``
 calls (``training.shard_model``): every decoder layer, in full fine-tuning also the input embedding
@@ -78,7 +81,9 @@ def predicted(case: Case, world: int = 2) -> dict[str, Fraction]:
     job, layout = case.job(), case.layout(world)
     lm = layout_memory(spec, job, layout, model_states(spec, job), consts, "cpu")
     return {"params": lm.frozen_weights + lm.trainable_weights, "grads": lm.gradients,
-            "optimizer": lm.optimizer_states, "host": lm.host, "transient": lm.transient}
+            "optimizer": lm.optimizer_states, "host": lm.host,
+            # (the layout splits the engine's forward and backward peaks under torchtune's wrapping)
+            "transient": max(lm.transient, lm.forward_transient or 0)}
 
 
 def head_weight_bytes(case: Case) -> int:
@@ -91,17 +96,18 @@ def head_weight_bytes(case: Case) -> int:
 def gloo_slack(case: Case, world: int = 2) -> dict[str, int]:
     """Bytes a rank may hold above the formula, by gloo's timing on a loaded machine (as
     ``tests/test_distributed_memory.py``'s ``BOUNDS``): the transient, a staging copy of a
-    reduce-scatter outliving it (at most the largest unit's bf16 gradient shard); the gradients
-    (the host under offload), the last unit's bf16 reduce-scatter input still referenced by gloo's
-    work when backward ends (at most the largest unit's padded bf16 gradient)."""
+    reduce-scatter outliving it (at most the largest unit's shard); the gradients (the host under
+    offload), the last unit's reduce-scatter input still referenced by gloo's work when backward
+    ends (at most the largest unit's padded gradient)."""
     from ftplan.measure import torchref as TR
     from ftplan.model import model_from_config
     from ftplan.sharding import fsdp_units
 
     spec = model_from_config(TR.TINY_CONFIGS[case.family])
     units = fsdp_units(spec, case.job(), "fsdp2", wrap="torchtune")
-    largest = 2 * max(sum(t.padded(world) for t in u.tensors) for u in units)
-    last = 2 * max(sum(t.padded(world) for t in u.tensors if t.trainable) for u in units)
+    # (no mixed precision: every tensor gathered and reduced in its own dtype)
+    largest = max(sum(t.padded(world) * t.nbytes for t in u.tensors) for u in units)
+    last = max(sum(t.padded(world) * t.nbytes for t in u.tensors if t.trainable) for u in units)
     return {"transient": largest // world, "grads": last, "host": last}
 
 
@@ -131,11 +137,32 @@ def check(case: Case, ranks, world: int = 2) -> list[str]:
     return bad
 
 
-def main() -> int:
+RECORDS = ROOT / "benchmarks" / "measurements" / "torchtune_wrap_cpu.json"
+_FIELDS = ("params", "grads", "optimizer", "host", "engine_transient_peak")
+
+
+def record(case: Case) -> dict:
+    """The fields that name a case in the records."""
+    return {"family": case.family, "method": case.method, "batch": case.batch, "seq_len": case.seq_len,
+            "offload_params": case.offload_params, "reshard_after_forward": case.reshard_after_forward,
+            "lora_targets": case.lora_targets}
+
+
+def case_of(rec: dict) -> Case:
+    return Case(engine="fsdp2", fsdp_wrap="torchtune", **{k: rec[k] for k in record(CI_CASE)})
+
+
+def main(argv: list[str] | None = None) -> int:
+    import json
+
+    import torch
+
     from ftplan.measure.distributed import run_cases
 
+    write = "--write" in (argv if argv is not None else sys.argv[1:])
     results = run_cases(CASES, 2, timeout_s=600)
     failed = []
+    recs = []
     for case, res in zip(CASES, results):
         if isinstance(res, str):
             print(f"{case.label}: FAILED\n{res}")
@@ -152,6 +179,13 @@ def main() -> int:
             print("  " + line)
         if bad:
             failed.append(case)
+        recs.append({**record(case), "ranks": [{k: getattr(m, k) for k in _FIELDS} for m in res]})
+    if write and not failed:
+        RECORDS.write_text(json.dumps({
+            "what": "per-rank bytes of torchtune's FSDP2 wrapping on a tiny HF llama, 2 gloo ranks "
+                    "(benchmarks/torchtune_wrap_cpu.py; offload: every model state is host memory on CPU)",
+            "torch": torch.__version__, "records": recs}, indent=1) + "\n")
+        print(f"wrote {RECORDS.relative_to(ROOT)}")
     return 1 if failed else 0
 
 

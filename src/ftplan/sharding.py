@@ -161,6 +161,13 @@ class LayoutMemory:
     #: gradient bytes autograd holds outside the engine during backward (FSDP2, tied embeddings:
     #: the lm_head's contribution waits for the embedding's); part of the peak, not of ``transient``
     autograd_held: Fraction = Fraction(0)
+    #: FSDP2 under torchtune's wrapping (``Layout.fsdp_wrap``): the engine's forward peak, apart
+    #: from ``transient`` (then the backward's): the root's all-gather output is still held when the
+    #: first layer is copied out, at the very start of the forward, where the activations are not
+    #: yet saved. ``forward_layers_done``: the share of the decoder layers whose forward has ended at
+    #: that peak (1: at or after the output projection)
+    forward_transient: Fraction | None = None
+    forward_layers_done: Fraction = Fraction(1)
 
 
 def activation_job(job: Job, lm: "LayoutMemory") -> Job:
@@ -424,7 +431,8 @@ def _unit_sequence(units: list[Unit]) -> list[Unit]:
 
 def fsdp2_transient_bytes(units: list[Unit], n: int, *, param_b: Fraction | None, reduce_b: Fraction,
                           hsdp: bool = False, offload: bool = False, backend: str = "cuda",
-                          root_output_b: Fraction = Fraction(0), torch_version: float = 2.13) -> Fraction:
+                          root_output_b: Fraction = Fraction(0), torch_version: float = 2.13,
+                          phases: dict | None = None) -> Fraction:
     """Peak of FSDP2's own transient buffers in one forward + backward on one rank.
 
     The schedule of torch 2.13's ``FSDPParamGroup`` (``_fsdp_param_group.py``,
@@ -458,6 +466,10 @@ def fsdp2_transient_bytes(units: list[Unit], n: int, *, param_b: Fraction | None
     each parameter is gathered and unsharded in its own dtype (tensors of different dtypes go
     through one uint8 all-gather; checked on gloo: a bf16 frozen weight with an fp32 adapter
     gathers 2 + 4 bytes per element, benchmarks/torchtune_fsdp_output_cpu.py's notes).
+
+    ``phases``: a dict to receive the forward's peak (``forward``), the share of the decoder-layer
+    units whose forward had ended at it (``forward_layers_done``) and the backward's peak
+    (``backward``; the return value is the larger of the two).
     """
     s = _Sim()
     seq = _unit_sequence(units)
@@ -500,10 +512,13 @@ def fsdp2_transient_bytes(units: list[Unit], n: int, *, param_b: Fraction | None
         calls += [(u, gid, k) for k in range(u.calls)]
     held_ag = Fraction(0)
     unsharded: dict[int, bool] = {}
+    n_layers = sum(1 for u in seq if u.name.startswith("layer"))
+    layers_done = at_peak = 0
     # forward
     for u, gid, _k in calls:
         if unsharded.get(gid):
             continue  # kept gathered from an earlier call (not resharded after forward)
+        before = s.peak
         unsh = sizes(u)[0]
         pad = gather(u)
         if early_release:
@@ -514,11 +529,16 @@ def fsdp2_transient_bytes(units: list[Unit], n: int, *, param_b: Fraction | None
             s.add(-held_ag)  # the previous all-gather output
         held_ag = pad
         unsharded[gid] = True
+        if s.peak > before:
+            at_peak = layers_done
         if u.reshard_after_forward:
             s.add(-unsh)
             unsharded[gid] = False
+        layers_done += u.name.startswith("layer")
     s.add(root_output_b)
     s.add(-held_ag)
+    forward_peak = s.peak
+    s.peak = s.cur  # the backward's own peak from here
     # torchtune's root holding trainable parameters (the final norm): its forward input needs no
     # gradient, so its post-backward runs in the final callback, just before the embedding unit's
     # (the first unit in forward, reduced last); the norm's gradient arrives once the output
@@ -607,7 +627,10 @@ def fsdp2_transient_bytes(units: list[Unit], n: int, *, param_b: Fraction | None
     s.add(-sum(prefetched.values(), Fraction(0)))
     s.add(-held_ar)
     s.add(-root_output_b)
-    return s.peak
+    if phases is not None:
+        phases.update(forward=forward_peak, backward=s.peak,
+                      forward_layers_done=Fraction(at_peak, n_layers) if n_layers else Fraction(1))
+    return max(forward_peak, s.peak)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -712,10 +735,11 @@ def layout_memory(model: ModelSpec, job: Job, layout: Layout, st, consts: Memory
         if eng == "fsdp2":
             # without mixed precision (pure bf16 / fp32) FSDP2 has no param_dtype: every tensor is
             # gathered in its own dtype (a LoRA job's bf16 base beside its fp32 adapters)
+            phases: dict = {}
             transient = fsdp2_transient_bytes(units, n, param_b=pb if mixed else None, reduce_b=rb, hsdp=layout.hsdp,
                                               torch_version=consts.fsdp2_schedule_torch,
                                               offload=layout.offload_params, backend=backend,
-                                              root_output_b=c if mixed else 0)
+                                              root_output_b=c if mixed else 0, phases=phases)
         else:
             transient = (_fsdp1_peft_transient(units, n, pb, rb, layout, backend, gb) if job.method != "full"
                          else _fsdp1_transient(units, n, pb, rb, layout, backend, gb))
@@ -754,8 +778,15 @@ def layout_memory(model: ModelSpec, job: Job, layout: Layout, st, consts: Memory
                 + (f"; the output unit gathered {calls} times in forward and in backward (once per loss chunk)"
                    if calls > 1 else ""))
         held = sum(u.held * u.count for u in units) * pb if eng == "fsdp2" else zero
+        fwd, done = None, Fraction(1)
+        if wrap == "torchtune":
+            # the forward's engine peak is placed where it happens (memory.estimate_memory): under
+            # torchtune's LoRA wrapping at the first layer's copy-out, beside the root's gathered
+            # embedding, norm and output and its all-gather output, before any layer saved anything
+            fwd, done, transient = phases["forward"] / mp, phases["forward_layers_done"], phases["backward"]
         return LayoutMemory(frozen / mp, trainable / mp, zero, grads / mp, opt / mp, zero, transient / mp,
-                            zero, host / mp, mixed or job.method == "qlora", tuple(notes), held / mp)
+                            zero, host / mp, mixed or job.method == "qlora", tuple(notes), held / mp,
+                            forward_transient=fwd, forward_layers_done=done)
 
     # DeepSpeed ZeRO
     stage = int(layout.strategy[-1])

@@ -134,7 +134,7 @@ class Unit:
     #: gathers and reshards the unit; in backward each call's pre-backward gathers it again and
     #: its post-backward reshards it, with no gradient to reduce until the last one (autograd sums
     #: the calls' weight gradients in its input buffer before the parameter's gradient exists:
-    #: those partial sums are the loss path's, ``memory._torchtune_loss_bytes``)
+    #: those partial sums are planned here, not in ``memory._torchtune_loss_bytes``)
     calls: int = 1
 
     def numel(self, trainable: bool | None = None) -> int:

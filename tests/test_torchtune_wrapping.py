@@ -175,10 +175,10 @@ def test_lora_forward_peak_is_placed_at_the_forward_start():
 def test_the_two_70b_rows_are_scored():
     import published_multi_gpu as P
 
-    rows = [r for r in P.load_rows() if r["id"] in ("torchtune-llama3.1-70b-full-offload", "torchtune-llama3.1-70b-lora")]
+    ids = ("torchtune-llama3.1-70b-full-offload", "torchtune-llama3.1-70b-lora")
+    rows = [r for r in P.load_rows() if r["id"] in ids]
     assert len(rows) == 2
     for p in P.points(rows):
-        assert p.error_pct is not None and P._fsdp_wrap(p.row) == "torchtune"
-        assert p.row["id"] in ("torchtune-llama3.1-70b-full-offload", "torchtune-llama3.1-70b-lora")
+        assert p.error_pct is not None and P.job_and_layout(p.row)[1].fsdp_wrap == "torchtune"
     nf4 = next(r for r in P.load_rows() if r["id"] == "torchtune-llama3.1-405b-qlora")
     assert "torchao_nf4" in nf4["depends_on"]

@@ -26,8 +26,8 @@ from .job import PRECISIONS, Job, Layout, lora_targets, lora_wraps_experts, plan
 from .model import (FAMILIES, LAYER_INPUT_PROJECTIONS, AttentionSpec, GatedDeltaNetSpec, LayerGroup, LinearSpec,
                     MlpSpec, ModelSpec, MoeSpec, ShortConvSpec, layer_group_order, layer_linears, nope_layer_indices,
                     planned_as_note, unmodelled_dropout_note)
-from .sharding import (activation_job, casts_whole_module, checkpointed_counts, communicator_groups, engine_compute,
-                       layout_memory, quant_state_bytes)
+from .sharding import (TORCHTUNE_OUTPUT_CHUNKS, activation_job, casts_whole_module, checkpointed_counts,
+                       communicator_groups, engine_compute, layout_memory, quant_state_bytes)
 from .units import dtype_bytes
 
 __all__ = [
@@ -1752,9 +1752,7 @@ def _logits_bytes(model: ModelSpec, job: Job, dt: _Dtypes, tp: int, backend: str
     return saved, forward + 4, backward + 4 - targets
 
 
-#: torchtune's ``CEWithChunkedOutputLoss(num_output_chunks=8)`` default, which every recipe config
-#: uses (torchtune 0.3.1 modules/loss/ce_chunked_output_loss.py)
-TORCHTUNE_OUTPUT_CHUNKS = 8
+#: torchtune's ``CEWithChunkedOutputLoss`` chunks: ``sharding.TORCHTUNE_OUTPUT_CHUNKS`` (8)
 
 
 def _torchtune_loss_bytes(model: ModelSpec, job: Job, dt: _Dtypes, tp: int, norm_saved: int,

@@ -319,14 +319,17 @@ def _quant_storage_bytes(job: Job) -> Fraction:
     return dtype_bytes(job.quant.compute_dtype)
 
 
+#: torchtune's ``CEWithChunkedOutputLoss(num_output_chunks=8)`` default, which every recipe config
+#: uses (torchtune 0.3.1 modules/loss/ce_chunked_output_loss.py)
+TORCHTUNE_OUTPUT_CHUNKS = 8
+
+
 def torchtune_output_calls(job: Job) -> int:
     """How many times torchtune's decoder calls its output projection in one micro-batch: once per
     chunk of ``CEWithChunkedOutputLoss`` (``torch.chunk`` of the sequence: ceil(s / 8) positions
     per chunk, so fewer chunks when s < 8 or s is just above a multiple), once otherwise."""
     if job.loss != "torchtune":
         return 1
-    from .memory import TORCHTUNE_OUTPUT_CHUNKS
-
     size = -(-job.seq_len // TORCHTUNE_OUTPUT_CHUNKS)
     return -(-job.seq_len // size)
 
@@ -374,7 +377,8 @@ def fsdp_units(model: ModelSpec, job: Job, engine: str = "fsdp2", reshard_after_
             return [Unit("root", (emb, norm, lm_head), 1, False)] + layers
         # the root's only parameter, the final norm's weight, gets its gradient once the output
         # unit's backward is done (``early``), and is reduced at the end of backward
-        return ([Unit("root", (norm,), 1, False, late=h, early=h), Unit("embed", (emb,), 1, reshard_after_forward, late=v * h)]
+        return ([Unit("root", (norm,), 1, False, late=h, early=h),
+                 Unit("embed", (emb,), 1, reshard_after_forward, late=v * h)]
                 + layers + [Unit("output", (lm_head,), 1, reshard_after_forward, late=v * h,
                                  calls=torchtune_output_calls(job))])
     out = []

@@ -525,10 +525,6 @@ def _wrap_fsdp2(case: Case, model, world: int):
     return model, opt, torch.bfloat16
 
 
-#: torchtune's ``CEWithChunkedOutputLoss`` default (``memory.TORCHTUNE_OUTPUT_CHUNKS``)
-_TT_CHUNKS = 8
-
-
 def _wrap_torchtune(case: Case, model, world: int):
     """torchtune 0.3.1's wrapping (``training.shard_model`` as ``lora_finetune_distributed`` /
     ``full_finetune_distributed`` call it), on the Hugging Face model: walking
@@ -548,6 +544,8 @@ def _wrap_torchtune(case: Case, model, world: int):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
+    from ..sharding import TORCHTUNE_OUTPUT_CHUNKS
+
     mesh = init_device_mesh("cpu", (world,))
     inner = next(mod for mod in model.modules() if type(mod).__name__.endswith("ForCausalLM")
                  and type(mod).__module__.startswith("transformers"))
@@ -562,7 +560,7 @@ def _wrap_torchtune(case: Case, model, world: int):
 
     def forward(self, input_ids):
         h = self.model(input_ids=input_ids, use_cache=False).last_hidden_state
-        return [self.lm_head(chunk) for chunk in h.chunk(_TT_CHUNKS, dim=1)]
+        return [self.lm_head(chunk) for chunk in h.chunk(TORCHTUNE_OUTPUT_CHUNKS, dim=1)]
 
     inner.forward = types.MethodType(forward, inner)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, fused=True)
@@ -574,11 +572,12 @@ def _torchtune_loss(m, ids):
     holds them), ``CEWithChunkedOutputLoss`` (eager: ``compile: False``), ``del logits``."""
     import torch
 
-    from .torchtune_loss import _ChunkedCE
+    from ..sharding import TORCHTUNE_OUTPUT_CHUNKS
+    from .torchtune_modules import ChunkedCE
 
     labels = torch.hstack((ids[..., 1:], torch.full((ids.shape[0], 1), -100, dtype=ids.dtype)))
     logits = m(ids)
-    loss = _ChunkedCE(_TT_CHUNKS)(logits, labels)
+    loss = ChunkedCE(TORCHTUNE_OUTPUT_CHUNKS)(logits, labels)
     del logits
     return loss, labels
 

@@ -10,9 +10,9 @@ date. ftplan's figure compared is ``peak_reserved_bytes`` for reserved-type meas
 ``device_total_bytes`` (reserved + CUDA context + NCCL communicators) for nvidia-smi readings.
 
 Rows whose job ftplan cannot express yet name what is missing in ``depends_on`` (chunked loss,
-selective activation checkpointing: issue 12's other half; torch.compile; torchtune's own FSDP2
-wrapping): they are
-printed but left out of the statistics. The points check the formulas; no constant is fitted to
+selective activation checkpointing: issue 12's other half; torch.compile): they are
+printed but left out of the statistics. torchtune's rows are planned with its own FSDP2 wrapping
+(``Layout.fsdp_wrap="torchtune"``, from the row's ``stack``). The points check the formulas; no constant is fitted to
 them.
 """
 
@@ -103,8 +103,16 @@ def job_and_layout(r: dict):
                     offload_optimizer=r["offload_optimizer"] == "1", offload_params=r["offload_params"] == "1",
                     fsdp_version=int(r["fsdp_version"] or 2),
                     ds_reduce_bucket_size=int(r.get("ds_reduce_bucket_size") or 0),
-                    fsdp_reduce_dtype=r.get("fsdp_reduce_dtype") or "compute")
+                    fsdp_reduce_dtype=r.get("fsdp_reduce_dtype") or "compute",
+                    fsdp_wrap=_fsdp_wrap(r))
     return job, layout
+
+
+def _fsdp_wrap(r: dict) -> str:
+    """``Layout.fsdp_wrap`` of a row: torchtune's recipes shard with their own ``fully_shard`` calls
+    (``stack`` names the torchtune recipe), everything else FSDP2 is accelerate's wrapping."""
+    torchtune = (r.get("stack") or "").startswith("torchtune") and r["strategy"] == "fsdp"
+    return "torchtune" if torchtune and int(r.get("fsdp_version") or 2) == 2 else "accelerate"
 
 
 def points(rows: list[dict] | None = None) -> list[Point]:

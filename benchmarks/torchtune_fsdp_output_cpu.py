@@ -17,8 +17,11 @@ peaks at a chunk's gather, 2.07 MB against 0.57 MB plain), and gathered again pe
 backward; the chunks' weight gradients accumulate unsharded and are reduce-scattered once, at
 the end (the one half-weight shard). Plain autograd sums the 8 chunks' weight gradients in its
 input buffer (two head-sized gradients at the second chunk, ``memory._torchtune_loss_bytes``).
-ftplan's FSDP2 schedule (``sharding.fsdp2_transient_bytes``) has no unit called several times per
-step: the torchtune rows of ``benchmarks/reference/multi_gpu_memory.csv`` stay unscored on it.
+Since 2026-11-25 ftplan's FSDP2 schedule has units called several times per step
+(``sharding.Unit.calls``, torchtune's wrapping ``Layout.fsdp_wrap="torchtune"``): each chunk's
+post-backward reshards the output unit with nothing to reduce, because autograd sums the chunks'
+weight gradients in its input buffer (out of place, on CPU) before the parameter's gradient exists;
+held byte for byte on a whole tiny model by ``benchmarks/torchtune_wrap_cpu.py``.
 
 Last, FSDP2 without a mixed-precision policy (torchtune's pure bf16; ftplan's ``precision=bf16``):
 a unit holding a bf16 weight and an fp32 one all-gathers 2 + 4 bytes per element (one uint8

@@ -257,6 +257,11 @@ DS_QLORA_CASES = [Case(family="llama", engine="deepspeed", zero_stage=3, method=
 #: whole) and the expert adapters' views outlive their release
 DS_LIVE_CASES = [Case(family="mixtral", engine="deepspeed", zero_stage=3, method="lora", steps=2,
                       max_live=20_000, reuse_distance=20_000, prefetch_bucket=5_000)]
+#: torchtune's own FSDP2 wrapping (pure bf16, its units, the output called per loss chunk, CPU
+#: offload): run in this process group to save a spawn, checked by tests/test_torchtune_wrapping.py
+#: (the grid: benchmarks/torchtune_wrap_cpu.py), not by _check
+TORCHTUNE_WRAP_CASES = [Case(family="llama", engine="fsdp2", method="full", fsdp_wrap="torchtune", seq_len=24,
+                             offload_params=True)]
 #: run by hand only (``FTPLAN_DIST_ALL=1``, see the module docstring): ZeRO-3 cases whose mechanisms
 #: a CI case holds, each named below. Each costs 2-8 s of the 2-core CI (DeepSpeed's per-module
 #: hooks over two steps); every one of them held when they were moved out (2026-11-25)
@@ -619,7 +624,7 @@ def _one_row_states(case: Case) -> int:
 
 
 def _two_rank_cases() -> list[Case]:
-    cases = list(TORCH_CASES)
+    cases = list(TORCH_CASES) + TORCHTUNE_WRAP_CASES
     if HAS_PEFT:
         cases += PEFT_CASES
         if HAS_BNB:
@@ -658,7 +663,7 @@ def _check_group(results, cases, world):
 def test_fsdp2_two_ranks(two_ranks):
     """FSDP2 with accelerate's units and bf16 mixed precision: llama, qwen2 (tied embeddings),
     mixtral; reshard after forward off; CPU offload; LoRA and QLoRA (4-bit weights in bf16 storage)."""
-    _check_group(two_ranks, [c for c in two_ranks if c.engine == "fsdp2"], 2)
+    _check_group(two_ranks, [c for c in two_ranks if c.engine == "fsdp2" and c.fsdp_wrap == "accelerate"], 2)
 
 
 def test_fsdp1_two_ranks(two_ranks):

@@ -121,7 +121,8 @@ def test_existing_flags_and_aliases_are_kept():
             "--qlora-recipe",  # PEFT's or TRL SFTTrainer's QLoRA preparation
             "--padded-batches", "--padded",  # a padded micro-batch (attention_mask with zeros)
             # DeepSpeed ZeRO-3's gather limits (sharding._ds_capped_gather_elems)
-            "--ds-max-live-parameters", "--ds-max-reuse-distance", "--ds-prefetch-bucket-size"} == flags
+            "--ds-max-live-parameters", "--ds-max-reuse-distance", "--ds-prefetch-bucket-size",
+            "--fsdp-wrap"} == flags  # torchtune's own FSDP2 units (Layout.fsdp_wrap)
 
 
 def test_cli_values_build_the_job():

@@ -190,6 +190,20 @@ def job_assumptions(job: Job, layout: Layout | None = None, *,
             "`base_dtype=fp32`",
             "TRL SFTTrainer loads a model id in float32 unless model_init_kwargs sets dtype, and so does "
             "the trl sft command line by default (its ModelConfig dtype is float32)"))
+    if layout is not None and layout.strategy == "fsdp" and layout.fsdp_wrap == "torchtune":
+        # not a default: stated whenever it is set, since every FSDP2 figure rests on these units
+        units = ("decoder layers, the input embedding and the output projection (custom_sharded_layers) its "
+                 "units, the root the final norm" if job.method == "full" else
+                 "decoder layers its units, the root the input embedding, final norm and output projection")
+        out.append(Assumption(
+            "fsdp_wrap", "torchtune",
+            f"FSDP2 units as torchtune 0.3.x wraps them: {units}; the root kept gathered from the start of forward "
+            "to the end of backward (torch 2.4/2.5, the torchtune 0.3 era)"
+            + ("; the output projection gathered once per loss chunk, in forward and in backward"
+               if job.loss == "torchtune" and job.method == "full" else ""),
+            "`fsdp_wrap=accelerate` (accelerate's units)",
+            "torchtune 0.3.1 training.shard_model and recipes full_finetune_distributed / "
+            "lora_finetune_distributed"))
     if job.torchao_nf4:
         q = job.quant
         out.append(Assumption("quant", {"quant_type": q.quant_type, "double_quant": True,

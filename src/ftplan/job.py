@@ -419,6 +419,8 @@ ENGINES = {"single": "torch", "ddp": "ddp", "zero1": "deepspeed", "zero2": "deep
 FSDP_VERSIONS = (1, 2)
 #: strategy fsdp: dtype of the gradient reduce-scatter (Layout.fsdp_reduce_dtype)
 FSDP_REDUCE_DTYPES = ("compute", "fp32")
+#: strategy fsdp (FSDP2): whose ``fully_shard`` calls make the units (Layout.fsdp_wrap)
+FSDP_WRAPS = ("accelerate", "torchtune")
 
 
 @_hash_once
@@ -498,6 +500,15 @@ class Layout:
                                           help="strategy zero3: DeepSpeed stage3_prefetch_bucket_size in elements "
                                                "(0 = HF Trainer's auto, 0.9 x hidden_size^2; DeepSpeed's own "
                                                "default without a JSON config: 50000000)")
+    #: strategy fsdp (FSDP2): which units ``fully_shard`` makes. ``accelerate`` (accelerate's
+    #: ``fsdp2_prepare_model``: decoder layers, the input embedding, [final norm, lm_head] kept
+    #: gathered); ``torchtune`` (torchtune 0.3.x ``training.shard_model``: decoder layers, in full
+    #: fine-tuning also the input embedding and the output projection (``custom_sharded_layers``),
+    #: the root the rest, never resharded after forward; the output projection called once per
+    #: loss chunk: ``sharding.fsdp_units``)
+    fsdp_wrap: str = option("accelerate", choices=FSDP_WRAPS, label="FSDP wrapping",
+                            help="strategy fsdp (FSDP2): accelerate = accelerate's units | torchtune = torchtune's "
+                                 "shard_model units (recipes' custom_sharded_layers in full fine-tuning)")
 
     @property
     def world_size(self) -> int:
@@ -556,6 +567,8 @@ class Layout:
                 parts.append("no-reshard")
             if self.fsdp_reduce_dtype != "compute":
                 parts.append(f"reduce-{self.fsdp_reduce_dtype}")
+            if self.fsdp_wrap != "accelerate":
+                parts.append(f"{self.fsdp_wrap}-wrap")
             if self.hsdp:
                 parts.append("hsdp")
         if self.strategy == "ddp" and self.ddp_bucket_view:
@@ -925,6 +938,17 @@ def validate_job(model: ModelSpec, job: Job, layout: Layout | None = None) -> No
     if layout.fsdp_reduce_dtype != "compute":
         _check(layout.strategy == "fsdp", p, "the reduce dtype is an FSDP mixed-precision option (strategy fsdp)",
                "fsdp_reduce_dtype", "drop `fsdp_reduce_dtype`, or use strategy fsdp")
+    if layout.fsdp_wrap != "accelerate":
+        _check(layout.strategy == "fsdp" and layout.fsdp_version == 2, p,
+               f"the {layout.fsdp_wrap} wrapping is an FSDP2 option (strategy fsdp, fsdp_version 2)", "fsdp_wrap",
+               "drop `fsdp_wrap`, or use strategy fsdp with `fsdp_version=2`")
+        _check(layout.tp == 1 and layout.pp == 1 and layout.ep == 1 and not layout.hsdp, p,
+               "torchtune's wrapping is planned for plain FSDP2 (its 0.3.x distributed recipes have no HSDP, "
+               "tensor, pipeline or expert parallelism)", "fsdp_wrap", "drop `fsdp_wrap`, or `tp`, `pp`, `ep` and "
+               "`hsdp`")
+        _check(not model.tie_word_embeddings, p,
+               f"torchtune's wrapping is planned for an untied output projection ({model.name} ties it to the "
+               "input embedding)", "fsdp_wrap", "drop `fsdp_wrap`")
     if not layout.reshard_after_forward:
         _check(layout.strategy == "fsdp", p,
                "keeping gathered layers after forward is an FSDP option (strategy fsdp; ZeRO-3 always re-gathers)",

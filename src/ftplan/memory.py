@@ -26,8 +26,8 @@ from .job import PRECISIONS, Job, Layout, lora_targets, lora_wraps_experts, plan
 from .model import (FAMILIES, LAYER_INPUT_PROJECTIONS, AttentionSpec, GatedDeltaNetSpec, LayerGroup, LinearSpec,
                     MlpSpec, ModelSpec, MoeSpec, ShortConvSpec, layer_group_order, layer_linears, nope_layer_indices,
                     planned_as_note, unmodelled_dropout_note)
-from .sharding import (activation_job, casts_whole_module, checkpointed_counts, communicator_groups, engine_compute,
-                       layout_memory, quant_state_bytes)
+from .sharding import (TORCHTUNE_OUTPUT_CHUNKS, activation_job, casts_whole_module, checkpointed_counts,
+                       communicator_groups, engine_compute, layout_memory, quant_state_bytes)
 from .torchao_nf4 import nf4_dequant_peak_bytes, nf4_tensor_bytes
 from .units import dtype_bytes
 
@@ -1753,7 +1753,7 @@ def _zero3_base_inputs(g: LayerGroup, model: ModelSpec, job: Job, dt: _Dtypes, t
 
 
 def _logits_bytes(model: ModelSpec, job: Job, dt: _Dtypes, tp: int, backend: str = "cuda",
-                  consts: MemoryConstants | None = None) -> tuple[int, int, int]:
+                  consts: MemoryConstants | None = None, *, fsdp_head_unit: bool = False) -> tuple[int, int, int]:
     """(saved, forward transient, backward transient) bytes of the final norm, the LM head and the
     loss, per ``job.loss`` (the fused heads, ``trl`` and ``liger``, give one transient for both).
 
@@ -1790,7 +1790,7 @@ def _logits_bytes(model: ModelSpec, job: Job, dt: _Dtypes, tp: int, backend: str
         head_saved, transient = _liger_head_bytes(model, job, dt, tp)
         return saved + head_saved, transient, transient
     if job.loss == "torchtune":
-        return _torchtune_loss_bytes(model, job, dt, tp, saved)
+        return _torchtune_loss_bytes(model, job, dt, tp, saved, fsdp_head_unit)
     saved += _linear_inputs(t, h, 1, dt.norm_out, dt)
     if job.uses_lora and "lm_head" in job.lora.target_modules:
         saved += t * h * (c + 1) + t * job.lora.r * c
@@ -1836,12 +1836,11 @@ def _logits_bytes(model: ModelSpec, job: Job, dt: _Dtypes, tp: int, backend: str
     return saved, forward + 4, backward + 4 - targets
 
 
-#: torchtune's ``CEWithChunkedOutputLoss(num_output_chunks=8)`` default, which every recipe config
-#: uses (torchtune 0.3.1 modules/loss/ce_chunked_output_loss.py)
-TORCHTUNE_OUTPUT_CHUNKS = 8
+#: torchtune's ``CEWithChunkedOutputLoss`` chunks: ``sharding.TORCHTUNE_OUTPUT_CHUNKS`` (8)
 
 
-def _torchtune_loss_bytes(model: ModelSpec, job: Job, dt: _Dtypes, tp: int, norm_saved: int) -> tuple[int, int, int]:
+def _torchtune_loss_bytes(model: ModelSpec, job: Job, dt: _Dtypes, tp: int, norm_saved: int,
+                          fsdp_head_unit: bool = False) -> tuple[int, int, int]:
     """(saved, forward transient, backward transient) of torchtune's tail: the final norm, the
     output projection applied per chunk of the sequence (``TransformerDecoder.chunked_output``:
     ``h.chunk(8, dim=1)``) and ``CEWithChunkedOutputLoss``, as the recipes' train step runs it
@@ -1863,7 +1862,9 @@ def _torchtune_loss_bytes(model: ModelSpec, job: Job, dt: _Dtypes, tp: int, norm
     per row compiled, two fp32 gradients eager). A trained head's per-chunk weight gradients meet in
     autograd's input buffer: the second chunk's adds out of place (the first one's, the second
     one's and their sum), so at the second chunk's projection backward two head-sized gradients
-    are live beside the one ftplan counts as the gradient."""
+    are live beside the one ftplan counts as the gradient. ``fsdp_head_unit``: the trained head is
+    an FSDP2 unit of its own (torchtune's wrapping, ``Layout.fsdp_wrap``): those weight gradients
+    are the unit's, in ``sharding.fsdp2_transient_bytes`` (with its per-chunk gathers), not here."""
     b, s = _batch_shape(job)
     t = b * s
     h = model.hidden_size
@@ -1898,7 +1899,7 @@ def _torchtune_loss_bytes(model: ModelSpec, job: Job, dt: _Dtypes, tp: int, norm
         # every chunk's logits gradient but the last one's, the two chunks' input gradients, two
         # head-sized weight gradients; the last chunk's saved input copy (b > 1) already freed
         w = v * h * int(dtype_bytes(PRECISIONS[job.precision]["grad"]))
-        second = (norm_saved + inputs + 8 * t + 8 + t * v * c - r_last * v * c + 2 * w
+        second = (norm_saved + inputs + 8 * t + 8 + t * v * c - r_last * v * c + (0 if fsdp_head_unit else 2 * w)
                   + (r_last + r_prev) * h * c - (r_last * h * c if b > 1 else 0))
         backward_peak = max(backward_peak, second)
     return saved, forward_peak - saved, backward_peak - saved
@@ -2624,7 +2625,12 @@ def activation_parts(model: ModelSpec, job: Job, layout: Layout | None = None, *
     # tensor parallelism as transformers runs it (the model's TP plan, lm_head "colwise_gather_output"):
     # the lm_head weight is split but its logits are gathered, so every rank holds all of them
     # (checked on CPU: tests/test_tp_memory.py)
-    logits_saved, loss_forward, loss_backward = _logits_bytes(model, job, dt, 1, backend, consts)
+    # torchtune's wrapping makes a trained output projection an FSDP2 unit: its weight gradients
+    # are the engine's (sharding.fsdp2_transient_bytes)
+    head_unit = (layout is not None and layout.engine == "fsdp2" and layout.fsdp_wrap == "torchtune"
+                 and job.method == "full")
+    logits_saved, loss_forward, loss_backward = _logits_bytes(model, job, dt, 1, backend, consts,
+                                                              fsdp_head_unit=head_unit)
     if job.casts_fp32_base:
         # transformers' lm_head matmul saves its compute-dtype copy of the fp32 head (or tied
         # embedding) until the head's backward
@@ -2958,10 +2964,30 @@ def estimate_memory(
     if fwd_end > fwd_bwd:
         notes.append(f"autocast cache: {cache / 2**30:,.2f} GiB of compute-dtype weight copies held until the "
                      "forward ends; with gradient accumulation the peak is at the end of the forward")
+    # torchtune's FSDP2 wrapping: the engine's forward peak where it happens, beside what the
+    # forward has saved by then (sharding.LayoutMemory.forward_transient; LoRA: at the first
+    # layer, with the root's embedding, norm and output gathered and their all-gather output)
+    fsdp_forward = 0
+    if lm.forward_transient is not None:
+        done = lm.forward_layers_done
+        first = act.model_level_bytes + act.first_layer_saved_bytes
+        at_saved = saved if done >= 1 else min(saved, first + (saved - first) * done)
+        at_logits = logits_saved if done >= 1 else 0
+        fsdp_forward = int(resident - (grads if job.grad_accum == 1 else 0) + at_saved + at_logits
+                           + lm.forward_transient)
     # optimizer step: fused AdamW has no whole-model temporaries; activations are freed
     shard = layout.shard_degree if layout.shards_params else 1
     step = resident + lm.step_transient + (_largest_layer_bytes(model, job, getattr(layout, "ep", 1)) / mp / shard
                                            if job.method == "full" else 0)
+    if fsdp_forward > max(fwd_bwd, step, fwd_end):
+        fwd_bwd = fsdp_forward
+        if job.grad_accum == 1:
+            grads = 0
+        saved, logits_saved, transient = at_saved, at_logits, lm.forward_transient
+        notes.append(f"fsdp2 (`fsdp_wrap` torchtune): the peak is in the forward, with "
+                     f"{float(lm.forward_transient) / 2**30:,.2f} GiB of gathered units and all-gather outputs"
+                     + (" at the first decoder layer (the root's embedding, norm and output gathered)"
+                        if done == 0 else ""))
     peak_phase = ("forward_end" if fwd_end > max(fwd_bwd, step) else
                   "forward_backward" if fwd_bwd >= step else "optimizer_step")
     if peak_phase == "forward_end":

@@ -136,6 +136,12 @@ class Unit:
     #: buffer of the shared weight) waits there for the embedding's
     early: int = 0
     held: int = 0
+    #: forward calls per step (torchtune's output projection: once per loss chunk). Each call
+    #: gathers and reshards the unit; in backward each call's pre-backward gathers it again and
+    #: its post-backward reshards it, with no gradient to reduce until the last one (autograd sums
+    #: the calls' weight gradients in its input buffer before the parameter's gradient exists:
+    #: those partial sums are planned here, not in ``memory._torchtune_loss_bytes``)
+    calls: int = 1
 
     def numel(self, trainable: bool | None = None) -> int:
         return sum(t.numel for t in self.tensors if trainable is None or t.trainable == trainable)
@@ -161,6 +167,13 @@ class LayoutMemory:
     #: gradient bytes autograd holds outside the engine during backward (FSDP2, tied embeddings:
     #: the lm_head's contribution waits for the embedding's); part of the peak, not of ``transient``
     autograd_held: Fraction = Fraction(0)
+    #: FSDP2 under torchtune's wrapping (``Layout.fsdp_wrap``): the engine's forward peak, apart
+    #: from ``transient`` (then the backward's): the root's all-gather output is still held when the
+    #: first layer is copied out, at the very start of the forward, where the activations are not
+    #: yet saved. ``forward_layers_done``: the share of the decoder layers whose forward has ended at
+    #: that peak (1: at or after the output projection)
+    forward_transient: Fraction | None = None
+    forward_layers_done: Fraction = Fraction(1)
 
 
 def activation_job(job: Job, lm: "LayoutMemory") -> Job:
@@ -319,13 +332,41 @@ def _quant_storage_bytes(job: Job) -> Fraction:
     return dtype_bytes(job.quant.compute_dtype)
 
 
+#: torchtune's ``CEWithChunkedOutputLoss(num_output_chunks=8)`` default, which every recipe config
+#: uses (torchtune 0.3.1 modules/loss/ce_chunked_output_loss.py)
+TORCHTUNE_OUTPUT_CHUNKS = 8
+
+
+def torchtune_output_calls(job: Job) -> int:
+    """How many times torchtune's decoder calls its output projection in one micro-batch: once per
+    chunk of ``CEWithChunkedOutputLoss`` (``torch.chunk`` of the sequence: ceil(s / 8) positions
+    per chunk, so fewer chunks when s < 8 or s is just above a multiple), once otherwise."""
+    if job.loss != "torchtune":
+        return 1
+    size = -(-job.seq_len // TORCHTUNE_OUTPUT_CHUNKS)
+    return -(-job.seq_len // size)
+
+
 def fsdp_units(model: ModelSpec, job: Job, engine: str = "fsdp2", reshard_after_forward: bool = True,
-               ep: int = 1) -> list[Unit]:
+               ep: int = 1, wrap: str = "accelerate") -> list[Unit]:
     """The units accelerate wraps, in forward order: the input embedding (untied), every decoder
     layer, then [final norm, lm_head (and the tied embedding)] with ``reshard_after_forward=False``
     (FSDP2); FSDP1's transformer auto-wrap makes the decoder layers units and leaves the rest to
     the root unit. With expert parallelism (``ep`` > 1) a rank's layer holds ``num_experts / ep``
-    routed experts (what it gathers)."""
+    routed experts (what it gathers).
+
+    ``wrap="torchtune"`` (FSDP2, ``Layout.fsdp_wrap``): torchtune 0.3.x ``training.shard_model``
+    (``reversed(model.named_modules())``: ``fully_shard`` on every ``layers.i`` and on the
+    ``custom_sharded_layers``, then on the whole model), as its recipes call it: LoRA / QLoRA
+    (``lora_finetune_distributed``) shards the decoder layers only, so the root unit holds the
+    embedding, the final norm and the output projection; full fine-tuning
+    (``full_finetune_distributed`` with its configs' ``custom_sharded_layers: ['tok_embeddings',
+    'output']``) makes the embedding and the output projection units of their own (resharded
+    after forward like the layers), the root holding the final norm. The root is gathered first
+    and never resharded after forward (the torch of torchtune 0.3.x, 2.4/2.5, kept every root
+    gathered; torch 2.13 does so when ``reshard_after_forward`` is left unset, while torchtune's
+    explicit ``True`` would reshard it there); the output unit is called once per loss chunk
+    (``Unit.calls``)."""
     tb, fb = _stored_bytes(job, engine)
     full = job.method == "full"
     h, v = model.hidden_size, model.vocab_size
@@ -347,6 +388,15 @@ def fsdp_units(model: ModelSpec, job: Job, engine: str = "fsdp2", reshard_after_
     if engine == "fsdp1":
         root = (emb, *norms) if model.tie_word_embeddings else (emb, *norms, *heads)
         return layers + [Unit("root", root, 1, False)]
+    if wrap == "torchtune":
+        if not full:
+            return [Unit("root", (emb, norm, lm_head), 1, False)] + layers
+        # the root's only parameter, the final norm's weight, gets its gradient once the output
+        # unit's backward is done (``early``), and is reduced at the end of backward
+        return ([Unit("root", (norm,), 1, False, late=h, early=h),
+                 Unit("embed", (emb,), 1, reshard_after_forward, late=v * h)]
+                + layers + [Unit("output", (lm_head,), 1, reshard_after_forward, late=v * h,
+                                 calls=torchtune_output_calls(job))])
     out = []
     if model.tie_word_embeddings:
         # gathered by the embedding lookup, kept (reshard_after_forward=False), reduced last
@@ -401,7 +451,8 @@ def _unit_sequence(units: list[Unit]) -> list[Unit]:
 
 def fsdp2_transient_bytes(units: list[Unit], n: int, *, param_b: Fraction | None, reduce_b: Fraction,
                           hsdp: bool = False, offload: bool = False, backend: str = "cuda",
-                          root_output_b: Fraction = Fraction(0), torch_version: float = 2.13) -> Fraction:
+                          root_output_b: Fraction = Fraction(0), torch_version: float = 2.13,
+                          phases: dict | None = None) -> Fraction:
     """Peak of FSDP2's own transient buffers in one forward + backward on one rank.
 
     The schedule of torch 2.13's ``FSDPParamGroup`` (``_fsdp_param_group.py``,
@@ -435,6 +486,10 @@ def fsdp2_transient_bytes(units: list[Unit], n: int, *, param_b: Fraction | None
     each parameter is gathered and unsharded in its own dtype (tensors of different dtypes go
     through one uint8 all-gather; checked on gloo: a bf16 frozen weight with an fp32 adapter
     gathers 2 + 4 bytes per element, benchmarks/torchtune_fsdp_output_cpu.py's notes).
+
+    ``phases``: a dict to receive the forward's peak (``forward``), the share of the decoder-layer
+    units whose forward had ended at it (``forward_layers_done``) and the backward's peak
+    (``backward``; the return value is the larger of the two).
     """
     s = _Sim()
     seq = _unit_sequence(units)
@@ -469,10 +524,21 @@ def fsdp2_transient_bytes(units: list[Unit], n: int, *, param_b: Fraction | None
         return pad
 
     early_release = torch_version >= 2.15
+    eb = param_b or reduce_b
+    # one entry per forward call: (unit, its wrapped module, call), a module called several
+    # times (``Unit.calls``) being one FSDP parameter group
+    calls = []
+    for gid, u in enumerate(seq):
+        calls += [(u, gid, k) for k in range(u.calls)]
     held_ag = Fraction(0)
     unsharded: dict[int, bool] = {}
+    n_layers = sum(1 for u in seq if u.name.startswith("layer"))
+    layers_done = at_peak = 0
     # forward
-    for i, u in enumerate(seq):
+    for u, gid, _k in calls:
+        if unsharded.get(gid):
+            continue  # kept gathered from an earlier call (not resharded after forward)
+        before = s.peak
         unsh = sizes(u)[0]
         pad = gather(u)
         if early_release:
@@ -482,37 +548,39 @@ def fsdp2_transient_bytes(units: list[Unit], n: int, *, param_b: Fraction | None
             s.add(unsh)  # copy-out
             s.add(-held_ag)  # the previous all-gather output
         held_ag = pad
-        unsharded[i] = True
+        unsharded[gid] = True
+        if s.peak > before:
+            at_peak = layers_done
         if u.reshard_after_forward:
             s.add(-unsh)
-            unsharded[i] = False
+            unsharded[gid] = False
+        layers_done += u.name.startswith("layer")
     s.add(root_output_b)
     s.add(-held_ag)
+    forward_peak = s.peak
+    s.peak = s.cur  # the backward's own peak from here
+    # torchtune's root holding trainable parameters (the final norm): its forward input needs no
+    # gradient, so its post-backward runs in the final callback, just before the embedding unit's
+    # (the first unit in forward, reduced last); the norm's gradient arrives once the output
+    # unit's backward is done
+    root = seq[0] if seq[0].name == "root" and seq[0].numel(True) else None
+    root_grad = root.early * eb if root is not None else Fraction(0)
     # backward: reverse order (a tied embedding unit, first in forward, is reduced last)
-    early = sum(u.early for u in seq) * (param_b or reduce_b)
+    early = sum(u.early for u in seq if u is not root) * eb
     s.add(early)
-    order = list(range(len(seq) - 1, -1, -1))
+    order = list(range(len(calls) - 1, -1, -1))
     prefetched: dict[int, Fraction] = {}
     held_rs = Fraction(0)
     held_ar = Fraction(0)  # HSDP: every unit's all-reduce buffer, until backward ends
-    for pos, i in enumerate(order):
-        u = seq[i]
-        unsh, pad, shard_in, h2d, g, rs_in, rs_out, cast = sizes(u)
-        if not g and i == 0:
-            continue  # no backward of its own: only prefetched (held until backward ends)
-        if not unsharded[i]:
-            ag = prefetched.pop(i) if i in prefetched else gather(u)
-            s.add(unsh)
-            s.add(-ag)
-            unsharded[i] = True
-        if pos + 1 < len(order):
-            j = order[pos + 1]
-            if not unsharded[j] and j not in prefetched:
-                prefetched[j] = gather(seq[j])
-        late = 0 if early_release else u.late * (param_b or reduce_b)
-        s.add(g - u.early * (param_b or reduce_b))  # autograd's unsharded gradients
+
+    def post_backward(u: Unit, gid: int) -> None:
+        """Reshard, then reduce-scatter the unit's gradients (the previous unit's reduce-scatter
+        input freed first)."""
+        nonlocal held_rs, held_ar
+        unsh, _pad, _si, _h2d, g, rs_in, rs_out, cast = sizes(u)
+        late = 0 if early_release else u.late * eb
         s.add(-unsh)  # post-backward reshard
-        unsharded[i] = False
+        unsharded[gid] = False
         if g:
             s.add(-held_rs)
             s.add(rs_in)
@@ -529,11 +597,60 @@ def fsdp2_transient_bytes(units: list[Unit], n: int, *, param_b: Fraction | None
                 s.add(-rs_out)
             held_rs = rs_in
             s.add(-late)
+
+    for pos, i in enumerate(order):
+        u, gid, k = calls[i]
+        unsh, pad, shard_in, h2d, g, rs_in, rs_out, cast = sizes(u)
+        if u is root:
+            continue  # reduced before the first unit's post-backward (below)
+        if not g and i == 0:
+            continue  # no backward of its own: only prefetched (held until backward ends)
+        if not unsharded[gid]:
+            ag = prefetched.pop(gid) if gid in prefetched else gather(u)
+            s.add(unsh)
+            s.add(-ag)
+            unsharded[gid] = True
+        if u.calls > 1 and g and k > 0:
+            # autograd sums the calls' weight gradients in its input buffer (out of place: the
+            # earlier sum, this call's fresh gradient and their sum), the first one kept as is
+            s.add(g)  # this call's gradient
+            if k < u.calls - 1:
+                s.add(g)  # the new sum
+                s.add(-g)  # the earlier sum
+                s.add(-g)  # this call's gradient
+        if k > 0:
+            # a later call of a unit called several times: its post-backward reshards with no
+            # gradient to reduce yet (autograd is still summing the calls' weight gradients);
+            # its pre-backward's prefetch targets the unit itself
+            s.add(-unsh)
+            unsharded[gid] = False
+            continue
+        if pos + 1 < len(order):
+            nxt, gj, _kj = calls[order[pos + 1]]
+            if not unsharded[gj] and gj not in prefetched:
+                prefetched[gj] = gather(nxt)
+        if u.calls > 1 and g:
+            # the first call's gradient (after the prefetch) and the sum that becomes the
+            # parameter's gradient, the earlier sum and the fresh one freed
+            s.add(g)
+            s.add(g)
+            s.add(-g)
+            s.add(-g)
+        s.add((g if u.calls == 1 else 0) - u.early * eb)  # autograd's unsharded gradients
+        if root is not None and gid == 1:
+            post_backward(root, 0)
+        post_backward(u, gid)
+        if g and root_grad:
+            s.add(root_grad)  # the final norm's gradient, after the output unit's backward
+            root_grad = Fraction(0)
     s.add(-held_rs)
     s.add(-sum(prefetched.values(), Fraction(0)))
     s.add(-held_ar)
     s.add(-root_output_b)
-    return s.peak
+    if phases is not None:
+        phases.update(forward=forward_peak, backward=s.peak,
+                      forward_layers_done=Fraction(at_peak, n_layers) if n_layers else Fraction(1))
+    return max(forward_peak, s.peak)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -584,7 +701,8 @@ def layout_memory(model: ModelSpec, job: Job, layout: Layout, st, consts: Memory
 
     n = layout.shard_degree
     if eng in ("fsdp1", "fsdp2"):
-        units = fsdp_units(model, job, eng, layout.reshard_after_forward)
+        wrap = layout.fsdp_wrap if eng == "fsdp2" else "accelerate"
+        units = fsdp_units(model, job, eng, layout.reshard_after_forward, wrap=wrap)
         trainable, n_tt = _padded_shard(units, n, True)
         frozen, _ = _padded_shard(units, n, False)
         if job.method == "qlora":
@@ -633,14 +751,15 @@ def layout_memory(model: ModelSpec, job: Job, layout: Layout, st, consts: Memory
         if layout.ep > 1:
             # expert parallelism: a rank gathers and reduces only its own experts (the states
             # are split by memory.estimate_memory through expert_parallel.ep_rank_states)
-            units = fsdp_units(model, job, eng, layout.reshard_after_forward, ep=layout.ep)
+            units = fsdp_units(model, job, eng, layout.reshard_after_forward, ep=layout.ep, wrap=wrap)
         if eng == "fsdp2":
             # without mixed precision (pure bf16 / fp32) FSDP2 has no param_dtype: every tensor is
             # gathered in its own dtype (a LoRA job's bf16 base beside its fp32 adapters)
+            phases: dict = {}
             transient = fsdp2_transient_bytes(units, n, param_b=pb if mixed else None, reduce_b=rb, hsdp=layout.hsdp,
                                               torch_version=consts.fsdp2_schedule_torch,
                                               offload=layout.offload_params, backend=backend,
-                                              root_output_b=c if mixed else 0)
+                                              root_output_b=c if mixed else 0, phases=phases)
         else:
             transient = (_fsdp1_peft_transient(units, n, pb, rb, layout, backend, gb) if job.method != "full"
                          else _fsdp1_transient(units, n, pb, rb, layout, backend, gb))
@@ -669,9 +788,25 @@ def layout_memory(model: ModelSpec, job: Job, layout: Layout, st, consts: Memory
                          + ("; FSDP1 also pins a gradient buffer for every flat parameter, frozen ones "
                             "included, and keeps the reduced gradient shards on the GPU until backward ends"
                             if eng == "fsdp1" else ""))
+        if wrap == "torchtune":
+            calls = max(u.calls for u in units)
+            notes.append("fsdp2: torchtune's units (`fsdp_wrap`): " + (
+                "decoder layers, the input embedding and the output projection, the root holding the final norm"
+                if job.method == "full" else
+                "decoder layers; the root holds the input embedding, final norm and output projection, gathered "
+                "from the start of forward to the end of backward")
+                + (f"; the output unit gathered {calls} times in forward and in backward (once per loss chunk)"
+                   if calls > 1 else ""))
         held = sum(u.held * u.count for u in units) * pb if eng == "fsdp2" else zero
+        fwd, done = None, Fraction(1)
+        if wrap == "torchtune":
+            # the forward's engine peak is placed where it happens (memory.estimate_memory): under
+            # torchtune's LoRA wrapping at the first layer's copy-out, beside the root's gathered
+            # embedding, norm and output and its all-gather output, before any layer saved anything
+            fwd, done, transient = phases["forward"] / mp, phases["forward_layers_done"], phases["backward"]
         return LayoutMemory(frozen / mp, trainable / mp, zero, grads / mp, opt / mp, zero, transient / mp,
-                            zero, host / mp, mixed or job.method == "qlora", tuple(notes), held / mp)
+                            zero, host / mp, mixed or job.method == "qlora", tuple(notes), held / mp,
+                            forward_transient=fwd, forward_layers_done=done)
 
     # DeepSpeed ZeRO
     stage = int(layout.strategy[-1])

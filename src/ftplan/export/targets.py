@@ -104,6 +104,9 @@ def _engine(layout: Layout, job: Job, target: str, model) -> tuple[str | None, s
                 return None, f"optimizer offload runs AdamW on the CPU (DeepSpeedCPUAdam), not {job.optimizer}"
             return "deepspeed", ""
         # fsdp (and zero3 without offload): FSDP2
+        if s == "fsdp" and layout.fsdp_wrap != "accelerate":
+            return None, (f"{layout.fsdp_wrap}'s own FSDP2 wrapping (`fsdp_wrap`): the exported files wrap as "
+                          "accelerate does; plan the export with `fsdp_wrap=accelerate`")
         if layout.offload_optimizer and not layout.offload_params:
             return None, _FSDP_OPT_ONLY
         if target == "axolotl" and job.optimizer in ("adamw_8bit", "paged_adamw_8bit") and s == "fsdp":

@@ -107,11 +107,23 @@ class Case:
     #: LoRA: the frozen base loaded in fp32 (``Job.base_dtype="fp32"``: TRL SFTTrainer's default
     #: for a model id), cast to bf16 by FSDP's mixed precision / DeepSpeed's bf16 mode
     base_fp32: bool = False
+    #: FSDP2: whose ``fully_shard`` calls (``Layout.fsdp_wrap``): ``accelerate`` (accelerate's
+    #: ``fsdp2_prepare_model``, bf16 mixed precision, autocast, transformers' loss) or ``torchtune``
+    #: (torchtune 0.3.1's ``shard_model``: pure bf16, no mixed-precision policy, decoder layers
+    #: (full: + the input embedding and the output projection) their own units, the root the rest;
+    #: the output projection called per chunk and ``CEWithChunkedOutputLoss``: :func:`_wrap_torchtune`)
+    fsdp_wrap: str = "accelerate"
 
     def job(self):
-        """The ftplan ``Job`` this case runs (bf16-mixed AdamW, HF Trainer / accelerate style)."""
+        """The ftplan ``Job`` this case runs (bf16-mixed AdamW, HF Trainer / accelerate style;
+        torchtune's wrapping: pure bf16, torchtune's loss)."""
         from ..job import Job, LoraSpec
 
+        if self.fsdp_wrap == "torchtune":
+            return Job(method=self.method, precision="bf16", optimizer="adamw", micro_batch=self.batch,
+                       seq_len=self.seq_len, attn_impl=self.attn, gradient_checkpointing=False, loss="torchtune",
+                       lora=LoraSpec(r=self.lora_r, alpha=2 * self.lora_r, dropout=self.lora_dropout,
+                                     target_modules=tuple(self.lora_targets.split(","))))
         # the harness calls the model with labels (transformers' loss) and does not checkpoint
         return Job(method=self.method, precision="bf16-mixed", optimizer="adamw", micro_batch=self.batch,
                    seq_len=self.seq_len, attn_impl=self.attn, gradient_checkpointing=False, loss="hf",
@@ -142,13 +154,15 @@ class Case:
                       ddp_bucket_view=self.ddp_bucket_view, ds_reduce_bucket_size=self.reduce_bucket_size,
                       ds_max_live_parameters=self.max_live, ds_max_reuse_distance=self.reuse_distance,
                       ds_prefetch_bucket_size=self.prefetch_bucket,
-                      fsdp_reduce_dtype="fp32" if self.reduce_fp32 else "compute")
+                      fsdp_reduce_dtype="fp32" if self.reduce_fp32 else "compute", fsdp_wrap=self.fsdp_wrap)
 
     @property
     def label(self) -> str:
         parts = [self.family, self.engine, self.method]
         if self.engine == "deepspeed":
             parts.append(f"zero{self.zero_stage}")
+        if self.fsdp_wrap != "accelerate":
+            parts.append(f"{self.fsdp_wrap}-wrap")
         if self.engine in ("fsdp1", "fsdp2") and not self.reshard_after_forward:
             parts.append("no-reshard")
         if self.reduce_fp32:
@@ -383,7 +397,9 @@ def _build(case: Case):
         if case.method == "qlora":
             model = _build_qlora(cfg, case)
         else:
-            dtype = "bf16" if case.method == "lora" and not case.base_fp32 else "fp32"
+            # (torchtune trains in its ``dtype``: every weight bf16, PEFT's adapters fp32 as ftplan plans them)
+            dtype = ("bf16" if (case.method == "lora" and not case.base_fp32) or case.fsdp_wrap == "torchtune"
+                     else "fp32")
             model = TR.build_model(cfg, dtype=dtype, attn_implementation=case.attn)
             if case.method == "lora":
                 from peft import LoraConfig, get_peft_model
@@ -454,6 +470,8 @@ def _wrap(case: Case, model, world: int, rank: int):
 
         m = DDP(model, gradient_as_bucket_view=case.ddp_bucket_view, bucket_cap_mb=case.ddp_bucket_cap_mb)
         return m, torch.optim.AdamW(trainable(m), lr=1e-4, fused=True), torch.bfloat16, extra
+    if case.engine == "fsdp2" and case.fsdp_wrap == "torchtune":
+        return _wrap_torchtune(case, model, world) + (extra,)
     if case.engine == "fsdp2":
         return _wrap_fsdp2(case, model, world) + (extra,)
     if case.engine == "fsdp1":
@@ -505,6 +523,63 @@ def _wrap_fsdp2(case: Case, model, world: int):
     fully_shard(model, **{k: v for k, v in kw.items() if k != "reshard_after_forward"})
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, fused=True)
     return model, opt, torch.bfloat16
+
+
+def _wrap_torchtune(case: Case, model, world: int):
+    """torchtune 0.3.1's wrapping (``training.shard_model`` as ``lora_finetune_distributed`` /
+    ``full_finetune_distributed`` call it), on the Hugging Face model: walking
+    ``reversed(named_modules())``, ``fully_shard`` every decoder layer (``layers.i``) and, in
+    full fine-tuning, the modules of ``custom_sharded_layers: ['tok_embeddings', 'output']``
+    (here ``model.embed_tokens`` and ``lm_head``), with ``reshard_after_forward`` and
+    ``CPUOffloadPolicy`` when offloading; then ``fully_shard(model)``: the root holds the rest (LoRA:
+    embedding, final norm, output; full: the final norm). No ``MixedPrecisionPolicy`` (torchtune
+    trains in its ``dtype``), no autocast. The root is given no ``reshard_after_forward`` so that it
+    is not resharded after forward, as the torch of torchtune 0.3.1 (2.4/2.5) did for every root
+    (torch 2.13 keeps the root gathered only when the argument is left unset). The model's forward
+    becomes torchtune's ``TransformerDecoder.forward`` with ``chunked_output``: the final norm's
+    output in 8 chunks along the sequence, the output projection called once per chunk."""
+    import types
+
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+
+    from ..sharding import TORCHTUNE_OUTPUT_CHUNKS
+
+    mesh = init_device_mesh("cpu", (world,))
+    inner = next(mod for mod in model.modules() if type(mod).__name__.endswith("ForCausalLM")
+                 and type(mod).__module__.startswith("transformers"))
+    kw = dict(mesh=mesh, offload_policy=CPUOffloadPolicy(pin_memory=False) if case.offload_params else OffloadPolicy())
+    units = {id(layer) for layer in _decoder_layers(model)}
+    if case.method == "full":
+        units |= {id(inner.get_input_embeddings()), id(inner.get_output_embeddings())}
+    for _name, mod in reversed(list(inner.named_modules())):
+        if id(mod) in units:
+            fully_shard(mod, reshard_after_forward=case.reshard_after_forward, **kw)
+    fully_shard(inner, **kw)
+
+    def forward(self, input_ids):
+        h = self.model(input_ids=input_ids, use_cache=False).last_hidden_state
+        return [self.lm_head(chunk) for chunk in h.chunk(TORCHTUNE_OUTPUT_CHUNKS, dim=1)]
+
+    inner.forward = types.MethodType(forward, inner)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, fused=True)
+    return inner, opt, None
+
+
+def _torchtune_loss(m, ids):
+    """torchtune's train step up to ``loss.backward()``: labels shifted with ``hstack`` (the loop
+    holds them), ``CEWithChunkedOutputLoss`` (eager: ``compile: False``), ``del logits``."""
+    import torch
+
+    from ..sharding import TORCHTUNE_OUTPUT_CHUNKS
+    from .torchtune_modules import ChunkedCE
+
+    labels = torch.hstack((ids[..., 1:], torch.full((ids.shape[0], 1), -100, dtype=ids.dtype)))
+    logits = m(ids)
+    loss = ChunkedCE(TORCHTUNE_OUTPUT_CHUNKS)(logits, labels)
+    del logits
+    return loss, labels
 
 
 def _wrap_fsdp1(case: Case, model):
@@ -746,6 +821,11 @@ def _run_case(case: Case, rank: int, world: int) -> RankMeasure:
     vocab = cfg["vocab_size"]
     g = torch.Generator().manual_seed(1000 + rank)
     ids = torch.randint(0, vocab, (case.batch, case.seq_len), generator=g)
+    if case.fsdp_wrap == "torchtune":
+        # the loop's token ids, made before the step (the labels' shift would show the tracker
+        # their storage first, in the forward)
+        tr.register_tensor(ids, "model")
+    label_keys: set[int] = set()
     hooks = []
     out = RankMeasure(rank=rank, case=case.label)
     from .collectives import GroupRecorder
@@ -772,11 +852,17 @@ def _run_case(case: Case, rank: int, world: int) -> RankMeasure:
                 saved_log: list | None = [] if last and os.environ.get("FTPLAN_DIST_SAVED") else None
                 hooks_ctx = _saved_tensor_log(tr, saved_log) if saved_log is not None else contextlib.nullcontext()
                 with ac, hooks_ctx:
-                    loss = m(input_ids=ids, labels=ids, use_cache=False).loss
+                    if case.fsdp_wrap == "torchtune":
+                        loss, labels = _torchtune_loss(m, ids)
+                    else:
+                        loss = m(input_ids=ids, labels=ids, use_cache=False).loss
                 if last:
                     fwd_end_live = tr.sizes()
                 tr.phase = f"bwd{step}"
                 loss_keys = set(tr.key_of(loss))
+                if case.fsdp_wrap == "torchtune":
+                    # the loop's shifted labels, held through backward: activations, not gradients
+                    label_keys = set(tr.key_of(labels))
                 if last:  # FSDP2 creates its unsharded parameters on the first forward
                     hooks = [p.register_hook(_grad_hook) for p in _hookable_params(m, case)]
                 if case.engine == "deepspeed":
@@ -821,11 +907,26 @@ def _run_case(case: Case, rank: int, world: int) -> RankMeasure:
     s = case.steps - 1
     fb = {f"fwd{s}", f"bwd{s}"}
     alloc_in_fb = {k for k, (ph, _o) in tr.meta.items() if ph in fb}
-    grad_keys = {k for k in alloc_in_fb if bwd_end_live.get(k)} - loss_keys
+    grad_keys = {k for k in alloc_in_fb if bwd_end_live.get(k)} - loss_keys - label_keys
     out.grads = sum(bwd_end_live[k] for k in grad_keys)
     # transient: what does not survive backward (storages FSDP resized to 0 included)
     eng = {k for k in tr.meta if not fwd_start_live.get(k) and not bwd_end_live.get(k)
            and (tr.meta[k][1] in ENGINE_OWNERS or tr.role.get(k) == "grad")}
+    if case.fsdp_wrap == "torchtune" and case.method == "full":
+        # autograd's out-of-place partial sums of the output unit's per-chunk weight gradients
+        # (its input buffer: no Python frame, no hook sees them): the storages of the output
+        # weight's size made in backward by no engine and freed before it ends (the case's
+        # tokens x vocabulary must differ from vocabulary x hidden, so that no logits-sized
+        # tensor is taken for one)
+        w = cfg["vocab_size"] * cfg["hidden_size"] * 2
+        if case.batch * case.seq_len * cfg["vocab_size"] * 2 == w:
+            raise ValueError("torchtune full case: choose batch x seq_len != hidden_size")
+        first: dict[int, int] = {}
+        for ph, sid, d in tr.events:
+            if ph == f"bwd{s}" and d > 0:
+                first.setdefault(sid, d)
+        eng |= {k for k, d in first.items() if d == w and tr.meta[k][1] == "other" and not bwd_end_live.get(k)
+                and not fwd_start_live.get(k)}
     out.engine_transient_peak = replay_peak(tr.events, eng.__contains__, fb)
     out.activations = sum(v for k, v in fwd_end_live.items()
                           if tr.meta.get(k, ("", ""))[0] == f"fwd{s}" and tr.meta[k][1] not in ENGINE_OWNERS
@@ -864,7 +965,8 @@ def _run_case(case: Case, rank: int, world: int) -> RankMeasure:
         out.detail["events"] = [(ph, sid, d, tr.meta[sid][1] + " " + tr.where.get(sid, ""), tr.role.get(sid, ""),
                                  sid in eng, i)
                                 for i, (ph, sid, d) in enumerate(tr.events)
-                                if ph in fb and (sid in eng or sid in grad_keys)]
+                                if ph in fb and (sid in eng or sid in grad_keys
+                                                 or os.environ.get("FTPLAN_DIST_DEBUG") == "all")]
     if case.offload_params and case.engine in ("fsdp1", "fsdp2"):
         out.host = out.params + out.grads + out.optimizer
     elif case.engine == "deepspeed":

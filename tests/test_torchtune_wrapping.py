@@ -180,5 +180,9 @@ def test_the_two_70b_rows_are_scored():
     assert len(rows) == 2
     for p in P.points(rows):
         assert p.error_pct is not None and P.job_and_layout(p.row)[1].fsdp_wrap == "torchtune"
-    nf4 = next(r for r in P.load_rows() if r["id"] == "torchtune-llama3.1-405b-qlora")
-    assert "torchao_nf4" in nf4["depends_on"]
+    # the 405B QLoRA row: torchao NF4 (quant_type torchao-nf4) under the same wrapping, scored too
+    nf4 = [r for r in P.load_rows() if r["id"] == "torchtune-llama3.1-405b-qlora"]
+    (p,) = P.points(nf4)
+    assert not nf4[0]["depends_on"] and p.error_pct is not None
+    job, layout = P.job_and_layout(p.row)
+    assert layout.fsdp_wrap == "torchtune" and job.quant.quant_type == "torchao-nf4"

@@ -21,6 +21,7 @@ transformers are imported lazily (in the workers).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -58,6 +59,8 @@ class EpRankMeasure:
     trainable_bytes: int = 0  # local bytes of the trainable parameters (the adapters under LoRA)
     #: every storage autograd keeps at the forward's end (parameter views excluded), the loss's too
     saved_bytes: int = 0
+    #: autocast's saved low-precision copies of fp32 parameters (the LoRA adapters under bf16-mixed)
+    weight_copy_bytes: int = 0
 
 
 class _AnyParam(dict):
@@ -79,7 +82,7 @@ def _nbytes(t) -> int:
 
 def _measure(family: str, path: str, rank: int, world: int, ep: int, batch: int, seq: int,
              method: str = "full", lora_targets: str | list[str] = "all-linear",
-             checkpointing: bool = False) -> EpRankMeasure:
+             checkpointing: bool = False, autocast: bool = False) -> EpRankMeasure:
     import torch
     from transformers.distributed import DistributedConfig
     from transformers.distributed import expert_parallel as EPM
@@ -128,6 +131,7 @@ def _measure(family: str, path: str, rank: int, world: int, ep: int, batch: int,
         vocab = model.config.vocab_size
         ids = torch.randint(0, vocab, (batch, seq))
         tracker = SavedTensorTracker(None)
+        tracker.model = model  # (only to wrap the checkpoint function: its closures are saved too)
         tracker._names = {id(m): strip_peft_prefix(n) for n, m in model.named_modules()}
         tracker._param_names = _AnyParam()
         def exclude_params(module, args):
@@ -148,21 +152,26 @@ def _measure(family: str, path: str, rank: int, world: int, ep: int, batch: int,
 
         hooks = [m.register_forward_pre_hook(exclude_params) for m in model.modules()]
         hooks += [m.register_forward_hook(include_again) for m in model.modules()]
-        with tracker:
+        amp = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
+        with tracker, amp:  # (autocast: HF Trainer's bf16=True on the bf16 model, bf16-mixed)
             out = model(input_ids=ids, labels=ids)
         for h in hooks:
             h.remove()
         if os.environ.get("FTPLAN_EP_DEBUG") and rank == 0:
             for r in tracker.alive_records():
-                if ".mlp" in r.module and r.module.split(".")[2] == os.environ["FTPLAN_EP_DEBUG"]:
+                if os.environ["FTPLAN_EP_DEBUG"] == "all" or (
+                        ".mlp" in r.module and r.module.split(".")[2] == os.environ["FTPLAN_EP_DEBUG"]):
                     print(family, r.module, r.op, r.shape, r.dtype, r.nbytes, r.producer, r.param_copy, flush=True)
         loss = out.loss
         del out
         moe: dict[str, int] = {}
-        saved = 0
+        saved = copies = 0
         for r in tracker.alive_records():
             if r.param_copy:
-                continue  # a view of a parameter (FSDP's unsharded weight, a local expert)
+                # a view of a parameter (FSDP's unsharded weight, a local expert), or autocast's
+                # low-precision copy of one (of a plain fp32 adapter: a storage of its own)
+                copies += r.nbytes if method == "lora" and r.dtype != "float32" else 0
+                continue
             saved += r.nbytes
             parts = r.module.split(".")
             if "mlp" in parts and "layers" in parts:
@@ -195,7 +204,8 @@ def _measure(family: str, path: str, rank: int, world: int, ep: int, batch: int,
                          grad_bytes=gb, expert_grad_bytes=egb, optimizer_bytes=ob, expert_optimizer_bytes=eob,
                          method=method, checkpointing=checkpointing,
                          frozen_bytes=sum(_nbytes(p) for _, p in named if not p.requires_grad),
-                         trainable_bytes=sum(_nbytes(p) for _, p in trainable), saved_bytes=saved)
+                         trainable_bytes=sum(_nbytes(p) for _, p in trainable), saved_bytes=saved,
+                         weight_copy_bytes=copies)
 
 
 def _worker(rank: int, world: int, port: int, jobs: list[tuple], ep: int, batch: int, seq: int,

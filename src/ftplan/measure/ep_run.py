@@ -52,7 +52,8 @@ class EpRankMeasure:
     expert_grad_bytes: int
     optimizer_bytes: int
     expert_optimizer_bytes: int
-    #: ``"full"``, or ``"lora"``: PEFT LoRA applied after the sharded load (see :func:`run_ep_cases`)
+    #: ``"full"``, or ``"lora"`` / ``"qlora"``: PEFT LoRA applied after the sharded load (see
+    #: :func:`run_ep_cases`)
     method: str = "full"
     checkpointing: bool = False
     frozen_bytes: int = 0  # local bytes of the frozen parameters (the base under LoRA)
@@ -96,9 +97,15 @@ def _measure(family: str, path: str, rank: int, world: int, ep: int, batch: int,
         attn = default_attention(json.load(f))
     from .hf import CausalLM  # (mistral4: no AutoModelForCausalLM mapping)
 
+    kwargs = {}
+    if method == "qlora":  # bitsandbytes NF4 at load, as ftplan's exported train.py asks for it
+        from transformers import BitsAndBytesConfig
+
+        kwargs["quantization_config"] = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                                           bnb_4bit_compute_dtype=torch.bfloat16)
     model = CausalLM.from_pretrained(path, distributed_config=cfg, dtype=torch.bfloat16,
-                                     attn_implementation=attn)
-    if method == "lora":
+                                     attn_implementation=attn, **kwargs)
+    if method in ("lora", "qlora"):
         # as TRL / PEFT do with a model transformers sharded at load time: get_peft_model after the
         # load. The adapters are plain tensors next to the DTensor base (FSDP2 and EP never see
         # them); transformers' Trainer broadcasts them from rank 0 and averages their gradients
@@ -170,7 +177,7 @@ def _measure(family: str, path: str, rank: int, world: int, ep: int, batch: int,
             if r.param_copy:
                 # a view of a parameter (FSDP's unsharded weight, a local expert), or autocast's
                 # low-precision copy of one (of a plain fp32 adapter: a storage of its own)
-                copies += r.nbytes if method == "lora" and r.dtype != "float32" else 0
+                copies += r.nbytes if method != "full" and r.dtype != "float32" else 0
                 continue
             saved += r.nbytes
             parts = r.module.split(".")
@@ -251,10 +258,12 @@ def run_ep(families: list[str], *, world: int = 2, ep: int = 2, batch: int = 2, 
 def run_ep_cases(cases: dict[str, dict[str, Any]], *, world: int = 2, ep: int = 2, batch: int = 2, seq: int = 32,
                  configs: dict[str, dict] | None = None) -> dict[str, list[EpRankMeasure] | str]:
     """Like :func:`run_ep`, one spawn for several cases: ``{label: {"family": ..., "method": "full" |
-    "lora", "lora_targets": "all-linear" | [names], "checkpointing": bool}}``. LoRA (rank 4, alpha 8,
-    no dropout) is applied with PEFT after transformers' sharded load, the way a TRL / Trainer script
-    does with ``from_pretrained(distributed_config=...)``. Per label the per-rank measurements, or
-    the error text a rank raised (``"error: ExceptionType: message ..."``)."""
+    "lora" | "qlora", "lora_targets": "all-linear" | [names], "checkpointing": bool, "autocast":
+    bool}}``. LoRA (rank 4, alpha 8, no dropout) is applied with PEFT after transformers' sharded
+    load, the way a TRL / Trainer script does with ``from_pretrained(distributed_config=...)``
+    (``qlora``: a bitsandbytes NF4 load first); ``autocast``: the forward under bf16 autocast
+    (bf16-mixed, HF Trainer's ``bf16=True``), else pure bf16. Per label the per-rank measurements,
+    or the error text a rank raised (``"error: ExceptionType: message ..."``)."""
     import torch.multiprocessing as mp
 
     from .torchref import TINY_CONFIGS, build_model

@@ -22,8 +22,16 @@ Memory per rank (``ep_rank_states``, ``ep_experts_saved``, ``ep_dispatch_transie
   weights, the combined outputs and routing weights: held byte-exact against a gloo run);
 * transient: the send and receive buffers of one all-to-all.
 
-LoRA adapters on the experts (PEFT ParamWrapper) are taken as replicated, not split by EP
-(not measured: PEFT does not wrap DTensor experts).
+LoRA (measured on gloo: ``tests/test_ep_lora.py``, ``benchmarks/ep_lora_cpu.py``): the EP engine
+is transformers' load-time sharding, and PEFT wraps the model after it. On the experts that does
+not run (``job.validate_job`` refuses it): PEFT's ParamWrapper makes plain-tensor adapters for
+every expert next to the DTensor expert shards, and its merge fails in the first forward ("mixed
+torch.Tensor and DTensor"); QLoRA fails in PEFT's bitsandbytes dispatch on FSDP2's DTensors. On the
+attention the adapters stay plain fp32 tensors outside FSDP and EP, replicated on every rank (HF
+Trainer broadcasts them and averages their gradients): ``ep_rank_states`` gives each rank the whole
+adapter states and autocast's copies, and the activations are those of one GPU under HF Trainer's
+autocast (``memory.estimate_memory``), the frozen experts keeping neither their gathered rows nor
+down's input (``ep_experts_saved``).
 """
 
 from __future__ import annotations

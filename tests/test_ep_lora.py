@@ -77,7 +77,9 @@ def test_lora_under_expert_parallelism_matches_the_gloo_run(ep_gloo_runs):
         ranks = runs[label]
         assert not isinstance(ranks, str), ranks
         for r in ranks:
-            assert measured(r) == predicted("mixtral", ckpt, r.rows[: len(r.rows) // (2 if ckpt else 1)]), (label, r.rank)
+            # (checkpointing: the recompute dispatches the same rows again, logged after the forward's)
+            rows = r.rows[: len(r.rows) // (2 if ckpt else 1)]
+            assert measured(r) == predicted("mixtral", ckpt, rows), (label, r.rank)
         # the adapters are whole on every rank (replicated), the experts split
         assert ranks[0].trainable_bytes == ranks[1].trainable_bytes > 0
         assert ranks[0].local_experts == 2

@@ -2801,7 +2801,9 @@ def estimate_memory(
 
         transient += ep_dispatch_transient_bytes(model, job, layout)
         notes.append(f"expert parallel ep={layout.ep}: {_experts_of(model) // layout.ep} experts per rank and MoE "
-                     "layer; all-to-all buffers and the busiest rank's tokens included")
+                     "layer; all-to-all buffers and the busiest rank's tokens included"
+                     + ("; the LoRA adapters whole on every rank (PEFT adds them after transformers' expert-"
+                        "parallel load: plain tensors neither FSDP nor EP shards)" if job.uses_lora else ""))
 
     if job.low_precision:
         master, transient = _lowprec_layout_terms(model, job, layout, master, transient, notes)

@@ -47,3 +47,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if any(s in item.nodeid for s in SLOW):
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(scope="session")
+def ep_gloo_runs(request: pytest.FixtureRequest) -> dict:
+    """Every expert-parallel gloo case of the session in ONE two-process spawn
+    (:func:`ftplan.measure.ep_run.run_ep_cases`; the spawn's imports cost ~14 s of CPU, a case
+    ~0.5 s): the union of the ``EP_GLOO_CASES`` dicts (label -> case) of the collected test modules
+    (tests/test_expert_parallel.py, tests/test_ep_lora.py). Per label the per-rank measurements or
+    the error text a rank raised."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from ftplan.measure.ep_run import run_ep_cases
+
+    cases: dict = {}
+    for mod in dict.fromkeys(item.module for item in request.session.items if getattr(item, "module", None)):
+        cases.update(getattr(mod, "EP_GLOO_CASES", {}))
+    return run_ep_cases(cases, world=2, ep=2, batch=2, seq=32)

@@ -193,7 +193,9 @@ def test_refused_and_planned_layouts():
     with pytest.raises(ConfigError, match="tensor parallelism is not modelled for minimax-m2.7's q/k norms") as e:
         validate_job(spec, job, Layout(8, 1, "fsdp", tp=2))
     assert "\n" not in str(e.value)
-    validate_job(spec, job, Layout(8, 1, "fsdp", ep=8))
+    # (LoRA on the attention: LoRA on EP experts is refused, tests/test_ep_lora.py)
+    validate_job(spec, job.with_(lora=LoraSpec(dropout=0.0, target_modules=("q_proj", "k_proj", "v_proj", "o_proj"))),
+                 Layout(8, 1, "fsdp", ep=8))
     validate_job(spec, job.with_(attn_impl="flash"), Layout(8, 1, "fsdp"))
     with pytest.raises(ConfigError, match="expert-parallel degree 3 must divide the 256 experts"):
         validate_job(spec, job, Layout(6, 1, "fsdp", ep=3))

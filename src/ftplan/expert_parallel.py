@@ -22,8 +22,16 @@ Memory per rank (``ep_rank_states``, ``ep_experts_saved``, ``ep_dispatch_transie
   weights, the combined outputs and routing weights: held byte-exact against a gloo run);
 * transient: the send and receive buffers of one all-to-all.
 
-LoRA adapters on the experts (PEFT ParamWrapper) are taken as replicated, not split by EP
-(not measured: PEFT does not wrap DTensor experts).
+LoRA (measured on gloo: ``tests/test_ep_lora.py``, ``benchmarks/ep_lora_cpu.py``): the EP engine
+is transformers' load-time sharding, and PEFT wraps the model after it. On the experts that does
+not run (``job.validate_job`` refuses it): PEFT's ParamWrapper makes plain-tensor adapters for
+every expert next to the DTensor expert shards, and its merge fails in the first forward ("mixed
+torch.Tensor and DTensor"); QLoRA fails in PEFT's bitsandbytes dispatch on FSDP2's DTensors. On the
+attention the adapters stay plain fp32 tensors outside FSDP and EP, replicated on every rank (HF
+Trainer broadcasts them and averages their gradients): ``ep_rank_states`` gives each rank the whole
+adapter states and autocast's copies, and the activations are those of one GPU under HF Trainer's
+autocast (``memory.estimate_memory``), the frozen experts keeping neither their gathered rows nor
+down's input (``ep_experts_saved``).
 """
 
 from __future__ import annotations
@@ -53,7 +61,8 @@ def ep_rows_per_rank(tokens: int, moe: MoeSpec, load_factor: float | None = None
     return math.ceil(tokens * moe.top_k * f)
 
 
-def ep_experts_saved(m: MoeSpec, t: int, rows: int, h: int, dt: Any, ep: int, w_bytes: int) -> int:
+def ep_experts_saved(m: MoeSpec, t: int, rows: int, h: int, dt: Any, ep: int, w_bytes: int,
+                     train: bool | None = None) -> int:
     """Bytes the expert-parallel experts path of one MoE layer saves for backward on a rank that
     routes ``t`` tokens and receives ``rows`` (token, expert) rows (transformers ``AllToAllEP``
     around the ``grouped_mm`` experts):
@@ -61,8 +70,11 @@ def ep_experts_saved(m: MoeSpec, t: int, rows: int, h: int, dt: Any, ep: int, w_
     * dispatch: the gather index of the sent rows (``t x top_k`` int64);
     * experts on the received rows (top-1, unit weights): the sort and inverse-sort indices
       (2 x rows int64), the off-rank sentinel mask (rows bool), the per-expert offsets (int32),
-      the gathered rows, the gate_up output, the activation output and the product (the experts'
-      activation dtype), the unit weights (rows, in the hidden states' dtype);
+      the gate_up output and the activation output (the experts' activation dtype), the unit
+      weights (rows, in the hidden states' dtype); with trainable experts (``train``, default
+      ``dt.full``) also the gathered rows and the product (down's input): a grouped_mm saves its
+      input only for its weight gradient, so frozen experts (LoRA on the attention only) keep
+      neither (held byte-exact against a gloo run, ``tests/test_ep_lora.py``);
     * combine: the scatter index (``t x top_k`` int64), the returned outputs and the routing
       weights they are multiplied by.
 
@@ -75,13 +87,14 @@ def ep_experts_saved(m: MoeSpec, t: int, rows: int, h: int, dt: Any, ep: int, w_
     e = dt.expert
     i = m.expert_intermediate_size
     tk = t * m.top_k
+    train = dt.full if train is None else train
     local = m.num_experts // ep
     out = 2 * tk * 8 + 2 * rows * 8 + rows + local * 4
     if m.router == "gpt_oss":
-        out += rows * e * (2 * i + 4 * i + ((h + i) if dt.full else 0)) + rows * dt.norm_out
-        out += (rows * 8 if dt.full else 0) + tk * h * e
+        out += rows * e * (2 * i + 4 * i + ((h + i) if train else 0)) + rows * dt.norm_out
+        out += (rows * 8 if train else 0) + tk * h * e
         return out
-    out += rows * e * (h + 2 * i + i + i) + rows * dt.norm_out
+    out += rows * e * (2 * i + i + ((h + i) if train else 0)) + rows * dt.norm_out
     out += tk * h * e + tk * w_bytes
     return out
 
@@ -138,6 +151,13 @@ def ep_rank_states(model: ModelSpec, job: Job, layout: Layout, st: Any, frozen: 
         "opt": layout.shards_optimizer,
     }
     cur = {"frozen": frozen, "trainable": trainable, "master": master, "grads": grads, "opt": opt}
+    if job.uses_lora:
+        # transformers shards the base at load time (FSDP2 + EP) and PEFT adds its adapters after:
+        # plain tensors FSDP never sees, replicated on every rank (HF Trainer broadcasts them and
+        # all-reduces their gradients), fp32, with autocast's compute-dtype copies of them saved as
+        # on one GPU (``master_weights``): each rank holds the whole adapter states
+        cur.update(trainable=float(st.trainable_weights), master=float(st.master_weights),
+                   grads=float(st.gradients), opt=float(st.optimizer_states))
     for k, v in x.items():
         if not v or not whole[k] or not cur[k]:
             continue

@@ -623,6 +623,13 @@ def lora_wraps_experts(model: ModelSpec, lora: LoraSpec) -> bool:
     return model.is_moe and "all-linear" in lora.target_modules and (fam is None or fam.peft_wraps_experts)
 
 
+def _attention_targets(model: ModelSpec) -> str:
+    """The attention ``nn.Linear`` leaf names of ``model``, comma-separated, in registration order
+    (``q_proj,k_proj,v_proj,o_proj``; MLA's ``q_a_proj,q_b_proj,kv_a_proj_with_mqa,kv_b_proj,o_proj``)."""
+    names = [lin.module for lin in model.linears() if lin.is_module and lin.category == "attention"]
+    return ",".join(dict.fromkeys(names)) or "q_proj,k_proj,v_proj,o_proj"
+
+
 def _check(cond: bool, problems: list[Problem], msg: str, field: str | None = None,
            hint: str | None = None) -> None:
     if not cond:
@@ -838,6 +845,17 @@ def validate_job(model: ModelSpec, job: Job, layout: Layout | None = None) -> No
                "experts with ParamWrapper, which refuses lora_dropout > 0",
                "lora_dropout",
                "use `lora_dropout=0`, or target attention only, e.g. `lora_targets=q_proj,k_proj,v_proj,o_proj`")
+        if layout.ep > 1 and lora_wraps_experts(model, lo):
+            # measured (ftplan.measure.ep_run, tests/test_ep_lora.py): get_peft_model after
+            # transformers' expert-parallel load wraps the DTensor expert shards with plain-tensor
+            # adapters for every expert, and the first forward fails in the merge ("aten.baddbmm
+            # got mixed torch.Tensor and DTensor")
+            p.append(Problem("lora_targets",
+                             f"LoRA on the experts (`lora_targets=all-linear` on {model.name}) with expert "
+                             f"parallelism `ep={layout.ep}`: PEFT's ParamWrapper cannot adapt the expert shards "
+                             "transformers' expert parallelism makes (its forward fails on the DTensor experts)",
+                             f"leave the experts frozen with `lora_targets={_attention_targets(model)}`, or use "
+                             "`ep=1`"))
         names = model.module_names()
         unknown = [t for t in lo.target_modules if t != "all-linear" and t not in names]
         if unknown:
@@ -847,6 +865,13 @@ def validate_job(model: ModelSpec, job: Job, layout: Layout | None = None) -> No
                 f"(it has {', '.join(sorted(names))}, or use all-linear)"))
         elif not lora_targets(model, lo):
             p.append(Problem("lora_targets", "LoRA targets no module"))
+    if job.method == "qlora" and layout.ep > 1:
+        # measured: PEFT's bitsandbytes dispatch reads Params4bit attributes the DTensor shards of
+        # transformers' load-time FSDP2 do not have ("'DTensor' object has no attribute
+        # 'compress_statistics'"), whatever the targets
+        p.append(Problem("method", f"QLoRA with expert parallelism `ep={layout.ep}`: PEFT cannot put adapters on "
+                                   "the 4-bit layers transformers' expert-parallel load shards (FSDP2 DTensors)",
+                         "use `method=lora`, or `ep=1`"))
     if job.precision == "auto":
         p.append(Problem("precision", "`precision=auto` searches precisions: it is for `ftplan recommend` and "
                                       "`ftplan compare`", "pass one precision, e.g. `precision=bf16-mixed` or fp8"))

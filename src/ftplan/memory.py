@@ -1487,7 +1487,8 @@ def _moe_saved(m: MoeSpec, t: int, h: int, dt: _Dtypes, tp: int, wrapped: bool =
     if ep > 1:
         from .expert_parallel import ep_experts_saved
 
-        out += ep_experts_saved(m, t, routed if ep_rows is None else ep_rows, h, dt, ep, w_bytes)
+        out += ep_experts_saved(m, t, routed if ep_rows is None else ep_rows, h, dt, ep, w_bytes,
+                                train=dt.full or wrapped)
     elif m.router == "gpt_oss":
         # experts (grouped_mm, biased): three index vectors and, with trainable biases, the sorted
         # expert ids their gathers keep; offsets; the gate_up output (both clamps keep it), the
@@ -2876,10 +2877,16 @@ def estimate_memory(
     # FSDP's mixed precision and DeepSpeed's bf16 mode run the model on compute-dtype weights:
     # activations are those of pure compute-dtype training, but for an fp32 path transformers
     # keeps (FSDP runs under accelerate's autocast, DeepSpeed does not: sharding.engine_compute)
-    # (torchtune's QLoRA trains in one dtype already: its own activations, bf16 adapters included)
-    act = activation_parts(model, job if job.torchao_nf4 else activation_job(job, lm), layout, backend=backend,
-                           consts=consts,
-                           engine_compute=engine_compute(job, layout), quantized_base=job.method == "qlora")
+    if getattr(layout, "ep", 1) > 1 and job.uses_lora:
+        # expert parallelism runs as transformers' load-time sharding: PEFT's adapters are plain
+        # fp32 tensors outside FSDP, under HF Trainer's autocast, as on one GPU
+        # (expert_parallel.ep_rank_states; measured on gloo, tests/test_ep_lora.py)
+        act = activation_parts(model, job, layout, backend=backend, consts=consts)
+    else:
+        # (torchtune's QLoRA trains in one dtype already: its own activations, bf16 adapters included)
+        act = activation_parts(model, job if job.torchao_nf4 else activation_job(job, lm), layout, backend=backend,
+                               consts=consts,
+                               engine_compute=engine_compute(job, layout), quantized_base=job.method == "qlora")
     saved, logits_saved, transient = act.device_saved_bytes, act.loss_saved_bytes, act.transient_bytes
     if act.compile_note:
         notes.append(act.compile_note)
@@ -2906,7 +2913,9 @@ def estimate_memory(
 
         transient += ep_dispatch_transient_bytes(model, job, layout)
         notes.append(f"expert parallel ep={layout.ep}: {_experts_of(model) // layout.ep} experts per rank and MoE "
-                     "layer; all-to-all buffers and the busiest rank's tokens included")
+                     "layer; all-to-all buffers and the busiest rank's tokens included"
+                     + ("; the LoRA adapters whole on every rank (PEFT adds them after transformers' expert-"
+                        "parallel load: plain tensors neither FSDP nor EP shards)" if job.uses_lora else ""))
 
     if job.low_precision:
         master, transient = _lowprec_layout_terms(model, job, layout, master, transient, notes)

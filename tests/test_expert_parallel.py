@@ -159,7 +159,8 @@ def test_planner_offers_ep_layouts_where_cheaper():
         model = resolve_model(name)
         job = Job(method="lora", seq_len=4096, dataset_tokens=50_000_000,
                   lora=Job().lora.__class__(dropout=0.0, target_modules=attention[name]))
-        ps = recommend(model, job, offers, gpus=["h200", "b200"])
+        # (target=None: every layout ranked; no export target sets EP up, so by default they are left out)
+        ps = recommend(model, job, offers, gpus=["h200", "b200"], target=None)
         ep = [p for p in ps.plans if p.layout.ep > 1]
         assert ep, name
         assert all(p.runtime.breakdown["ep_all_to_all_s"] > 0 for p in ep)
@@ -227,3 +228,24 @@ def test_fsdp1_refuses_the_fp32_router_of_a_bf16_deepseek_and_ftplan_says_so():
         notes = estimate_memory(model_from_config(TR.TINY_CONFIGS[family]), job,
                                 Layout(2, 1, "fsdp", fsdp_version=1)).notes
         assert not any("flat parameters refuse" in n for n in notes), (family, notes)
+
+
+def test_exports_refuse_expert_parallel_layouts():
+    """No exported launch sets up transformers' load-time expert sharding
+    (``DistributedConfig(ep_size=...)``): an EP plan would run as plain FSDP2 / DeepSpeed and hold
+    other bytes than its answer. Every target refuses it in one line and the default search (the
+    accelerate target) leaves EP layouts out with a note."""
+    from ftplan.catalog.offers import load_offers
+    from ftplan.export.targets import TARGETS, exportable
+    from ftplan.planner import recommend
+
+    model = resolve_model("qwen3-30b-a3b")
+    job = Job(method="full", seq_len=1024, dataset_tokens=10_000_000)
+    for target in TARGETS:
+        for strategy in ("fsdp", "zero3", "ddp"):
+            ok, why = exportable(Layout(8, 1, strategy, ep=2), job, target, model)
+            assert not ok and "expert parallelism (`ep` > 1)" in why and "`ep=1`" in why, (target, strategy, why)
+        assert exportable(Layout(8, 1, "fsdp"), job, target, model)[0] or target != "accelerate"
+    ps = recommend(model, job, load_offers(), gpus=["h200"])
+    assert ps.plans and all(p.layout.ep == 1 for p in ps.plans)
+    assert any("expert parallelism" in n for n in ps.notes), ps.notes

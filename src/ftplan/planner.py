@@ -661,7 +661,7 @@ def recommend(
     infeasible.extend(dropped)
     for why in sorted(counts.left_out):
         notes.append(f"left out layouts that the {target} export cannot run: {why} "
-                     "(recommend(target=None) ranks them)")
+                     "(`target=any` ranks them)")
 
     plans = _rank(kept, objective)
     stats = SearchStats(offers=len(offers), gpu_types=len(by_gpu), layouts=counts.layouts,

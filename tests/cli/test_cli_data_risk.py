@@ -80,11 +80,17 @@ def test_dataset_on_estimate_recommend_and_fit(tmp_path, capsys):
 
 
 def test_moe_plans_include_expert_parallel_layouts(capsys):
+    # `--target any`: no export target sets up expert parallelism, so the default search leaves it out
     rc, out, _ = _run(capsys, "recommend", "qwen3-30b-a3b", "--tokens", "50M", "--gpus-filter", "h200", "--json",
-                      "--top", "20")
+                      "--top", "20", "--target", "any")
     assert rc == 0
     plans = json.loads(out)["plans"]
     assert any(p["layout"]["ep"] > 1 and "+ep" in p["strategy_label"] for p in plans)
+    rc, out, _ = _run(capsys, "recommend", "qwen3-30b-a3b", "--tokens", "50M", "--gpus-filter", "h200", "--json",
+                      "--top", "20")
+    doc = json.loads(out)
+    assert rc == 0 and all(p["layout"]["ep"] == 1 for p in doc["plans"])
+    assert any("expert parallelism (ep > 1)" in n and "ep=1" in n for n in doc["notes"]), doc["notes"]
     rc, out, _ = _run(capsys, "estimate", "qwen3-30b-a3b", "--gpus", "8", "--strategy", "fsdp", "--ep", "8", "--json")
     assert rc == 0 and json.loads(out)["layout"]["ep"] == 8
     rc, _, err = _run(capsys, "estimate", "qwen3-30b-a3b", "--gpus", "8", "--strategy", "fsdp", "--ep", "3")

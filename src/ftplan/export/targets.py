@@ -71,6 +71,13 @@ def _engine(layout: Layout, job: Job, target: str, model) -> tuple[str | None, s
     if job.torchao_nf4:
         return None, ("torchao-nf4 is torchtune's QLoRA (its own recipes and model code): no export target "
                       "writes a torchtune config; `quant_type=nf4` is bitsandbytes' QLoRA, which they export")
+    if getattr(layout, "ep", 1) > 1:
+        # transformers runs expert parallelism at load time (from_pretrained(distributed_config=
+        # DistributedConfig(ep_size=...)), FSDP2 over the rest): none of the exported launches sets it up,
+        # so their files would run the plan without EP, holding other bytes than its answer
+        return None, ("expert parallelism (`ep` > 1): the exported launches do not set up transformers' "
+                      "load-time expert sharding, so they would run another layout than the plan; plan the export "
+                      "with `ep=1`")
     if layout.pp > 1:
         return None, _PP
     if layout.tp > 1:

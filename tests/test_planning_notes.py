@@ -53,3 +53,22 @@ def test_attention_dropout_of_a_family_that_does_not_plan_it_is_named():
     assert any(n.startswith("config attention_dropout 0.1 is planned as 0") for n in notes)
     assert not any("attention_dropout" in n for n in estimate_memory(resolve_model("llama-3.1-8b"), Job(),
                                                                      Layout()).notes)
+
+
+def test_the_hints_name_the_models_own_attention_linears():
+    """The single change "leave the experts frozen" names the model's own attention linears (MLA's
+    q_a_proj ... on DeepSeek-V3, not llama's q_proj), and the suggested targets validate."""
+    from ftplan.errors import ConfigError
+    from ftplan.job import validate_job
+
+    mla = "q_a_proj,q_b_proj,kv_a_proj_with_mqa,kv_b_proj,o_proj"
+    (note,) = _notes("deepseek-v3")
+    assert f"`lora_targets={mla}` leaves the experts frozen" in note
+    (note,) = _notes("mixtral-8x7b")
+    assert "`lora_targets=q_proj,k_proj,v_proj,o_proj` leaves the experts frozen" in note
+    model = resolve_model("deepseek-v3")
+    with pytest.raises(ConfigError) as e:
+        validate_job(model, Job(method="lora", lora=LoraSpec(dropout=0.05)), Layout())
+    assert f"`lora_targets={mla}`" in str(e.value.problems[0].hint)
+    validate_job(model, Job(method="lora", lora=LoraSpec(dropout=0.05, target_modules=tuple(mla.split(",")))),
+                 Layout())

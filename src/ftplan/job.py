@@ -623,7 +623,7 @@ def lora_wraps_experts(model: ModelSpec, lora: LoraSpec) -> bool:
     return model.is_moe and "all-linear" in lora.target_modules and (fam is None or fam.peft_wraps_experts)
 
 
-def _attention_targets(model: ModelSpec) -> str:
+def attention_targets(model: ModelSpec) -> str:
     """The attention ``nn.Linear`` leaf names of ``model``, comma-separated, in registration order
     (``q_proj,k_proj,v_proj,o_proj``; MLA's ``q_a_proj,q_b_proj,kv_a_proj_with_mqa,kv_b_proj,o_proj``)."""
     names = [lin.module for lin in model.linears() if lin.is_module and lin.category == "attention"]
@@ -844,7 +844,7 @@ def validate_job(model: ModelSpec, job: Job, layout: Layout | None = None) -> No
                f"LoRA dropout {lo.dropout} with all-linear on MoE model {model.name}: PEFT wraps its fused "
                "experts with ParamWrapper, which refuses lora_dropout > 0",
                "lora_dropout",
-               "use `lora_dropout=0`, or target attention only, e.g. `lora_targets=q_proj,k_proj,v_proj,o_proj`")
+               f"use `lora_dropout=0`, or target attention only, e.g. `lora_targets={attention_targets(model)}`")
         if layout.ep > 1 and lora_wraps_experts(model, lo):
             # measured (ftplan.measure.ep_run, tests/test_ep_lora.py): get_peft_model after
             # transformers' expert-parallel load wraps the DTensor expert shards with plain-tensor
@@ -854,7 +854,7 @@ def validate_job(model: ModelSpec, job: Job, layout: Layout | None = None) -> No
                              f"LoRA on the experts (`lora_targets=all-linear` on {model.name}) with expert "
                              f"parallelism `ep={layout.ep}`: PEFT's ParamWrapper cannot adapt the expert shards "
                              "transformers' expert parallelism makes (its forward fails on the DTensor experts)",
-                             f"leave the experts frozen with `lora_targets={_attention_targets(model)}`, or use "
+                             f"leave the experts frozen with `lora_targets={attention_targets(model)}`, or use "
                              "`ep=1`"))
         names = model.module_names()
         unknown = [t for t in lo.target_modules if t != "all-linear" and t not in names]
@@ -991,7 +991,7 @@ def validate_job(model: ModelSpec, job: Job, layout: Layout | None = None) -> No
             p.append(Problem("base_dtype", f"base_dtype {job.base_dtype} with LoRA on {model.name}'s fused experts "
                              "(PEFT ParamWrapper) under autocast is not modelled (measured on CPU, it saves more "
                              "than ftplan can account for)", "target the attention/MLP linears only, e.g. "
-                             "`lora_targets=q_proj,k_proj,v_proj,o_proj`, or shard with fsdp / zero3"))
+                             f"`lora_targets={attention_targets(model)}`, or shard with fsdp / zero3"))
         _check(not (job.activation_offloading and unsharded), p,
                f"base_dtype {job.base_dtype} with activation offloading is not modelled", "base_dtype",
                "drop `activation_offloading` or `base_dtype`")

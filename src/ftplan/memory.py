@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 from .catalog.constants import MemoryConstants, memory_constants
-from .job import PRECISIONS, Job, Layout, lora_targets, lora_wraps_experts, planned_attention, validate_job
+from .job import (PRECISIONS, Job, Layout, attention_targets, lora_targets, lora_wraps_experts, planned_attention,
+                  validate_job)
 from .model import (FAMILIES, LAYER_INPUT_PROJECTIONS, AttentionSpec, GatedDeltaNetSpec, LayerGroup, LinearSpec,
                     MlpSpec, ModelSpec, MoeSpec, ShortConvSpec, layer_group_order, layer_linears, nope_layer_indices,
                     planned_as_note, unmodelled_dropout_note)
@@ -2773,7 +2774,7 @@ def _merged_experts_note(model: ModelSpec, job: Job, backend: str) -> str:
             f"{max(b for _, b in moe) / 2**30:,.2f} GiB per MoE layer, {total / 2**30:,.1f} GiB over "
             f"{sum(n for n, _ in moe)} layers without checkpointing (under ZeRO-3 / FSDP too: they are built from "
             "the gathered weights); `gradient_checkpointing` keeps one layer's at a time, "
-            "`lora_targets=q_proj,k_proj,v_proj,o_proj` leaves the experts frozen")
+            f"`lora_targets={attention_targets(model)}` leaves the experts frozen")
 
 
 def _engine_qlora_recipe(job: Job, layout: Layout, notes: list[str]) -> Job:

@@ -155,7 +155,12 @@ def test_refusals_and_layouts():
         assert "\n" not in str(e.value)
     spec = model_from_config(cfg)
     validate_job(spec, Job(method="full"), Layout(2, 1, "fsdp", ep=2))
-    validate_job(spec, Job(method="lora", lora=LoraSpec(dropout=0.0)), Layout(4, 1, "fsdp", ep=4))
+    # LoRA on the experts under EP does not run (tests/test_ep_lora.py): refused; the attention runs
+    with pytest.raises(ConfigError, match="with expert parallelism"):
+        validate_job(spec, Job(method="lora", lora=LoraSpec(dropout=0.0)), Layout(4, 1, "fsdp", ep=4))
+    attention = ("q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")  # (q_lora_rank null: one q_proj)
+    validate_job(spec, Job(method="lora", lora=LoraSpec(dropout=0.0, target_modules=attention)),
+                 Layout(4, 1, "fsdp", ep=4))
 
 
 def test_catalog_entry_against_the_model_card():

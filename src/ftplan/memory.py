@@ -2042,6 +2042,30 @@ def _embedding_leaf_bytes(model: ModelSpec, job: Job, dt: _Dtypes) -> int:
     return b * s * model.hidden_size * dt.resid
 
 
+def _router_aux_loss_saved(model: ModelSpec, job: Job, dt: _Dtypes, backend: str) -> int:
+    """``output_router_logits`` (:data:`ftplan.model.ROUTER_AUX_LOSS_FAMILIES`): the forward's
+    ``load_balancing_loss_func`` concatenates every MoE layer's router logits and saves their softmax
+    until backward, ``moe_layers x t x E`` in the logits' dtype (fp32 for an fp32 router: granitemoe's
+    ``.float()``, ernie4_5_moe's autocast-off router; else the compute dtype; CUDA autocast runs
+    softmax in fp32, CPU autocast does not), + the fp32 tokens-per-expert vector the final product
+    keeps (4 E B). Exact on CPU for the 11 families (fp32, autocast, pure bf16; E = 4 and 8:
+    tests/test_router_aux_loss.py); held outside the layers, so checkpointing does not remove it."""
+    if not model.router_aux_loss:
+        return 0
+    b, s = _batch_shape(job)
+    out = 0
+    for g in model.groups:
+        m = g.moe
+        if m is None:
+            continue
+        out = max(out, 4 * m.num_experts)
+        logits = 4 if (m.router == "granitemoe" or not m.router_autocast) else dt.compute
+        if dt.autocast and backend == "cuda":
+            logits = 4
+        out += g.count * b * s * m.num_experts * logits
+    return out
+
+
 def _model_level_saved(model: ModelSpec, job: Job, dt: _Dtypes) -> int:
     """Tensors saved once per model: token ids, the shared RoPE tables and, under (non-reentrant)
     checkpointing, what the layers' recompute closures capture: position ids and any
@@ -2276,7 +2300,8 @@ def _offload_split(model: ModelSpec, job: Job, dt: _Dtypes, tp: int, backend: st
     # tables the first layer saves and every later layer repeats), and the output head's saves
     b, s = _batch_shape(job)
     t = b * s
-    kept_layers += _model_level_saved(model, job, dt) - (t * 8 if dt.full else 0)
+    kept_layers += (_model_level_saved(model, job, dt) - (t * 8 if dt.full else 0)
+                    + _router_aux_loss_saved(model, job, dt, backend))
     kept_loss += _head_noop_saved(model, job, dt, tp)
     return host, pinned, kept_layers, kept_loss
 
@@ -2623,7 +2648,7 @@ def activation_parts(model: ModelSpec, job: Job, layout: Layout | None = None, *
         inflight = min(pp, max(1, job.grad_accum))
         saved = saved * inflight // pp
         sac = sac * inflight // pp
-    level = _model_level_saved(model, job, dt)
+    level = _model_level_saved(model, job, dt) + _router_aux_loss_saved(model, job, dt, backend)
     # tensor parallelism as transformers runs it (the model's TP plan, lm_head "colwise_gather_output"):
     # the lm_head weight is split but its logits are gathered, so every rank holds all of them
     # (checked on CPU: tests/test_tp_memory.py)

@@ -814,6 +814,12 @@ _ARCH_TO_TYPE = {
     "PhiMoEForCausalLM": "phimoe",  # (the remote-code class name of the Phi-3.5-MoE configs)
     "PhimoeForCausalLM": "phimoe",
 }
+#: MoE families whose ``ForCausalLM.forward`` adds ``load_balancing_loss_func`` over the router
+#: logits of every MoE layer when ``output_router_logits`` is set (transformers 5.24; measured on CPU:
+#: tests/test_router_aux_loss.py). DeepSeek-V2/V3, GLM-4.5, Llama 4, LFM2-MoE, Gemma 4, dots.llm1
+#: compute none (their configs have no such loss or their forward ignores it: 0 B measured)
+ROUTER_AUX_LOSS_FAMILIES = frozenset({"mixtral", "qwen3_moe", "gpt_oss", "qwen3_5_moe", "qwen3_next", "minimax_m2",
+                                      "granitemoe", "olmoe", "ernie4_5_moe", "qwen2_moe", "phimoe"})
 #: text model_types that name a family under another key (the inner type of a multimodal config)
 _TEXT_TYPE_ALIASES = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe", "llama4": "llama4_text",
                       "gemma4_text": "gemma4"}
@@ -1152,6 +1158,9 @@ class ModelSpec:
     norm_bias: bool = False
     #: the lm_head has a vocab-size bias (phimoe's ``lm_head_bias``)
     lm_head_bias: bool = False
+    #: ``output_router_logits`` on a family whose forward then adds the load-balancing loss
+    #: (:data:`ROUTER_AUX_LOSS_FAMILIES`): its softmax over every MoE layer's router logits is saved
+    router_aux_loss: bool = False
 
     # ---- structure ----------------------------------------------------------------------
     @property
@@ -1737,6 +1746,7 @@ def model_from_config(
         config=dict(raw),
         norm_bias=fam.norm_bias,
         lm_head_bias=bool(fam.lm_head_bias_key and c.bool(fam.lm_head_bias_key)),
+        router_aux_loss=bool(mt in ROUTER_AUX_LOSS_FAMILIES and c.cfg.get("output_router_logits")),
     )
 
 
@@ -1833,18 +1843,13 @@ def _olmoe_refusals(cfg: Mapping[str, Any], h: int, heads: int, head_dim: int | 
 def _gemma_qwen2_moe_refusals(cfg: Mapping[str, Any], mt: str) -> None:
     """Options of GemmaConfig / Qwen2MoeConfig that transformers runs and ftplan does not plan, one
     line each: Gemma's ``use_bidirectional_attention`` (non-causal attention); Qwen2-MoE's
-    ``output_router_logits`` (the load-balancing loss over every layer's router logits, whose saved
-    tensors are not modelled; false in the Qwen checkpoints) and ``layer_types`` naming sliding
+    ``layer_types`` naming sliding
     layers without ``use_sliding_window`` (Qwen2MoeConfig sets the window to 0 then)."""
     if mt == "gemma" and cfg.get("use_bidirectional_attention"):
         raise ConfigError(f"config.json (gemma): use_bidirectional_attention={_show(cfg['use_bidirectional_attention'])} "
                           "(non-causal attention) is not planned", "ftplan plans causal language-model fine-tuning")
     if mt != "qwen2_moe":
         return
-    if cfg.get("output_router_logits"):
-        raise ConfigError("config.json (qwen2_moe): output_router_logits=True (the auxiliary load-balancing loss "
-                          "over every layer's router logits) is not planned",
-                          "set it to false, as the Qwen checkpoints do")
     types = cfg.get("layer_types")
     if isinstance(types, list) and "sliding_attention" in types and not cfg.get("use_sliding_window"):
         raise ConfigError("config.json (qwen2_moe): layer_types names sliding_attention layers without "

@@ -333,3 +333,16 @@ def test_estimate_text_and_json_render_every_reference(capsys, argv):
     assert "`" not in out, [ln for ln in out.splitlines() if "`" in ln]
     rc, out, err = _cli(capsys, *argv, "--json")
     assert "`" not in out, [ln for ln in out.splitlines() if "`" in ln][:3]
+
+
+@pytest.mark.parametrize("argv,words,absent", [
+    # torchtune's `dtype` config key once rendered as an ftplan flag (--dtype) here
+    (["estimate", "llama-3.1-8b", "--method", "qlora", "--quant-type", "torchao-nf4"],
+     "use --precision bf16", "--dtype"),
+    # an unknown value is one problem, not also "the x wrapping is an FSDP2 option"
+    (["estimate", "llama-3.1-8b", "--fsdp-wrap", "x"], "unknown FSDP wrapping 'x'", "FSDP2 option"),
+])
+def test_one_line_errors_name_only_ftplan_flags(capsys, argv, words, absent):
+    rc, _, err = _cli(capsys, *argv)
+    line = _one_error_line(err)
+    assert rc == 2 and words in line and absent not in line, line

@@ -791,7 +791,8 @@ def _torchao_nf4_problems(model: ModelSpec, job: Job, layout: Layout) -> list[Pr
     hint = "use `quant_type=nf4` (bitsandbytes) for this job"
     prec = PRECISIONS.get(job.precision, {}).get("compute")
     _check(job.precision in ("bf16", "fp32") and job.low_precision is None, p,
-           f"torchao-nf4 is torchtune's QLoRA, which trains in its `dtype` (bf16 or fp32) without autocast; "
+           f"torchao-nf4 is torchtune's QLoRA, which trains in one dtype (its recipes' dtype: bf16 or fp32) without "
+           f"autocast; "
            f"precision is {job.precision_label}", "precision", "use `precision=bf16`")
     _check(prec is None or job.quant.compute_dtype == prec, p,
            f"torchao NF4 dequantizes to the weight's dtype: the compute dtype must be the precision's ({prec}), "
@@ -963,7 +964,7 @@ def validate_job(model: ModelSpec, job: Job, layout: Layout | None = None) -> No
     if layout.fsdp_reduce_dtype != "compute":
         _check(layout.strategy == "fsdp", p, "the reduce dtype is an FSDP mixed-precision option (strategy fsdp)",
                "fsdp_reduce_dtype", "drop `fsdp_reduce_dtype`, or use strategy fsdp")
-    if layout.fsdp_wrap != "accelerate":
+    if layout.fsdp_wrap in FSDP_WRAPS and layout.fsdp_wrap != "accelerate":  # (an unknown value: its own problem)
         _check(layout.strategy == "fsdp" and layout.fsdp_version == 2, p,
                f"the {layout.fsdp_wrap} wrapping is an FSDP2 option (strategy fsdp, fsdp_version 2)", "fsdp_wrap",
                "drop `fsdp_wrap`, or use strategy fsdp with `fsdp_version=2`")

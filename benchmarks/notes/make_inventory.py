@@ -532,6 +532,9 @@ def profiler_section(families: list[str]) -> list[str]:
                     parts.append(f"loss {ex['loss']}")
                 if ex.get("input_ids"):
                     parts.append(f"input_ids {ex['input_ids']} (not saved: frozen embedding)")
+                if ex.get("graph_leaf"):
+                    parts.append(f"graph leaf {ex['graph_leaf']} (the embedding output enable_input_require_grads "
+                                 "marks, held by AccumulateGrad)")
                 if ex.get("wrapped_number_scalars_8B"):
                     parts.append(f"{ex['wrapped_number_scalars_8B'] // 8}×8 B scalars")
                 if ex.get("checkpoint_rng_state"):
@@ -743,8 +746,12 @@ hook measurement of the *same* forward (same addresses, so every block is matche
 explained: the 4-byte loss (an output, not saved), 8-byte float64 "wrapped number" scalars that autograd saves
 without calling hooks (e.g. `attn_weights * scaling` in eager attention, soft-capping divisions, LoRA's
 `* scaling`), with checkpointing one 5056-byte CPU RNG-state tensor per checkpointed layer (host memory even
-on GPU), and with LoRA the `input_ids` themselves (created inside the profiled region and held by the caller;
-with a frozen embedding nothing saves them)."""
+on GPU), with LoRA the `input_ids` themselves (created inside the profiled region and held by the caller;
+with a frozen embedding nothing saves them), and with LoRA under checkpointing, where the model scales the
+embedding output before the first layer (Granite's `embedding_multiplier`), that output: the leaf
+`enable_input_require_grads` marks, held by the graph's `AccumulateGrad` (planned:
+`memory._embedding_leaf_bytes`). The hook count includes the tensors the recompute closures hold through
+dict-like containers (Gemma 4's `shared_kv_states`, a `KVSharingDict`, read when the forward ends)."""
 
 
 if __name__ == "__main__":

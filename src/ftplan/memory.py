@@ -2066,7 +2066,40 @@ def _router_aux_loss_saved(model: ModelSpec, job: Job, dt: _Dtypes, backend: str
     return out
 
 
-def _model_level_saved(model: ModelSpec, job: Job, dt: _Dtypes) -> int:
+def _kv_store_bytes(model: ModelSpec, job: Job, dt: _Dtypes, tp: int = 1) -> int:
+    """Gemma 4 under checkpointing: the last layer of each attention kind (sliding, full) stores
+    its keys and values in ``shared_kv_states`` (``kv_sharing_modes`` "store", even where no layer
+    reuses them), a ``KVSharingDict`` every layer receives as a keyword argument. The recompute
+    closures of the checkpointed layers hold that dict, so the forward's last K and V of each kind
+    stay alive until backward, outside the saved tensors (without checkpointing nothing holds the
+    dict once the forward returns). K is the rotated ``k_norm`` output (the projection's dtype
+    promoted by the RoPE tables'), V the ``v_norm`` output (the projection's dtype). Measured on
+    CPU through the closures' containers (``accounting.SavedTensorTracker``; before 2026-11-25 the
+    harness walked only plain dicts and neither side counted them)."""
+    if not FAMILIES[model.family].gemma4:
+        return 0
+    b, s = _batch_shape(job)
+    t = b * s
+    k_bytes = max(dt.base_out, dt.compute if dt.casts_layer_inputs else dt.resid)
+    last: dict[bool, int] = {}  # the last layer of each kind: its index
+    order = layer_group_order(model)
+    for i, gi in enumerate(order):
+        if model.groups[gi].attention is not None:
+            last[model.groups[gi].window is not None] = i
+    out = 0
+    for i in last.values():
+        a = model.groups[order[i]].attention
+        kv = t * max(1, a.num_kv_heads // tp) * a.head_dim
+        if job.ac_mode != "every-k" or i % job.checkpoint_every == 0:
+            out += kv * (k_bytes + dt.base_out)
+        else:
+            # a layer every-k leaves alone: its attention kernel saves K and V themselves, or
+            # autocast's compute-dtype copies of them where they are wider (then the dict's are extra)
+            out += kv * ((k_bytes if k_bytes != dt.compute else 0) + (dt.base_out if dt.base_out != dt.compute else 0))
+    return out
+
+
+def _model_level_saved(model: ModelSpec, job: Job, dt: _Dtypes, tp: int = 1) -> int:
     """Tensors saved once per model: token ids, the shared RoPE tables and, under (non-reentrant)
     checkpointing, what the layers' recompute closures capture: position ids and any
     materialised attention mask (eager: ``(b, 1, s, s)`` in the residual dtype per distinct layer
@@ -2098,6 +2131,7 @@ def _model_level_saved(model: ModelSpec, job: Job, dt: _Dtypes) -> int:
         out += b * s * 8
     if job.ac_mode != "none":
         out += s * 8  # position_ids
+        out += _kv_store_bytes(model, job, dt, tp)
         if job.is_padding_free:
             out += s * 4 + (job.micro_batch + 1) * 4  # seq_idx, cu_seq_lens (q and k: one tensor)
         packed = job.is_padding_free and job.attn_impl != "flash"
@@ -2300,7 +2334,7 @@ def _offload_split(model: ModelSpec, job: Job, dt: _Dtypes, tp: int, backend: st
     # tables the first layer saves and every later layer repeats), and the output head's saves
     b, s = _batch_shape(job)
     t = b * s
-    kept_layers += (_model_level_saved(model, job, dt) - (t * 8 if dt.full else 0)
+    kept_layers += (_model_level_saved(model, job, dt, tp) - (t * 8 if dt.full else 0)
                     + _router_aux_loss_saved(model, job, dt, backend))
     kept_loss += _head_noop_saved(model, job, dt, tp)
     return host, pinned, kept_layers, kept_loss
@@ -2648,7 +2682,7 @@ def activation_parts(model: ModelSpec, job: Job, layout: Layout | None = None, *
         inflight = min(pp, max(1, job.grad_accum))
         saved = saved * inflight // pp
         sac = sac * inflight // pp
-    level = _model_level_saved(model, job, dt) + _router_aux_loss_saved(model, job, dt, backend)
+    level = _model_level_saved(model, job, dt, tp) + _router_aux_loss_saved(model, job, dt, backend)
     # tensor parallelism as transformers runs it (the model's TP plan, lm_head "colwise_gather_output"):
     # the lm_head weight is split but its logits are gathered, so every rank holds all of them
     # (checked on CPU: tests/test_tp_memory.py)

@@ -20,7 +20,7 @@ import dataclasses
 import functools
 import weakref
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from typing import Any
 
 import torch
@@ -301,6 +301,25 @@ class _OpStack(TorchFunctionMode):
             self.stack.pop()
 
 
+def _mutable_mappings(obj: Any, depth: int = 0) -> Iterator[MutableMapping]:
+    """The mutable dict-likes other than plain dicts in ``obj`` (a checkpointed layer's keyword
+    arguments): containers a later layer may fill while the recompute closure holds them (Gemma 4's
+    ``shared_kv_states``, a ``KVSharingDict`` the layers that store their K/V write into)."""
+    if depth > 4:
+        return
+    if isinstance(obj, MutableMapping) and not isinstance(obj, dict):
+        yield obj
+    if isinstance(obj, (list, tuple)):
+        for o in obj:
+            yield from _mutable_mappings(o, depth + 1)
+    elif isinstance(obj, Mapping):
+        for o in obj.values():
+            yield from _mutable_mappings(o, depth + 1)
+    elif isinstance(obj, functools.partial):
+        yield from _mutable_mappings(obj.args, depth + 1)
+        yield from _mutable_mappings(obj.keywords, depth + 1)
+
+
 def _iter_tensors(obj: Any, depth: int = 0) -> Iterator[torch.Tensor]:
     if depth > 4:
         return
@@ -309,7 +328,7 @@ def _iter_tensors(obj: Any, depth: int = 0) -> Iterator[torch.Tensor]:
     elif isinstance(obj, (list, tuple)):
         for o in obj:
             yield from _iter_tensors(o, depth + 1)
-    elif isinstance(obj, dict):
+    elif isinstance(obj, Mapping):  # dict, and dict-likes such as transformers' KVSharingDict (a UserDict)
         for o in obj.values():
             yield from _iter_tensors(o, depth + 1)
     elif isinstance(obj, functools.partial):
@@ -376,7 +395,7 @@ class SavedTensorTracker:
         self.retired: list[SavedRecord] = []
         self._holders: dict[int, list[weakref.ref]] = defaultdict(list)
         self._excluded_seen: dict[int, int] = {}
-        self._closures: list[tuple[weakref.ref, list[torch.Tensor]]] = []
+        self._closures: list[tuple[weakref.ref, list[torch.Tensor], list[MutableMapping]]] = []
         self._ckpt_inputs: set[int] = set()
         self.n_checkpoint_calls = 0
         self.rng_state_bytes = 0
@@ -504,11 +523,13 @@ class SavedTensorTracker:
             closure = [t.detach() for t in _iter_tensors(function)] + [
                 t.detach() for t in _iter_tensors({k: v for k, v in kwargs.items()})
             ]
+            # containers filled after this call: read again when the records are made
+            maps = list(_mutable_mappings([function, kwargs]))
             try:
                 ref = weakref.ref(function)
             except TypeError:  # pragma: no cover - plain functions/lambdas are weakref-able anyway
                 ref = lambda: function  # noqa: E731
-            tracker._closures.append((ref, closure))
+            tracker._closures.append((ref, closure, maps))
             return ckpt_fn(function, *args, **kwargs)
 
         return wrapped
@@ -548,10 +569,10 @@ class SavedTensorTracker:
     def _closure_records(self) -> list[SavedRecord]:
         self.refresh_excluded()
         out: dict[int, SavedRecord] = {}
-        for ref, tensors in self._closures:
+        for ref, tensors, maps in self._closures:
             if ref() is None:
                 continue
-            for t in tensors:
+            for t in [*tensors, *(x.detach() for m in maps for x in _iter_tensors(m))]:
                 key = storage_key(t)
                 if key == 0 or key in self._excluded or key in out:
                     continue

@@ -346,16 +346,22 @@ class LiveBytes:
     #: saved storages not allocated inside the region (should be empty)
     saved_not_live: dict[int, int] = dataclasses.field(default_factory=dict, repr=False)
     checkpoint_calls: int = 0
+    #: storages of the graph's non-parameter leaves (``graph_leaf_bytes``): the embedding output
+    #: ``enable_input_require_grads`` marks, held by ``AccumulateGrad`` and seen by no hook
+    graph_leaf_keys: frozenset[int] = frozenset()
 
     def explain(self) -> dict[str, int]:
         """Classify ``not_saved_live`` blocks: loss, input_ids (when not saved, e.g. frozen embedding),
-        checkpoint RNG states (5056 B), 8-byte wrapped-number scalars; anything else is ``other``."""
+        graph leaves (the marked embedding output where it is no layer's input), checkpoint RNG states
+        (5056 B), 8-byte wrapped-number scalars; anything else is ``other``."""
         out: dict[str, int] = defaultdict(int)
         for key, nb in self.not_saved_live.items():
             if key == self.loss_key:
                 out["loss"] += nb
             elif key == self.input_key:
                 out["input_ids"] += nb  # allocated in the region and held by the caller, not saved
+            elif key in self.graph_leaf_keys:
+                out["graph_leaf"] += nb
             elif nb == 5056:
                 out["checkpoint_rng_state"] += nb
             elif nb == 8:
@@ -473,5 +479,7 @@ def live_bytes_after_forward(
         result.not_saved_live = {k: v for k, v in live_map.items() if k not in keys}
         result.saved_not_live = {r.key: r.nbytes for r in records if r.key not in live_map}
         result.checkpoint_calls = tracker.n_checkpoint_calls
+        params = {storage_key(p) for p in model.parameters()}
+        result.graph_leaf_keys = frozenset(graph_leaf_bytes(loss, keys | params))
     del loss
     return result

@@ -21,10 +21,11 @@ import pytest
 
 from ftplan.errors import ConfigError
 from ftplan.job import LoraSpec, lora_targets
-from ftplan.memory import activation_parts, saved_activation_bytes
 from ftplan.model import FAMILIES, model_from_config
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+import family_checks as F  # noqa: E402
 
 
 @pytest.mark.torch
@@ -71,12 +72,7 @@ def test_peft_all_linear_adapts_the_attention():
 @pytest.mark.torch
 def test_lora_sac_exact():
     pytest.importorskip("trl")
-    import test_checkpointing_vs_torch as C
-
-    spec, r = C._measure("granitemoe", "lora", "selective")
-    job = C._job("granitemoe", "lora", "selective", 2, 24, "hf")
-    assert saved_activation_bytes(spec, job, backend="cpu") == r.device_bytes - r.weight_copy_bytes
-    assert activation_parts(spec, job, backend="cpu").sac_cache_bytes == r.sac_cache_bytes
+    F.check_checkpointing_variant("granitemoe", "lora", "selective")
 
 
 @pytest.mark.torch

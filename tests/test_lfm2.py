@@ -26,6 +26,8 @@ from ftplan.runtime import flops_per_token
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import family_checks as F  # noqa: E402
+
 TINY = {
     "model_type": "lfm2", "vocab_size": 512, "hidden_size": 64, "num_hidden_layers": 6,
     "num_attention_heads": 4, "num_key_value_heads": 2, "conv_L_cache": 3, "max_position_embeddings": 256,
@@ -200,14 +202,7 @@ def test_checkpointing_variants_exact(method, mode):
     """SAC caches every other projection mm (in_proj, out_proj; the conv is no mm); the attention
     kernel only in the attention layer; every-k over non-adjacent layer kinds."""
     pytest.importorskip("trl")
-    import test_checkpointing_vs_torch as C
-
-    from ftplan.memory import activation_parts
-
-    spec, r = C._measure("lfm2", method, mode)
-    job = C._job("lfm2", method, mode, 2, 24, "hf")
-    assert saved_activation_bytes(spec, job, backend="cpu") == r.device_bytes - r.weight_copy_bytes
-    assert activation_parts(spec, job, backend="cpu").sac_cache_bytes == r.sac_cache_bytes
+    F.check_checkpointing_variant("lfm2", method, mode)
 
 
 LFM2_1_2B = {

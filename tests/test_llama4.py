@@ -25,6 +25,8 @@ from ftplan.model import FAMILIES, layer_group_order, model_from_config
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import family_checks as F  # noqa: E402
+
 LINEARS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -59,8 +61,7 @@ def test_params_and_layer_schedule_match_transformers(overrides):
     (and any of these schedules) builds transformers' parameters category by category, and the
     same rope / chunked / MoE kind for every layer."""
     pytest.importorskip("transformers")
-    import torch
-    from transformers import AutoModelForCausalLM, Llama4TextConfig
+    from transformers import Llama4TextConfig
 
     from ftplan.measure.accounting import params_by_category
 
@@ -74,9 +75,7 @@ def test_params_and_layer_schedule_match_transformers(overrides):
                 want = None  # __post_init__ fills them from the interval/step defaults
             assert want == value, key
     tfc = Llama4TextConfig(**overrides)
-    with torch.device("meta"), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        real = AutoModelForCausalLM.from_config(tfc)
+    real = F.meta_model(tfc)
     assert type(real).__name__ == "Llama4ForCausalLM"
     spec = model_from_config({"model_type": "llama4_text", **overrides})
     assert spec.params.by_category() == params_by_category(real)

@@ -26,6 +26,8 @@ from ftplan.runtime import delta_rule_flops_per_token, flops_per_token
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import family_checks as F  # noqa: E402
+
 TEXT = {
     "model_type": "qwen3_5_text", "vocab_size": 512, "hidden_size": 64, "intermediate_size": 120,
     "num_hidden_layers": 8, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
@@ -147,14 +149,7 @@ def test_checkpointing_variants_exact(method, mode):
     """SAC caches the projections' mm outputs (the delta rule's matmuls are bmm); the attention
     kernel only in the full-attention layer; every-k over non-adjacent layer kinds."""
     pytest.importorskip("trl")
-    import test_checkpointing_vs_torch as C
-
-    from ftplan.memory import activation_parts
-
-    spec, r = C._measure("qwen3_5", method, mode)
-    job = C._job("qwen3_5", method, mode, 2, 24, "hf")
-    assert saved_activation_bytes(spec, job, backend="cpu") == r.device_bytes - r.weight_copy_bytes
-    assert activation_parts(spec, job, backend="cpu").sac_cache_bytes == r.sac_cache_bytes
+    F.check_checkpointing_variant("qwen3_5", method, mode)
 
 
 def test_qwen3_5_27b_estimate():

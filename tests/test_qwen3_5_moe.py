@@ -24,6 +24,8 @@ from ftplan.model import FAMILIES, layer_group_order, model_from_config
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import family_checks as F  # noqa: E402
+
 
 def _tiny():
     import ftplan.measure.torchref as TR
@@ -37,8 +39,6 @@ def test_defaults_are_the_config_class_defaults():
     every layer is MoE), and a config.json naming only the model type builds the same parameters
     as transformers, category by category (the shared_expert_gate counts as router)."""
     pytest.importorskip("transformers")
-    import torch
-    from transformers import AutoModelForCausalLM
     from transformers.models.qwen3_5_moe import Qwen3_5MoeTextConfig
 
     from ftplan.measure.accounting import params_by_category
@@ -50,9 +50,7 @@ def test_defaults_are_the_config_class_defaults():
         else:
             assert getattr(tfc, key) == value, key
     assert tfc.layer_types.count("full_attention") == 10  # every 4th of 40
-    with torch.device("meta"), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        real = AutoModelForCausalLM.from_config(tfc)
+    real = F.meta_model(tfc)
     assert type(real).__name__ == "Qwen3_5MoeForCausalLM"
     spec = model_from_config({"model_type": "qwen3_5_moe_text"})
     assert spec.params.by_category() == params_by_category(real)

@@ -8,6 +8,7 @@ by-hand harnesses under ``benchmarks/`` (``by_hand.py``), which put ``tests/`` o
 * :func:`meta_model`: transformers' causal LM of a config object on the meta device;
 * :func:`assert_defaults_are`: every default ftplan fills in for a family equals the config class's;
 * :func:`check_variant`: saved activations of one real step against the plan, byte-exact;
+* :func:`check_qlora`, :func:`check_moe_qlora`: one bitsandbytes QLoRA step against the plan;
 * :func:`check_checkpointing_variant`: a checkpointing mode (SAC, every-k, ...) against one real step;
 * :func:`peft_all_linear_trainables`: the trainable parameter names of PEFT's ``all-linear``;
 * :func:`assert_refused`: configs ftplan refuses, each in one line;
@@ -72,6 +73,32 @@ def check_variant(family: str, method, ckpt, batch, seq, attn, extra) -> None:
     cfg = {**TR.TINY_CONFIGS[family], **extra}
     spec, job, r, casts = _run(family, method, ckpt, batch, seq, attn=attn, cfg=cfg)
     assert saved_activation_bytes(spec, job, backend="cpu") == r.saved_activation_bytes - casts
+
+
+def check_qlora(family: str, recipe: str, ckpt: bool) -> None:
+    """test_memory_vs_torch's QLoRA check (``recipe``: PEFT's or TRL's) of the tiny ``family``."""
+    from test_memory_vs_torch import _check_qlora
+
+    _check_qlora(family, ckpt, recipe)
+
+
+def check_moe_qlora(family: str, recipe: str, ckpt: bool) -> None:
+    """One QLoRA step against the plan, lora_dropout 0: without checkpointing measured as
+    tests/test_moe_qlora_activations.py does (ParamWrapper's merged router weight is an
+    activation, not a parameter's copy), with it as test_memory_vs_torch's ``_check_qlora``."""
+    from test_memory_vs_torch import _check_qlora, _run_qlora
+
+    from ftplan.memory import model_states, saved_activation_bytes
+
+    if ckpt:
+        _check_qlora(family, ckpt, recipe, dropout=0.0)
+        return
+    spec, job, r = _run_qlora(family, False, recipe, dropout=0.0)
+    casts = sum(x.nbytes for x in r.records if x.param_copy) if recipe == "peft" else 0
+    assert saved_activation_bytes(spec, job, backend="cpu") == r.saved_activation_bytes - casts
+    st = model_states(spec, job)
+    assert (st.frozen_weights, st.trainable_weights, st.gradients, st.optimizer_states) == (
+        r.frozen_param_bytes, r.trainable_param_bytes, r.grad_bytes, r.optimizer_state_bytes)
 
 
 def check_checkpointing_variant(family: str, method: str, mode: str, loss: str = "hf") -> None:

@@ -24,6 +24,7 @@ QLoRA (PEFT's and TRL's recipes) and the 2-rank gloo expert-parallel run.
 from __future__ import annotations
 
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -100,14 +101,8 @@ VARIANTS_BY_HAND = [("full", False, 2, 24, "eager", {}), ("lora", True, 2, 24, "
 QLORA_BY_HAND = [("peft", True), ("peft", False), ("trl", True), ("trl", False)]
 
 
-def check_variant(method, ckpt, batch, seq, attn, extra):
-    F.check_variant(FAMILY, method, ckpt, batch, seq, attn, extra)
-
-
-def check_qlora(recipe, ckpt):
-    from test_olmoe import check_qlora as check
-
-    check(recipe, ckpt, family=FAMILY)
+check_variant = partial(F.check_variant, FAMILY)
+check_qlora = partial(F.check_moe_qlora, FAMILY)
 
 
 @pytest.mark.torch

@@ -23,6 +23,7 @@ config.json of a dots.llm1 checkpoint was found.
 from __future__ import annotations
 
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -99,14 +100,8 @@ VARIANTS_BY_HAND = [("lora", True, 2, 24, "eager", {}), ("full", False, 2, 24, "
 QLORA_BY_HAND = [("peft", True), ("peft", False), ("trl", True), ("trl", False)]
 
 
-def check_variant(method, ckpt, batch, seq, attn, extra):
-    F.check_variant("dots1", method, ckpt, batch, seq, attn, extra)
-
-
-def check_qlora(recipe, ckpt):
-    from test_olmoe import check_qlora as check
-
-    check(recipe, ckpt, family="dots1")
+check_variant = partial(F.check_variant, "dots1")
+check_qlora = partial(F.check_moe_qlora, "dots1")
 
 
 @pytest.mark.torch

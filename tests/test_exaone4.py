@@ -21,6 +21,7 @@ exact): eager attention, more layouts, QLoRA (PEFT's and TRL's recipes).
 from __future__ import annotations
 
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -106,10 +107,7 @@ def check_variant(method, ckpt, batch, seq, attn, extra):
     assert saved_activation_bytes(spec, job, backend="cpu") == r.saved_activation_bytes - casts
 
 
-def check_qlora(recipe, ckpt):
-    from test_memory_vs_torch import _check_qlora
-
-    _check_qlora("exaone4", ckpt, recipe)
+check_qlora = partial(F.check_qlora, "exaone4")
 
 
 @pytest.mark.torch

@@ -19,6 +19,7 @@ exact): eager attention, more variants, QLoRA (PEFT's and TRL's recipes).
 from __future__ import annotations
 
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -73,14 +74,8 @@ VARIANTS_BY_HAND = [
 QLORA_BY_HAND = [("peft", True), ("peft", False), ("trl", True), ("trl", False)]
 
 
-def check_variant(method, ckpt, batch, seq, attn, extra):
-    F.check_variant("gemma", method, ckpt, batch, seq, attn, extra)
-
-
-def check_qlora(recipe, ckpt):
-    from test_memory_vs_torch import _check_qlora
-
-    _check_qlora("gemma", ckpt, recipe)
+check_variant = partial(F.check_variant, "gemma")
+check_qlora = partial(F.check_qlora, "gemma")
 
 
 @pytest.mark.torch

@@ -21,6 +21,7 @@ variants, QLoRA (PEFT's and TRL's recipes).
 from __future__ import annotations
 
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -80,14 +81,8 @@ VARIANTS_BY_HAND = [
 QLORA_BY_HAND = [("peft", True), ("peft", False), ("trl", True), ("trl", False)]
 
 
-def check_variant(method, ckpt, batch, seq, attn, extra):
-    F.check_variant("glm4", method, ckpt, batch, seq, attn, extra)
-
-
-def check_qlora(recipe, ckpt):
-    from test_memory_vs_torch import _check_qlora
-
-    _check_qlora("glm4", ckpt, recipe)
+check_variant = partial(F.check_variant, "glm4")
+check_qlora = partial(F.check_qlora, "glm4")
 
 
 @pytest.mark.torch

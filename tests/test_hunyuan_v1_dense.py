@@ -23,6 +23,7 @@ was looked for in the time left.
 from __future__ import annotations
 
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -79,14 +80,8 @@ VARIANTS_BY_HAND = [("full", False, 2, 24, "eager", {}), ("lora", True, 1, 40, "
 QLORA_BY_HAND = [("peft", True), ("peft", False), ("trl", True), ("trl", False)]
 
 
-def check_variant(method, ckpt, batch, seq, attn, extra):
-    F.check_variant("hunyuan_v1_dense", method, ckpt, batch, seq, attn, extra)
-
-
-def check_qlora(recipe, ckpt):
-    from test_memory_vs_torch import _check_qlora
-
-    _check_qlora("hunyuan_v1_dense", ckpt, recipe)
+check_variant = partial(F.check_variant, "hunyuan_v1_dense")
+check_qlora = partial(F.check_qlora, "hunyuan_v1_dense")
 
 
 @pytest.mark.torch

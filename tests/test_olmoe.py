@@ -19,6 +19,7 @@ gloo expert-parallel run (transformers' EP engine, as tests/test_expert_parallel
 from __future__ import annotations
 
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -82,27 +83,8 @@ VARIANTS_BY_HAND = [("lora", True, 1, 40, "eager", {}), ("full", True, 2, 24, "e
 QLORA_BY_HAND = [("peft", True), ("peft", False), ("trl", True), ("trl", False)]
 
 
-def check_variant(method, ckpt, batch, seq, attn, extra):
-    F.check_variant("olmoe", method, ckpt, batch, seq, attn, extra)
-
-
-def check_qlora(recipe, ckpt, family="olmoe"):
-    """One QLoRA step against the plan, lora_dropout 0: without checkpointing measured as
-    tests/test_moe_qlora_activations.py does (ParamWrapper's merged router weight is an
-    activation, not a parameter's copy), with it as test_memory_vs_torch's ``_check_qlora``."""
-    from test_memory_vs_torch import _check_qlora, _run_qlora
-
-    from ftplan.memory import model_states, saved_activation_bytes
-
-    if ckpt:
-        _check_qlora(family, ckpt, recipe, dropout=0.0)
-        return
-    spec, job, r = _run_qlora(family, False, recipe, dropout=0.0)
-    casts = sum(x.nbytes for x in r.records if x.param_copy) if recipe == "peft" else 0
-    assert saved_activation_bytes(spec, job, backend="cpu") == r.saved_activation_bytes - casts
-    st = model_states(spec, job)
-    assert (st.frozen_weights, st.trainable_weights, st.gradients, st.optimizer_states) == (
-        r.frozen_param_bytes, r.trainable_param_bytes, r.grad_bytes, r.optimizer_state_bytes)
+check_variant = partial(F.check_variant, "olmoe")
+check_qlora = partial(F.check_moe_qlora, "olmoe")
 
 
 @pytest.mark.torch

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import sys
 import warnings
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -103,14 +104,8 @@ VARIANTS_BY_HAND = [("full", False, 2, 24, "eager", {}), ("lora", True, 2, 24, "
 QLORA_BY_HAND = [("peft", True), ("peft", False), ("trl", True), ("trl", False)]
 
 
-def check_variant(method, ckpt, batch, seq, attn, extra):
-    F.check_variant(FAMILY, method, ckpt, batch, seq, attn, extra)
-
-
-def check_qlora(recipe, ckpt):
-    from test_memory_vs_torch import _check_qlora
-
-    _check_qlora(FAMILY, ckpt, recipe)  # (test_memory_vs_torch.LORA_TARGETS: the attention projections)
+check_variant = partial(F.check_variant, FAMILY)
+check_qlora = partial(F.check_qlora, FAMILY)  # (test_memory_vs_torch.LORA_TARGETS: the attention projections)
 
 
 @pytest.mark.torch

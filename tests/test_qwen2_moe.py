@@ -29,6 +29,7 @@ tests/test_expert_parallel.py).
 from __future__ import annotations
 
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -114,14 +115,8 @@ VARIANTS_BY_HAND = [
 QLORA_BY_HAND = [("peft", True), ("peft", False), ("trl", True), ("trl", False)]
 
 
-def check_variant(method, ckpt, batch, seq, attn, extra):
-    F.check_variant("qwen2_moe", method, ckpt, batch, seq, attn, extra)
-
-
-def check_qlora(recipe, ckpt):
-    from test_memory_vs_torch import _check_qlora
-
-    _check_qlora("qwen2_moe", ckpt, recipe)
+check_variant = partial(F.check_variant, "qwen2_moe")
+check_qlora = partial(F.check_qlora, "qwen2_moe")
 
 
 @pytest.mark.torch

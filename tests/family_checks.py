@@ -8,6 +8,7 @@ by-hand harnesses under ``benchmarks/`` (``by_hand.py``), which put ``tests/`` o
 * :func:`meta_model`: transformers' causal LM of a config object on the meta device;
 * :func:`assert_defaults_are`: every default ftplan fills in for a family equals the config class's;
 * :func:`check_variant`: saved activations of one real step against the plan, byte-exact;
+* :func:`variants_test`: the parametrized test of a family file's ``VARIANTS`` (the CI cases);
 * :func:`check_qlora`, :func:`check_moe_qlora`: one bitsandbytes QLoRA step against the plan;
 * :func:`check_checkpointing_variant`: a checkpointing mode (SAC, every-k, ...) against one real step;
 * :func:`peft_all_linear_trainables`: the trainable parameter names of PEFT's ``all-linear``;
@@ -112,6 +113,19 @@ def check_checkpointing_variant(family: str, method: str, mode: str, loss: str =
     job = C._job(family, method, mode, 2, 24, loss)
     assert saved_activation_bytes(spec, job, backend="cpu") == r.device_bytes - r.weight_copy_bytes
     assert activation_parts(spec, job, backend="cpu").sac_cache_bytes == r.sac_cache_bytes
+
+
+def variants_test(check, variants):
+    """A test of the ``(method, checkpointing, batch, seq, attention, config changes)`` cases
+    ``variants``, each through ``check`` (the family's ``check_variant``), marked ``torch``: a
+    family file assigns it to ``test_saved_activations_exact_variants``."""
+
+    @pytest.mark.torch
+    @pytest.mark.parametrize("method,ckpt,batch,seq,attn,extra", variants)
+    def test(method, ckpt, batch, seq, attn, extra):
+        check(method, ckpt, batch, seq, attn, extra)
+
+    return test
 
 
 def peft_all_linear_model(cfg: dict, lora_dropout: float = 0.0):

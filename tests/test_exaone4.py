@@ -109,11 +109,7 @@ def check_variant(method, ckpt, batch, seq, attn, extra):
 
 check_qlora = partial(F.check_qlora, "exaone4")
 
-
-@pytest.mark.torch
-@pytest.mark.parametrize("method,ckpt,batch,seq,attn,extra", VARIANTS)
-def test_saved_activations_exact_variants(method, ckpt, batch, seq, attn, extra):
-    check_variant(method, ckpt, batch, seq, attn, extra)
+test_saved_activations_exact_variants = F.variants_test(check_variant, VARIANTS)
 
 
 @pytest.mark.parametrize("extra,msg", [

@@ -107,11 +107,7 @@ QLORA_BY_HAND = [("peft", True), ("peft", False), ("trl", True), ("trl", False)]
 check_variant = partial(F.check_variant, FAMILY)
 check_qlora = partial(F.check_qlora, FAMILY)  # (test_memory_vs_torch.LORA_TARGETS: the attention projections)
 
-
-@pytest.mark.torch
-@pytest.mark.parametrize("method,ckpt,batch,seq,attn,extra", VARIANTS)
-def test_saved_activations_exact_variants(method, ckpt, batch, seq, attn, extra):
-    check_variant(method, ckpt, batch, seq, attn, extra)
+test_saved_activations_exact_variants = F.variants_test(check_variant, VARIANTS)
 
 
 def test_refusals_and_layouts():

@@ -35,16 +35,12 @@ TINY = {
 
 
 def _meta_params(cfg: dict) -> dict[str, int]:
-    import torch
-    from transformers import AutoModelForCausalLM
     from transformers.models.lfm2 import Lfm2Config
 
     from ftplan.measure.torchref import params_by_category
 
     hf = Lfm2Config(**{k: v for k, v in cfg.items() if k != "model_type"})
-    with warnings.catch_warnings(), torch.device("meta"):
-        warnings.simplefilter("ignore")
-        real = AutoModelForCausalLM.from_config(hf)
+    real = F.meta_model(hf)
     return hf, real, params_by_category(real)
 
 
@@ -314,16 +310,12 @@ def test_lfm2_moe_8b_a1b_counts():
     active (1.42B without the embedding), the card's "8.3B total, 1.5B active"; the dense layers'
     MLP keeps intermediate_size as given (no block_* rule)."""
     pytest.importorskip("transformers")
-    import torch
-    from transformers import AutoModelForCausalLM
     from transformers.models.lfm2_moe import Lfm2MoeConfig
 
     from ftplan.measure.torchref import params_by_category
 
     hf = Lfm2MoeConfig(**{k: v for k, v in LFM2_8B_A1B.items() if k not in ("model_type", "architectures")})
-    with warnings.catch_warnings(), torch.device("meta"):
-        warnings.simplefilter("ignore")
-        real = AutoModelForCausalLM.from_config(hf)
+    real = F.meta_model(hf)
     spec = model_from_config(LFM2_8B_A1B)
     assert spec.params.by_category() == params_by_category(real)
     assert spec.params.total == 8_339_929_856 and spec.params.active == 1_557_740_288

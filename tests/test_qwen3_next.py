@@ -78,16 +78,12 @@ def test_layer_layout_and_counts_match_transformers(extra):
     ``layer_types``; ``decoder_sparse_step`` and ``mlp_only_layers`` as qwen2_moe), and the
     parameters by category, equal transformers' model built on the meta device."""
     pytest.importorskip("transformers")
-    import torch
-    from transformers import AutoModelForCausalLM
 
     from ftplan.measure.accounting import params_by_category
 
     cfg = {k: v for k, v in _tiny().items() if k != "layer_types"} | extra
     tfc = _hf_config(cfg)
-    with torch.device("meta"), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        real = AutoModelForCausalLM.from_config(tfc)
+    real = F.meta_model(tfc)
     spec = model_from_config(cfg)
     assert spec.params.by_category() == params_by_category(real)
     order = layer_group_order(spec)

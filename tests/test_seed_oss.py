@@ -19,7 +19,6 @@ No catalog entry: no verbatim config.json of Seed-OSS-36B was found (its dropout
 from __future__ import annotations
 
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
@@ -38,15 +37,12 @@ SMALL = {"model_type": "seed_oss", "vocab_size": 512, "hidden_size": 64, "interm
 
 
 def _meta_params(cfg: dict) -> dict[str, int]:
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     from ftplan.measure.torchref import params_by_category
 
     hf = AutoConfig.for_model(**{k: v for k, v in cfg.items() if v is not None or k.endswith("token_id")})
-    with warnings.catch_warnings(), torch.device("meta"):
-        warnings.simplefilter("ignore")
-        return params_by_category(AutoModelForCausalLM.from_config(hf))
+    return params_by_category(F.meta_model(hf))
 
 
 @pytest.mark.torch

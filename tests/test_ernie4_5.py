@@ -91,9 +91,7 @@ def test_qlora_exact(recipe, ckpt):
     """bitsandbytes nf4: q/k come out of Linear4bit in fp32 under PEFT's kbit upcast, where
     ``q.float()`` is no copy."""
     pytest.importorskip("bitsandbytes")
-    from test_memory_vs_torch import _check_qlora
-
-    _check_qlora("ernie4_5", ckpt, recipe)
+    F.check_qlora("ernie4_5", recipe, ckpt)
 
 
 @pytest.mark.torch

@@ -129,9 +129,7 @@ def test_checkpointing_variants_exact(method, mode, loss):
 @pytest.mark.parametrize("recipe,ckpt", [("peft", False), ("trl", True)])
 def test_qlora_exact(recipe, ckpt):
     pytest.importorskip("bitsandbytes")
-    from test_memory_vs_torch import _check_qlora
-
-    _check_qlora("granite", ckpt, recipe)
+    F.check_qlora("granite", recipe, ckpt)
 
 
 @pytest.mark.torch

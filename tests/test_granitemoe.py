@@ -78,9 +78,7 @@ def test_qlora_exact(recipe, ckpt):
     """bitsandbytes quantizes q/k/v/o; the router weight and the fused experts stay unquantized
     (fp32 under PEFT's kbit upcast)."""
     pytest.importorskip("bitsandbytes")
-    from test_memory_vs_torch import _check_qlora
-
-    _check_qlora("granitemoe", ckpt, recipe)
+    F.check_qlora("granitemoe", recipe, ckpt)
 
 
 def test_expert_parallelism_is_refused():

@@ -177,9 +177,7 @@ def test_qlora_exact(recipe, ckpt):
     fp32: B * x is fp32, autocast casts it and the weight to bf16 for the conv, whose bf16 output is
     cast back to fp32 for C * that."""
     pytest.importorskip("bitsandbytes")
-    from test_memory_vs_torch import _check_qlora
-
-    _check_qlora("lfm2", ckpt, recipe)
+    F.check_qlora("lfm2", recipe, ckpt)
 
 
 @pytest.mark.torch
@@ -381,6 +379,4 @@ def test_lfm2_moe_qlora_exact(recipe, ckpt):
     """bitsandbytes packs the nn.Linear modules; the fused experts and the router parameter stay in
     the load dtype (fp32 after PEFT's kbit upcast): states and saved bytes exact."""
     pytest.importorskip("bitsandbytes")
-    from test_memory_vs_torch import _check_qlora
-
-    _check_qlora("lfm2_moe", ckpt, recipe)
+    F.check_qlora("lfm2_moe", recipe, ckpt)

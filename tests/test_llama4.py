@@ -210,6 +210,4 @@ def test_qlora_exact(recipe, ckpt):
     4-bit; the 3-D experts and the router are not (PEFT's recipe upcasts them to fp32, and autocast's
     bf16 copies of the experts and the router are kept by their bmm / linear for the input's
     gradient; TRL's keeps them bf16). Model states and saved activations byte-exact."""
-    from test_memory_vs_torch import _check_qlora
-
-    _check_qlora("llama4_text", ckpt, recipe)
+    F.check_qlora("llama4_text", recipe, ckpt)

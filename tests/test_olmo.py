@@ -162,9 +162,7 @@ def test_qlora_exact(family, recipe, ckpt):
     """bitsandbytes nf4 on CPU: PEFT's kbit upcast (fp32 norms: the post-norms' fp32 products) and
     TRL's bf16 recipe."""
     pytest.importorskip("bitsandbytes")
-    from test_memory_vs_torch import _check_qlora
-
-    _check_qlora(family, ckpt, recipe)
+    F.check_qlora(family, recipe, ckpt)
 
 
 @pytest.mark.torch

@@ -114,9 +114,7 @@ def test_qlora_exact(recipe, ckpt):
     sigmoid and beta are fp32, and q_norm's .float() is no copy, so it keeps a view of the whole
     [query | gate] projection."""
     pytest.importorskip("bitsandbytes")
-    from test_memory_vs_torch import _check_qlora
-
-    _check_qlora("qwen3_5", ckpt, recipe)
+    F.check_qlora("qwen3_5", recipe, ckpt)
 
 
 @pytest.mark.torch

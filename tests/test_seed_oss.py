@@ -126,9 +126,7 @@ def test_qlora_exact(recipe, ckpt):
     """bitsandbytes nf4: under PEFT's kbit upcast o_proj and down_proj return fp32, so the residual
     dropouts' CPU masks are fp32."""
     pytest.importorskip("bitsandbytes")
-    from test_memory_vs_torch import _check_qlora
-
-    _check_qlora("seed_oss", ckpt, recipe)
+    F.check_qlora("seed_oss", recipe, ckpt)
 
 
 @pytest.mark.torch

@@ -124,28 +124,18 @@ def _expert_parallel() -> int:
 
 
 def _engines() -> int:
-    """2-rank gloo runs of tests/test_distributed_memory.py's harness (its checks: per-rank
-    parameters, gradients, optimizer states, buffers, transients, saved activations): FSDP2 full /
-    LoRA / QLoRA, DeepSpeed ZeRO-1/2/3 full and ZeRO-3 LoRA. As that test does, a failing case runs
-    once more in a fresh process group (gloo's asynchronous frees depend on the ranks' timing on a
-    loaded machine)."""
-    import test_distributed_memory as D
+    """2-rank gloo runs of tests/test_distributed_memory.py's harness (``by_hand.run_engines``):
+    FSDP2 full / LoRA / QLoRA, DeepSpeed ZeRO-1/2/3 full and ZeRO-3 LoRA."""
+    from by_hand import run_engines
 
-    from ftplan.measure.distributed import Case, run_cases
+    from ftplan.measure.distributed import Case
 
     cases = [Case(family=FAM, engine="fsdp2"), Case(family=FAM, engine="fsdp2", method="lora"),
              Case(family=FAM, engine="fsdp2", method="qlora"), Case(family=FAM, engine="deepspeed", zero_stage=1),
              Case(family=FAM, engine="deepspeed", zero_stage=2),
              Case(family=FAM, engine="deepspeed", zero_stage=3, steps=2),
              Case(family=FAM, engine="deepspeed", zero_stage=3, method="lora", steps=2)]
-    failures = D._failures(cases, 2, run_cases(cases, 2, timeout_s=900))
-    if failures:
-        retry = [c for c in cases if any(f.startswith((c.label + " rank", c.label + ":")) for f in failures)]
-        failures = D._failures(retry, 2, run_cases(retry, 2, timeout_s=900))
-    for c in cases:
-        mine = [f for f in failures if f.startswith((c.label + " rank", c.label + ":"))]
-        print(f"{'BAD' if mine else 'ok '} engine {c.label}: {mine}", flush=True)
-    return len({f.split(" rank")[0].split(":")[0] for f in failures})
+    return run_engines(cases, ok="ok ", bad="BAD")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import pytest
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
+pytest.register_assert_rewrite("family_checks")  # its asserts report their operands, as a test module's do
 VALIDATORS = HERE.parent / ".venv" / "validators"
 if VALIDATORS.is_dir() and str(VALIDATORS) not in sys.path:
     sys.path.append(str(VALIDATORS))

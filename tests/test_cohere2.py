@@ -24,24 +24,19 @@ eager attention, more layouts, QLoRA (PEFT's and TRL's recipes).
 from __future__ import annotations
 
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
 
 from ftplan.errors import ConfigError
-from ftplan.model import FAMILIES, layer_group_order, model_from_config
+from ftplan.model import layer_group_order, model_from_config
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import family_checks as F  # noqa: E402
+
 FAMILY = "cohere2"
-
-
-def _meta_params(cfg: dict) -> dict[str, int]:
-    """transformers' parameters by category, built on the meta device from ``cfg``."""
-    from ftplan.measure.accounting import params_by_category
-    from ftplan.measure.hf import build_model
-
-    return params_by_category(build_model(cfg, device="meta"))
 
 
 @pytest.mark.torch
@@ -53,11 +48,9 @@ def test_defaults_are_cohere2_config_defaults():
     from transformers import AutoConfig
 
     tfc = AutoConfig.for_model(FAMILY)
-    for key, value in FAMILIES[FAMILY].defaults.items():
-        if key not in ("layer_types", "num_key_value_heads", "head_dim"):  # (filled in by __post_init__)
-            assert getattr(tfc, key) == value, key
+    F.assert_defaults_are(FAMILY, tfc, skip=("layer_types", "num_key_value_heads", "head_dim"))  # (__post_init__'s)
     spec = model_from_config({"model_type": FAMILY})
-    assert spec.params.by_category() == _meta_params({"model_type": FAMILY})
+    assert spec.params.by_category() == F.meta_params({"model_type": FAMILY})
     groups = [spec.groups[i] for i in layer_group_order(spec)]
     assert [g.window for g in groups] == [4096 if t == "sliding_attention" else None for t in tfc.layer_types]
 
@@ -81,7 +74,7 @@ def test_layouts_and_params_match_transformers(extra):
     assert [g.window for g in groups] == [hf.sliding_window if t == "sliding_attention" else None
                                           for t in hf.layer_types]
     assert [g.attention.rope for g in groups] == [t == "sliding_attention" for t in hf.layer_types]
-    assert spec.params.by_category() == _meta_params(cfg)
+    assert spec.params.by_category() == F.meta_params(cfg)
 
 
 @pytest.mark.torch
@@ -107,26 +100,10 @@ VARIANTS_BY_HAND = [
 QLORA_BY_HAND = [("peft", True), ("peft", False), ("trl", True), ("trl", False)]
 
 
-def check_variant(method, ckpt, batch, seq, attn, extra):
-    import ftplan.measure.torchref as TR
-    from ftplan.memory import saved_activation_bytes
-    from test_memory_vs_torch import _run
+check_variant = partial(F.check_variant, FAMILY)
+check_qlora = partial(F.check_qlora, FAMILY)
 
-    cfg = {**TR.TINY_CONFIGS[FAMILY], **extra}
-    spec, job, r, casts = _run(FAMILY, method, ckpt, batch, seq, attn=attn, cfg=cfg)
-    assert saved_activation_bytes(spec, job, backend="cpu") == r.saved_activation_bytes - casts
-
-
-def check_qlora(recipe, ckpt):
-    from test_memory_vs_torch import _check_qlora
-
-    _check_qlora(FAMILY, ckpt, recipe)
-
-
-@pytest.mark.torch
-@pytest.mark.parametrize("method,ckpt,batch,seq,attn,extra", VARIANTS)
-def test_saved_activations_exact_variants(method, ckpt, batch, seq, attn, extra):
-    check_variant(method, ckpt, batch, seq, attn, extra)
+test_saved_activations_exact_variants = F.variants_test(check_variant, VARIANTS)
 
 
 @pytest.mark.parametrize("window", [None, 0])

@@ -24,7 +24,7 @@ QLoRA (PEFT's and TRL's recipes) and the 2-rank gloo expert-parallel run.
 from __future__ import annotations
 
 import sys
-import warnings
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -35,19 +35,13 @@ from ftplan.model import FAMILIES, model_from_config
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import family_checks as F  # noqa: E402
+
 FAMILY = "deepseek_v2"
 #: DeepSeek-V2 (236B)'s router and attention shape, shrunk: 4 groups of 2 experts, the best 2 groups,
 #: a q LoRA rank; biases on the attention and MLP projections
 _GROUPED = {"topk_method": "group_limited_greedy", "n_group": 4, "topk_group": 2, "q_lora_rank": 32,
             "attention_bias": True, "mlp_bias": True}
-
-
-def _meta_params(cfg: dict) -> dict[str, int]:
-    """transformers' parameters by category, built on the meta device from ``cfg``."""
-    from ftplan.measure.accounting import params_by_category
-    from ftplan.measure.hf import build_model
-
-    return params_by_category(build_model(cfg, device="meta"))
 
 
 @pytest.mark.torch
@@ -58,11 +52,9 @@ def test_defaults_are_deepseek_v2_config_defaults():
     from transformers import AutoConfig
 
     tfc = AutoConfig.for_model(FAMILY)
-    for key, value in FAMILIES[FAMILY].defaults.items():
-        if key == "head_dim":
-            assert tfc.head_dim == tfc.qk_rope_head_dim and value is None
-        elif key != "num_key_value_heads":  # (None: __post_init__ fills in num_attention_heads)
-            assert getattr(tfc, key) == value, key
+    # (num_key_value_heads None: __post_init__ fills in num_attention_heads)
+    F.assert_defaults_are(FAMILY, tfc, skip=("head_dim", "num_key_value_heads"))
+    assert tfc.head_dim == tfc.qk_rope_head_dim and FAMILIES[FAMILY].defaults["head_dim"] is None
     with pytest.raises(ConfigError, match="num_experts_per_tok must be an integer"):
         model_from_config({"model_type": FAMILY})
 
@@ -75,7 +67,7 @@ def test_params_match_transformers(extra):
     import ftplan.measure.torchref as TR
 
     cfg = {**TR.TINY_CONFIGS[FAMILY], **extra}
-    assert model_from_config(cfg).params.by_category() == _meta_params(cfg)
+    assert model_from_config(cfg).params.by_category() == F.meta_params(cfg)
 
 
 @pytest.mark.torch
@@ -83,20 +75,13 @@ def test_peft_all_linear_wraps_the_experts_and_the_router():
     """all-linear: the MLA projections as LoRA linears; the fused experts and the fp32 router through
     ParamWrapper; the dense first layer's MLP and the shared experts not adapted."""
     pytest.importorskip("peft")
-    from peft import LoraConfig, get_peft_model
     from test_memory_vs_torch import _check_peft_all_linear
 
     import ftplan.measure.torchref as TR
 
     _check_peft_all_linear(FAMILY, ["q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"])
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = get_peft_model(TR.build_model(TR.TINY_CONFIGS[FAMILY], dtype="bf16"),
-                               LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules="all-linear",
-                                          task_type="CAUSAL_LM"))
-    names = {n for n, p in model.named_parameters() if p.requires_grad}
-    assert any("mlp.experts" in n and "lora_A" in n for n in names)
-    assert any("mlp.gate" in n and "lora_A" in n for n in names)
+    names = F.peft_all_linear_trainables(TR.TINY_CONFIGS[FAMILY])
+    F.assert_wraps_experts_and_router(names)
     assert not any("shared_experts" in n or "layers.0.mlp" in n for n in names)
     assert lora_wraps_experts(model_from_config(TR.TINY_CONFIGS[FAMILY]), LoraSpec())
 
@@ -116,26 +101,10 @@ VARIANTS_BY_HAND = [("full", False, 2, 24, "eager", {}), ("lora", True, 2, 24, "
 QLORA_BY_HAND = [("peft", True), ("peft", False), ("trl", True), ("trl", False)]
 
 
-def check_variant(method, ckpt, batch, seq, attn, extra):
-    import ftplan.measure.torchref as TR
-    from ftplan.memory import saved_activation_bytes
-    from test_memory_vs_torch import _run
+check_variant = partial(F.check_variant, FAMILY)
+check_qlora = partial(F.check_moe_qlora, FAMILY)
 
-    cfg = {**TR.TINY_CONFIGS[FAMILY], **extra}
-    spec, job, r, casts = _run(FAMILY, method, ckpt, batch, seq, attn=attn, cfg=cfg)
-    assert saved_activation_bytes(spec, job, backend="cpu") == r.saved_activation_bytes - casts
-
-
-def check_qlora(recipe, ckpt):
-    from test_olmoe import check_qlora as check
-
-    check(recipe, ckpt, family=FAMILY)
-
-
-@pytest.mark.torch
-@pytest.mark.parametrize("method,ckpt,batch,seq,attn,extra", VARIANTS)
-def test_saved_activations_exact_variants(method, ckpt, batch, seq, attn, extra):
-    check_variant(method, ckpt, batch, seq, attn, extra)
+test_saved_activations_exact_variants = F.variants_test(check_variant, VARIANTS)
 
 
 def test_refusals_and_layouts():
@@ -145,14 +114,12 @@ def test_refusals_and_layouts():
     import ftplan.measure.configs as CF
 
     cfg = CF.TINY_CONFIGS[FAMILY]
-    for extra, msg in (({"topk_method": "noaux_tc"}, "topk_method='noaux_tc'"),
-                       ({"topk_method": "group_limited_greedy"}, "needs integer n_group and topk_group"),
-                       ({"topk_method": "group_limited_greedy", "n_group": 3, "topk_group": 1},
-                        "n_group=3 must divide the 8 experts"),
-                       ({"moe_layer_freq": 2}, "moe_layer_freq=2: transformers' DeepseekV2DecoderLayer ignores it")):
-        with pytest.raises(ConfigError, match=msg) as e:
-            model_from_config({**cfg, **extra})
-        assert "\n" not in str(e.value)
+    F.assert_refused(cfg, [({"topk_method": "noaux_tc"}, "topk_method='noaux_tc'"),
+                           ({"topk_method": "group_limited_greedy"}, "needs integer n_group and topk_group"),
+                           ({"topk_method": "group_limited_greedy", "n_group": 3, "topk_group": 1},
+                            "n_group=3 must divide the 8 experts"),
+                           ({"moe_layer_freq": 2},
+                            "moe_layer_freq=2: transformers' DeepseekV2DecoderLayer ignores it")])
     spec = model_from_config(cfg)
     validate_job(spec, Job(method="full"), Layout(2, 1, "fsdp", ep=2))
     # LoRA on the experts under EP does not run (tests/test_ep_lora.py): refused; the attention runs

@@ -23,24 +23,18 @@ config.json of a dots.llm1 checkpoint was found.
 from __future__ import annotations
 
 import sys
-import warnings
+from functools import partial
 from pathlib import Path
 
 import pytest
 
 from ftplan.errors import ConfigError
-from ftplan.job import Job, Layout, LoraSpec, lora_wraps_experts, validate_job
-from ftplan.model import FAMILIES, layer_group_order, model_from_config
+from ftplan.job import LoraSpec, lora_wraps_experts
+from ftplan.model import layer_group_order, model_from_config
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-
-def _meta_params(cfg: dict) -> dict[str, int]:
-    """transformers' parameters by category, built on the meta device from ``cfg``."""
-    from ftplan.measure.accounting import params_by_category
-    from ftplan.measure.hf import build_model
-
-    return params_by_category(build_model(cfg, device="meta"))
+import family_checks as F  # noqa: E402
 
 
 @pytest.mark.torch
@@ -51,12 +45,7 @@ def test_defaults_are_dots1_config_defaults():
     pytest.importorskip("transformers")
     from transformers import AutoConfig
 
-    tfc = AutoConfig.for_model("dots1")
-    for key, value in FAMILIES["dots1"].defaults.items():
-        if key == "head_dim":
-            assert getattr(tfc, key, None) is None and value is None, key
-        elif key != "layer_types":
-            assert getattr(tfc, key) == value, key
+    F.assert_defaults_are("dots1", AutoConfig.for_model("dots1"), absent=("head_dim",), skip=("layer_types",))
     with pytest.raises(ConfigError, match="n_routed_experts must be an integer"):
         model_from_config({"model_type": "dots1"})
 
@@ -78,7 +67,7 @@ def test_layouts_and_params_match_transformers(extra):
     spec = model_from_config(cfg)
     assert [spec.groups[i].window for i in layer_group_order(spec)] == [
         hf.sliding_window if t == "sliding_attention" else None for t in hf.layer_types]
-    assert spec.params.by_category() == _meta_params(cfg)
+    assert spec.params.by_category() == F.meta_params(cfg)
 
 
 @pytest.mark.torch
@@ -86,20 +75,13 @@ def test_peft_all_linear_wraps_the_experts_and_the_router():
     """all-linear: q/k/v/o as LoRA linears; the fused experts and the fp32 router through
     ParamWrapper; the dense first layer's MLP and the shared experts not adapted."""
     pytest.importorskip("peft")
-    from peft import LoraConfig, get_peft_model
     from test_memory_vs_torch import _check_peft_all_linear
 
     import ftplan.measure.torchref as TR
 
     _check_peft_all_linear("dots1", ["q_proj", "k_proj", "v_proj", "o_proj"])
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = get_peft_model(TR.build_model(TR.TINY_CONFIGS["dots1"], dtype="bf16"),
-                               LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules="all-linear",
-                                          task_type="CAUSAL_LM"))
-    names = {n for n, p in model.named_parameters() if p.requires_grad}
-    assert any("mlp.experts" in n and "lora_A" in n for n in names)
-    assert any("mlp.gate" in n and "lora_A" in n for n in names)
+    names = F.peft_all_linear_trainables(TR.TINY_CONFIGS["dots1"])
+    F.assert_wraps_experts_and_router(names)
     assert not any("shared_experts" in n or "layers.0.mlp" in n for n in names)
     assert lora_wraps_experts(model_from_config(TR.TINY_CONFIGS["dots1"]), LoraSpec())
 
@@ -118,26 +100,10 @@ VARIANTS_BY_HAND = [("lora", True, 2, 24, "eager", {}), ("full", False, 2, 24, "
 QLORA_BY_HAND = [("peft", True), ("peft", False), ("trl", True), ("trl", False)]
 
 
-def check_variant(method, ckpt, batch, seq, attn, extra):
-    import ftplan.measure.torchref as TR
-    from ftplan.memory import saved_activation_bytes
-    from test_memory_vs_torch import _run
+check_variant = partial(F.check_variant, "dots1")
+check_qlora = partial(F.check_moe_qlora, "dots1")
 
-    cfg = {**TR.TINY_CONFIGS["dots1"], **extra}
-    spec, job, r, casts = _run("dots1", method, ckpt, batch, seq, attn=attn, cfg=cfg)
-    assert saved_activation_bytes(spec, job, backend="cpu") == r.saved_activation_bytes - casts
-
-
-def check_qlora(recipe, ckpt):
-    from test_olmoe import check_qlora as check
-
-    check(recipe, ckpt, family="dots1")
-
-
-@pytest.mark.torch
-@pytest.mark.parametrize("method,ckpt,batch,seq,attn,extra", VARIANTS)
-def test_saved_activations_exact_variants(method, ckpt, batch, seq, attn, extra):
-    check_variant(method, ckpt, batch, seq, attn, extra)
+test_saved_activations_exact_variants = F.variants_test(check_variant, VARIANTS)
 
 
 def test_refusals_and_layouts():
@@ -147,14 +113,7 @@ def test_refusals_and_layouts():
     import ftplan.measure.configs as CF
 
     cfg = CF.TINY_CONFIGS["dots1"]
-    for extra, msg in (({"n_shared_experts": None}, "n_shared_experts must be an integer"),
-                       ({"n_group": None}, "n_group is null: transformers' Dots1TopkRouter divides by it")):
-        with pytest.raises(ConfigError, match=msg) as e:
-            model_from_config({**cfg, **extra})
-        assert "\n" not in str(e.value)
+    F.assert_refused(cfg, [({"n_shared_experts": None}, "n_shared_experts must be an integer"),
+                           ({"n_group": None}, "n_group is null: transformers' Dots1TopkRouter divides by it")])
     spec = model_from_config(cfg)
-    validate_job(spec, Job(method="full"), Layout(2, 1, "fsdp", ep=2))
-    # (LoRA on the attention: LoRA on EP experts is refused, tests/test_ep_lora.py)
-    validate_job(spec, Job(method="lora", lora=LoraSpec(dropout=0.0, target_modules=("q_proj", "k_proj", "v_proj",
-                                                                                    "o_proj"))),
-                 Layout(4, 1, "fsdp", ep=4))
+    F.validate_ep_layouts(spec)

@@ -22,20 +22,14 @@ import pytest
 
 from ftplan.catalog.models import get_model
 from ftplan.memory import activation_parts, saved_activation_bytes
-from ftplan.model import FAMILIES, model_from_config
+from ftplan.model import model_from_config
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import family_checks as F  # noqa: E402
+
 SMALL = {"model_type": "ernie4_5", "vocab_size": 512, "hidden_size": 64, "intermediate_size": 120,
          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32}
-
-
-def _meta_params(cfg: dict) -> dict[str, int]:
-    """transformers' parameters by category, built on the meta device from ``cfg``."""
-    from ftplan.measure.accounting import params_by_category
-    from ftplan.measure.hf import build_model
-
-    return params_by_category(build_model(cfg, device="meta"))
 
 
 @pytest.mark.torch
@@ -49,10 +43,8 @@ def test_defaults_and_params_match_transformers(cfg):
     pytest.importorskip("transformers")
     from transformers import AutoConfig
 
-    tfc = AutoConfig.for_model("ernie4_5")
-    for key, value in FAMILIES["ernie4_5"].defaults.items():
-        assert getattr(tfc, key) == value, key
-    assert model_from_config(cfg).params.by_category() == _meta_params(cfg)
+    F.assert_defaults_are("ernie4_5", AutoConfig.for_model("ernie4_5"))
+    assert model_from_config(cfg).params.by_category() == F.meta_params(cfg)
 
 
 @pytest.mark.torch
@@ -90,12 +82,7 @@ def test_rope_tables_per_layer():
 @pytest.mark.parametrize("method,mode", [("lora", "selective"), ("lora", "every-k")])
 def test_checkpointing_variants_exact(method, mode):
     pytest.importorskip("trl")
-    import test_checkpointing_vs_torch as C
-
-    spec, r = C._measure("ernie4_5", method, mode)
-    job = C._job("ernie4_5", method, mode, 2, 24, "hf")
-    assert saved_activation_bytes(spec, job, backend="cpu") == r.device_bytes - r.weight_copy_bytes
-    assert activation_parts(spec, job, backend="cpu").sac_cache_bytes == r.sac_cache_bytes
+    F.check_checkpointing_variant("ernie4_5", method, mode)
 
 
 @pytest.mark.torch
@@ -104,9 +91,7 @@ def test_qlora_exact(recipe, ckpt):
     """bitsandbytes nf4: q/k come out of Linear4bit in fp32 under PEFT's kbit upcast, where
     ``q.float()`` is no copy."""
     pytest.importorskip("bitsandbytes")
-    from test_memory_vs_torch import _check_qlora
-
-    _check_qlora("ernie4_5", ckpt, recipe)
+    F.check_qlora("ernie4_5", recipe, ckpt)
 
 
 @pytest.mark.torch

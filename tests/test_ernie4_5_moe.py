@@ -39,17 +39,11 @@ from ftplan.model import FAMILIES, model_from_config
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import family_checks as F  # noqa: E402
+
 TINY = {"model_type": "ernie4_5_moe", "vocab_size": 512, "hidden_size": 64, "intermediate_size": 96,
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
         "moe_num_experts": 4, "moe_k": 2, "moe_intermediate_size": 24}
-
-
-def _meta_params(cfg: dict) -> dict[str, int]:
-    """transformers' parameters by category, built on the meta device from ``cfg``."""
-    from ftplan.measure.accounting import params_by_category
-    from ftplan.measure.hf import build_model
-
-    return params_by_category(build_model(cfg, device="meta"))
 
 
 @pytest.mark.torch
@@ -76,7 +70,7 @@ def test_defaults_and_params_match_transformers(cfg):
         else:
             assert getattr(tfc, key, None) == value, key
     spec = model_from_config(cfg)
-    assert spec.params.by_category() == _meta_params(cfg)
+    assert spec.params.by_category() == F.meta_params(cfg)
 
 
 def test_moe_layer_pattern():

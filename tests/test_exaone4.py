@@ -21,22 +21,17 @@ exact): eager attention, more layouts, QLoRA (PEFT's and TRL's recipes).
 from __future__ import annotations
 
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
 
 from ftplan.errors import ConfigError
-from ftplan.model import FAMILIES, layer_group_order, model_from_config
+from ftplan.model import layer_group_order, model_from_config
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-
-def _meta_params(cfg: dict) -> dict[str, int]:
-    """transformers' parameters by category, built on the meta device from ``cfg``."""
-    from ftplan.measure.accounting import params_by_category
-    from ftplan.measure.hf import build_model
-
-    return params_by_category(build_model(cfg, device="meta"))
+import family_checks as F  # noqa: E402
 
 
 @pytest.mark.torch
@@ -48,13 +43,9 @@ def test_defaults_are_exaone4_config_defaults():
     from transformers import AutoConfig
 
     tfc = AutoConfig.for_model("exaone4")
-    for key, value in FAMILIES["exaone4"].defaults.items():
-        if key == "head_dim":
-            assert getattr(tfc, key, None) is None and value is None, key
-        elif key != "layer_types":
-            assert getattr(tfc, key) == value, key
+    F.assert_defaults_are("exaone4", tfc, absent=("head_dim",), skip=("layer_types",))
     spec = model_from_config({"model_type": "exaone4"})
-    assert spec.params.by_category() == _meta_params({"model_type": "exaone4"})
+    assert spec.params.by_category() == F.meta_params({"model_type": "exaone4"})
     windows = [spec.groups[i].window for i in layer_group_order(spec)]
     assert windows == [4096 if t == "sliding_attention" else None for t in tfc.layer_types]
 
@@ -81,7 +72,7 @@ def test_layouts_and_params_match_transformers(extra):
                                           for t in hf.layer_types]
     assert [g.attention.rope for g in groups] == [hf.sliding_window is None or t == "sliding_attention"
                                                   for t in hf.layer_types]
-    assert spec.params.by_category() == _meta_params(cfg)
+    assert spec.params.by_category() == F.meta_params(cfg)
 
 
 @pytest.mark.torch
@@ -116,16 +107,9 @@ def check_variant(method, ckpt, batch, seq, attn, extra):
     assert saved_activation_bytes(spec, job, backend="cpu") == r.saved_activation_bytes - casts
 
 
-def check_qlora(recipe, ckpt):
-    from test_memory_vs_torch import _check_qlora
+check_qlora = partial(F.check_qlora, "exaone4")
 
-    _check_qlora("exaone4", ckpt, recipe)
-
-
-@pytest.mark.torch
-@pytest.mark.parametrize("method,ckpt,batch,seq,attn,extra", VARIANTS)
-def test_saved_activations_exact_variants(method, ckpt, batch, seq, attn, extra):
-    check_variant(method, ckpt, batch, seq, attn, extra)
+test_saved_activations_exact_variants = F.variants_test(check_variant, VARIANTS)
 
 
 @pytest.mark.parametrize("extra,msg", [

@@ -19,22 +19,17 @@ exact): eager attention, more variants, QLoRA (PEFT's and TRL's recipes).
 from __future__ import annotations
 
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
 
 from ftplan.errors import ConfigError
-from ftplan.model import FAMILIES, model_from_config
+from ftplan.model import model_from_config
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-
-def _meta_params(cfg: dict) -> dict[str, int]:
-    """transformers' parameters by category, built on the meta device from ``cfg``."""
-    from ftplan.measure.accounting import params_by_category
-    from ftplan.measure.hf import build_model
-
-    return params_by_category(build_model(cfg, device="meta"))
+import family_checks as F  # noqa: E402
 
 
 @pytest.mark.torch
@@ -44,13 +39,8 @@ def test_defaults_are_gemma_config_defaults():
     pytest.importorskip("transformers")
     from transformers import AutoConfig
 
-    tfc = AutoConfig.for_model("gemma")
-    for key, value in FAMILIES["gemma"].defaults.items():
-        if key == "sliding_window":
-            assert getattr(tfc, key, None) is None and value is None, key
-        else:
-            assert getattr(tfc, key) == value, key
-    assert model_from_config({"model_type": "gemma"}).params.by_category() == _meta_params({"model_type": "gemma"})
+    F.assert_defaults_are("gemma", AutoConfig.for_model("gemma"), absent=("sliding_window",))
+    assert model_from_config({"model_type": "gemma"}).params.by_category() == F.meta_params({"model_type": "gemma"})
 
 
 @pytest.mark.torch
@@ -60,7 +50,7 @@ def test_params_match_transformers_on_meta(extra):
     import ftplan.measure.torchref as TR
 
     cfg = {**TR.TINY_CONFIGS["gemma"], **extra}
-    assert model_from_config(cfg).params.by_category() == _meta_params(cfg)
+    assert model_from_config(cfg).params.by_category() == F.meta_params(cfg)
 
 
 @pytest.mark.torch
@@ -84,26 +74,10 @@ VARIANTS_BY_HAND = [
 QLORA_BY_HAND = [("peft", True), ("peft", False), ("trl", True), ("trl", False)]
 
 
-def check_variant(method, ckpt, batch, seq, attn, extra):
-    import ftplan.measure.torchref as TR
-    from ftplan.memory import saved_activation_bytes
-    from test_memory_vs_torch import _run
+check_variant = partial(F.check_variant, "gemma")
+check_qlora = partial(F.check_qlora, "gemma")
 
-    cfg = {**TR.TINY_CONFIGS["gemma"], **extra}
-    spec, job, r, casts = _run("gemma", method, ckpt, batch, seq, attn=attn, cfg=cfg)
-    assert saved_activation_bytes(spec, job, backend="cpu") == r.saved_activation_bytes - casts
-
-
-def check_qlora(recipe, ckpt):
-    from test_memory_vs_torch import _check_qlora
-
-    _check_qlora("gemma", ckpt, recipe)
-
-
-@pytest.mark.torch
-@pytest.mark.parametrize("method,ckpt,batch,seq,attn,extra", VARIANTS)
-def test_saved_activations_exact_variants(method, ckpt, batch, seq, attn, extra):
-    check_variant(method, ckpt, batch, seq, attn, extra)
+test_saved_activations_exact_variants = F.variants_test(check_variant, VARIANTS)
 
 
 def test_bidirectional_attention_is_refused():

@@ -26,6 +26,8 @@ from ftplan.model import FAMILIES, layer_group_order, model_from_config
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import family_checks as F  # noqa: E402
+
 TEXT = TINY_CONFIGS["gemma4"]
 
 
@@ -87,8 +89,6 @@ def test_image_text_config_plans_the_text_model():
     (vision tower included, as for gemma3); ftplan plans its language model, whose counts equal
     Gemma4ForCausalLM's built from text_config, category by category."""
     pytest.importorskip("transformers")
-    import torch
-    from transformers import AutoModelForCausalLM
     from transformers.models.gemma4 import Gemma4Config
 
     from ftplan.measure.accounting import params_by_category
@@ -97,9 +97,7 @@ def test_image_text_config_plans_the_text_model():
     text = {k: v for k, v in TEXT.items() if k != "model_type"}
     vision = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
               "num_key_value_heads": 2, "head_dim": 16}
-    with warnings.catch_warnings(), torch.device("meta"):
-        warnings.simplefilter("ignore")
-        real = AutoModelForCausalLM.from_config(Gemma4Config(text_config=text, vision_config=vision))
+    real = F.meta_model(Gemma4Config(text_config=text, vision_config=vision))
     assert type(real).__name__ == "Gemma4ForConditionalGeneration"
     raw = {"model_type": "gemma4", "architectures": ["Gemma4ForConditionalGeneration"],
            "text_config": TEXT, "vision_config": vision}

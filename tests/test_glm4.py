@@ -21,6 +21,7 @@ variants, QLoRA (PEFT's and TRL's recipes).
 from __future__ import annotations
 
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -29,13 +30,7 @@ from ftplan.model import FAMILIES, model_from_config
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-
-def _meta_params(cfg: dict) -> dict[str, int]:
-    """transformers' parameters by category, built on the meta device from ``cfg``."""
-    from ftplan.measure.accounting import params_by_category
-    from ftplan.measure.hf import build_model
-
-    return params_by_category(build_model(cfg, device="meta"))
+import family_checks as F  # noqa: E402
 
 
 @pytest.mark.torch
@@ -47,11 +42,10 @@ def test_defaults_are_glm4_config_defaults():
     from transformers import AutoConfig
 
     tfc = AutoConfig.for_model("glm4")
-    for key, value in FAMILIES["glm4"].defaults.items():
-        assert getattr(tfc, key) == value, key
+    F.assert_defaults_are("glm4", tfc)
     assert tfc.rope_parameters["partial_rotary_factor"] == FAMILIES["glm4"].partial_rotary_factor
     spec = model_from_config({"model_type": "glm4"})
-    assert spec.params.by_category() == _meta_params({"model_type": "glm4"})
+    assert spec.params.by_category() == F.meta_params({"model_type": "glm4"})
     assert spec.attention.rotary_dim == 64 and spec.groups[0].norms_per_layer == 4
 
 
@@ -62,7 +56,7 @@ def test_params_match_transformers_on_meta(extra):
     import ftplan.measure.torchref as TR
 
     cfg = {**TR.TINY_CONFIGS["glm4"], **extra}
-    assert model_from_config(cfg).params.by_category() == _meta_params(cfg)
+    assert model_from_config(cfg).params.by_category() == F.meta_params(cfg)
 
 
 @pytest.mark.torch
@@ -87,23 +81,7 @@ VARIANTS_BY_HAND = [
 QLORA_BY_HAND = [("peft", True), ("peft", False), ("trl", True), ("trl", False)]
 
 
-def check_variant(method, ckpt, batch, seq, attn, extra):
-    import ftplan.measure.torchref as TR
-    from ftplan.memory import saved_activation_bytes
-    from test_memory_vs_torch import _run
+check_variant = partial(F.check_variant, "glm4")
+check_qlora = partial(F.check_qlora, "glm4")
 
-    cfg = {**TR.TINY_CONFIGS["glm4"], **extra}
-    spec, job, r, casts = _run("glm4", method, ckpt, batch, seq, attn=attn, cfg=cfg)
-    assert saved_activation_bytes(spec, job, backend="cpu") == r.saved_activation_bytes - casts
-
-
-def check_qlora(recipe, ckpt):
-    from test_memory_vs_torch import _check_qlora
-
-    _check_qlora("glm4", ckpt, recipe)
-
-
-@pytest.mark.torch
-@pytest.mark.parametrize("method,ckpt,batch,seq,attn,extra", VARIANTS)
-def test_saved_activations_exact_variants(method, ckpt, batch, seq, attn, extra):
-    check_variant(method, ckpt, batch, seq, attn, extra)
+test_saved_activations_exact_variants = F.variants_test(check_variant, VARIANTS)

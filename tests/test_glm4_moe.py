@@ -15,6 +15,8 @@ from ftplan.catalog.models import load_model_catalog
 from ftplan.job import Job, LoraSpec, lora_wraps_experts
 from ftplan.model import FAMILIES, model_from_config
 
+import family_checks as F
+
 
 def test_defaults_are_the_config_class_defaults():
     """Every default ftplan fills in equals Glm4MoeConfig's (head_dim: no field, hidden // heads),
@@ -26,13 +28,8 @@ def test_defaults_are_the_config_class_defaults():
     from ftplan.measure.torchref import params_by_category
 
     tfc = AutoConfig.for_model("glm4_moe")
-    for key, value in FAMILIES["glm4_moe"].defaults.items():
-        if key == "head_dim":
-            assert not hasattr(tfc, "head_dim") and value is None
-        elif key == "sliding_window":
-            assert getattr(tfc, key, None) is None and value is None
-        else:
-            assert getattr(tfc, key) == value, key
+    F.assert_defaults_are("glm4_moe", tfc, absent=("sliding_window",), skip=("head_dim",))
+    assert not hasattr(tfc, "head_dim") and FAMILIES["glm4_moe"].defaults["head_dim"] is None
     assert tfc.rope_parameters["partial_rotary_factor"] == FAMILIES["glm4_moe"].partial_rotary_factor
     with torch.device("meta"):
         real = AutoModelForCausalLM.from_config(tfc)
@@ -56,18 +53,10 @@ def _check_glm_all_linear(family: str) -> set[str]:
     experts and the fp32 router; the dense first layer's MLP and the shared experts not adapted.
     Returns the trainable parameter names."""
     pytest.importorskip("peft")
-    from peft import LoraConfig, get_peft_model
-
     import ftplan.measure.torchref as TR
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = get_peft_model(TR.build_model(TR.TINY_CONFIGS[family], dtype="bf16"),
-                               LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules="all-linear",
-                                          task_type="CAUSAL_LM"))
-    names = {n for n, p in model.named_parameters() if p.requires_grad}
-    assert any("mlp.experts" in n and "lora_A" in n for n in names)
-    assert any("mlp.gate" in n and "lora_A" in n for n in names)
+    names = F.peft_all_linear_trainables(TR.TINY_CONFIGS[family])
+    F.assert_wraps_experts_and_router(names)
     assert not any("shared_experts" in n for n in names)
     assert not any("layers.0.mlp" in n for n in names)
     return names

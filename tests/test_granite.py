@@ -25,20 +25,14 @@ import pytest
 from ftplan.catalog.models import get_model
 from ftplan.job import Job
 from ftplan.memory import activation_parts, saved_activation_bytes
-from ftplan.model import FAMILIES, model_from_config
+from ftplan.model import model_from_config
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import family_checks as F  # noqa: E402
+
 SMALL = {"model_type": "granite", "vocab_size": 512, "hidden_size": 64, "intermediate_size": 120,
          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
-
-
-def _meta_params(cfg: dict) -> dict[str, int]:
-    """transformers' parameters by category, built on the meta device from ``cfg``."""
-    from ftplan.measure.accounting import params_by_category
-    from ftplan.measure.hf import build_model
-
-    return params_by_category(build_model(cfg, device="meta"))
 
 
 @pytest.mark.torch
@@ -48,15 +42,9 @@ def test_defaults_match_granite_config():
     pytest.importorskip("transformers")
     from transformers import AutoConfig
 
-    tfc = AutoConfig.for_model("granite")
-    for key, value in FAMILIES["granite"].defaults.items():
-        if key in ("head_dim", "sliding_window"):
-            assert getattr(tfc, key, None) is None and value is None, key
-        elif key == "num_key_value_heads":  # None: __post_init__ fills in the attention heads
-            assert value is None and tfc.num_key_value_heads == tfc.num_attention_heads
-        else:
-            assert getattr(tfc, key) == value, key
-    assert model_from_config({"model_type": "granite"}).params.by_category() == _meta_params({"model_type": "granite"})
+    F.assert_defaults_are("granite", AutoConfig.for_model("granite"), absent=("head_dim", "sliding_window"),
+                          kv_heads_are_heads=True)
+    assert model_from_config({"model_type": "granite"}).params.by_category() == F.meta_params({"model_type": "granite"})
 
 
 @pytest.mark.torch
@@ -69,7 +57,7 @@ def test_params_match_transformers_on_meta(extra):
     """attention_bias puts a bias on q/k/v and o_proj; mlp_bias on gate/up/down."""
     pytest.importorskip("transformers")
     cfg = {**SMALL, **extra}
-    assert model_from_config(cfg).params.by_category() == _meta_params({k: v for k, v in cfg.items() if v is not None})
+    assert model_from_config(cfg).params.by_category() == F.meta_params({k: v for k, v in cfg.items() if v is not None})
 
 
 @pytest.mark.torch
@@ -134,21 +122,14 @@ def test_checkpointing_variants_exact(method, mode, loss):
     """SAC and every-k with LoRA (the leaf held beside the checkpoint inputs); TRL's fused head
     divides its logit tiles by logits_scaling (it reads the config) and saves what llama's saves."""
     pytest.importorskip("trl")
-    import test_checkpointing_vs_torch as C
-
-    spec, r = C._measure("granite", method, mode, loss=loss)
-    job = C._job("granite", method, mode, 2, 24, loss)
-    assert saved_activation_bytes(spec, job, backend="cpu") == r.device_bytes - r.weight_copy_bytes
-    assert activation_parts(spec, job, backend="cpu").sac_cache_bytes == r.sac_cache_bytes
+    F.check_checkpointing_variant("granite", method, mode, loss)
 
 
 @pytest.mark.torch
 @pytest.mark.parametrize("recipe,ckpt", [("peft", False), ("trl", True)])
 def test_qlora_exact(recipe, ckpt):
     pytest.importorskip("bitsandbytes")
-    from test_memory_vs_torch import _check_qlora
-
-    _check_qlora("granite", ckpt, recipe)
+    F.check_qlora("granite", recipe, ckpt)
 
 
 @pytest.mark.torch

@@ -21,10 +21,11 @@ import pytest
 
 from ftplan.errors import ConfigError
 from ftplan.job import LoraSpec, lora_targets
-from ftplan.memory import activation_parts, saved_activation_bytes
 from ftplan.model import FAMILIES, model_from_config
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+import family_checks as F  # noqa: E402
 
 
 @pytest.mark.torch
@@ -32,8 +33,7 @@ sys.path.insert(0, str(Path(__file__).parent))
                                         "num_local_experts": 6, "num_experts_per_tok": 3}])
 def test_defaults_and_params_match_transformers(extra):
     pytest.importorskip("transformers")
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     from ftplan.measure.torchref import params_by_category
 
@@ -46,9 +46,7 @@ def test_defaults_and_params_match_transformers(extra):
         else:
             assert getattr(tfc, key) == value, key
     cfg = {"model_type": "granitemoe", **extra}
-    with warnings.catch_warnings(), torch.device("meta"):
-        warnings.simplefilter("ignore")
-        real = AutoModelForCausalLM.from_config(AutoConfig.for_model(**cfg))
+    real = F.meta_model(AutoConfig.for_model(**cfg))
     spec = model_from_config(cfg)
     assert spec.params.by_category() == params_by_category(real)
     assert spec.groups[0].moe.router == "granitemoe" and spec.groups[0].count == spec.num_layers
@@ -71,12 +69,7 @@ def test_peft_all_linear_adapts_the_attention():
 @pytest.mark.torch
 def test_lora_sac_exact():
     pytest.importorskip("trl")
-    import test_checkpointing_vs_torch as C
-
-    spec, r = C._measure("granitemoe", "lora", "selective")
-    job = C._job("granitemoe", "lora", "selective", 2, 24, "hf")
-    assert saved_activation_bytes(spec, job, backend="cpu") == r.device_bytes - r.weight_copy_bytes
-    assert activation_parts(spec, job, backend="cpu").sac_cache_bytes == r.sac_cache_bytes
+    F.check_checkpointing_variant("granitemoe", "lora", "selective")
 
 
 @pytest.mark.torch
@@ -85,9 +78,7 @@ def test_qlora_exact(recipe, ckpt):
     """bitsandbytes quantizes q/k/v/o; the router weight and the fused experts stay unquantized
     (fp32 under PEFT's kbit upcast)."""
     pytest.importorskip("bitsandbytes")
-    from test_memory_vs_torch import _check_qlora
-
-    _check_qlora("granitemoe", ckpt, recipe)
+    F.check_qlora("granitemoe", recipe, ckpt)
 
 
 def test_expert_parallelism_is_refused():

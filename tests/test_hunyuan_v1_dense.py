@@ -23,22 +23,17 @@ was looked for in the time left.
 from __future__ import annotations
 
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
 
 from ftplan.errors import ConfigError
-from ftplan.model import FAMILIES, model_from_config
+from ftplan.model import model_from_config
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-
-def _meta_params(cfg: dict) -> dict[str, int]:
-    """transformers' parameters by category, built on the meta device from ``cfg``."""
-    from ftplan.measure.accounting import params_by_category
-    from ftplan.measure.hf import build_model
-
-    return params_by_category(build_model(cfg, device="meta"))
+import family_checks as F  # noqa: E402
 
 
 @pytest.mark.torch
@@ -49,19 +44,13 @@ def test_defaults_and_the_head_dim_refusal():
     pytest.importorskip("transformers")
     from transformers import AutoConfig
 
-    tfc = AutoConfig.for_model("hunyuan_v1_dense")
-    for key, value in FAMILIES["hunyuan_v1_dense"].defaults.items():
-        if key == "sliding_window":
-            assert getattr(tfc, key, None) is None and value is None, key
-        elif key == "num_key_value_heads":  # None: __post_init__ fills in the attention heads
-            assert value is None and tfc.num_key_value_heads == tfc.num_attention_heads
-        else:
-            assert getattr(tfc, key) == value, key
+    F.assert_defaults_are("hunyuan_v1_dense", AutoConfig.for_model("hunyuan_v1_dense"), absent=("sliding_window",),
+                          kv_heads_are_heads=True)
     with pytest.raises(ConfigError, match="head_dim is required for hunyuan_v1_dense") as e:
         model_from_config({"model_type": "hunyuan_v1_dense"})
     assert "\n" not in str(e.value)
     cfg = {"model_type": "hunyuan_v1_dense", "head_dim": 128}
-    assert model_from_config(cfg).params.by_category() == _meta_params(cfg)
+    assert model_from_config(cfg).params.by_category() == F.meta_params(cfg)
 
 
 @pytest.mark.torch
@@ -71,7 +60,7 @@ def test_params_match_transformers_on_meta(extra):
     import ftplan.measure.torchref as TR
 
     cfg = {**TR.TINY_CONFIGS["hunyuan_v1_dense"], **extra}
-    assert model_from_config(cfg).params.by_category() == _meta_params(cfg)
+    assert model_from_config(cfg).params.by_category() == F.meta_params(cfg)
 
 
 @pytest.mark.torch
@@ -91,23 +80,7 @@ VARIANTS_BY_HAND = [("full", False, 2, 24, "eager", {}), ("lora", True, 1, 40, "
 QLORA_BY_HAND = [("peft", True), ("peft", False), ("trl", True), ("trl", False)]
 
 
-def check_variant(method, ckpt, batch, seq, attn, extra):
-    import ftplan.measure.torchref as TR
-    from ftplan.memory import saved_activation_bytes
-    from test_memory_vs_torch import _run
+check_variant = partial(F.check_variant, "hunyuan_v1_dense")
+check_qlora = partial(F.check_qlora, "hunyuan_v1_dense")
 
-    cfg = {**TR.TINY_CONFIGS["hunyuan_v1_dense"], **extra}
-    spec, job, r, casts = _run("hunyuan_v1_dense", method, ckpt, batch, seq, attn=attn, cfg=cfg)
-    assert saved_activation_bytes(spec, job, backend="cpu") == r.saved_activation_bytes - casts
-
-
-def check_qlora(recipe, ckpt):
-    from test_memory_vs_torch import _check_qlora
-
-    _check_qlora("hunyuan_v1_dense", ckpt, recipe)
-
-
-@pytest.mark.torch
-@pytest.mark.parametrize("method,ckpt,batch,seq,attn,extra", VARIANTS)
-def test_saved_activations_exact_variants(method, ckpt, batch, seq, attn, extra):
-    check_variant(method, ckpt, batch, seq, attn, extra)
+test_saved_activations_exact_variants = F.variants_test(check_variant, VARIANTS)

@@ -26,6 +26,8 @@ from ftplan.runtime import flops_per_token
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import family_checks as F  # noqa: E402
+
 TINY = {
     "model_type": "lfm2", "vocab_size": 512, "hidden_size": 64, "num_hidden_layers": 6,
     "num_attention_heads": 4, "num_key_value_heads": 2, "conv_L_cache": 3, "max_position_embeddings": 256,
@@ -33,16 +35,12 @@ TINY = {
 
 
 def _meta_params(cfg: dict) -> dict[str, int]:
-    import torch
-    from transformers import AutoModelForCausalLM
     from transformers.models.lfm2 import Lfm2Config
 
     from ftplan.measure.torchref import params_by_category
 
     hf = Lfm2Config(**{k: v for k, v in cfg.items() if k != "model_type"})
-    with warnings.catch_warnings(), torch.device("meta"):
-        warnings.simplefilter("ignore")
-        real = AutoModelForCausalLM.from_config(hf)
+    real = F.meta_model(hf)
     return hf, real, params_by_category(real)
 
 
@@ -179,9 +177,7 @@ def test_qlora_exact(recipe, ckpt):
     fp32: B * x is fp32, autocast casts it and the weight to bf16 for the conv, whose bf16 output is
     cast back to fp32 for C * that."""
     pytest.importorskip("bitsandbytes")
-    from test_memory_vs_torch import _check_qlora
-
-    _check_qlora("lfm2", ckpt, recipe)
+    F.check_qlora("lfm2", recipe, ckpt)
 
 
 @pytest.mark.torch
@@ -200,14 +196,7 @@ def test_checkpointing_variants_exact(method, mode):
     """SAC caches every other projection mm (in_proj, out_proj; the conv is no mm); the attention
     kernel only in the attention layer; every-k over non-adjacent layer kinds."""
     pytest.importorskip("trl")
-    import test_checkpointing_vs_torch as C
-
-    from ftplan.memory import activation_parts
-
-    spec, r = C._measure("lfm2", method, mode)
-    job = C._job("lfm2", method, mode, 2, 24, "hf")
-    assert saved_activation_bytes(spec, job, backend="cpu") == r.device_bytes - r.weight_copy_bytes
-    assert activation_parts(spec, job, backend="cpu").sac_cache_bytes == r.sac_cache_bytes
+    F.check_checkpointing_variant("lfm2", method, mode)
 
 
 LFM2_1_2B = {
@@ -319,16 +308,12 @@ def test_lfm2_moe_8b_a1b_counts():
     active (1.42B without the embedding), the card's "8.3B total, 1.5B active"; the dense layers'
     MLP keeps intermediate_size as given (no block_* rule)."""
     pytest.importorskip("transformers")
-    import torch
-    from transformers import AutoModelForCausalLM
     from transformers.models.lfm2_moe import Lfm2MoeConfig
 
     from ftplan.measure.torchref import params_by_category
 
     hf = Lfm2MoeConfig(**{k: v for k, v in LFM2_8B_A1B.items() if k not in ("model_type", "architectures")})
-    with warnings.catch_warnings(), torch.device("meta"):
-        warnings.simplefilter("ignore")
-        real = AutoModelForCausalLM.from_config(hf)
+    real = F.meta_model(hf)
     spec = model_from_config(LFM2_8B_A1B)
     assert spec.params.by_category() == params_by_category(real)
     assert spec.params.total == 8_339_929_856 and spec.params.active == 1_557_740_288
@@ -394,6 +379,4 @@ def test_lfm2_moe_qlora_exact(recipe, ckpt):
     """bitsandbytes packs the nn.Linear modules; the fused experts and the router parameter stay in
     the load dtype (fp32 after PEFT's kbit upcast): states and saved bytes exact."""
     pytest.importorskip("bitsandbytes")
-    from test_memory_vs_torch import _check_qlora
-
-    _check_qlora("lfm2_moe", ckpt, recipe)
+    F.check_qlora("lfm2_moe", recipe, ckpt)

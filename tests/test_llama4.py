@@ -25,6 +25,8 @@ from ftplan.model import FAMILIES, layer_group_order, model_from_config
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import family_checks as F  # noqa: E402
+
 LINEARS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -59,8 +61,7 @@ def test_params_and_layer_schedule_match_transformers(overrides):
     (and any of these schedules) builds transformers' parameters category by category, and the
     same rope / chunked / MoE kind for every layer."""
     pytest.importorskip("transformers")
-    import torch
-    from transformers import AutoModelForCausalLM, Llama4TextConfig
+    from transformers import Llama4TextConfig
 
     from ftplan.measure.accounting import params_by_category
 
@@ -74,9 +75,7 @@ def test_params_and_layer_schedule_match_transformers(overrides):
                 want = None  # __post_init__ fills them from the interval/step defaults
             assert want == value, key
     tfc = Llama4TextConfig(**overrides)
-    with torch.device("meta"), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        real = AutoModelForCausalLM.from_config(tfc)
+    real = F.meta_model(tfc)
     assert type(real).__name__ == "Llama4ForCausalLM"
     spec = model_from_config({"model_type": "llama4_text", **overrides})
     assert spec.params.by_category() == params_by_category(real)
@@ -90,8 +89,7 @@ def test_image_text_config_loads_the_text_causal_lm():
     checkpoint loads its language_model weights and skips the vision ones); ftplan's counts equal
     it category by category, with or without the inner model_type."""
     pytest.importorskip("transformers")
-    import torch
-    from transformers import AutoModelForCausalLM, Llama4Config
+    from transformers import Llama4Config
 
     from ftplan.measure.accounting import params_by_category
 
@@ -100,9 +98,7 @@ def test_image_text_config_loads_the_text_causal_lm():
               "image_size": 28, "patch_size": 14, "vision_output_dim": 64, "projector_input_dim": 64,
               "projector_output_dim": 64}
     hf = Llama4Config(text_config=text, vision_config=vision)
-    with warnings.catch_warnings(), torch.device("meta"):
-        warnings.simplefilter("ignore")
-        real = AutoModelForCausalLM.from_config(hf)
+    real = F.meta_model(hf)
     assert type(real).__name__ == "Llama4ForCausalLM"
     assert not any("vision" in n for n, _ in real.named_parameters())
     spec = model_from_config({"model_type": "llama4", "architectures": ["Llama4ForConditionalGeneration"],
@@ -214,6 +210,4 @@ def test_qlora_exact(recipe, ckpt):
     4-bit; the 3-D experts and the router are not (PEFT's recipe upcasts them to fp32, and autocast's
     bf16 copies of the experts and the router are kept by their bmm / linear for the input's
     gradient; TRL's keeps them bf16). Model states and saved activations byte-exact."""
-    from test_memory_vs_torch import _check_qlora
-
-    _check_qlora("llama4_text", ckpt, recipe)
+    F.check_qlora("llama4_text", recipe, ckpt)

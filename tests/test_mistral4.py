@@ -23,6 +23,8 @@ from ftplan.job import Job, LoraSpec, lora_targets, lora_wraps_experts
 from ftplan.memory import model_states, saved_activation_bytes
 from ftplan.model import FAMILIES, model_from_config
 
+import family_checks as F
+
 
 def _tiny():
     import ftplan.measure.torchref as TR
@@ -89,16 +91,7 @@ def test_peft_all_linear_wraps_the_linear_modules_only():
     dense layer's MLP and the shared experts (nn.Linear), neither the fused experts nor the
     router (a bare parameter); so no ParamWrapper and lora_dropout > 0 is accepted."""
     pytest.importorskip("peft")
-    from peft import LoraConfig, get_peft_model
-
-    import ftplan.measure.torchref as TR
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = get_peft_model(TR.build_model(_tiny(), dtype="bf16"),
-                               LoraConfig(r=8, lora_alpha=16, lora_dropout=0.1, target_modules="all-linear",
-                                          task_type="CAUSAL_LM"))
-    names = {n for n, p in model.named_parameters() if p.requires_grad}
+    names = F.peft_all_linear_trainables(_tiny(), lora_dropout=0.1)
     assert any("shared_experts.gate_proj.lora_A" in n for n in names)
     assert any("layers.0.mlp.down_proj.lora_A" in n for n in names)
     assert any("q_a_proj.lora_A" in n for n in names) and any("kv_b_proj.lora_A" in n for n in names)

@@ -29,6 +29,8 @@ from ftplan.model import FAMILIES, layer_group_order, model_from_config
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import family_checks as F  # noqa: E402
+
 
 @pytest.mark.torch
 @pytest.mark.parametrize("family", ["olmo2", "olmo3"])
@@ -37,8 +39,7 @@ def test_defaults_are_the_config_class_defaults(family):
     hidden // heads), and a config.json that only names the model type builds the same parameters
     as transformers (OLMo 3: every 4th layer full attention, the others a 4096-token window)."""
     pytest.importorskip("transformers")
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     from ftplan.measure.torchref import params_by_category
 
@@ -50,9 +51,7 @@ def test_defaults_are_the_config_class_defaults(family):
             assert getattr(tfc, key, None) is None and value is None, key
         else:
             assert getattr(tfc, key) == value, key
-    with warnings.catch_warnings(), torch.device("meta"):
-        warnings.simplefilter("ignore")
-        real = AutoModelForCausalLM.from_config(tfc)
+    real = F.meta_model(tfc)
     spec = model_from_config({"model_type": family})
     assert spec.params.by_category() == params_by_category(real)
     if family == "olmo3":
@@ -130,14 +129,7 @@ def test_checkpointing_variants_exact(family, method, mode):
     """SAC caches the projections' mm outputs and the attention kernel's; every-k over OLMo 3's
     non-adjacent sliding/full layers; reentrant checkpointing."""
     pytest.importorskip("trl")
-    import test_checkpointing_vs_torch as C
-
-    from ftplan.memory import activation_parts
-
-    spec, r = C._measure(family, method, mode)
-    job = C._job(family, method, mode, 2, 24, "hf")
-    assert saved_activation_bytes(spec, job, backend="cpu") == r.device_bytes - r.weight_copy_bytes
-    assert activation_parts(spec, job, backend="cpu").sac_cache_bytes == r.sac_cache_bytes
+    F.check_checkpointing_variant(family, method, mode)
 
 
 @pytest.mark.torch
@@ -170,9 +162,7 @@ def test_qlora_exact(family, recipe, ckpt):
     """bitsandbytes nf4 on CPU: PEFT's kbit upcast (fp32 norms: the post-norms' fp32 products) and
     TRL's bf16 recipe."""
     pytest.importorskip("bitsandbytes")
-    from test_memory_vs_torch import _check_qlora
-
-    _check_qlora(family, ckpt, recipe)
+    F.check_qlora(family, recipe, ckpt)
 
 
 @pytest.mark.torch

@@ -19,25 +19,18 @@ gloo expert-parallel run (transformers' EP engine, as tests/test_expert_parallel
 from __future__ import annotations
 
 import sys
-import warnings
+from functools import partial
 from pathlib import Path
 
 import pytest
 
 from ftplan.catalog.models import get_model
-from ftplan.errors import ConfigError
-from ftplan.job import Job, Layout, LoraSpec, lora_wraps_experts, validate_job
-from ftplan.model import FAMILIES, model_from_config
+from ftplan.job import LoraSpec, lora_wraps_experts
+from ftplan.model import model_from_config
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-
-def _meta_params(cfg: dict) -> dict[str, int]:
-    """transformers' parameters by category, built on the meta device from ``cfg``."""
-    from ftplan.measure.accounting import params_by_category
-    from ftplan.measure.hf import build_model
-
-    return params_by_category(build_model(cfg, device="meta"))
+import family_checks as F  # noqa: E402
 
 
 @pytest.mark.torch
@@ -47,15 +40,9 @@ def test_defaults_are_olmoe_config_defaults():
     pytest.importorskip("transformers")
     from transformers import AutoConfig
 
-    tfc = AutoConfig.for_model("olmoe")
-    for key, value in FAMILIES["olmoe"].defaults.items():
-        if key in ("head_dim", "sliding_window"):
-            assert getattr(tfc, key, None) is None and value is None, key
-        elif key == "num_key_value_heads":  # None: __post_init__ fills in the attention heads
-            assert value is None and tfc.num_key_value_heads == tfc.num_attention_heads
-        else:
-            assert getattr(tfc, key) == value, key
-    assert model_from_config({"model_type": "olmoe"}).params.by_category() == _meta_params({"model_type": "olmoe"})
+    F.assert_defaults_are("olmoe", AutoConfig.for_model("olmoe"), absent=("head_dim", "sliding_window"),
+                          kv_heads_are_heads=True)
+    assert model_from_config({"model_type": "olmoe"}).params.by_category() == F.meta_params({"model_type": "olmoe"})
 
 
 @pytest.mark.torch
@@ -66,7 +53,7 @@ def test_params_match_transformers_on_meta(extra):
     import ftplan.measure.torchref as TR
 
     cfg = {**TR.TINY_CONFIGS["olmoe"], **extra}
-    assert model_from_config(cfg).params.by_category() == _meta_params(cfg)
+    assert model_from_config(cfg).params.by_category() == F.meta_params(cfg)
 
 
 @pytest.mark.torch
@@ -74,20 +61,12 @@ def test_peft_all_linear_wraps_the_experts_and_the_router():
     """all-linear: q/k/v/o as LoRA linears, the fused experts and the router weight through
     ParamWrapper (transformers maps olmoe onto qwen2_moe's conversions, which PEFT follows)."""
     pytest.importorskip("peft")
-    from peft import LoraConfig, get_peft_model
     from test_memory_vs_torch import _check_peft_all_linear
 
     import ftplan.measure.torchref as TR
 
     _check_peft_all_linear("olmoe", ["q_proj", "k_proj", "v_proj", "o_proj"])
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = get_peft_model(TR.build_model(TR.TINY_CONFIGS["olmoe"], dtype="bf16"),
-                               LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules="all-linear",
-                                          task_type="CAUSAL_LM"))
-    names = {n for n, p in model.named_parameters() if p.requires_grad}
-    assert any("mlp.experts" in n and "lora_A" in n for n in names)
-    assert any("mlp.gate" in n and "lora_A" in n for n in names)
+    F.assert_wraps_experts_and_router(F.peft_all_linear_trainables(TR.TINY_CONFIGS["olmoe"]))
     assert lora_wraps_experts(model_from_config(TR.TINY_CONFIGS["olmoe"]), LoraSpec())
 
 
@@ -104,39 +83,10 @@ VARIANTS_BY_HAND = [("lora", True, 1, 40, "eager", {}), ("full", True, 2, 24, "e
 QLORA_BY_HAND = [("peft", True), ("peft", False), ("trl", True), ("trl", False)]
 
 
-def check_variant(method, ckpt, batch, seq, attn, extra):
-    import ftplan.measure.torchref as TR
-    from ftplan.memory import saved_activation_bytes
-    from test_memory_vs_torch import _run
+check_variant = partial(F.check_variant, "olmoe")
+check_qlora = partial(F.check_moe_qlora, "olmoe")
 
-    cfg = {**TR.TINY_CONFIGS["olmoe"], **extra}
-    spec, job, r, casts = _run("olmoe", method, ckpt, batch, seq, attn=attn, cfg=cfg)
-    assert saved_activation_bytes(spec, job, backend="cpu") == r.saved_activation_bytes - casts
-
-
-def check_qlora(recipe, ckpt, family="olmoe"):
-    """One QLoRA step against the plan, lora_dropout 0: without checkpointing measured as
-    tests/test_moe_qlora_activations.py does (ParamWrapper's merged router weight is an
-    activation, not a parameter's copy), with it as test_memory_vs_torch's ``_check_qlora``."""
-    from test_memory_vs_torch import _check_qlora, _run_qlora
-
-    from ftplan.memory import model_states, saved_activation_bytes
-
-    if ckpt:
-        _check_qlora(family, ckpt, recipe, dropout=0.0)
-        return
-    spec, job, r = _run_qlora(family, False, recipe, dropout=0.0)
-    casts = sum(x.nbytes for x in r.records if x.param_copy) if recipe == "peft" else 0
-    assert saved_activation_bytes(spec, job, backend="cpu") == r.saved_activation_bytes - casts
-    st = model_states(spec, job)
-    assert (st.frozen_weights, st.trainable_weights, st.gradients, st.optimizer_states) == (
-        r.frozen_param_bytes, r.trainable_param_bytes, r.grad_bytes, r.optimizer_state_bytes)
-
-
-@pytest.mark.torch
-@pytest.mark.parametrize("method,ckpt,batch,seq,attn,extra", VARIANTS)
-def test_saved_activations_exact_variants(method, ckpt, batch, seq, attn, extra):
-    check_variant(method, ckpt, batch, seq, attn, extra)
+test_saved_activations_exact_variants = F.variants_test(check_variant, VARIANTS)
 
 
 def test_refusals_and_layouts():
@@ -146,17 +96,9 @@ def test_refusals_and_layouts():
     import ftplan.measure.configs as CF
 
     cfg = CF.TINY_CONFIGS["olmoe"]
-    for extra, msg in (({"clip_qkv": 8.0}, "clip_qkv=8.0 is not planned"),
-                       ({"head_dim": 32}, "head_dim=32 x 4 heads != hidden_size=64")):
-        with pytest.raises(ConfigError, match=msg) as e:
-            model_from_config({**cfg, **extra})
-        assert "\n" not in str(e.value)
-    spec = model_from_config(cfg)
-    validate_job(spec, Job(method="full"), Layout(2, 1, "fsdp", ep=2))
-    # (LoRA on the attention: LoRA on EP experts is refused, tests/test_ep_lora.py)
-    validate_job(spec, Job(method="lora", lora=LoraSpec(dropout=0.0, target_modules=("q_proj", "k_proj", "v_proj",
-                                                                                    "o_proj"))),
-                 Layout(4, 1, "fsdp", ep=4))
+    F.assert_refused(cfg, [({"clip_qkv": 8.0}, "clip_qkv=8.0 is not planned"),
+                           ({"head_dim": 32}, "head_dim=32 x 4 heads != hidden_size=64")])
+    F.validate_ep_layouts(model_from_config(cfg))
 
 
 def test_catalog_entry_counts_against_the_model_card():

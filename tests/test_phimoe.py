@@ -29,29 +29,23 @@ from __future__ import annotations
 
 import sys
 import warnings
+from functools import partial
 from pathlib import Path
 
 import pytest
 
-from ftplan.errors import ConfigError
 from ftplan.job import Job, Layout, LoraSpec, lora_targets, lora_wraps_experts, peft_target_modules, validate_job
-from ftplan.model import FAMILIES, model_from_config
+from ftplan.model import model_from_config
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+import family_checks as F  # noqa: E402
 
 FAMILY = "phimoe"
 _LONGROPE = {"rope_type": "longrope", "long_factor": [1.0] * 8, "short_factor": [1.0] * 8, "long_mscale": 1.24,
              "short_mscale": 1.24, "original_max_position_embeddings": 16}
 _PLAIN = {"input_jitter_noise": 0.0, "attention_bias": False, "lm_head_bias": False, "sliding_window": 16,
           "num_key_value_heads": 4}
-
-
-def _meta_params(cfg: dict) -> dict[str, int]:
-    """transformers' parameters by category, built on the meta device from ``cfg``."""
-    from ftplan.measure.accounting import params_by_category
-    from ftplan.measure.hf import build_model
-
-    return params_by_category(build_model(cfg, device="meta"))
 
 
 @pytest.mark.torch
@@ -61,13 +55,8 @@ def test_defaults_are_phimoe_config_defaults():
     pytest.importorskip("transformers")
     from transformers import AutoConfig
 
-    tfc = AutoConfig.for_model(FAMILY)
-    for key, value in FAMILIES[FAMILY].defaults.items():
-        if key == "head_dim":
-            assert getattr(tfc, key, None) is None and value is None, key
-        else:
-            assert getattr(tfc, key) == value, key
-    assert model_from_config({"model_type": FAMILY}).params.by_category() == _meta_params({"model_type": FAMILY})
+    F.assert_defaults_are(FAMILY, AutoConfig.for_model(FAMILY), absent=("head_dim",))
+    assert model_from_config({"model_type": FAMILY}).params.by_category() == F.meta_params({"model_type": FAMILY})
 
 
 @pytest.mark.torch
@@ -77,7 +66,7 @@ def test_params_match_transformers(extra):
     import ftplan.measure.torchref as TR
 
     cfg = {**TR.TINY_CONFIGS[FAMILY], **extra}
-    assert model_from_config(cfg).params.by_category() == _meta_params(cfg)
+    assert model_from_config(cfg).params.by_category() == F.meta_params(cfg)
 
 
 @pytest.mark.torch
@@ -86,17 +75,14 @@ def test_peft_all_linear_wraps_the_router_and_fails_so_the_attention_is_planned(
     forward fails on its tuple output; ftplan plans and exports the attention projections."""
     pytest.importorskip("peft")
     import torch
-    from peft import LoraConfig, get_peft_model
 
     import ftplan.measure.torchref as TR
 
+    model = F.peft_all_linear_model(TR.TINY_CONFIGS[FAMILY])
+    wrapped = {n.split(".lora_A")[0].rsplit(".", 1)[-1] for n, _ in model.named_parameters() if ".lora_A" in n}
+    assert wrapped == {"q_proj", "k_proj", "v_proj", "o_proj", "router"}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = get_peft_model(TR.build_model(TR.TINY_CONFIGS[FAMILY], dtype="bf16"),
-                               LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules="all-linear",
-                                          task_type="CAUSAL_LM"))
-        wrapped = {n.split(".lora_A")[0].rsplit(".", 1)[-1] for n, _ in model.named_parameters() if ".lora_A" in n}
-        assert wrapped == {"q_proj", "k_proj", "v_proj", "o_proj", "router"}
         with pytest.raises(AttributeError, match="'tuple' object has no attribute"):
             model(input_ids=torch.zeros(1, 4, dtype=torch.long))
     spec = model_from_config(TR.TINY_CONFIGS[FAMILY])
@@ -118,26 +104,10 @@ VARIANTS_BY_HAND = [("full", False, 2, 24, "eager", {}), ("lora", True, 2, 24, "
 QLORA_BY_HAND = [("peft", True), ("peft", False), ("trl", True), ("trl", False)]
 
 
-def check_variant(method, ckpt, batch, seq, attn, extra):
-    import ftplan.measure.torchref as TR
-    from ftplan.memory import saved_activation_bytes
-    from test_memory_vs_torch import _run
+check_variant = partial(F.check_variant, FAMILY)
+check_qlora = partial(F.check_qlora, FAMILY)  # (test_memory_vs_torch.LORA_TARGETS: the attention projections)
 
-    cfg = {**TR.TINY_CONFIGS[FAMILY], **extra}
-    spec, job, r, casts = _run(FAMILY, method, ckpt, batch, seq, attn=attn, cfg=cfg)
-    assert saved_activation_bytes(spec, job, backend="cpu") == r.saved_activation_bytes - casts
-
-
-def check_qlora(recipe, ckpt):
-    from test_memory_vs_torch import _check_qlora
-
-    _check_qlora(FAMILY, ckpt, recipe)  # (test_memory_vs_torch.LORA_TARGETS: the attention projections)
-
-
-@pytest.mark.torch
-@pytest.mark.parametrize("method,ckpt,batch,seq,attn,extra", VARIANTS)
-def test_saved_activations_exact_variants(method, ckpt, batch, seq, attn, extra):
-    check_variant(method, ckpt, batch, seq, attn, extra)
+test_saved_activations_exact_variants = F.variants_test(check_variant, VARIANTS)
 
 
 def test_refusals_and_layouts():
@@ -146,11 +116,9 @@ def test_refusals_and_layouts():
     import ftplan.measure.configs as CF
 
     cfg = CF.TINY_CONFIGS[FAMILY]
-    for extra, msg in (({"num_experts_per_tok": 3}, "num_experts_per_tok=3: transformers' phimoe sparsemixer"),
-                       ({"tie_word_embeddings": True}, "tie_word_embeddings with lm_head_bias")):
-        with pytest.raises(ConfigError, match=msg) as e:
-            model_from_config({**cfg, **extra})
-        assert "\n" not in str(e.value)
+    F.assert_refused(cfg, [({"num_experts_per_tok": 3},
+                            "num_experts_per_tok=3: transformers' phimoe sparsemixer"),
+                           ({"tie_word_embeddings": True}, "tie_word_embeddings with lm_head_bias")])
     spec = model_from_config(cfg)
     validate_job(spec, Job(method="full"), Layout(2, 1, "fsdp", ep=2))
     validate_job(spec, Job(method="lora"), Layout(4, 1, "fsdp", ep=4))

@@ -29,6 +29,7 @@ tests/test_expert_parallel.py).
 from __future__ import annotations
 
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -39,13 +40,7 @@ from ftplan.model import FAMILIES, layer_group_order, model_from_config
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-
-def _meta_params(cfg: dict) -> dict[str, int]:
-    """transformers' parameters by category, built on the meta device from ``cfg``."""
-    from ftplan.measure.accounting import params_by_category
-    from ftplan.measure.hf import build_model
-
-    return params_by_category(build_model(cfg, device="meta"))
+import family_checks as F  # noqa: E402
 
 
 @pytest.mark.torch
@@ -57,14 +52,10 @@ def test_defaults_are_qwen2_moe_config_defaults():
     from transformers import AutoConfig
 
     tfc = AutoConfig.for_model("qwen2_moe")
-    for key, value in FAMILIES["qwen2_moe"].defaults.items():
-        if key == "head_dim":
-            assert getattr(tfc, key, None) is None and value is None, key
-        elif key == "sliding_window":  # __post_init__: 0 without use_sliding_window
-            assert tfc.sliding_window == 0 and value == 4096
-        elif key != "layer_types":
-            assert getattr(tfc, key) == value, key
-    assert model_from_config({"model_type": "qwen2_moe"}).params.by_category() == _meta_params(
+    F.assert_defaults_are("qwen2_moe", tfc, absent=("head_dim",), skip=("layer_types", "sliding_window"))
+    # __post_init__: sliding_window 0 without use_sliding_window
+    assert tfc.sliding_window == 0 and FAMILIES["qwen2_moe"].defaults["sliding_window"] == 4096
+    assert model_from_config({"model_type": "qwen2_moe"}).params.by_category() == F.meta_params(
         {"model_type": "qwen2_moe"})
 
 
@@ -91,7 +82,7 @@ def test_layouts_and_params_match_transformers(extra):
         i not in hf.mlp_only_layers and hf.num_experts > 0 and (i + 1) % hf.decoder_sparse_step == 0 for i in range(n)]
     assert [g.window for g in groups] == [hf.sliding_window if t == "sliding_attention" else None
                                           for t in hf.layer_types]
-    assert spec.params.by_category() == _meta_params(cfg)
+    assert spec.params.by_category() == F.meta_params(cfg)
 
 
 @pytest.mark.torch
@@ -124,26 +115,10 @@ VARIANTS_BY_HAND = [
 QLORA_BY_HAND = [("peft", True), ("peft", False), ("trl", True), ("trl", False)]
 
 
-def check_variant(method, ckpt, batch, seq, attn, extra):
-    import ftplan.measure.torchref as TR
-    from ftplan.memory import saved_activation_bytes
-    from test_memory_vs_torch import _run
+check_variant = partial(F.check_variant, "qwen2_moe")
+check_qlora = partial(F.check_qlora, "qwen2_moe")
 
-    cfg = {**TR.TINY_CONFIGS["qwen2_moe"], **extra}
-    spec, job, r, casts = _run("qwen2_moe", method, ckpt, batch, seq, attn=attn, cfg=cfg)
-    assert saved_activation_bytes(spec, job, backend="cpu") == r.saved_activation_bytes - casts
-
-
-def check_qlora(recipe, ckpt):
-    from test_memory_vs_torch import _check_qlora
-
-    _check_qlora("qwen2_moe", ckpt, recipe)
-
-
-@pytest.mark.torch
-@pytest.mark.parametrize("method,ckpt,batch,seq,attn,extra", VARIANTS)
-def test_saved_activations_exact_variants(method, ckpt, batch, seq, attn, extra):
-    check_variant(method, ckpt, batch, seq, attn, extra)
+test_saved_activations_exact_variants = F.variants_test(check_variant, VARIANTS)
 
 
 @pytest.mark.parametrize("extra,msg", [

@@ -26,6 +26,8 @@ from ftplan.runtime import delta_rule_flops_per_token, flops_per_token
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import family_checks as F  # noqa: E402
+
 TEXT = {
     "model_type": "qwen3_5_text", "vocab_size": 512, "hidden_size": 64, "intermediate_size": 120,
     "num_hidden_layers": 8, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
@@ -57,8 +59,6 @@ def test_image_text_config_loads_the_text_causal_lm():
     text_config alone: no vision tower, the text config's tie_word_embeddings (the outer one is
     ignored); ftplan's counts equal it category by category."""
     pytest.importorskip("torch")
-    import torch
-    from transformers import AutoModelForCausalLM
     from transformers.models.qwen3_5 import Qwen3_5Config
 
     from ftplan.measure.accounting import params_by_category
@@ -66,9 +66,7 @@ def test_image_text_config_loads_the_text_causal_lm():
     text = {**TEXT, "tie_word_embeddings": True}
     vision = {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 64}
     hf = Qwen3_5Config(text_config=text, vision_config=vision, tie_word_embeddings=False)
-    with warnings.catch_warnings(), torch.device("meta"):
-        warnings.simplefilter("ignore")
-        real = AutoModelForCausalLM.from_config(hf)
+    real = F.meta_model(hf)
     assert type(real).__name__ == "Qwen3_5ForCausalLM"
     assert not any("visual" in n for n, _ in real.named_parameters())
     spec = model_from_config({"model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"],
@@ -116,9 +114,7 @@ def test_qlora_exact(recipe, ckpt):
     sigmoid and beta are fp32, and q_norm's .float() is no copy, so it keeps a view of the whole
     [query | gate] projection."""
     pytest.importorskip("bitsandbytes")
-    from test_memory_vs_torch import _check_qlora
-
-    _check_qlora("qwen3_5", ckpt, recipe)
+    F.check_qlora("qwen3_5", recipe, ckpt)
 
 
 @pytest.mark.torch
@@ -147,14 +143,7 @@ def test_checkpointing_variants_exact(method, mode):
     """SAC caches the projections' mm outputs (the delta rule's matmuls are bmm); the attention
     kernel only in the full-attention layer; every-k over non-adjacent layer kinds."""
     pytest.importorskip("trl")
-    import test_checkpointing_vs_torch as C
-
-    from ftplan.memory import activation_parts
-
-    spec, r = C._measure("qwen3_5", method, mode)
-    job = C._job("qwen3_5", method, mode, 2, 24, "hf")
-    assert saved_activation_bytes(spec, job, backend="cpu") == r.device_bytes - r.weight_copy_bytes
-    assert activation_parts(spec, job, backend="cpu").sac_cache_bytes == r.sac_cache_bytes
+    F.check_checkpointing_variant("qwen3_5", method, mode)
 
 
 def test_qwen3_5_27b_estimate():

@@ -24,6 +24,8 @@ from ftplan.model import FAMILIES, layer_group_order, model_from_config
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import family_checks as F  # noqa: E402
+
 
 def _tiny():
     import ftplan.measure.torchref as TR
@@ -37,8 +39,6 @@ def test_defaults_are_the_config_class_defaults():
     every layer is MoE), and a config.json naming only the model type builds the same parameters
     as transformers, category by category (the shared_expert_gate counts as router)."""
     pytest.importorskip("transformers")
-    import torch
-    from transformers import AutoModelForCausalLM
     from transformers.models.qwen3_5_moe import Qwen3_5MoeTextConfig
 
     from ftplan.measure.accounting import params_by_category
@@ -50,9 +50,7 @@ def test_defaults_are_the_config_class_defaults():
         else:
             assert getattr(tfc, key) == value, key
     assert tfc.layer_types.count("full_attention") == 10  # every 4th of 40
-    with torch.device("meta"), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        real = AutoModelForCausalLM.from_config(tfc)
+    real = F.meta_model(tfc)
     assert type(real).__name__ == "Qwen3_5MoeForCausalLM"
     spec = model_from_config({"model_type": "qwen3_5_moe_text"})
     assert spec.params.by_category() == params_by_category(real)
@@ -65,8 +63,6 @@ def test_image_text_config_loads_the_text_causal_lm():
     """AutoModelForCausalLM on a qwen3_5_moe (image-text) config builds Qwen3_5MoeForCausalLM from
     text_config alone (no vision tower); ftplan's counts equal it category by category."""
     pytest.importorskip("transformers")
-    import torch
-    from transformers import AutoModelForCausalLM
     from transformers.models.qwen3_5_moe import Qwen3_5MoeConfig
 
     from ftplan.measure.accounting import params_by_category
@@ -74,9 +70,7 @@ def test_image_text_config_loads_the_text_causal_lm():
     text = {k: v for k, v in _tiny().items() if k != "model_type"}
     vision = {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 64}
     hf = Qwen3_5MoeConfig(text_config=text, vision_config=vision)
-    with warnings.catch_warnings(), torch.device("meta"):
-        warnings.simplefilter("ignore")
-        real = AutoModelForCausalLM.from_config(hf)
+    real = F.meta_model(hf)
     assert type(real).__name__ == "Qwen3_5MoeForCausalLM"
     assert not any("visual" in n for n, _ in real.named_parameters())
     spec = model_from_config({"model_type": "qwen3_5_moe", "architectures": ["Qwen3_5MoeForConditionalGeneration"],

@@ -25,6 +25,8 @@ from ftplan.model import FAMILIES, layer_group_order, model_from_config
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import family_checks as F  # noqa: E402
+
 
 def _tiny():
     import ftplan.measure.torchref as TR
@@ -44,8 +46,6 @@ def test_defaults_are_the_config_class_defaults():
     model type builds the same parameters as transformers, category by category (79.67B: 512
     experts top-10 in all 48 layers, 36 DeltaNet and 12 gated-attention layers)."""
     pytest.importorskip("transformers")
-    import torch
-    from transformers import AutoModelForCausalLM
 
     from ftplan.measure.accounting import params_by_category
 
@@ -56,9 +56,7 @@ def test_defaults_are_the_config_class_defaults():
         else:
             assert getattr(tfc, key) == value, key
     assert tfc.layer_types.count("full_attention") == 12  # every 4th of 48
-    with torch.device("meta"), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        real = AutoModelForCausalLM.from_config(tfc)
+    real = F.meta_model(tfc)
     assert type(real).__name__ == "Qwen3NextForCausalLM"
     spec = model_from_config({"model_type": "qwen3_next"})
     assert spec.params.by_category() == params_by_category(real)
@@ -80,16 +78,12 @@ def test_layer_layout_and_counts_match_transformers(extra):
     ``layer_types``; ``decoder_sparse_step`` and ``mlp_only_layers`` as qwen2_moe), and the
     parameters by category, equal transformers' model built on the meta device."""
     pytest.importorskip("transformers")
-    import torch
-    from transformers import AutoModelForCausalLM
 
     from ftplan.measure.accounting import params_by_category
 
     cfg = {k: v for k, v in _tiny().items() if k != "layer_types"} | extra
     tfc = _hf_config(cfg)
-    with torch.device("meta"), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        real = AutoModelForCausalLM.from_config(tfc)
+    real = F.meta_model(tfc)
     spec = model_from_config(cfg)
     assert spec.params.by_category() == params_by_category(real)
     order = layer_group_order(spec)

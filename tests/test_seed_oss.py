@@ -19,16 +19,17 @@ No catalog entry: no verbatim config.json of Seed-OSS-36B was found (its dropout
 from __future__ import annotations
 
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
 
 from ftplan.errors import ConfigError
-from ftplan.memory import activation_parts, saved_activation_bytes
-from ftplan.model import FAMILIES, model_from_config
+from ftplan.memory import saved_activation_bytes
+from ftplan.model import model_from_config
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+import family_checks as F  # noqa: E402
 
 SMALL = {"model_type": "seed_oss", "vocab_size": 512, "hidden_size": 64, "intermediate_size": 120,
          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
@@ -36,15 +37,12 @@ SMALL = {"model_type": "seed_oss", "vocab_size": 512, "hidden_size": 64, "interm
 
 
 def _meta_params(cfg: dict) -> dict[str, int]:
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     from ftplan.measure.torchref import params_by_category
 
     hf = AutoConfig.for_model(**{k: v for k, v in cfg.items() if v is not None or k.endswith("token_id")})
-    with warnings.catch_warnings(), torch.device("meta"):
-        warnings.simplefilter("ignore")
-        return params_by_category(AutoModelForCausalLM.from_config(hf))
+    return params_by_category(F.meta_model(hf))
 
 
 @pytest.mark.torch
@@ -58,12 +56,7 @@ def test_defaults_and_params_match_transformers(cfg):
     pytest.importorskip("transformers")
     from transformers import AutoConfig
 
-    tfc = AutoConfig.for_model("seed_oss")
-    for key, value in FAMILIES["seed_oss"].defaults.items():
-        if key == "sliding_window":
-            assert getattr(tfc, key, None) is None and value is None
-        else:
-            assert getattr(tfc, key) == value, key
+    F.assert_defaults_are("seed_oss", AutoConfig.for_model("seed_oss"), absent=("sliding_window",))
     spec = model_from_config(cfg)
     assert spec.params.by_category() == _meta_params(cfg)
     if cfg == {"model_type": "seed_oss"}:
@@ -124,12 +117,7 @@ def test_bad_dropout_is_one_config_error():
 @pytest.mark.parametrize("method,mode", [("lora", "selective")])
 def test_checkpointing_variants_exact(method, mode):
     pytest.importorskip("trl")
-    import test_checkpointing_vs_torch as C
-
-    spec, r = C._measure("seed_oss", method, mode)
-    job = C._job("seed_oss", method, mode, 2, 24, "hf")
-    assert saved_activation_bytes(spec, job, backend="cpu") == r.device_bytes - r.weight_copy_bytes
-    assert activation_parts(spec, job, backend="cpu").sac_cache_bytes == r.sac_cache_bytes
+    F.check_checkpointing_variant("seed_oss", method, mode)
 
 
 @pytest.mark.torch
@@ -138,9 +126,7 @@ def test_qlora_exact(recipe, ckpt):
     """bitsandbytes nf4: under PEFT's kbit upcast o_proj and down_proj return fp32, so the residual
     dropouts' CPU masks are fp32."""
     pytest.importorskip("bitsandbytes")
-    from test_memory_vs_torch import _check_qlora
-
-    _check_qlora("seed_oss", ckpt, recipe)
+    F.check_qlora("seed_oss", recipe, ckpt)
 
 
 @pytest.mark.torch

@@ -23,9 +23,11 @@ import pytest
 from ftplan.catalog.models import get_model
 from ftplan.errors import ConfigError
 from ftplan.memory import saved_activation_bytes
-from ftplan.model import FAMILIES, layer_group_order, model_from_config, nope_layer_count
+from ftplan.model import layer_group_order, model_from_config, nope_layer_count
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+import family_checks as F  # noqa: E402
 
 SMALL = {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 120,
          "num_hidden_layers": 6, "vocab_size": 512, "pad_token_id": None}
@@ -34,20 +36,13 @@ SMALL = {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, 
 @pytest.mark.torch
 def test_defaults_are_the_config_class_defaults():
     pytest.importorskip("transformers")
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     from ftplan.measure.torchref import params_by_category
 
     tfc = AutoConfig.for_model("smollm3")
-    for key, value in FAMILIES["smollm3"].defaults.items():
-        if key == "head_dim":
-            assert getattr(tfc, key, None) is None and value is None
-        else:
-            assert getattr(tfc, key) == value, key
-    with warnings.catch_warnings(), torch.device("meta"):
-        warnings.simplefilter("ignore")
-        real = AutoModelForCausalLM.from_config(tfc)
+    F.assert_defaults_are("smollm3", tfc, absent=("head_dim",))
+    real = F.meta_model(tfc)
     spec = model_from_config({"model_type": "smollm3"})
     assert spec.params.by_category() == params_by_category(real)
     assert spec.tie_word_embeddings and nope_layer_count(spec) == 9
@@ -109,23 +104,14 @@ def test_saved_activations_exact_eager(method, ckpt):
                                          ("lora", "every-k")])
 def test_checkpointing_variants_exact(method, mode):
     pytest.importorskip("trl")
-    import test_checkpointing_vs_torch as C
-
-    from ftplan.memory import activation_parts
-
-    spec, r = C._measure("smollm3", method, mode)
-    job = C._job("smollm3", method, mode, 2, 24, "hf")
-    assert saved_activation_bytes(spec, job, backend="cpu") == r.device_bytes - r.weight_copy_bytes
-    assert activation_parts(spec, job, backend="cpu").sac_cache_bytes == r.sac_cache_bytes
+    F.check_checkpointing_variant("smollm3", method, mode)
 
 
 @pytest.mark.torch
 @pytest.mark.parametrize("recipe,ckpt", [("peft", False), ("trl", True)])
 def test_qlora_exact(recipe, ckpt):
     pytest.importorskip("bitsandbytes")
-    from test_memory_vs_torch import _check_qlora
-
-    _check_qlora("smollm3", ckpt, recipe)
+    F.check_qlora("smollm3", recipe, ckpt)
 
 
 @pytest.mark.torch

@@ -18,6 +18,58 @@ __all__ = ["TINY_CONFIGS", "tiny_config", "text_config", "default_attention"]
 # Tiny configs
 # --------------------------------------------------------------------------------------------------
 
+#: what every tiny config carries unless its entry says otherwise
+_BASE = dict(vocab_size=512, hidden_size=64, intermediate_size=120, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False)
+#: the config classes' special token ids do not fit the vocabulary of 512
+_NO_SPECIAL_IDS = dict(pad_token_id=None, bos_token_id=None, eos_token_id=None)
+#: three layers sliding(16)/full/sliding
+_SLIDING_FULL_SLIDING = dict(num_hidden_layers=3, sliding_window=16,
+                             layer_types=["sliding_attention", "full_attention", "sliding_attention"])
+#: DeepSeek-V3's MLA: q_lora_rank 32, kv_lora_rank 16, qk_nope 16, qk_rope 8, v_head_dim 16
+_MLA = dict(num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8,
+            v_head_dim=16)
+#: DeepSeek-V3's MoE block: 8 routed experts of 24 top-2 in 2 groups (top-1 group), 1 shared expert,
+#: layer 0 dense (of 3)
+_DEEPSEEK_V3_MOE = dict(moe_intermediate_size=24, num_hidden_layers=3, n_routed_experts=8, n_shared_experts=1,
+                        num_experts_per_tok=2, n_group=2, topk_group=1, first_k_dense_replace=1)
+#: the Gated DeltaNet hybrid linear/full/linear (2 key heads of 16, 4 value heads of 24, conv kernel 4),
+#: attention heads of 32
+_DELTANET = dict(num_hidden_layers=3, layer_types=["linear_attention", "full_attention", "linear_attention"],
+                 head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                 linear_value_head_dim=24, linear_conv_kernel_dim=4)
+#: 4 experts top-2 of 24 and a shared expert of 40 behind its sigmoid gate (qwen2_moe's block)
+_SHARED_EXPERT_MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
+                          shared_expert_intermediate_size=40)
+_QWEN3_5_ROPE = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+                 "mrope_section": [2, 1, 1], "mrope_interleaved": True}
+_GEMMA4 = dict(
+    num_hidden_layers=4,
+    layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+    num_attention_heads=8, num_key_value_heads=4, head_dim=16, global_head_dim=24, num_global_key_value_heads=2,
+    attention_k_eq_v=True, hidden_size_per_layer_input=0, sliding_window=16, final_logit_softcapping=30.0,
+    rope_parameters={"full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                        "rope_theta": 1000000.0},
+                     "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+    tie_word_embeddings=True,
+)
+#: LFM2's hybrid conv/full/conv
+_LFM2 = dict(num_hidden_layers=3, layer_types=["conv", "full_attention", "conv"], conv_L_cache=3,
+             rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, tie_word_embeddings=True)
+
+_ABSENT = object()  # a field of _BASE that a family's config does not carry
+
+
+def _tiny(model_type: str, *blocks: dict, **fields) -> dict:
+    """``model_type`` + :data:`_BASE`, then each shared block, then the family's own fields (later wins);
+    a field given as ``_ABSENT`` is left out. Deep-copied: no two configs share a list or a dict."""
+    cfg = {"model_type": model_type, **_BASE}
+    for block in blocks:
+        cfg.update(block)
+    cfg.update(fields)
+    return copy.deepcopy({k: v for k, v in cfg.items() if v is not _ABSENT})
+
+
 #: One tiny but structurally faithful ``config.json``-style dict per family, keyed by HF model_type.
 #: Sizes: hidden 64, 2-3 layers, vocab 512, intermediate 120 (MoE expert intermediate 24; chosen so that no
 #: two of h, I, Im, V are small multiples of each other, which keeps fitted formulas unambiguous). Sliding
@@ -96,622 +148,141 @@ __all__ = ["TINY_CONFIGS", "tiny_config", "text_config", "default_attention"]
 #:   ``intermediate_size=120`` as given) and layers 1-2 LFM2-MoE's sparse block (4 experts top-2 of 24,
 #:   the sigmoid router with the fp32 expert bias, renormalised), tied.
 TINY_CONFIGS: dict[str, dict] = {
-    "llama": {
-        "model_type": "llama",
-        "vocab_size": 512,
-        "hidden_size": 64,
-        "intermediate_size": 120,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "max_position_embeddings": 256,
-        "tie_word_embeddings": False,
-    },
-    "mistral": {
-        "model_type": "mistral",
-        "vocab_size": 512,
-        "hidden_size": 64,
-        "intermediate_size": 120,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "max_position_embeddings": 256,
-        "sliding_window": 16,
-        "tie_word_embeddings": False,
-    },
-    "mixtral": {
-        "model_type": "mixtral",
-        "vocab_size": 512,
-        "hidden_size": 64,
-        "intermediate_size": 120,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "num_local_experts": 4,
-        "num_experts_per_tok": 2,
-        "max_position_embeddings": 256,
-        "sliding_window": None,
-        "tie_word_embeddings": False,
-    },
-    "qwen2": {
-        "model_type": "qwen2",
-        "vocab_size": 512,
-        "hidden_size": 64,
-        "intermediate_size": 120,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "max_position_embeddings": 256,
-        "use_sliding_window": False,
-        "tie_word_embeddings": True,
-    },
-    "qwen3": {
-        "model_type": "qwen3",
-        "vocab_size": 512,
-        "hidden_size": 64,
-        "intermediate_size": 120,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 32,
-        "max_position_embeddings": 256,
-        "use_sliding_window": False,
-        "tie_word_embeddings": False,
-    },
-    "qwen3_moe": {
-        "model_type": "qwen3_moe",
-        "vocab_size": 512,
-        "hidden_size": 64,
-        "intermediate_size": 120,
-        "moe_intermediate_size": 24,
-        "num_hidden_layers": 3,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 32,
-        "num_experts": 4,
-        "num_experts_per_tok": 2,
-        "norm_topk_prob": True,
-        "decoder_sparse_step": 1,
-        "mlp_only_layers": [0],
-        "max_position_embeddings": 256,
-        "use_sliding_window": False,
-        "tie_word_embeddings": False,
-    },
-    "gemma2": {
-        "model_type": "gemma2",
-        "vocab_size": 512,
-        "hidden_size": 64,
-        "intermediate_size": 120,
-        "num_hidden_layers": 3,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 32,
-        "query_pre_attn_scalar": 32,
-        "sliding_window": 16,
-        "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
-        "attn_logit_softcapping": 50.0,
-        "final_logit_softcapping": 30.0,
-        "max_position_embeddings": 256,
-        "tie_word_embeddings": True,
-    },
-    "gemma3_text": {
-        "model_type": "gemma3_text",
-        "vocab_size": 512,
-        "hidden_size": 64,
-        "intermediate_size": 120,
-        "num_hidden_layers": 3,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 32,
-        "query_pre_attn_scalar": 32,
-        "sliding_window": 16,
-        "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
-        "max_position_embeddings": 256,
-        "tie_word_embeddings": True,
-    },
-    "phi3": {
-        "model_type": "phi3",
-        "vocab_size": 512,
-        "hidden_size": 64,
-        "intermediate_size": 120,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "max_position_embeddings": 256,
-        "original_max_position_embeddings": 256,
-        "sliding_window": 16,
-        "pad_token_id": 0,
-        "eos_token_id": 1,
-        "tie_word_embeddings": False,
-    },
-    "deepseek_v3": {
-        "model_type": "deepseek_v3",
-        "vocab_size": 512,
-        "hidden_size": 64,
-        "intermediate_size": 120,
-        "moe_intermediate_size": 24,
-        "num_hidden_layers": 3,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 4,
-        "q_lora_rank": 32,
-        "kv_lora_rank": 16,
-        "qk_nope_head_dim": 16,
-        "qk_rope_head_dim": 8,
-        "v_head_dim": 16,
-        "n_routed_experts": 8,
-        "n_shared_experts": 1,
-        "num_experts_per_tok": 2,
-        "n_group": 2,
-        "topk_group": 1,
-        "first_k_dense_replace": 1,
-        "max_position_embeddings": 256,
-        "tie_word_embeddings": False,
-    },
-    "gpt_oss": {
-        "model_type": "gpt_oss",
-        "vocab_size": 512,
-        "hidden_size": 64,
-        "intermediate_size": 24,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 32,
-        "num_local_experts": 4,
-        "num_experts_per_tok": 2,
-        "sliding_window": 16,
-        "layer_types": ["sliding_attention", "full_attention"],
-        "max_position_embeddings": 131072,  # yarn's 32 x 4096, as the real config
-        "tie_word_embeddings": False,
-    },
-    "glm4_moe": {
-        "model_type": "glm4_moe",
-        "vocab_size": 512,
-        "hidden_size": 64,
-        "intermediate_size": 120,
-        "moe_intermediate_size": 24,
-        "num_hidden_layers": 3,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 32,
-        "attention_bias": True,
-        "use_qk_norm": True,
-        "partial_rotary_factor": 0.5,
-        "n_routed_experts": 8,
-        "n_shared_experts": 1,
-        "num_experts_per_tok": 2,
-        "n_group": 2,
-        "topk_group": 1,
-        "first_k_dense_replace": 1,
-        "max_position_embeddings": 256,
-        "tie_word_embeddings": False,
-    },
-    "qwen3_5": {
-        "model_type": "qwen3_5_text",
-        "vocab_size": 512,
-        "hidden_size": 64,
-        "intermediate_size": 120,
-        "num_hidden_layers": 3,
-        "layer_types": ["linear_attention", "full_attention", "linear_attention"],
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 32,
-        "linear_num_key_heads": 2,
-        "linear_num_value_heads": 4,
-        "linear_key_head_dim": 16,
-        "linear_value_head_dim": 24,
-        "linear_conv_kernel_dim": 4,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
-                            "mrope_section": [2, 1, 1], "mrope_interleaved": True},
-        "max_position_embeddings": 256,
-        "tie_word_embeddings": True,
-    },
-    "qwen3_5_moe": {
-        "model_type": "qwen3_5_moe_text",
-        "vocab_size": 512,
-        "hidden_size": 64,
-        "num_hidden_layers": 3,
-        "layer_types": ["linear_attention", "full_attention", "linear_attention"],
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 32,
-        "linear_num_key_heads": 2,
-        "linear_num_value_heads": 4,
-        "linear_key_head_dim": 16,
-        "linear_value_head_dim": 24,
-        "linear_conv_kernel_dim": 4,
-        "num_experts": 4,
-        "num_experts_per_tok": 2,
-        "moe_intermediate_size": 24,
-        "shared_expert_intermediate_size": 40,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
-                            "mrope_section": [2, 1, 1], "mrope_interleaved": True},
-        "max_position_embeddings": 256,
-        "tie_word_embeddings": False,
-    },
-    "qwen3_next": {
-        "model_type": "qwen3_next",
-        "vocab_size": 512,
-        "hidden_size": 64,
-        "intermediate_size": 120,
-        "num_hidden_layers": 3,
-        "layer_types": ["linear_attention", "full_attention", "linear_attention"],
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 32,
-        "linear_num_key_heads": 2,
-        "linear_num_value_heads": 4,
-        "linear_key_head_dim": 16,
-        "linear_value_head_dim": 24,
-        "linear_conv_kernel_dim": 4,
-        "num_experts": 4,
-        "num_experts_per_tok": 2,
-        "moe_intermediate_size": 24,
-        "shared_expert_intermediate_size": 40,
-        "norm_topk_prob": True,
-        "decoder_sparse_step": 1,
-        "mlp_only_layers": [2],
-        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
-        "max_position_embeddings": 256,
-        "tie_word_embeddings": False,
-    },
-    "olmo2": {
-        "model_type": "olmo2",
-        "vocab_size": 512,
-        "hidden_size": 64,
-        "intermediate_size": 120,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "max_position_embeddings": 256,
-        "tie_word_embeddings": False,
-    },
-    "olmo3": {
-        "model_type": "olmo3",
-        "vocab_size": 512,
-        "hidden_size": 64,
-        "intermediate_size": 120,
-        "num_hidden_layers": 3,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "max_position_embeddings": 256,
-        "sliding_window": 16,
-        "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
-        "tie_word_embeddings": False,
-    },
-    "smollm3": {
-        "model_type": "smollm3",
-        "vocab_size": 512,
-        "hidden_size": 64,
-        "intermediate_size": 120,
-        "num_hidden_layers": 3,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "max_position_embeddings": 256,
-        "no_rope_layer_interval": 2,
-        "tie_word_embeddings": True,
-        "pad_token_id": None, "bos_token_id": None, "eos_token_id": None,  # SmolLM3Config's are > vocab
-    },
-    "llama4_text": {
-        "model_type": "llama4_text",
-        "vocab_size": 512,
-        "hidden_size": 64,
-        "intermediate_size": 24,
-        "intermediate_size_mlp": 120,
-        "num_hidden_layers": 4,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 16,
-        "num_local_experts": 4,
-        "num_experts_per_tok": 2,
-        "interleave_moe_layer_step": 2,
-        "no_rope_layers": [1, 1, 0, 0],
-        "use_qk_norm": True,
-        "attention_chunk_size": 16,
-        "attn_temperature_tuning": True,
-        "floor_scale": 8,
-        "attn_scale": 0.1,
-        "max_position_embeddings": 256,
-        "tie_word_embeddings": False,
-    },
-    "gemma4": {
-        "model_type": "gemma4_text",
-        "vocab_size": 512,
-        "hidden_size": 64,
-        "intermediate_size": 120,
-        "num_hidden_layers": 4,
-        "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
-        "num_attention_heads": 8,
-        "num_key_value_heads": 4,
-        "head_dim": 16,
-        "global_head_dim": 24,
-        "num_global_key_value_heads": 2,
-        "attention_k_eq_v": True,
-        "hidden_size_per_layer_input": 0,
-        "sliding_window": 16,
-        "final_logit_softcapping": 30.0,
-        "rope_parameters": {"full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
-                                               "rope_theta": 1000000.0},
-                            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
-        "max_position_embeddings": 256,
-        "tie_word_embeddings": True,
-    },
-    "glm4_moe_lite": {
-        "model_type": "glm4_moe_lite",
-        "vocab_size": 512,
-        "hidden_size": 64,
-        "intermediate_size": 120,
-        "moe_intermediate_size": 24,
-        "num_hidden_layers": 3,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 4,
-        "q_lora_rank": 32,
-        "kv_lora_rank": 16,
-        "qk_nope_head_dim": 16,
-        "qk_rope_head_dim": 8,
-        "v_head_dim": 24,
-        "n_routed_experts": 8,
-        "n_shared_experts": 1,
-        "num_experts_per_tok": 2,
-        "n_group": 2,
-        "topk_group": 1,
-        "routed_scaling_factor": 1.8,
-        "first_k_dense_replace": 1,
-        "partial_rotary_factor": 1.0,
-        "max_position_embeddings": 256,
-        "pad_token_id": 0,
-        "tie_word_embeddings": False,
-    },
-    "mistral4": {
-        "model_type": "mistral4",
-        "vocab_size": 512,
-        "hidden_size": 64,
-        "intermediate_size": 120,
-        "moe_intermediate_size": 24,
-        "num_hidden_layers": 3,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 4,
-        "q_lora_rank": 32,
-        "kv_lora_rank": 16,
-        "qk_nope_head_dim": 16,
-        "qk_rope_head_dim": 8,
-        "v_head_dim": 16,
-        "n_routed_experts": 8,
-        "n_shared_experts": 1,
-        "num_experts_per_tok": 2,
-        "n_group": 2,
-        "topk_group": 1,
-        "first_k_dense_replace": 1,
-        "rope_interleave": True,
-        # yarn with llama-4 query scaling, as Mistral-Small-4's config (original length 8 < the
-        # tests' sequences, so the per-position scale really varies)
-        "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 32.0,
-                            "original_max_position_embeddings": 8, "beta_fast": 32.0, "beta_slow": 1.0,
-                            "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1},
-        "max_position_embeddings": 256,
-        "tie_word_embeddings": False,
-    },
-    "minimax_m2": {
-        "model_type": "minimax_m2",
-        "vocab_size": 512,
-        "hidden_size": 64,
-        "intermediate_size": 24,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 32,
-        "rotary_dim": 16,
-        "num_local_experts": 8,
-        "num_experts_per_tok": 2,
-        "max_position_embeddings": 256,
-        "tie_word_embeddings": False,
-        "bos_token_id": None, "eos_token_id": None,  # MiniMaxM2Config's are > vocab
-    },
-    "lfm2": {
-        "model_type": "lfm2",
-        "vocab_size": 512,
-        "hidden_size": 64,
-        "block_ff_dim": 150,
-        "block_multiple_of": 24,
-        "block_ffn_dim_multiplier": 1.0,
-        "block_auto_adjust_ff_dim": True,
-        "num_hidden_layers": 3,
-        "layer_types": ["conv", "full_attention", "conv"],
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "conv_L_cache": 3,
-        "conv_bias": False,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
-        "max_position_embeddings": 256,
-        "tie_word_embeddings": True,
-    },
-    "lfm2_moe": {
-        "model_type": "lfm2_moe",
-        "vocab_size": 512,
-        "hidden_size": 64,
-        "intermediate_size": 120,
-        "moe_intermediate_size": 24,
-        "num_hidden_layers": 3,
-        "num_dense_layers": 1,
-        "layer_types": ["conv", "full_attention", "conv"],
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "num_experts": 4,
-        "num_experts_per_tok": 2,
-        "conv_L_cache": 3,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
-        "max_position_embeddings": 256,
-        "tie_word_embeddings": True,
-    },
-}
-TINY_CONFIGS["gemma4_moe"] = {**TINY_CONFIGS["gemma4"], "enable_moe_block": True, "num_experts": 4,
-                              "top_k_experts": 2, "moe_intermediate_size": 24}
-#: granite: llama's layers with Granite 3.x's muP multipliers (granite-3.3-8b's values: embedding 12,
-#: residual 0.22, attention 1/128, logits divided by 16), GQA, tied (as every Granite 3.x checkpoint).
-TINY_CONFIGS["granite"] = {
-    "model_type": "granite",
-    "vocab_size": 512,
-    "hidden_size": 64,
-    "intermediate_size": 120,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 256,
-    "embedding_multiplier": 12.0,
-    "residual_multiplier": 0.22,
-    "attention_multiplier": 0.0078125,
-    "logits_scaling": 16.0,
-    "tie_word_embeddings": True,
-    "pad_token_id": None, "bos_token_id": None, "eos_token_id": None,
+    "llama": _tiny("llama"),
+    "mistral": _tiny("mistral", sliding_window=16),
+    "mixtral": _tiny("mixtral", num_local_experts=4, num_experts_per_tok=2, sliding_window=None),
+    "qwen2": _tiny("qwen2", use_sliding_window=False, tie_word_embeddings=True),
+    "qwen3": _tiny("qwen3", head_dim=32, use_sliding_window=False),
+    "qwen3_moe": _tiny("qwen3_moe", moe_intermediate_size=24, num_hidden_layers=3, head_dim=32, num_experts=4,
+                       num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[0],
+                       use_sliding_window=False),
+    "gemma2": _tiny("gemma2", _SLIDING_FULL_SLIDING, head_dim=32, query_pre_attn_scalar=32,
+                    attn_logit_softcapping=50.0, final_logit_softcapping=30.0, tie_word_embeddings=True),
+    "gemma3_text": _tiny("gemma3_text", _SLIDING_FULL_SLIDING, head_dim=32, query_pre_attn_scalar=32,
+                         tie_word_embeddings=True),
+    "phi3": _tiny("phi3", original_max_position_embeddings=256, sliding_window=16, pad_token_id=0, eos_token_id=1),
+    "deepseek_v3": _tiny("deepseek_v3", _MLA, _DEEPSEEK_V3_MOE),
+    "gpt_oss": _tiny("gpt_oss", intermediate_size=24, head_dim=32, num_local_experts=4, num_experts_per_tok=2,
+                     sliding_window=16, layer_types=["sliding_attention", "full_attention"],
+                     max_position_embeddings=131072),  # yarn's 32 x 4096, as the real config
+    "glm4_moe": _tiny("glm4_moe", _DEEPSEEK_V3_MOE, head_dim=32, attention_bias=True, use_qk_norm=True,
+                      partial_rotary_factor=0.5),
+    "qwen3_5": _tiny("qwen3_5_text", _DELTANET, rope_parameters=_QWEN3_5_ROPE, tie_word_embeddings=True),
+    "qwen3_5_moe": _tiny("qwen3_5_moe_text", _DELTANET, _SHARED_EXPERT_MOE, intermediate_size=_ABSENT,
+                         rope_parameters=_QWEN3_5_ROPE),
+    "qwen3_next": _tiny("qwen3_next", _DELTANET, _SHARED_EXPERT_MOE, norm_topk_prob=True, decoder_sparse_step=1,
+                        mlp_only_layers=[2],
+                        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}),
+    "olmo2": _tiny("olmo2"),
+    "olmo3": _tiny("olmo3", _SLIDING_FULL_SLIDING),
+    "smollm3": _tiny("smollm3", _NO_SPECIAL_IDS, num_hidden_layers=3, no_rope_layer_interval=2,
+                     tie_word_embeddings=True),
+    "llama4_text": _tiny("llama4_text", intermediate_size=24, intermediate_size_mlp=120, num_hidden_layers=4,
+                         head_dim=16, num_local_experts=4, num_experts_per_tok=2, interleave_moe_layer_step=2,
+                         no_rope_layers=[1, 1, 0, 0], use_qk_norm=True, attention_chunk_size=16,
+                         attn_temperature_tuning=True, floor_scale=8, attn_scale=0.1),
+    "gemma4": _tiny("gemma4_text", _GEMMA4),
+    "glm4_moe_lite": _tiny("glm4_moe_lite", _MLA, _DEEPSEEK_V3_MOE, v_head_dim=24, routed_scaling_factor=1.8,
+                           partial_rotary_factor=1.0, pad_token_id=0),
+    # yarn with llama-4 query scaling, as Mistral-Small-4's config (original length 8 < the tests'
+    # sequences, so the per-position scale really varies)
+    "mistral4": _tiny("mistral4", _MLA, _DEEPSEEK_V3_MOE, rope_interleave=True,
+                      rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 32.0,
+                                       "original_max_position_embeddings": 8, "beta_fast": 32.0, "beta_slow": 1.0,
+                                       "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1}),
+    "minimax_m2": _tiny("minimax_m2", intermediate_size=24, head_dim=32, rotary_dim=16, num_local_experts=8,
+                        num_experts_per_tok=2, bos_token_id=None, eos_token_id=None),  # MiniMaxM2Config's > vocab
+    "lfm2": _tiny("lfm2", _LFM2, intermediate_size=_ABSENT, block_ff_dim=150, block_multiple_of=24,
+                  block_ffn_dim_multiplier=1.0, block_auto_adjust_ff_dim=True, conv_bias=False),
+    "lfm2_moe": _tiny("lfm2_moe", _LFM2, moe_intermediate_size=24, num_dense_layers=1, num_experts=4,
+                      num_experts_per_tok=2),
+    "gemma4_moe": _tiny("gemma4_text", _GEMMA4, enable_moe_block=True, num_experts=4, top_k_experts=2,
+                        moe_intermediate_size=24),
+    # granite: llama's layers with Granite 3.x's muP multipliers (granite-3.3-8b's values: embedding 12,
+    # residual 0.22, attention 1/128, logits divided by 16), GQA, tied (as every Granite 3.x checkpoint).
+    "granite": _tiny("granite", _NO_SPECIAL_IDS, embedding_multiplier=12.0, residual_multiplier=0.22,
+                     attention_multiplier=0.0078125, logits_scaling=16.0, tie_word_embeddings=True),
+    # ernie4_5: ERNIE 4.5's dense layers (head_dim 32 != 64 / 4, GQA 4 / 2), fp32 interleaved rope,
+    # biased projections (use_bias; the 0.3B checkpoint has none: the switch's path), tied.
+    "ernie4_5": _tiny("ernie4_5", head_dim=32, use_bias=True, tie_word_embeddings=True),
+    # seed_oss: Seed-OSS's layers (q/k/v biases, none on o_proj, head_dim 32 != 64 / 4, GQA 4 / 2) with
+    # residual dropout 0.1 on o_proj's and down_proj's outputs; attention dropout off (CPU sdpa runs its
+    # math kernel in fp32 with a dropout, which the CUDA kernels ftplan plans do not: held by hand with
+    # eager attention instead, tests/test_seed_oss.py); untied.
+    "seed_oss": _tiny("seed_oss", _NO_SPECIAL_IDS, head_dim=32, attention_dropout=0.0, residual_dropout=0.1),
+    # granitemoe: granite's multipliers (granite-3.x MoE values: embedding 12, residual 0.22, attention
+    # 1/64, logits divided by 6) on mixtral's layout: 4 experts top-2 of ``intermediate_size=24`` in every
+    # layer behind the fp32 top-k-then-softmax router, GQA, tied.
+    "granitemoe": _tiny("granitemoe", intermediate_size=24, num_local_experts=4, num_experts_per_tok=2,
+                        embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.015625,
+                        logits_scaling=6.0, tie_word_embeddings=True),
+    # olmoe: OLMoE's layers: GQA 4 / 2 heads of 16 with q/k RMSNorms over the whole projections, 4
+    # experts top-2 of ``intermediate_size=24`` in every layer behind qwen3_moe's fp32-softmax router,
+    # not renormalised (norm_topk_prob false, as the OLMoE checkpoints); untied; OlmoeConfig's pad/eos
+    # ids (1, 50279) dropped.
+    "olmoe": _tiny("olmoe", _NO_SPECIAL_IDS, intermediate_size=24, num_experts=4, num_experts_per_tok=2,
+                   norm_topk_prob=False),
+    # exaone4: EXAONE 4.0's post-norm layers (no input norms; norms on o_proj's and down_proj's outputs),
+    # per-head q/k norms, GQA 4 / 2 heads of 16, layer_types sliding(16)/sliding/full (the full layer
+    # NoPE: the hybrid layout of EXAONE-4.0-32B's "LLLG" in three layers), untied; Exaone4Config's
+    # bos/eos ids dropped.
+    "exaone4": _tiny("exaone4", _NO_SPECIAL_IDS, num_hidden_layers=3, sliding_window=16,
+                     layer_types=["sliding_attention", "sliding_attention", "full_attention"]),
+    # dots1: dots.llm1's layers: GQA 4 / 2 heads of 16 with per-head q/k norms, layer 0 dense
+    # (``first_k_dense_replace=1``, an MLP of 120), layers 1-2 DeepSeek-V3's MoE block (4 experts top-2 of
+    # ``moe_intermediate_size=24`` in 2 groups, top-1 group, one shared expert, the fp32 sigmoid router
+    # renormalised, routed_scaling_factor 2.5), no window (as dots.llm1: max_window_layers = all layers);
+    # untied.
+    "dots1": _tiny("dots1", _DEEPSEEK_V3_MOE, n_routed_experts=4, norm_topk_prob=True, routed_scaling_factor=2.5,
+                   sliding_window=None),
+    # hunyuan_v1_dense: Hunyuan's dense layers (per-head q/k norms after the rope, q/k/v/o biases as
+    # attention_bias), GQA 4 / 2 heads of 16 (head_dim given: the config class's None fails), untied;
+    # HunYuanDenseV1Config's special ids dropped.
+    "hunyuan_v1_dense": _tiny("hunyuan_v1_dense", _NO_SPECIAL_IDS, head_dim=16, attention_bias=True,
+                              eod_token_id=None),
+    # ernie4_5_moe: ERNIE 4.5 MoE (21B-A3B shape, shrunk): layer 0 dense, layer 1 an MoE block (fp32
+    # softmax router with the frozen fp32 e_score_correction_bias, 4 experts top-2, 2 shared experts);
+    # ernie4_5's fp32 interleaved rope, head_dim 32 != 64 / 4, GQA 4 / 2, tied embeddings
+    "ernie4_5_moe": _tiny("ernie4_5_moe", intermediate_size=96, head_dim=32, moe_num_experts=4, moe_k=2,
+                          moe_intermediate_size=24, moe_num_shared_experts=2, moe_layer_start_index=1,
+                          tie_word_embeddings=True),
+    # gemma: Gemma 1's layers (gemma-2b's multi-query shape): 4 heads of 32 over hidden 64 (q_proj 128
+    # wide, as gemma-7b's 16 x 256 > 3072), one kv head, a GeGLU MLP of 120, the (1 + w) fp32 RMSNorms,
+    # the embedding scaled by sqrt(64), tied; GemmaConfig's pad/bos/eos ids dropped.
+    "gemma": _tiny("gemma", _NO_SPECIAL_IDS, num_key_value_heads=1, head_dim=32, hidden_act="gelu_pytorch_tanh",
+                   tie_word_embeddings=True),
+    # deepseek_v2: DeepSeek-V2-Lite's layers, shrunk: MLA with ``q_lora_rank`` null (one q_proj),
+    # kv_lora_rank 16, qk_nope 16 + qk_rope 8 (the complex rope), v_head_dim 16; layer 0 dense
+    # (``first_k_dense_replace=1``, an MLP of 120), layers 1-2 DeepSeek-V2's MoE block (8 experts top-2
+    # of ``moe_intermediate_size=24``, 2 shared experts fused into one MLP of 48, the fp32 softmax router,
+    # ``greedy``, routed_scaling_factor 1.5); untied.
+    "deepseek_v2": _tiny("deepseek_v2", _MLA, q_lora_rank=None, moe_intermediate_size=24, num_hidden_layers=3,
+                         n_routed_experts=8, n_shared_experts=2, num_experts_per_tok=2, first_k_dense_replace=1,
+                         topk_method="greedy", routed_scaling_factor=1.5),
+    # cohere2: Command R7B's layers, shrunk: the parallel attention + MLP block behind one
+    # Cohere2LayerNorm, GQA 4 / 2 heads of 16, layer_types sliding/sliding/full from
+    # ``sliding_window_pattern=3`` (window 16: the sliding layers rotate, the full one is NoPE),
+    # q/k/v/o biases (attention_bias), ``logit_scale=0.25``, tied embeddings; Cohere2Config's special ids
+    # dropped.
+    "cohere2": _tiny("cohere2", _NO_SPECIAL_IDS, num_hidden_layers=3, sliding_window=16, sliding_window_pattern=3,
+                     attention_bias=True, logit_scale=0.25, tie_word_embeddings=True),
+    # qwen2_moe: Qwen1.5-MoE's layers: GQA 4 / 2 heads of 16 with q/k/v biases, layer 0 dense
+    # (``mlp_only_layers=[0]``, an MLP of 120), layer 1 the sparse block (4 experts top-2 of
+    # ``moe_intermediate_size=24``, not renormalised as the checkpoints, one shared expert of 48 behind
+    # its sigmoid gate); untied.
+    "qwen2_moe": _tiny("qwen2_moe", _SHARED_EXPERT_MOE, _NO_SPECIAL_IDS, shared_expert_intermediate_size=48,
+                       norm_topk_prob=False, mlp_only_layers=[0]),
+    # glm4: GLM-4-0414's layers: four llama RMSNorms per layer (sandwich norms around attention and
+    # MLP), GQA 4 / 2 heads of 16 with q/k/v biases, Glm4Config's half rotary (8 of 16 features,
+    # interleaved per layer), a fused gate_up_proj of 2 x 120; untied; Glm4Config's pad/eos ids dropped.
+    "glm4": _tiny("glm4", _NO_SPECIAL_IDS, head_dim=16, attention_bias=True),
+    # phimoe: Phi-3.5-MoE's layers, shrunk: GQA 4 / 2 heads of 16 with q/k/v/o biases, nn.LayerNorm
+    # norms (weight + bias), every layer an MoE block of 4 experts of ``intermediate_size=24`` behind the
+    # sparsemixer router (top-2), input jitter 0.01 (as the checkpoint's config), lm_head bias, untied.
+    "phimoe": _tiny("phimoe", intermediate_size=24, num_local_experts=4, num_experts_per_tok=2, attention_bias=True,
+                    lm_head_bias=True, input_jitter_noise=0.01, router_jitter_noise=0.01, sliding_window=None),
 }
 
-
-#: ernie4_5: ERNIE 4.5's dense layers (head_dim 32 != 64 / 4, GQA 4 / 2), fp32 interleaved rope,
-#: biased projections (use_bias; the 0.3B checkpoint has none: the switch's path), tied.
-TINY_CONFIGS["ernie4_5"] = {
-    "model_type": "ernie4_5",
-    "vocab_size": 512,
-    "hidden_size": 64,
-    "intermediate_size": 120,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 32,
-    "max_position_embeddings": 256,
-    "use_bias": True,
-    "tie_word_embeddings": True,
-}
-
-
-#: seed_oss: Seed-OSS's layers (q/k/v biases, none on o_proj, head_dim 32 != 64 / 4, GQA 4 / 2) with
-#: residual dropout 0.1 on o_proj's and down_proj's outputs; attention dropout off (CPU sdpa runs its
-#: math kernel in fp32 with a dropout, which the CUDA kernels ftplan plans do not: held by hand with
-#: eager attention instead, tests/test_seed_oss.py); untied.
-TINY_CONFIGS["seed_oss"] = {
-    "model_type": "seed_oss",
-    "vocab_size": 512,
-    "hidden_size": 64,
-    "intermediate_size": 120,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 32,
-    "max_position_embeddings": 256,
-    "attention_dropout": 0.0,
-    "residual_dropout": 0.1,
-    "tie_word_embeddings": False,
-    "pad_token_id": None, "bos_token_id": None, "eos_token_id": None,
-}
-
-
-#: granitemoe: granite's multipliers (granite-3.x MoE values: embedding 12, residual 0.22, attention
-#: 1/64, logits divided by 6) on mixtral's layout: 4 experts top-2 of ``intermediate_size=24`` in every
-#: layer behind the fp32 top-k-then-softmax router, GQA, tied.
-TINY_CONFIGS["granitemoe"] = {
-    "model_type": "granitemoe",
-    "vocab_size": 512,
-    "hidden_size": 64,
-    "intermediate_size": 24,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "num_local_experts": 4,
-    "num_experts_per_tok": 2,
-    "max_position_embeddings": 256,
-    "embedding_multiplier": 12.0,
-    "residual_multiplier": 0.22,
-    "attention_multiplier": 0.015625,
-    "logits_scaling": 6.0,
-    "tie_word_embeddings": True,
-}
-
-
-
-#: olmoe: OLMoE's layers: GQA 4 / 2 heads of 16 with q/k RMSNorms over the whole projections, 4
-#: experts top-2 of ``intermediate_size=24`` in every layer behind qwen3_moe's fp32-softmax router,
-#: not renormalised (norm_topk_prob false, as the OLMoE checkpoints); untied; OlmoeConfig's pad/eos
-#: ids (1, 50279) dropped.
-TINY_CONFIGS["olmoe"] = {
-    "model_type": "olmoe",
-    "vocab_size": 512,
-    "hidden_size": 64,
-    "intermediate_size": 24,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "num_experts": 4,
-    "num_experts_per_tok": 2,
-    "norm_topk_prob": False,
-    "max_position_embeddings": 256,
-    "tie_word_embeddings": False,
-    "pad_token_id": None, "bos_token_id": None, "eos_token_id": None,
-}
-
-
-#: exaone4: EXAONE 4.0's post-norm layers (no input norms; norms on o_proj's and down_proj's outputs),
-#: per-head q/k norms, GQA 4 / 2 heads of 16, layer_types sliding(16)/sliding/full (the full layer
-#: NoPE: the hybrid layout of EXAONE-4.0-32B's "LLLG" in three layers), untied; Exaone4Config's
-#: bos/eos ids dropped.
-TINY_CONFIGS["exaone4"] = {
-    "model_type": "exaone4",
-    "vocab_size": 512,
-    "hidden_size": 64,
-    "intermediate_size": 120,
-    "num_hidden_layers": 3,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 256,
-    "sliding_window": 16,
-    "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
-    "tie_word_embeddings": False,
-    "pad_token_id": None, "bos_token_id": None, "eos_token_id": None,
-}
-
-
-#: dots1: dots.llm1's layers: GQA 4 / 2 heads of 16 with per-head q/k norms, layer 0 dense
-#: (``first_k_dense_replace=1``, an MLP of 120), layers 1-2 DeepSeek-V3's MoE block (4 experts top-2 of
-#: ``moe_intermediate_size=24`` in 2 groups, top-1 group, one shared expert, the fp32 sigmoid router
-#: renormalised, routed_scaling_factor 2.5), no window (as dots.llm1: max_window_layers = all layers);
-#: untied.
-TINY_CONFIGS["dots1"] = {
-    "model_type": "dots1",
-    "vocab_size": 512,
-    "hidden_size": 64,
-    "intermediate_size": 120,
-    "moe_intermediate_size": 24,
-    "num_hidden_layers": 3,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "n_routed_experts": 4,
-    "n_shared_experts": 1,
-    "num_experts_per_tok": 2,
-    "n_group": 2,
-    "topk_group": 1,
-    "first_k_dense_replace": 1,
-    "norm_topk_prob": True,
-    "routed_scaling_factor": 2.5,
-    "max_position_embeddings": 256,
-    "sliding_window": None,
-    "tie_word_embeddings": False,
-}
-
-
-#: hunyuan_v1_dense: Hunyuan's dense layers (per-head q/k norms after the rope, q/k/v/o biases as
-#: attention_bias), GQA 4 / 2 heads of 16 (head_dim given: the config class's None fails), untied;
-#: HunYuanDenseV1Config's special ids dropped.
-TINY_CONFIGS["hunyuan_v1_dense"] = {
-    "model_type": "hunyuan_v1_dense",
-    "vocab_size": 512,
-    "hidden_size": 64,
-    "intermediate_size": 120,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "max_position_embeddings": 256,
-    "attention_bias": True,
-    "tie_word_embeddings": False,
-    "pad_token_id": None, "bos_token_id": None, "eos_token_id": None, "eod_token_id": None,
-}
 
 def text_config(config: dict) -> tuple[str, dict]:
     """(model_type, kwargs for ``AutoConfig.for_model``) of a config.json dict (not modified);
@@ -889,162 +460,3 @@ def default_attention(config: dict) -> str:
     from ..model import model_from_config
 
     return "sdpa" if model_from_config(config).supports_sdpa else "eager"
-
-#: ernie4_5_moe: ERNIE 4.5 MoE (21B-A3B shape, shrunk): layer 0 dense, layer 1 an MoE block (fp32
-#: softmax router with the frozen fp32 e_score_correction_bias, 4 experts top-2, 2 shared experts);
-#: ernie4_5's fp32 interleaved rope, head_dim 32 != 64 / 4, GQA 4 / 2, tied embeddings
-TINY_CONFIGS["ernie4_5_moe"] = {
-    "model_type": "ernie4_5_moe",
-    "vocab_size": 512,
-    "hidden_size": 64,
-    "intermediate_size": 96,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 32,
-    "max_position_embeddings": 256,
-    "moe_num_experts": 4,
-    "moe_k": 2,
-    "moe_intermediate_size": 24,
-    "moe_num_shared_experts": 2,
-    "moe_layer_start_index": 1,
-    "tie_word_embeddings": True,
-}
-
-
-#: gemma: Gemma 1's layers (gemma-2b's multi-query shape): 4 heads of 32 over hidden 64 (q_proj 128
-#: wide, as gemma-7b's 16 x 256 > 3072), one kv head, a GeGLU MLP of 120, the (1 + w) fp32 RMSNorms,
-#: the embedding scaled by sqrt(64), tied; GemmaConfig's pad/bos/eos ids dropped.
-TINY_CONFIGS["gemma"] = {
-    "model_type": "gemma",
-    "vocab_size": 512,
-    "hidden_size": 64,
-    "intermediate_size": 120,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 1,
-    "head_dim": 32,
-    "hidden_act": "gelu_pytorch_tanh",
-    "max_position_embeddings": 256,
-    "tie_word_embeddings": True,
-    "pad_token_id": None, "bos_token_id": None, "eos_token_id": None,
-}
-
-
-#: deepseek_v2: DeepSeek-V2-Lite's layers, shrunk: MLA with ``q_lora_rank`` null (one q_proj),
-#: kv_lora_rank 16, qk_nope 16 + qk_rope 8 (the complex rope), v_head_dim 16; layer 0 dense
-#: (``first_k_dense_replace=1``, an MLP of 120), layers 1-2 DeepSeek-V2's MoE block (8 experts top-2
-#: of ``moe_intermediate_size=24``, 2 shared experts fused into one MLP of 48, the fp32 softmax router,
-#: ``greedy``, routed_scaling_factor 1.5); untied.
-TINY_CONFIGS["deepseek_v2"] = {
-    "model_type": "deepseek_v2",
-    "vocab_size": 512,
-    "hidden_size": 64,
-    "intermediate_size": 120,
-    "moe_intermediate_size": 24,
-    "num_hidden_layers": 3,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 4,
-    "q_lora_rank": None,
-    "kv_lora_rank": 16,
-    "qk_nope_head_dim": 16,
-    "qk_rope_head_dim": 8,
-    "v_head_dim": 16,
-    "n_routed_experts": 8,
-    "n_shared_experts": 2,
-    "num_experts_per_tok": 2,
-    "first_k_dense_replace": 1,
-    "topk_method": "greedy",
-    "routed_scaling_factor": 1.5,
-    "max_position_embeddings": 256,
-    "tie_word_embeddings": False,
-}
-
-
-#: cohere2: Command R7B's layers, shrunk: the parallel attention + MLP block behind one
-#: Cohere2LayerNorm, GQA 4 / 2 heads of 16, layer_types sliding/sliding/full from
-#: ``sliding_window_pattern=3`` (window 16: the sliding layers rotate, the full one is NoPE),
-#: q/k/v/o biases (attention_bias), ``logit_scale=0.25``, tied embeddings; Cohere2Config's special ids
-#: dropped.
-TINY_CONFIGS["cohere2"] = {
-    "model_type": "cohere2",
-    "vocab_size": 512,
-    "hidden_size": 64,
-    "intermediate_size": 120,
-    "num_hidden_layers": 3,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 256,
-    "sliding_window": 16,
-    "sliding_window_pattern": 3,
-    "attention_bias": True,
-    "logit_scale": 0.25,
-    "tie_word_embeddings": True,
-    "pad_token_id": None, "bos_token_id": None, "eos_token_id": None,
-}
-
-
-#: qwen2_moe: Qwen1.5-MoE's layers: GQA 4 / 2 heads of 16 with q/k/v biases, layer 0 dense
-#: (``mlp_only_layers=[0]``, an MLP of 120), layer 1 the sparse block (4 experts top-2 of
-#: ``moe_intermediate_size=24``, not renormalised as the checkpoints, one shared expert of 48 behind
-#: its sigmoid gate); untied.
-TINY_CONFIGS["qwen2_moe"] = {
-    "model_type": "qwen2_moe",
-    "vocab_size": 512,
-    "hidden_size": 64,
-    "intermediate_size": 120,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "num_experts": 4,
-    "num_experts_per_tok": 2,
-    "moe_intermediate_size": 24,
-    "shared_expert_intermediate_size": 48,
-    "norm_topk_prob": False,
-    "mlp_only_layers": [0],
-    "max_position_embeddings": 256,
-    "tie_word_embeddings": False,
-    "pad_token_id": None, "bos_token_id": None, "eos_token_id": None,
-}
-
-
-#: glm4: GLM-4-0414's layers: four llama RMSNorms per layer (sandwich norms around attention and
-#: MLP), GQA 4 / 2 heads of 16 with q/k/v biases, Glm4Config's half rotary (8 of 16 features,
-#: interleaved per layer), a fused gate_up_proj of 2 x 120; untied; Glm4Config's pad/eos ids dropped.
-TINY_CONFIGS["glm4"] = {
-    "model_type": "glm4",
-    "vocab_size": 512,
-    "hidden_size": 64,
-    "intermediate_size": 120,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "max_position_embeddings": 256,
-    "attention_bias": True,
-    "tie_word_embeddings": False,
-    "pad_token_id": None, "bos_token_id": None, "eos_token_id": None,
-}
-
-
-#: phimoe: Phi-3.5-MoE's layers, shrunk: GQA 4 / 2 heads of 16 with q/k/v/o biases, nn.LayerNorm
-#: norms (weight + bias), every layer an MoE block of 4 experts of ``intermediate_size=24`` behind the
-#: sparsemixer router (top-2), input jitter 0.01 (as the checkpoint's config), lm_head bias, untied.
-TINY_CONFIGS["phimoe"] = {
-    "model_type": "phimoe",
-    "vocab_size": 512,
-    "hidden_size": 64,
-    "intermediate_size": 24,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 256,
-    "num_local_experts": 4,
-    "num_experts_per_tok": 2,
-    "attention_bias": True,
-    "lm_head_bias": True,
-    "input_jitter_noise": 0.01,
-    "router_jitter_noise": 0.01,
-    "sliding_window": None,
-    "tie_word_embeddings": False,
-}

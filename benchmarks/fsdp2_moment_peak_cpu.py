@@ -82,7 +82,10 @@ def harness_bytes(case: Case, m) -> int:
     (made before the tracker sees them; the formula counts them where the embedding saves them)."""
     ids = case.batch * case.seq_len * 8 if case.method == "full" and case.fsdp_wrap == "accelerate" else 0
     persistent = m.engine_persistent - m.detail.get("persistent_by_owner", {}).get("init:model", 0)
-    return m.buffers + persistent - ids
+    # CPU offload: on CPU the host and the "device" are one memory, so the run also tracks the
+    # parameter shards kept in host memory (the formula's device holds none of them)
+    host = m.params if case.offload_params else 0
+    return m.buffers + persistent - ids + host
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1843,7 +1843,7 @@ def _logits_bytes(model: ModelSpec, job: Job, dt: _Dtypes, tp: int, backend: str
 
 
 def _torchtune_loss_bytes(model: ModelSpec, job: Job, dt: _Dtypes, tp: int, norm_saved: int,
-                          fsdp_head_unit: bool = False) -> tuple[int, int, int]:
+                          fsdp_head_unit: bool = False, *, split: bool = False) -> tuple:
     """(saved, forward transient, backward transient) of torchtune's tail: the final norm, the
     output projection applied per chunk of the sequence (``TransformerDecoder.chunked_output``:
     ``h.chunk(8, dim=1)``) and ``CEWithChunkedOutputLoss``, as the recipes' train step runs it
@@ -1897,6 +1897,8 @@ def _torchtune_loss_bytes(model: ModelSpec, job: Job, dt: _Dtypes, tp: int, norm
         # two fp32 gradients of a chunk (the last one's log-probabilities already replaced by its
         # compute-dtype gradient when the one before runs)
         backward_peak = saved + max(2 * r_last * v * 4, 2 * r_prev * v * 4 - r_last * v * (4 - c))
+    ce_backward = backward_peak
+    second = None
     if dt.full and n > 1:
         # the second chunk's projection backward: the loss's tensors gone (the token count stays),
         # every chunk's logits gradient but the last one's, the two chunks' input gradients, two
@@ -1905,6 +1907,20 @@ def _torchtune_loss_bytes(model: ModelSpec, job: Job, dt: _Dtypes, tp: int, norm
         second = (norm_saved + inputs + 8 * t + 8 + t * v * c - r_last * v * c + (0 if fsdp_head_unit else 2 * w)
                   + (r_last + r_prev) * h * c - (r_last * h * c if b > 1 else 0))
         backward_peak = max(backward_peak, second)
+    if split:
+        # (saved, forward, the cross-entropies' backward, what the tail holds at each chunk's
+        # projection backward, chunk 0 first, or None with a frozen head or one chunk): the logits
+        # gradients of the chunks not yet through their projection, the input gradients of those
+        # that are (chunk's backward waits for all of them), the input copies (b > 1) of those
+        # freed; at chunk n - 2 it is ``second`` above
+        per_chunk = None
+        if second is not None:
+            rows = [b * size] * (n - 1) + [r_last]
+            fixed = norm_saved + inputs + 8 * t + 8 + (0 if fsdp_head_unit else 2 * w)
+            per_chunk = tuple(fixed + sum(rows[:k + 1]) * v * c + sum(rows[k:]) * h * c
+                              - (sum(rows[k + 1:]) * h * c if b > 1 else 0) for k in range(n))
+            assert per_chunk[n - 2] == second
+        return saved, forward_peak - saved, ce_backward - saved, per_chunk
     return saved, forward_peak - saved, backward_peak - saved
 
 
@@ -2562,6 +2578,9 @@ class ActivationParts:
     device_saved_bytes: int = 0
     autocast_cache_bytes: int = 0
     forward_peak_bytes: int = 0
+    #: the loss's backward transient before the head's backward where it differs from
+    #: ``loss_backward_bytes`` (torchtune's: the cross-entropies of every chunk first; None: the same)
+    loss_ce_backward_bytes: int | None = None
     #: the larger of a checkpointed layer's recompute and a layer's eager-attention backward: what
     #: one layer's backward holds on top of the saved tensors
     layer_backward_bytes: int = 0
@@ -2578,10 +2597,11 @@ class ActivationParts:
     group_saved_bytes: tuple[int, ...] = ()
     #: torchao NF4: one layer's dequantized weights (in ``recompute_bytes`` when checkpointing)
     nf4_dequant_bytes: int = 0
-    #: what the loss side holds during the head's own backward (transformers' loss: the saved
-    #: tensors but the cross-entropy's, which its backward has freed, and the logits' gradient in
-    #: the compute dtype); None where not planned apart (the loss's saved + backward bytes hold)
-    head_backward_bytes: int | None = None
+    #: what the loss side holds during the head's own backward, per call of the head (transformers'
+    #: loss: the saved tensors but the cross-entropy's, which its backward has freed, and the
+    #: logits' gradient in the compute dtype; torchtune's trained head: per chunk, see
+    #: ``_torchtune_loss_bytes``); None where not planned apart (the loss's saved + backward bytes hold)
+    head_backward_bytes: tuple[int, ...] | None = None
 
 
 def activation_parts(model: ModelSpec, job: Job, layout: Layout | None = None, *,
@@ -2680,14 +2700,19 @@ def activation_parts(model: ModelSpec, job: Job, layout: Layout | None = None, *
         # embedding) until the head's backward
         logits_saved += int(dtype_bytes(PRECISIONS[job.precision]["compute"])) * _head_copy_elems(model, job)
     logits_transient = max(loss_forward, loss_backward)
-    head_backward = None
-    if job.loss == "hf" and not model.final_logit_softcap:
+    head_backward = ce_backward = None
+    if job.loss == "torchtune":
+        _s, _f, ce_backward, head_backward = _torchtune_loss_bytes(
+            model, job, dt, 1, _norm_saved(t, model.hidden_size, dt.resid, dt.full, style=_norm_style(model),
+                                           weight_bytes=_norm_weight_bytes(dt), autocast=dt.autocast and backend == "cuda"),
+            head_unit, split=True)
+    elif job.loss == "hf" and not model.final_logit_softcap:
         # (the log-softmax's fp32 output, the int64 targets and the fp32 total weight are freed by
         # the cross-entropy's backward; see _logits_bytes)
         b, s = _batch_shape(job)
         v = model.vocab_size
         head_backward = (logits_saved - (t * v * 4 + 8 * (t if b > 1 else s + 1) + 4) + t * v * dt.compute
-                         + (t * v * dt.compute if job.keep_output else 0))
+                         + (t * v * dt.compute if job.keep_output else 0),)
     # eager attention's backward in a layer that was not checkpointed (the checkpointed ones have
     # it in their recompute): score-sized gradients on top of everything saved
     attention_backward = max((_eager_attention_backward_bytes(g, model, job, dt, tp, backend)
@@ -2721,7 +2746,7 @@ def activation_parts(model: ModelSpec, job: Job, layout: Layout | None = None, *
         first_layer_saved_bytes=first_saved,
         compile_note=_compile_note(model, job, dt) if job.torch_compile else compile_note,
         loss_forward_bytes=loss_forward, loss_backward_bytes=loss_backward, group_saved_bytes=tuple(group_saved),
-        nf4_dequant_bytes=nf4_dequant, head_backward_bytes=head_backward)
+        nf4_dequant_bytes=nf4_dequant, head_backward_bytes=head_backward, loss_ce_backward_bytes=ce_backward)
 
 
 def moe_block_saved_bytes(model: ModelSpec, job: Job, *, ep: int = 1, ep_rows: int | None = None,
@@ -2874,8 +2899,9 @@ def _fsdp2_moment(model: ModelSpec, job: Job, lm, act: ActivationParts) -> Momen
         start_bytes=Fraction(act.device_saved_bytes - layers), layer_saved_bytes=tuple(per),
         layer_backward_bytes=Fraction(max(act.layer_backward_bytes, act.nf4_dequant_bytes)),
         loss_saved_bytes=Fraction(act.loss_saved_bytes), loss_forward_bytes=Fraction(act.loss_forward_bytes),
-        loss_backward_bytes=Fraction(act.loss_backward_bytes), loss_in_forward=job.loss != "torchtune",
-        head_backward_bytes=None if act.head_backward_bytes is None else Fraction(act.head_backward_bytes),
+        loss_backward_bytes=Fraction(act.loss_backward_bytes if act.loss_ce_backward_bytes is None
+                                     else act.loss_ce_backward_bytes), loss_in_forward=job.loss != "torchtune",
+        head_backward_bytes=None if act.head_backward_bytes is None else tuple(map(Fraction, act.head_backward_bytes)),
         grad_scale=grad_scale if job.grad_accum == 1 else Fraction(0),
         grads_at_start=lm.gradients if job.grad_accum > 1 else Fraction(0), held_bytes=lm.autograd_held)
     return fsdp2_moment_peak(list(units), n, acts, **kw)

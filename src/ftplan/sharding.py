@@ -476,10 +476,10 @@ class ActivationSchedule:
     loss_forward_bytes: Fraction
     loss_backward_bytes: Fraction
     loss_in_forward: bool = True
-    #: what the loss side holds during the head unit's backward, in place of the loss's saved
-    #: tensors and backward transient (transformers' loss: the head's input and the logits'
-    #: compute-dtype gradient; the cross-entropy's own tensors are freed by then); None: both stay
-    head_backward_bytes: Fraction | None = None
+    #: what the loss side holds during the head unit's backward, per forward call of it (one;
+    #: torchtune's output projection: one per chunk), in place of the loss's saved tensors and
+    #: backward transient (the cross-entropy's own tensors are freed by then); None: both stay
+    head_backward_bytes: tuple[Fraction, ...] | None = None
     grad_scale: Fraction = Fraction(0)
     grads_at_start: Fraction = Fraction(0)
     held_bytes: Fraction = Fraction(0)
@@ -733,22 +733,26 @@ def _fsdp2_walk(s: _Sim, units: list[Unit], n: int, *, param_b: Fraction | None,
     head_gid = calls[-1][1] if not calls[-1][0].name.startswith("layer") else None
     loss_live = acts is not None
     head_bwd = None if acts is None else acts.head_backward_bytes
+    head_now = Fraction(0)
     if acts is not None:
         mark("backward, the loss")
         act("act_transient", acts.loss_backward_bytes)
 
-    def head_backward() -> None:
-        """The head unit's pre-backward: the cross-entropy's backward is done."""
-        nonlocal head_bwd
+    def head_backward(k: int) -> None:
+        """The head unit's pre-backward of its call ``k``: the cross-entropy's backward is done."""
+        nonlocal head_now
         if head_bwd is not None:
-            act("act_transient", head_bwd - acts.loss_backward_bytes)
-            act("loss_saved", -acts.loss_saved_bytes)
+            if k == len(head_bwd) - 1:
+                act("act_transient", -acts.loss_backward_bytes)
+                act("loss_saved", -acts.loss_saved_bytes)
+            act("act_transient", head_bwd[k] - head_now)
+            head_now = head_bwd[k]
 
     def loss_done() -> None:
         nonlocal loss_live
         if loss_live:
             if head_bwd is not None and head_gid is not None:
-                act("act_transient", -head_bwd)
+                act("act_transient", -head_now)
             else:
                 act("act_transient", -acts.loss_backward_bytes)
                 act("loss_saved", -acts.loss_saved_bytes)
@@ -800,8 +804,8 @@ def _fsdp2_walk(s: _Sim, units: list[Unit], n: int, *, param_b: Fraction | None,
             continue  # no backward of its own: only prefetched (held until backward ends)
         if gid != head_gid:
             loss_done()
-        elif k == u.calls - 1:
-            head_backward()
+        else:
+            head_backward(k)
         mark(f"backward, {_unit_label(u, layer_of.get(gid))}")
         if not unsharded[gid]:
             ag = prefetched.pop(gid) if gid in prefetched else gather(u)

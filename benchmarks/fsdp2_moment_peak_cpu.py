@@ -76,6 +76,24 @@ def predicted_peak(case: Case, world: int = 2):
     return mem.peak_allocated_bytes - c["optimizer_states"], mem
 
 
+def predicted_activations(case: Case, world: int = 2) -> int:
+    """ftplan's saved activations at the forward's end (as tests/test_distributed_memory.py's
+    ``_predict``: the token ids of accelerate's full runs left out), to tell an activation-model
+    difference from a moment-model one."""
+    from ftplan.measure import torchref as TR
+    from ftplan.memory import model_states, saved_activation_bytes
+    from ftplan.model import model_from_config
+    from ftplan.sharding import activation_job, engine_compute, layout_memory
+
+    spec = model_from_config(TR.TINY_CONFIGS[case.family])
+    job, layout = case.job(), case.layout(world)
+    lm = layout_memory(spec, job, layout, model_states(spec, job), consts(), "cpu")
+    ids = case.batch * case.seq_len * 8 if case.method == "full" and case.fsdp_wrap == "accelerate" else 0
+    return saved_activation_bytes(spec, job if job.torchao_nf4 else activation_job(job, lm), layout, backend="cpu",
+                                  engine_compute=engine_compute(job, layout),
+                                  quantized_base=job.method == "qlora") - ids
+
+
 def harness_bytes(case: Case, m) -> int:
     """Bytes the run tracks that the formula does not plan: the model's buffers (rotary inv_freq)
     and the engine's persistent scalars (device mesh), less the token ids of accelerate's runs
@@ -106,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             d = m.fwd_bwd_peak - harness_bytes(case, m) - p
             worst = max(worst, abs(d) / m.fwd_bwd_peak)
             row.append(f"rank{m.rank} measured {m.fwd_bwd_peak:,} (harness {harness_bytes(case, m):,}) "
-                       f"diff {d:+,}")
+                       f"diff {d:+,} (activations {m.activations - predicted_activations(case):+,})")
         note = next((n for n in mem.notes if "moment" in n), "")
         print(f"{case.label}: predicted {p:,}; " + "; ".join(row) + (f"\n   {note}" if note else ""), flush=True)
     print(f"worst |diff| / measured: {worst:.2%}")

@@ -24,6 +24,7 @@ there live (from tests/test_distributed_memory.py's 2-rank process group when it
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 from pathlib import Path
 
@@ -70,6 +71,7 @@ def consts():
     return dataclasses.replace(memory_constants(), cublas_workspace_bytes=0, fsdp2_schedule_torch=TORCH_VERSION[0])
 
 
+@functools.lru_cache(maxsize=None)
 def predicted_peak(case: Case, world: int = 2):
     """(ftplan's forward/backward peak of one rank on CPU, the breakdown) for ``case``."""
     from ftplan.measure import torchref as TR
@@ -84,6 +86,7 @@ def predicted_peak(case: Case, world: int = 2):
     return mem.peak_allocated_bytes - c["optimizer_states"], mem
 
 
+@functools.lru_cache(maxsize=None)
 def predicted_activations(case: Case, world: int = 2) -> int:
     """ftplan's saved activations at the forward's end (as tests/test_distributed_memory.py's
     ``_predict``: the token ids of accelerate's full runs left out), to tell an activation-model
@@ -159,6 +162,7 @@ def expectation(case: Case) -> tuple[str, int]:
     return "exact", 0
 
 
+@functools.lru_cache(maxsize=None)
 def gloo_slack(case: Case, world: int = 2) -> int:
     """Bytes a rank may hold above its expectation by gloo's timing (as tests/test_distributed_memory.py's
     ``BOUNDS["last_reduce_input"]``): a unit's bf16 reduce-scatter input still referenced by gloo's

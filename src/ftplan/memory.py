@@ -2926,7 +2926,13 @@ def estimate_memory(
     """Per-GPU memory of ``job`` on ``model`` under ``layout``.
 
     ``backend="cpu"`` gives the CPU form of the kernel-dependent terms (what the CPU tests measure);
-    predictions use ``"cuda"``."""
+    predictions use ``"cuda"``.
+
+    The forward/backward peak: full fine-tuning on one device and FSDP2 (``_fsdp2_moments``) take
+    the largest of the step's moments, each with what is alive then (FSDP2: ``sharding.
+    fsdp2_moment_peak``, the components and a note describing that moment); the other layouts
+    (FSDP1, ZeRO, DDP, tensor / pipeline / expert parallelism) add the resident states, every saved
+    activation, the largest activation transient and the engine's transient peak."""
     layout = layout or Layout()
     validate_job(model, job, layout)
     consts = consts or memory_constants()
@@ -3120,7 +3126,8 @@ def estimate_memory(
         # cached weight copies (the model states stay those of the step)
         transient = act.forward_peak_bytes - saved - logits_saved + engine_transient
     grads_total = None
-    if peak_phase == "forward_backward" and fsdp2_moment is not None:
+    if peak_phase != "forward_end" and fsdp2_moment is not None:
+        # (at an optimizer-step peak too: the components are those of the forward/backward's peak)
         fm = fsdp2_moment
         grads_total = int(grads)
         grads, saved, logits_saved, transient = fm.grads, fm.saved, fm.loss_saved, fm.engine + fm.act_transient

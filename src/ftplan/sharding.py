@@ -15,7 +15,12 @@ held against real multi-process gloo runs by ``tests/test_distributed_memory.py`
   reduce_dtype=bf16)``: a unit (decoder layer, input embedding, [final norm, lm_head]) is gathered in
   bf16, its gradients are bf16 and reduce-scattered in bf16, then cast to fp32 into the sharded
   gradient (a view of one flat fp32 shard per unit). Transients follow the unit schedule of
-  :func:`fsdp2_transient_bytes`.
+  :func:`fsdp2_transient_bytes`; the per-rank peak is the largest moment of that walk with the
+  activations placed on it (:func:`fsdp2_moment_peak`: each layer's saved tensors from its forward
+  to its backward, the loss around the head, a layer's recompute at its backward, the gradient
+  shards as each unit's post-backward makes them; ``memory.estimate_memory``), held per rank on
+  gloo by ``tests/test_fsdp2_moment_peak.py``. The other engines' peaks stay the sum of the
+  separate peaks (saved activations + the largest activation transient + the engine's transient).
 * **FSDP1** (``FullyShardedDataParallel``, ``use_orig_params=False``): one flat fp32 parameter per
   wrapped unit, sharded; same mixed precision; one fp32 ``step`` per flat parameter.
 * **DeepSpeed ZeRO-1/2** (``bf16.enabled``): the module is cast to bf16 and kept whole (a flat bf16
@@ -560,7 +565,11 @@ def fsdp2_moment_peak(units: list[Unit], n: int, acts: ActivationSchedule, *, pa
     pre-backward (after its unshard and the next unit's prefetch) to its post-backward, when its
     saved tensors are freed with it; the kept gradient shard of each unit at its post-backward.
     What the walk does not place: a layer's own forward transients (below its recompute in
-    backward) and the backward's residual-stream gradients."""
+    backward), the gradients of a layer's intermediate tensors during its backward (measured on
+    gloo: 54 KB beside a tiny llama layer's recompute under torchtune's LoRA wrapping), and the
+    logits torchtune's output projection makes chunk by chunk in the forward (placed after its last
+    call). A layer's recompute and its unsharded weight gradients are counted whole together
+    (full fine-tuning: an upper bound, see benchmarks/fsdp2_moment_peak_cpu.py's ``expectation``)."""
     s = _MomentSim()
     _fsdp2_walk(s, units, n, param_b=param_b, reduce_b=reduce_b, hsdp=hsdp, offload=offload, backend=backend,
                 root_output_b=root_output_b, torch_version=torch_version, acts=acts)

@@ -2877,10 +2877,11 @@ def _one_device_full_backward(job: Job, layout: Layout) -> bool:
 def _fsdp2_moments(job: Job, layout: Layout, lm, act: ActivationParts) -> bool:
     """FSDP2 on a plain data-parallel layout: the case whose step ``sharding.fsdp2_moment_peak``
     walks moment by moment. FSDP1, ZeRO-3, tensor / pipeline / expert parallelism, activation
-    offloading and the low-precision recipes keep the sum of the separate peaks (saved activations +
-    the largest activation transient + the engine's transient peak)."""
+    offloading keep the sum of the separate peaks (saved activations + the largest activation
+    transient + the engine's transient peak). The low-precision recipes' change of the transient
+    (their casts, FP8 all-gathered layers) is added to the moment."""
     return (layout.engine == "fsdp2" and bool(lm.fsdp2_walk) and layout.tp == 1 and layout.pp == 1
-            and getattr(layout, "ep", 1) == 1 and not job.activation_offloading and not job.low_precision
+            and getattr(layout, "ep", 1) == 1 and not job.activation_offloading
             and bool(act.group_saved_bytes))
 
 
@@ -3034,8 +3035,13 @@ def estimate_memory(
                      + ("; the LoRA adapters whole on every rank (PEFT adds them after transformers' expert-"
                         "parallel load: plain tensors neither FSDP nor EP shards)" if job.uses_lora else ""))
 
+    lowprec_delta = 0
     if job.low_precision:
+        before = transient
         master, transient = _lowprec_layout_terms(model, job, layout, master, transient, notes)
+        # (the recipe's change of the transient: its casts' peak, FP8 all-gathered layers; applied
+        # to FSDP2's moment as well)
+        lowprec_delta = transient - before
     resident = frozen + trainable + master + grads + opt + buffers
     fwd_bwd = resident + saved + logits_saved + transient
     backward_moment = None
@@ -3043,6 +3049,8 @@ def estimate_memory(
     # the gradient shards made so far), not the sum of the separate peaks
     fsdp2_moment = _fsdp2_moment(model, job, lm, act) if _fsdp2_moments(job, layout, lm, act) else None
     if fsdp2_moment is not None:
+        fsdp2_moment = dataclasses.replace(fsdp2_moment, total=fsdp2_moment.total + lowprec_delta,
+                                           engine=fsdp2_moment.engine + lowprec_delta)
         fwd_bwd = resident - grads + fsdp2_moment.total
     if _one_device_full_backward(job, layout):
         # full fine-tuning on one device: backward frees the saved tensors as it

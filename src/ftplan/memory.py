@@ -27,8 +27,9 @@ from .job import (PRECISIONS, Job, Layout, attention_targets, lora_targets, lora
 from .model import (FAMILIES, LAYER_INPUT_PROJECTIONS, AttentionSpec, GatedDeltaNetSpec, LayerGroup, LinearSpec,
                     MlpSpec, ModelSpec, MoeSpec, ShortConvSpec, layer_group_order, layer_linears, nope_layer_indices,
                     planned_as_note, unmodelled_dropout_note)
-from .sharding import (TORCHTUNE_OUTPUT_CHUNKS, activation_job, casts_whole_module, checkpointed_counts,
-                       communicator_groups, engine_compute, layout_memory, quant_state_bytes)
+from .sharding import (TORCHTUNE_OUTPUT_CHUNKS, ActivationSchedule, MomentPeak, activation_job, casts_whole_module,
+                       checkpointed_counts, communicator_groups, engine_compute, fsdp2_moment_peak, layout_memory,
+                       quant_state_bytes)
 from .torchao_nf4 import nf4_dequant_peak_bytes, nf4_tensor_bytes
 from .units import dtype_bytes
 
@@ -1842,7 +1843,7 @@ def _logits_bytes(model: ModelSpec, job: Job, dt: _Dtypes, tp: int, backend: str
 
 
 def _torchtune_loss_bytes(model: ModelSpec, job: Job, dt: _Dtypes, tp: int, norm_saved: int,
-                          fsdp_head_unit: bool = False) -> tuple[int, int, int]:
+                          fsdp_head_unit: bool = False, *, split: bool = False) -> tuple:
     """(saved, forward transient, backward transient) of torchtune's tail: the final norm, the
     output projection applied per chunk of the sequence (``TransformerDecoder.chunked_output``:
     ``h.chunk(8, dim=1)``) and ``CEWithChunkedOutputLoss``, as the recipes' train step runs it
@@ -1896,6 +1897,8 @@ def _torchtune_loss_bytes(model: ModelSpec, job: Job, dt: _Dtypes, tp: int, norm
         # two fp32 gradients of a chunk (the last one's log-probabilities already replaced by its
         # compute-dtype gradient when the one before runs)
         backward_peak = saved + max(2 * r_last * v * 4, 2 * r_prev * v * 4 - r_last * v * (4 - c))
+    ce_backward = backward_peak
+    second = None
     if dt.full and n > 1:
         # the second chunk's projection backward: the loss's tensors gone (the token count stays),
         # every chunk's logits gradient but the last one's, the two chunks' input gradients, two
@@ -1904,6 +1907,20 @@ def _torchtune_loss_bytes(model: ModelSpec, job: Job, dt: _Dtypes, tp: int, norm
         second = (norm_saved + inputs + 8 * t + 8 + t * v * c - r_last * v * c + (0 if fsdp_head_unit else 2 * w)
                   + (r_last + r_prev) * h * c - (r_last * h * c if b > 1 else 0))
         backward_peak = max(backward_peak, second)
+    if split:
+        # (saved, forward, the cross-entropies' backward, what the tail holds at each chunk's
+        # projection backward, chunk 0 first, or None with a frozen head or one chunk): the logits
+        # gradients of the chunks not yet through their projection, the input gradients of those
+        # that are (chunk's backward waits for all of them), the input copies (b > 1) of those
+        # freed; at chunk n - 2 it is ``second`` above
+        per_chunk = None
+        if second is not None:
+            rows = [b * size] * (n - 1) + [r_last]
+            fixed = norm_saved + inputs + 8 * t + 8 + (0 if fsdp_head_unit else 2 * w)
+            per_chunk = tuple(fixed + sum(rows[:k + 1]) * v * c + sum(rows[k:]) * h * c
+                              - (sum(rows[k + 1:]) * h * c if b > 1 else 0) for k in range(n))
+            assert per_chunk[n - 2] == second
+        return saved, forward_peak - saved, ce_backward - saved, per_chunk
     return saved, forward_peak - saved, backward_peak - saved
 
 
@@ -2595,6 +2612,9 @@ class ActivationParts:
     device_saved_bytes: int = 0
     autocast_cache_bytes: int = 0
     forward_peak_bytes: int = 0
+    #: the loss's backward transient before the head's backward where it differs from
+    #: ``loss_backward_bytes`` (torchtune's: the cross-entropies of every chunk first; None: the same)
+    loss_ce_backward_bytes: int | None = None
     #: the larger of a checkpointed layer's recompute and a layer's eager-attention backward: what
     #: one layer's backward holds on top of the saved tensors
     layer_backward_bytes: int = 0
@@ -2602,6 +2622,20 @@ class ActivationParts:
     first_layer_saved_bytes: int = 0
     #: with ``job.torch_compile``: what the answer assumes about the compiled layers' saved set
     compile_note: str = ""
+    #: the loss's forward and backward transients apart (``loss_transient_bytes`` is the larger)
+    loss_forward_bytes: int = 0
+    loss_backward_bytes: int = 0
+    #: per layer group (``model.groups``), what its layers keep for backward together (checkpoint
+    #: inputs and SAC caches of the checkpointed ones, everything of the others), before the first
+    #: layer's discount and pipeline stages; ``layers_saved_bytes + sac_cache_bytes`` is the total
+    group_saved_bytes: tuple[int, ...] = ()
+    #: torchao NF4: one layer's dequantized weights (in ``recompute_bytes`` when checkpointing)
+    nf4_dequant_bytes: int = 0
+    #: what the loss side holds during the head's own backward, per call of the head (transformers'
+    #: loss: the saved tensors but the cross-entropy's, which its backward has freed, and the
+    #: logits' gradient in the compute dtype; torchtune's trained head: per chunk, see
+    #: ``_torchtune_loss_bytes``); None where not planned apart (the loss's saved + backward bytes hold)
+    head_backward_bytes: tuple[int, ...] | None = None
 
 
 def activation_parts(model: ModelSpec, job: Job, layout: Layout | None = None, *,
@@ -2646,6 +2680,7 @@ def activation_parts(model: ModelSpec, job: Job, layout: Layout | None = None, *
     ck_counts = _checkpointed_counts(model, job)
     saved = sac = 0
     recompute = 0
+    group_saved: list[int] = []
     # an fp32-loaded LoRA base (or QLoRA's fp32 router) under autocast: each frozen matmul saves
     # its compute-dtype weight copy (for the input's gradient) where the layer is not checkpointed
     base_copy = [int(dtype_bytes(PRECISIONS[job.precision]["compute"])) * _frozen_copy_elems(model, job, g, backend)
@@ -2653,6 +2688,7 @@ def activation_parts(model: ModelSpec, job: Job, layout: Layout | None = None, *
     # smollm3's NoPE layers share their group with the rope layers but can save k unrepeated
     nope = _nope_kv_savings(model, job, dt, tp)
     if mode == "none":
+        group_saved = [g.count * (x + bc) for (g, x), bc in zip(per_layer, base_copy)]
         saved = sum(g.count * (x + bc) for (g, x), bc in zip(per_layer, base_copy)) - sum(nope.values())
         if not dt.full:
             saved -= (_compiled_first_layer_discount(model, job, dt) if _compiled(model.groups[0], model, job, dt)
@@ -2666,6 +2702,7 @@ def activation_parts(model: ModelSpec, job: Job, layout: Layout | None = None, *
             cache = _sac_cache_bytes(g, model, job, dt, tp, backend)
             saved += n_ck * t * model.hidden_size * dt.resid + (g.count - n_ck) * (x + bc)
             sac += n_ck * cache
+            group_saved.append(n_ck * (t * model.hidden_size * dt.resid + cache) + (g.count - n_ck) * (x + bc))
             if n_ck:
                 recompute = max(recompute, x - cache + _lora_recompute_working_bytes(g, model, job, dt, t, tp),
                                 x - cache + _eager_attention_backward_bytes(g, model, job, dt, tp, backend))
@@ -2697,6 +2734,19 @@ def activation_parts(model: ModelSpec, job: Job, layout: Layout | None = None, *
         # embedding) until the head's backward
         logits_saved += int(dtype_bytes(PRECISIONS[job.precision]["compute"])) * _head_copy_elems(model, job)
     logits_transient = max(loss_forward, loss_backward)
+    head_backward = ce_backward = None
+    if job.loss == "torchtune":
+        _s, _f, ce_backward, head_backward = _torchtune_loss_bytes(
+            model, job, dt, 1, _norm_saved(t, model.hidden_size, dt.resid, dt.full, style=_norm_style(model),
+                                           weight_bytes=_norm_weight_bytes(dt), autocast=dt.autocast and backend == "cuda"),
+            head_unit, split=True)
+    elif job.loss == "hf" and not model.final_logit_softcap:
+        # (the log-softmax's fp32 output, the int64 targets and the fp32 total weight are freed by
+        # the cross-entropy's backward; see _logits_bytes)
+        b, s = _batch_shape(job)
+        v = model.vocab_size
+        head_backward = (logits_saved - (t * v * 4 + 8 * (t if b > 1 else s + 1) + 4) + t * v * dt.compute
+                         + (t * v * dt.compute if job.keep_output else 0),)
     # eager attention's backward in a layer that was not checkpointed (the checkpointed ones have
     # it in their recompute): score-sized gradients on top of everything saved
     attention_backward = max((_eager_attention_backward_bytes(g, model, job, dt, tp, backend)
@@ -2728,7 +2778,9 @@ def activation_parts(model: ModelSpec, job: Job, layout: Layout | None = None, *
         autocast_cache_bytes=cache, forward_peak_bytes=forward_peak,
         layer_backward_bytes=max(recompute, attention_backward),
         first_layer_saved_bytes=first_saved,
-        compile_note=_compile_note(model, job, dt) if job.torch_compile else compile_note)
+        compile_note=_compile_note(model, job, dt) if job.torch_compile else compile_note,
+        loss_forward_bytes=loss_forward, loss_backward_bytes=loss_backward, group_saved_bytes=tuple(group_saved),
+        nf4_dequant_bytes=nf4_dequant, head_backward_bytes=head_backward, loss_ce_backward_bytes=ce_backward)
 
 
 def moe_block_saved_bytes(model: ModelSpec, job: Job, *, ep: int = 1, ep_rows: int | None = None,
@@ -2856,6 +2908,40 @@ def _one_device_full_backward(job: Job, layout: Layout) -> bool:
             and not layout.offload_optimizer and not job.activation_offloading and not job.low_precision)
 
 
+def _fsdp2_moments(job: Job, layout: Layout, lm, act: ActivationParts) -> bool:
+    """FSDP2 on a plain data-parallel layout: the case whose step ``sharding.fsdp2_moment_peak``
+    walks moment by moment. FSDP1, ZeRO-3, tensor / pipeline / expert parallelism, activation
+    offloading keep the sum of the separate peaks (saved activations + the largest activation
+    transient + the engine's transient peak). The low-precision recipes' change of the transient
+    (their casts, FP8 all-gathered layers) is added to the moment."""
+    return (layout.engine == "fsdp2" and bool(lm.fsdp2_walk) and layout.tp == 1 and layout.pp == 1
+            and getattr(layout, "ep", 1) == 1 and not job.activation_offloading
+            and bool(act.group_saved_bytes))
+
+
+def _fsdp2_moment(model: ModelSpec, job: Job, lm, act: ActivationParts) -> MomentPeak:
+    """The FSDP2 step's largest moment (``sharding.fsdp2_moment_peak``) with ``act``'s activations
+    placed on it: each decoder layer's saved bytes (its group's share; the first layer takes the
+    difference to the total: its input needs no gradient under LoRA, NoPE layers), the model-level
+    and embedding bytes from start to end, the loss's around the head, a layer's recompute / eager
+    attention backward / NF4 dequantization at each layer's backward."""
+    groups = model.groups
+    per = [Fraction(act.group_saved_bytes[gi], groups[gi].count) for gi in layer_group_order(model)]
+    layers = act.layers_saved_bytes + act.sac_cache_bytes
+    per[0] += layers - sum(per)
+    units, n, kw, grad_scale = lm.fsdp2_walk
+    acts = ActivationSchedule(
+        start_bytes=Fraction(act.device_saved_bytes - layers), layer_saved_bytes=tuple(per),
+        layer_backward_bytes=Fraction(max(act.layer_backward_bytes, act.nf4_dequant_bytes)),
+        loss_saved_bytes=Fraction(act.loss_saved_bytes), loss_forward_bytes=Fraction(act.loss_forward_bytes),
+        loss_backward_bytes=Fraction(act.loss_backward_bytes if act.loss_ce_backward_bytes is None
+                                     else act.loss_ce_backward_bytes), loss_in_forward=job.loss != "torchtune",
+        head_backward_bytes=None if act.head_backward_bytes is None else tuple(map(Fraction, act.head_backward_bytes)),
+        grad_scale=grad_scale if job.grad_accum == 1 else Fraction(0),
+        grads_at_start=lm.gradients if job.grad_accum > 1 else Fraction(0), held_bytes=lm.autograd_held)
+    return fsdp2_moment_peak(list(units), n, acts, **kw)
+
+
 def _head_grad_bytes(model: ModelSpec, job: Job) -> int:
     """The gradients the loss's backward makes before any layer's: the output projection's (the
     tied embedding's when tied) and the final norm's weight."""
@@ -2875,7 +2961,13 @@ def estimate_memory(
     """Per-GPU memory of ``job`` on ``model`` under ``layout``.
 
     ``backend="cpu"`` gives the CPU form of the kernel-dependent terms (what the CPU tests measure);
-    predictions use ``"cuda"``."""
+    predictions use ``"cuda"``.
+
+    The forward/backward peak: full fine-tuning on one device and FSDP2 (``_fsdp2_moments``) take
+    the largest of the step's moments, each with what is alive then (FSDP2: ``sharding.
+    fsdp2_moment_peak``, the components and a note describing that moment); the other layouts
+    (FSDP1, ZeRO, DDP, tensor / pipeline / expert parallelism) add the resident states, every saved
+    activation, the largest activation transient and the engine's transient peak."""
     layout = layout or Layout()
     validate_job(model, job, layout)
     consts = consts or memory_constants()
@@ -2977,11 +3069,23 @@ def estimate_memory(
                      + ("; the LoRA adapters whole on every rank (PEFT adds them after transformers' expert-"
                         "parallel load: plain tensors neither FSDP nor EP shards)" if job.uses_lora else ""))
 
+    lowprec_delta = 0
     if job.low_precision:
+        before = transient
         master, transient = _lowprec_layout_terms(model, job, layout, master, transient, notes)
+        # (the recipe's change of the transient: its casts' peak, FP8 all-gathered layers; applied
+        # to FSDP2's moment as well)
+        lowprec_delta = transient - before
     resident = frozen + trainable + master + grads + opt + buffers
     fwd_bwd = resident + saved + logits_saved + transient
     backward_moment = None
+    # FSDP2: the step walked moment by moment (the engine's buffers, the activations alive then,
+    # the gradient shards made so far), not the sum of the separate peaks
+    fsdp2_moment = _fsdp2_moment(model, job, lm, act) if _fsdp2_moments(job, layout, lm, act) else None
+    if fsdp2_moment is not None:
+        fsdp2_moment = dataclasses.replace(fsdp2_moment, total=fsdp2_moment.total + lowprec_delta,
+                                           engine=fsdp2_moment.engine + lowprec_delta)
+        fwd_bwd = resident - grads + fsdp2_moment.total
     if _one_device_full_backward(job, layout):
         # full fine-tuning on one device: backward frees the saved tensors as it
         # makes the gradients (HF Trainer zeroes them with set_to_none after each step), so the
@@ -3037,7 +3141,7 @@ def estimate_memory(
     # forward has saved by then (sharding.LayoutMemory.forward_transient; LoRA: at the first
     # layer, with the root's embedding, norm and output gathered and their all-gather output)
     fsdp_forward = 0
-    if lm.forward_transient is not None:
+    if lm.forward_transient is not None and fsdp2_moment is None:
         done = lm.forward_layers_done
         first = act.model_level_bytes + act.first_layer_saved_bytes
         at_saved = saved if done >= 1 else min(saved, first + (saved - first) * done)
@@ -3064,6 +3168,19 @@ def estimate_memory(
         # cached weight copies (the model states stay those of the step)
         transient = act.forward_peak_bytes - saved - logits_saved + engine_transient
     grads_total = None
+    if peak_phase != "forward_end" and fsdp2_moment is not None:
+        # (at an optimizer-step peak too: the components are those of the forward/backward's peak)
+        fm = fsdp2_moment
+        grads_total = int(grads)
+        grads, saved, logits_saved, transient = fm.grads, fm.saved, fm.loss_saved, fm.engine + fm.act_transient
+        notes.append(f"fsdp2: the forward/backward peak is at {fm.moment}: "
+                     f"{float(fm.engine) / 2**30:,.2f} GiB of the engine's buffers (gathered units, unsharded "
+                     f"gradients, reduce-scatter buffers), {float(fm.saved + fm.loss_saved) / 2**30:,.2f} GiB of "
+                     f"saved activations, {float(fm.act_transient) / 2**30:,.2f} GiB of "
+                     + ("the loss's transients" if "loss" in fm.moment else "the layer's backward transients"
+                        if "layer" in fm.moment and "backward" in fm.moment else "activation transients")
+                     + (f", {float(fm.grads) / 2**30:,.2f} of {float(grads_total) / 2**30:,.2f} GiB of "
+                        "gradient shards made" if grads_total and job.grad_accum == 1 else ""))
     if peak_phase == "forward_backward" and backward_moment is not None:
         grads_total = int(grads)
         name, _total, grads, saved, logits_saved, transient = backward_moment

@@ -15,7 +15,12 @@ held against real multi-process gloo runs by ``tests/test_distributed_memory.py`
   reduce_dtype=bf16)``: a unit (decoder layer, input embedding, [final norm, lm_head]) is gathered in
   bf16, its gradients are bf16 and reduce-scattered in bf16, then cast to fp32 into the sharded
   gradient (a view of one flat fp32 shard per unit). Transients follow the unit schedule of
-  :func:`fsdp2_transient_bytes`.
+  :func:`fsdp2_transient_bytes`; the per-rank peak is the largest moment of that walk with the
+  activations placed on it (:func:`fsdp2_moment_peak`: each layer's saved tensors from its forward
+  to its backward, the loss around the head, a layer's recompute at its backward, the gradient
+  shards as each unit's post-backward makes them; ``memory.estimate_memory``), held per rank on
+  gloo by ``tests/test_fsdp2_moment_peak.py``. The other engines' peaks stay the sum of the
+  separate peaks (saved activations + the largest activation transient + the engine's transient).
 * **FSDP1** (``FullyShardedDataParallel``, ``use_orig_params=False``): one flat fp32 parameter per
   wrapped unit, sharded; same mixed precision; one fp32 ``step`` per flat parameter.
 * **DeepSpeed ZeRO-1/2** (``bf16.enabled``): the module is cast to bf16 and kept whole (a flat bf16
@@ -45,7 +50,7 @@ from .torchao_nf4 import nf4_element_bytes, nf4_table_bytes
 from .units import dtype_bytes
 
 __all__ = ["LayoutMemory", "layout_memory", "communicator_groups", "activation_job", "engine_compute", "fsdp_units",
-           "fsdp2_transient_bytes", "Tensor", "Unit", "layer_linears", "quant_state_bytes", "ds_flat_order",
+           "fsdp2_transient_bytes", "fsdp2_moment_peak", "ActivationSchedule", "MomentPeak", "Tensor", "Unit", "layer_linears", "quant_state_bytes", "ds_flat_order",
            "zero12_rank_bytes"]
 
 
@@ -174,6 +179,10 @@ class LayoutMemory:
     #: that peak (1: at or after the output projection)
     forward_transient: Fraction | None = None
     forward_layers_done: Fraction = Fraction(1)
+    #: FSDP2: the arguments of this layout's walk (units, shard degree, the keyword arguments of
+    #: ``fsdp2_moment_peak``, the kept gradient bytes per byte of trainable shards on the device),
+    #: for ``memory.estimate_memory``'s moment-by-moment peak; () for the other engines
+    fsdp2_walk: tuple = ()
 
 
 def activation_job(job: Job, lm: "LayoutMemory") -> Job:
@@ -444,9 +453,130 @@ class _Sim:
             self.peak = self.cur
 
 
+@dataclass(frozen=True)
+class ActivationSchedule:
+    """What one micro-batch's activations hold on one rank, to be placed on FSDP2's step
+    (``memory.estimate_memory`` fills it from ``memory.ActivationParts``; bytes).
+
+    ``start_bytes``: held from the start of the forward to the end of the backward (token ids,
+    RoPE tables, the recompute closures, the embedding's output leaf); ``layer_saved_bytes``: what
+    each decoder layer, in forward order, keeps for its backward (its checkpoint input when
+    checkpointed), made in its forward and freed by its backward; ``layer_backward_bytes``: on top
+    during a layer's backward (its recompute, eager attention's backward; NF4's dequantized weight);
+    ``loss_saved_bytes``: the final norm, the head and the loss, from the head's forward to its
+    backward; ``loss_forward_bytes`` / ``loss_backward_bytes``: the loss's transients on top of
+    them (the logits and their upcast at the forward's end; the logits' gradients at the start of
+    backward, until the head's backward ends); ``loss_in_forward``: the loss runs inside the root's
+    forward (transformers' ``labels``: the last unit's all-gather output still held) rather than
+    after it (torchtune's loop). ``grad_scale``: kept (sharded) gradient bytes per byte of a
+    unit's trainable shards, made at the unit's post-backward (0: the gradients live elsewhere: CPU
+    offload, or all of them already exist, ``grads_at_start``: gradient accumulation).
+    ``held_bytes``: autograd's gradient bytes held through backward (tied embeddings, see
+    ``LayoutMemory.autograd_held``)."""
+
+    start_bytes: Fraction
+    layer_saved_bytes: tuple[Fraction, ...]
+    layer_backward_bytes: Fraction
+    loss_saved_bytes: Fraction
+    loss_forward_bytes: Fraction
+    loss_backward_bytes: Fraction
+    loss_in_forward: bool = True
+    #: what the loss side holds during the head unit's backward, per forward call of it (one;
+    #: torchtune's output projection: one per chunk), in place of the loss's saved tensors and
+    #: backward transient (the cross-entropy's own tensors are freed by then); None: both stay
+    head_backward_bytes: tuple[Fraction, ...] | None = None
+    grad_scale: Fraction = Fraction(0)
+    grads_at_start: Fraction = Fraction(0)
+    held_bytes: Fraction = Fraction(0)
+
+
+@dataclass(frozen=True)
+class MomentPeak:
+    """The largest moment of an FSDP2 step on one rank (``fsdp2_moment_peak``): ``total`` bytes
+    above the resident parameter shards and optimizer states, as ``engine`` (FSDP2's buffers and
+    autograd's unsharded / held gradients), ``grads`` (the kept sharded gradients made by then),
+    ``saved`` (activations saved by the layers and the model level), ``loss_saved``,
+    ``act_transient`` (the loss's or a layer's backward transient); ``moment`` names it."""
+
+    total: Fraction
+    engine: Fraction
+    grads: Fraction
+    saved: Fraction
+    loss_saved: Fraction
+    act_transient: Fraction
+    moment: str
+    #: every moment's largest total, in step order
+    moments: tuple[tuple[str, Fraction], ...] = ()
+
+
+class _MomentSim(_Sim):
+    """``_Sim`` with the activations and kept gradients beside the engine's bytes: ``cur`` /
+    ``peak`` are the totals, ``parts`` the split, ``at_peak`` the split and moment at the peak."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.parts = {"engine": Fraction(0), "grads": Fraction(0), "saved": Fraction(0),
+                      "loss_saved": Fraction(0), "act_transient": Fraction(0)}
+        self.where = "forward"
+        self.at_peak: tuple[dict, str] = (dict(self.parts), self.where)
+        #: the largest total of each moment
+        self.by_moment: dict[str, Fraction] = {}
+
+    def put(self, kind: str, x) -> None:
+        self.parts[kind] += x
+        self.cur += x
+        if self.cur > self.by_moment.get(self.where, -1):
+            self.by_moment[self.where] = self.cur
+        if self.cur > self.peak:
+            self.peak = self.cur
+            self.at_peak = (dict(self.parts), self.where)
+
+    def add(self, x) -> None:
+        self.put("engine", x)
+
+
+def _unit_label(u: Unit, layer: int | None) -> str:
+    """How a moment names the unit it is at."""
+    if layer is not None:
+        return f"decoder layer {layer}"
+    return {"embed": "the input embedding", "tail": "the final norm and head unit", "output": "the output projection",
+            "root": "the root"}.get(u.name, u.name)
+
+
 def _unit_sequence(units: list[Unit]) -> list[Unit]:
     """The units in forward order, each repeated ``count`` times (one entry per wrapped module)."""
     return [u for u in units for _ in range(u.count)]
+
+
+def fsdp2_moment_peak(units: list[Unit], n: int, acts: ActivationSchedule, *, param_b: Fraction | None,
+                      reduce_b: Fraction, hsdp: bool = False, offload: bool = False, backend: str = "cuda",
+                      root_output_b: Fraction = Fraction(0), torch_version: float = 2.13) -> MomentPeak:
+    """The per-rank peak of an FSDP2 step, moment by moment: ``fsdp2_transient_bytes``'s walk of
+    the engine's buffers (same arguments) with the activations of ``acts`` placed where they live
+    and the sharded gradients kept as each unit's post-backward makes them.
+
+    Forward: ``start_bytes`` first; each decoder layer's saved tensors after its copy-out (its
+    all-gather output, its unsharded parameters and the next unit's gather beside them); the
+    loss's saved tensors and forward transient after the last unit's forward. Backward: the loss's
+    backward transient from the start until the head's post-backward (the unit of the last forward
+    call when it is not a decoder layer: accelerate's tail, torchtune's output projection; else
+    until the first layer's pre-backward, the head being part of a unit gathered earlier), with
+    the loss's saved tensors freed there too; each layer's backward transient from its
+    pre-backward (after its unshard and the next unit's prefetch) to its post-backward, when its
+    saved tensors are freed with it; the kept gradient shard of each unit at its post-backward.
+    What the walk does not place: a layer's own forward transients (below its recompute in
+    backward), the gradients of a layer's intermediate tensors during its backward (measured on
+    gloo: 54 KB beside a tiny llama layer's recompute under torchtune's LoRA wrapping), and the
+    logits torchtune's output projection makes chunk by chunk in the forward (placed after its last
+    call). A layer's recompute and its unsharded weight gradients are counted whole together
+    (full fine-tuning: an upper bound, see benchmarks/fsdp2_moment_peak_cpu.py's ``expectation``)."""
+    s = _MomentSim()
+    _fsdp2_walk(s, units, n, param_b=param_b, reduce_b=reduce_b, hsdp=hsdp, offload=offload, backend=backend,
+                root_output_b=root_output_b, torch_version=torch_version, acts=acts)
+    parts, where = s.at_peak
+    return MomentPeak(total=s.peak, engine=parts["engine"], grads=parts["grads"], saved=parts["saved"],
+                      loss_saved=parts["loss_saved"], act_transient=parts["act_transient"], moment=where,
+                      moments=tuple(s.by_moment.items()))
 
 
 def fsdp2_transient_bytes(units: list[Unit], n: int, *, param_b: Fraction | None, reduce_b: Fraction,
@@ -492,9 +622,28 @@ def fsdp2_transient_bytes(units: list[Unit], n: int, *, param_b: Fraction | None
     (``backward``; the return value is the larger of the two).
     """
     s = _Sim()
+    return _fsdp2_walk(s, units, n, param_b=param_b, reduce_b=reduce_b, hsdp=hsdp, offload=offload,
+                       backend=backend, root_output_b=root_output_b, torch_version=torch_version, phases=phases)
+
+
+def _fsdp2_walk(s: _Sim, units: list[Unit], n: int, *, param_b: Fraction | None, reduce_b: Fraction,
+                hsdp: bool = False, offload: bool = False, backend: str = "cuda",
+                root_output_b: Fraction = Fraction(0), torch_version: float = 2.13,
+                phases: dict | None = None, acts: ActivationSchedule | None = None) -> Fraction:
+    """The walk of ``fsdp2_transient_bytes`` on ``s``; with ``acts`` (``s`` a ``_MomentSim``) the
+    activations and kept gradients too (``fsdp2_moment_peak``)."""
     seq = _unit_sequence(units)
     if not seq:
         return Fraction(0)
+    m = s if acts is not None else None  # the moment walk
+
+    def mark(where: str) -> None:
+        if m is not None:
+            m.where = where
+
+    def act(kind: str, x) -> None:
+        if m is not None and x:
+            m.put(kind, x)
 
     def sizes(u: Unit):
         pb = (lambda t: t.nbytes) if param_b is None else (lambda t: param_b)  # noqa: E731
@@ -534,11 +683,18 @@ def fsdp2_transient_bytes(units: list[Unit], n: int, *, param_b: Fraction | None
     unsharded: dict[int, bool] = {}
     n_layers = sum(1 for u in seq if u.name.startswith("layer"))
     layers_done = at_peak = 0
+    if acts is not None:
+        assert len(acts.layer_saved_bytes) == n_layers, (len(acts.layer_saved_bytes), n_layers)
+        act("grads", acts.grads_at_start)
+        act("saved", acts.start_bytes)
+    # the module each decoder-layer entry of ``seq`` is (its index among the layers)
+    layer_of = {gid: i for i, gid in enumerate(g for g, u in enumerate(seq) if u.name.startswith("layer"))}
     # forward
     for u, gid, _k in calls:
         if unsharded.get(gid):
             continue  # kept gathered from an earlier call (not resharded after forward)
         before = s.peak
+        mark(f"forward, {_unit_label(u, layer_of.get(gid))}")
         unsh = sizes(u)[0]
         pad = gather(u)
         if early_release:
@@ -551,14 +707,28 @@ def fsdp2_transient_bytes(units: list[Unit], n: int, *, param_b: Fraction | None
         unsharded[gid] = True
         if s.peak > before:
             at_peak = layers_done
+        if acts is not None and gid in layer_of:
+            act("saved", acts.layer_saved_bytes[layer_of[gid]])  # the layer's forward
         if u.reshard_after_forward:
             s.add(-unsh)
             unsharded[gid] = False
         layers_done += u.name.startswith("layer")
+
+    def loss_forward() -> None:
+        mark("forward, the loss")
+        act("loss_saved", acts.loss_saved_bytes)
+        act("act_transient", acts.loss_forward_bytes)
+        act("act_transient", -acts.loss_forward_bytes)
+
+    if acts is not None and acts.loss_in_forward:
+        loss_forward()
     s.add(root_output_b)
     s.add(-held_ag)
+    if acts is not None and not acts.loss_in_forward:
+        loss_forward()
     forward_peak = s.peak
-    s.peak = s.cur  # the backward's own peak from here
+    if acts is None:
+        s.peak = s.cur  # the backward's own peak from here
     # torchtune's root holding trainable parameters (the final norm): its forward input needs no
     # gradient, so its post-backward runs in the final callback, just before the embedding unit's
     # (the first unit in forward, reduced last); the norm's gradient arrives once the output
@@ -567,7 +737,40 @@ def fsdp2_transient_bytes(units: list[Unit], n: int, *, param_b: Fraction | None
     root_grad = root.early * eb if root is not None else Fraction(0)
     # backward: reverse order (a tied embedding unit, first in forward, is reduced last)
     early = sum(u.early for u in seq if u is not root) * eb
+    # the head: the unit of the last forward call unless it is a decoder layer (then the head is
+    # part of a unit gathered earlier, and the loss's backward ends before the last layer's)
+    head_gid = calls[-1][1] if not calls[-1][0].name.startswith("layer") else None
+    loss_live = acts is not None
+    head_bwd = None if acts is None else acts.head_backward_bytes
+    head_now = Fraction(0)
+    if acts is not None:
+        mark("backward, the loss")
+        act("act_transient", acts.loss_backward_bytes)
+
+    def head_backward(k: int) -> None:
+        """The head unit's pre-backward of its call ``k``: the cross-entropy's backward is done."""
+        nonlocal head_now
+        if head_bwd is not None:
+            if k == len(head_bwd) - 1:
+                act("act_transient", -acts.loss_backward_bytes)
+                act("loss_saved", -acts.loss_saved_bytes)
+            act("act_transient", head_bwd[k] - head_now)
+            head_now = head_bwd[k]
+
+    def loss_done() -> None:
+        nonlocal loss_live
+        if loss_live:
+            if head_bwd is not None and head_gid is not None:
+                act("act_transient", -head_now)
+            else:
+                act("act_transient", -acts.loss_backward_bytes)
+                act("loss_saved", -acts.loss_saved_bytes)
+            act("engine", acts.held_bytes)  # (tied: the head's gradient contribution, until the embedding's)
+            loss_live = False
+
     s.add(early)
+    if head_gid is None:
+        loss_done()
     order = list(range(len(calls) - 1, -1, -1))
     prefetched: dict[int, Fraction] = {}
     held_rs = Fraction(0)
@@ -597,6 +800,9 @@ def fsdp2_transient_bytes(units: list[Unit], n: int, *, param_b: Fraction | None
                 s.add(-rs_out)
             held_rs = rs_in
             s.add(-late)
+            if acts is not None and acts.grad_scale:
+                # the kept sharded gradient (resident from here)
+                act("grads", sum(t.padded(n) * t.nbytes for t in u.tensors if t.trainable) / n * acts.grad_scale)
 
     for pos, i in enumerate(order):
         u, gid, k = calls[i]
@@ -605,6 +811,11 @@ def fsdp2_transient_bytes(units: list[Unit], n: int, *, param_b: Fraction | None
             continue  # reduced before the first unit's post-backward (below)
         if not g and i == 0:
             continue  # no backward of its own: only prefetched (held until backward ends)
+        if gid != head_gid:
+            loss_done()
+        else:
+            head_backward(k)
+        mark(f"backward, {_unit_label(u, layer_of.get(gid))}")
         if not unsharded[gid]:
             ag = prefetched.pop(gid) if gid in prefetched else gather(u)
             s.add(unsh)
@@ -636,7 +847,14 @@ def fsdp2_transient_bytes(units: list[Unit], n: int, *, param_b: Fraction | None
             s.add(g)
             s.add(-g)
             s.add(-g)
+        bwd = acts.layer_backward_bytes if acts is not None and gid in layer_of else 0
+        act("act_transient", bwd)  # the layer's recompute / backward working tensors
         s.add((g if u.calls == 1 else 0) - u.early * eb)  # autograd's unsharded gradients
+        if acts is not None and gid in layer_of:
+            act("act_transient", -bwd)
+            act("saved", -acts.layer_saved_bytes[layer_of[gid]])  # freed by the layer's backward
+        if gid == head_gid:
+            loss_done()
         if root is not None and gid == 1:
             post_backward(root, 0)
         post_backward(u, gid)
@@ -647,6 +865,9 @@ def fsdp2_transient_bytes(units: list[Unit], n: int, *, param_b: Fraction | None
     s.add(-sum(prefetched.values(), Fraction(0)))
     s.add(-held_ar)
     s.add(-root_output_b)
+    if acts is not None:
+        act("engine", -acts.held_bytes)
+        act("saved", -acts.start_bytes)
     if phases is not None:
         phases.update(forward=forward_peak, backward=s.peak,
                       forward_layers_done=Fraction(at_peak, n_layers) if n_layers else Fraction(1))
@@ -756,10 +977,11 @@ def layout_memory(model: ModelSpec, job: Job, layout: Layout, st, consts: Memory
             # without mixed precision (pure bf16 / fp32) FSDP2 has no param_dtype: every tensor is
             # gathered in its own dtype (a LoRA job's bf16 base beside its fp32 adapters)
             phases: dict = {}
-            transient = fsdp2_transient_bytes(units, n, param_b=pb if mixed else None, reduce_b=rb, hsdp=layout.hsdp,
-                                              torch_version=consts.fsdp2_schedule_torch,
-                                              offload=layout.offload_params, backend=backend,
-                                              root_output_b=c if mixed else 0, phases=phases)
+            walk_kw = dict(param_b=pb if mixed else None, reduce_b=rb, hsdp=layout.hsdp,
+                           torch_version=consts.fsdp2_schedule_torch, offload=layout.offload_params,
+                           backend=backend, root_output_b=c if mixed else 0)
+            transient = fsdp2_transient_bytes(units, n, phases=phases, **walk_kw)
+            walk = (tuple(units), n, walk_kw, Fraction(0) if layout.offload_params else gb / tb)
         else:
             transient = (_fsdp1_peft_transient(units, n, pb, rb, layout, backend, gb) if job.method != "full"
                          else _fsdp1_transient(units, n, pb, rb, layout, backend, gb))
@@ -806,7 +1028,8 @@ def layout_memory(model: ModelSpec, job: Job, layout: Layout, st, consts: Memory
             fwd, done, transient = phases["forward"] / mp, phases["forward_layers_done"], phases["backward"]
         return LayoutMemory(frozen / mp, trainable / mp, zero, grads / mp, opt / mp, zero, transient / mp,
                             zero, host / mp, mixed or job.method == "qlora", tuple(notes), held / mp,
-                            forward_transient=fwd, forward_layers_done=done)
+                            forward_transient=fwd, forward_layers_done=done,
+                            fsdp2_walk=walk if eng == "fsdp2" else ())
 
     # DeepSpeed ZeRO
     stage = int(layout.strategy[-1])

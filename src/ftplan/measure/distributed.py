@@ -113,6 +113,10 @@ class Case:
     #: (full: + the input embedding and the output projection) their own units, the root the rest;
     #: the output projection called per chunk and ``CEWithChunkedOutputLoss``: :func:`_wrap_torchtune`)
     fsdp_wrap: str = "accelerate"
+    #: transformers' activation checkpointing on the decoder layers (non-reentrant, as HF Trainer's
+    #: ``gradient_checkpointing``; under torchtune's wrapping it stands for torchtune's
+    #: ``enable_activation_checkpointing``, which checkpoints the same layers non-reentrantly)
+    gradient_checkpointing: bool = False
 
     def job(self):
         """The ftplan ``Job`` this case runs (bf16-mixed AdamW, HF Trainer / accelerate style;
@@ -121,12 +125,14 @@ class Case:
 
         if self.fsdp_wrap == "torchtune":
             return Job(method=self.method, precision="bf16", optimizer="adamw", micro_batch=self.batch,
-                       seq_len=self.seq_len, attn_impl=self.attn, gradient_checkpointing=False, loss="torchtune",
+                       seq_len=self.seq_len, attn_impl=self.attn, gradient_checkpointing=self.gradient_checkpointing,
+                       loss="torchtune",
                        lora=LoraSpec(r=self.lora_r, alpha=2 * self.lora_r, dropout=self.lora_dropout,
                                      target_modules=tuple(self.lora_targets.split(","))))
-        # the harness calls the model with labels (transformers' loss) and does not checkpoint
+        # the harness calls the model with labels (transformers' loss)
         return Job(method=self.method, precision="bf16-mixed", optimizer="adamw", micro_batch=self.batch,
-                   seq_len=self.seq_len, attn_impl=self.attn, gradient_checkpointing=False, loss="hf",
+                   seq_len=self.seq_len, attn_impl=self.attn, gradient_checkpointing=self.gradient_checkpointing,
+                   loss="hf",
                    lora=LoraSpec(r=self.lora_r, alpha=2 * self.lora_r, dropout=self.lora_dropout,
                                  target_modules=tuple(self.lora_targets.split(","))),
                    base_dtype="fp32" if self.base_fp32 else "compute")
@@ -163,6 +169,8 @@ class Case:
             parts.append(f"zero{self.zero_stage}")
         if self.fsdp_wrap != "accelerate":
             parts.append(f"{self.fsdp_wrap}-wrap")
+        if self.gradient_checkpointing:
+            parts.append("ckpt")
         if self.engine in ("fsdp1", "fsdp2") and not self.reshard_after_forward:
             parts.append("no-reshard")
         if self.reduce_fp32:
@@ -408,6 +416,10 @@ def _build(case: Case):
                                                          lora_dropout=case.lora_dropout,
                                                          target_modules=_peft_targets(case),
                                                          task_type="CAUSAL_LM"))
+    if case.gradient_checkpointing:
+        from .hf import set_gradient_checkpointing
+
+        set_gradient_checkpointing(model, True)
     model.train()
     del torch
     return model

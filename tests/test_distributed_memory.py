@@ -262,6 +262,9 @@ DS_LIVE_CASES = [Case(family="mixtral", engine="deepspeed", zero_stage=3, method
 #: (the grid: benchmarks/torchtune_wrap_cpu.py), not by _check
 TORCHTUNE_WRAP_CASES = [Case(family="llama", engine="fsdp2", method="full", fsdp_wrap="torchtune", seq_len=24,
                              offload_params=True)]
+#: OLMo 3 LoRA under FSDP2 with the saved-tensor log: run in this process group to save a spawn,
+#: checked by tests/test_olmo.py (the engine's bf16 copies of the fp32 RoPE tables), not by _check
+OLMO_SAVED_CASES = [Case(family="olmo3", engine="fsdp2", method="lora", saved_log=True)]
 #: run by hand only (``FTPLAN_DIST_ALL=1``, see the module docstring): ZeRO-3 cases whose mechanisms
 #: a CI case holds, each named below. Each costs 2-8 s of the 2-core CI (DeepSpeed's per-module
 #: hooks over two steps); every one of them held when they were moved out (2026-11-25)
@@ -626,7 +629,7 @@ def _one_row_states(case: Case) -> int:
 def _two_rank_cases() -> list[Case]:
     cases = list(TORCH_CASES) + TORCHTUNE_WRAP_CASES
     if HAS_PEFT:
-        cases += PEFT_CASES
+        cases += PEFT_CASES + OLMO_SAVED_CASES
         if HAS_BNB:
             cases += QLORA_CASES
     if HAS_DS:
@@ -663,7 +666,8 @@ def _check_group(results, cases, world):
 def test_fsdp2_two_ranks(two_ranks):
     """FSDP2 with accelerate's units and bf16 mixed precision: llama, qwen2 (tied embeddings),
     mixtral; reshard after forward off; CPU offload; LoRA and QLoRA (4-bit weights in bf16 storage)."""
-    _check_group(two_ranks, [c for c in two_ranks if c.engine == "fsdp2" and c.fsdp_wrap == "accelerate"], 2)
+    _check_group(two_ranks, [c for c in two_ranks if c.engine == "fsdp2" and c.fsdp_wrap == "accelerate"
+                                 and c not in OLMO_SAVED_CASES], 2)
 
 
 def test_fsdp1_two_ranks(two_ranks):

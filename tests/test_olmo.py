@@ -225,7 +225,7 @@ def test_olmo2_has_no_sliding_window():
 
 
 @pytest.mark.torch
-def test_fsdp2_casts_the_fp32_rope_tables_at_every_layer(monkeypatch):
+def test_fsdp2_casts_the_fp32_rope_tables_at_every_layer():
     """FSDP2 as accelerate runs it (``MixedPrecisionPolicy(cast_forward_inputs=True)``) casts
     OLMo's fp32 cos/sin to bf16 in every decoder layer's pre-forward: each layer saves its own
     engine-made copy (2 per layer, ``(1, s, head_dim)`` in bf16) and the fp32 tables are not saved.
@@ -235,11 +235,11 @@ def test_fsdp2_casts_the_fp32_rope_tables_at_every_layer(monkeypatch):
     pytest.importorskip("peft")
     import test_distributed_memory as D
 
-    from ftplan.measure.distributed import Case, run_cases
+    from ftplan.measure.distributed import run_cases
 
-    monkeypatch.setenv("FTPLAN_DIST_SAVED", "1")
-    case = Case(family="olmo3", engine="fsdp2", method="lora")
-    (ranks,) = run_cases([case], 2, timeout_s=600)
+    (case,) = D.OLMO_SAVED_CASES
+    # measured in test_distributed_memory's process group when that ran first (one spawn less)
+    ranks = D.TWO_RANK_RESULTS.get(case) or run_cases([case], 2, timeout_s=600)[0]
     assert not isinstance(ranks, str), ranks
     hd, layers = 16, 3
     copies = layers * 2 * case.seq_len * hd * 2

@@ -117,6 +117,9 @@ class Case:
     #: ``gradient_checkpointing``; under torchtune's wrapping it stands for torchtune's
     #: ``enable_activation_checkpointing``, which checkpoints the same layers non-reentrantly)
     gradient_checkpointing: bool = False
+    #: log every tensor the last forward saves (``detail["saved"]``), as ``FTPLAN_DIST_SAVED=1`` does
+    #: for every case
+    saved_log: bool = False
 
     def job(self):
         """The ftplan ``Job`` this case runs (bf16-mixed AdamW, HF Trainer / accelerate style;
@@ -861,7 +864,8 @@ def _run_case(case: Case, rank: int, world: int) -> RankMeasure:
                 if last:
                     fwd_start_live = tr.sizes()
                 ac = torch.autocast("cpu", dtype=ac_dtype) if ac_dtype is not None else contextlib.nullcontext()
-                saved_log: list | None = [] if last and os.environ.get("FTPLAN_DIST_SAVED") else None
+                saved_log: list | None = ([] if last and (case.saved_log or os.environ.get("FTPLAN_DIST_SAVED"))
+                                             else None)
                 hooks_ctx = _saved_tensor_log(tr, saved_log) if saved_log is not None else contextlib.nullcontext()
                 with ac, hooks_ctx:
                     if case.fsdp_wrap == "torchtune":

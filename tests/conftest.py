@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -64,3 +65,13 @@ def ep_gloo_runs(request: pytest.FixtureRequest) -> dict:
     for mod in dict.fromkeys(item.module for item in request.session.items if getattr(item, "module", None)):
         cases.update(getattr(mod, "EP_GLOO_CASES", {}))
     return run_ep_cases(cases, world=2, ep=2, batch=2, seq=32)
+
+
+# One intra-op thread for the whole session and the processes it starts (CLI subprocesses, gloo
+# spawns inherit the environment): the tests run tiny models, where a second OpenMP thread only adds
+# synchronisation. On the 2-core CI machine two threads cost ~2x the wall time and ~2.5x the CPU
+# time (tests/test_checkpointing_vs_torch.py: 69 s -> 33 s), far more when the cores are shared.
+# Byte counts do not depend on it. An OMP_NUM_THREADS set by the caller is kept.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+if "torch" in sys.modules:  # imported by a plugin before this file: its pool is sized already
+    sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))

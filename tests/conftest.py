@@ -69,8 +69,9 @@ def ep_gloo_runs(request: pytest.FixtureRequest) -> dict:
 
 # One intra-op thread for the whole session and the processes it starts (CLI subprocesses, gloo
 # spawns inherit the environment): the tests run tiny models, where a second OpenMP thread only adds
-# synchronisation. On the 2-core CI machine two threads cost ~2x the wall time and ~2.5x the CPU
-# time (tests/test_checkpointing_vs_torch.py: 69 s -> 33 s), far more when the cores are shared.
+# synchronisation. How much it costs depends on what else runs: on the shared 2-core machine
+# (session 18) tests/test_checkpointing_vs_torch.py took 69 s with two threads and 33 s with one
+# under load ~7, but 10-12 s either way at load ~3 (user time still ~15 % lower with one).
 # Byte counts do not depend on it. An OMP_NUM_THREADS set by the caller is kept.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 if "torch" in sys.modules:  # imported by a plugin before this file: its pool is sized already

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -65,3 +66,14 @@ def ep_gloo_runs(request: pytest.FixtureRequest) -> dict:
     for mod in dict.fromkeys(item.module for item in request.session.items if getattr(item, "module", None)):
         cases.update(getattr(mod, "EP_GLOO_CASES", {}))
     return run_ep_cases(cases, world=2, ep=2, batch=2, seq=32)
+
+
+# One intra-op thread for the whole session and the processes it starts (CLI subprocesses, gloo
+# spawns inherit the environment): the tests run tiny models, where a second OpenMP thread only adds
+# synchronisation. How much it costs depends on what else runs: on the shared 2-core machine
+# (session 18) tests/test_checkpointing_vs_torch.py took 69 s with two threads and 33 s with one
+# under load ~7, but 10-12 s either way at load ~3 (user time still ~15 % lower with one).
+# Byte counts do not depend on it. An OMP_NUM_THREADS set by the caller is kept.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+if "torch" in sys.modules:  # imported by a plugin before this file: its pool is sized already
+    sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))

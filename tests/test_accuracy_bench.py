@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,27 @@ TOOLS = ("ftplan", "accelerate", "deepspeed-zero2", "deepspeed-zero3", "llm-anal
 def _run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
+
+
+def _run_here(monkeypatch, capsys, *args: str, hide: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """The script run as ``python benchmarks/accuracy.py ARGS`` runs it (``runpy``, ``__main__``,
+    its ``sys.exit`` status), but in this process: a subprocess spends ~4 s of CPU importing torch,
+    accelerate and deepspeed again. ``hide``: modules made unimportable (``sys.modules[name] =
+    None``). sys.path (the script puts src/ and benchmarks/ first) and sys.argv are restored after.
+    test_committed_records_both_tables keeps the real subprocess."""
+    monkeypatch.setattr(sys, "argv", [str(SCRIPT), *args])
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.chdir(ROOT)
+    for name in hide:
+        monkeypatch.setitem(sys.modules, name, None)
+    capsys.readouterr()
+    try:
+        runpy.run_path(str(SCRIPT), run_name="__main__")
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    out = capsys.readouterr()
+    return subprocess.CompletedProcess([str(SCRIPT), *args], code, out.out, out.err)
 
 
 def _table(out: str, title: str) -> dict[str, list[str]]:
@@ -83,11 +105,11 @@ def _gpu_record(i: int, outcome: str, reserved: int | None, method: str = "full"
             "measured": {"peak_allocated_bytes": reserved, "peak_reserved_bytes": reserved, "tensors": None}}
 
 
-def test_synthetic_gpu_records_fill_table_1(tmp_path):
+def test_synthetic_gpu_records_fill_table_1(tmp_path, monkeypatch, capsys):
     f = tmp_path / "gpu.jsonl"
     recs = [_gpu_record(0, "ok", 12 * GIB), _gpu_record(1, "ok", 6 * GIB, "lora"), _gpu_record(2, "oom", None)]
     f.write_text("".join(json.dumps(r) + "\n" for r in recs))
-    p = _run(str(f))
+    p = _run_here(monkeypatch, capsys, str(f))
     assert p.returncode == 0, p.stderr
     t1 = _table(p.stdout, "Table 1")
     n, med, _sgn, mx, ff = t1["ftplan"]
@@ -103,12 +125,10 @@ def test_synthetic_gpu_records_fill_table_1(tmp_path):
     assert t2["ftplan"][0] == "0"
 
 
-def test_without_peers_falls_back(tmp_path):
+def test_without_peers_falls_back(tmp_path, monkeypatch, capsys):
     """deepspeed and llm-analysis made unimportable: the reimplementation is used and said so,
     llm-analysis rows are marked unavailable, exit status 0."""
-    code = ("import sys, runpy; sys.modules['deepspeed'] = None; sys.modules['llm_analysis'] = None; "
-            f"sys.argv = [{str(SCRIPT)!r}]; runpy.run_path({str(SCRIPT)!r}, run_name='__main__')")
-    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    p = _run_here(monkeypatch, capsys, hide=("deepspeed", "llm_analysis"))
     assert p.returncode == 0, p.stderr
     assert "deepspeed-zero2/3: reimplementation" in p.stdout
     assert "llm-analysis: unavailable" in p.stdout

@@ -170,47 +170,51 @@ def test_planner_offers_ep_layouts_where_cheaper():
     assert step("lora", 32, "fsdp", 8) > step("lora", 32, "fsdp", 1)  # long: the all-to-alls cost more
 
 
-_FSDP1_MIXED_DTYPES = r'''
-import functools, os, sys, torch, torch.distributed as dist
-from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
-import ftplan.measure.torchref as TR
-from ftplan.measure.distributed import _decoder_layers
-dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % int(sys.argv[1]), rank=0, world_size=1)
-model = TR.build_model(TR.TINY_CONFIGS["deepseek_v3"], dtype="bf16")
-print("router", {str(m.weight.dtype) for n, m in model.named_modules() if n.endswith("mlp.gate")})
-policy = functools.partial(transformer_auto_wrap_policy,
-                           transformer_layer_cls={type(layer) for layer in _decoder_layers(model)})
-try:
-    FSDP(model, auto_wrap_policy=policy, device_id=torch.device("cpu"), use_orig_params=False)
-    print("wrapped")
-except ValueError as e:
-    print("refused:", e)
-dist.destroy_process_group()
-'''
+def _fsdp1_around_a_bf16_deepseek(tmp_path) -> tuple[set[str], str]:
+    """FSDP1 (``transformer_auto_wrap_policy`` on the decoder layers, flat parameters) around a bf16
+    tiny DeepSeek-V3 in a one-rank gloo group of this process (a file store in ``tmp_path``;
+    destroyed after): (the router weights' dtypes, ``"wrapped"`` or ``"refused: <error>"``). In
+    process: a subprocess spent ~8 s importing torch and transformers again."""
+    import functools
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+
+    import ftplan.measure.torchref as TR
+    from ftplan.measure.distributed import _decoder_layers
+
+    assert not dist.is_initialized()
+    dist.init_process_group("gloo", init_method=(tmp_path / "pg").as_uri(), rank=0, world_size=1)
+    try:
+        model = TR.build_model(TR.TINY_CONFIGS["deepseek_v3"], dtype="bf16")
+        router = {str(m.weight.dtype) for n, m in model.named_modules() if n.endswith("mlp.gate")}
+        policy = functools.partial(transformer_auto_wrap_policy,
+                                   transformer_layer_cls={type(layer) for layer in _decoder_layers(model)})
+        try:
+            FSDP(model, auto_wrap_policy=policy, device_id=torch.device("cpu"), use_orig_params=False)
+            outcome = "wrapped"
+        except ValueError as e:
+            outcome = f"refused: {e}"
+    finally:
+        dist.destroy_process_group()
+    return router, outcome
 
 
 @pytest.mark.torch
-def test_fsdp1_refuses_the_fp32_router_of_a_bf16_deepseek_and_ftplan_says_so():
+def test_fsdp1_refuses_the_fp32_router_of_a_bf16_deepseek_and_ftplan_says_so(tmp_path):
     """transformers >= 5.24 keeps DeepSeek-V3's router weight in fp32: a bf16 model then mixes
     dtypes inside a decoder layer, which FSDP1's flat parameter refuses; ftplan's answer says so
     (and not for a family without an fp32 router)."""
-    import socket
-    import subprocess
-    import sys
-
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     import ftplan.measure.torchref as TR
     from ftplan.model import model_from_config
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    out = subprocess.run([sys.executable, "-c", _FSDP1_MIXED_DTYPES, str(port)], capture_output=True,
-                         text=True, timeout=300, check=False)
-    assert "router {'torch.float32'}" in out.stdout, out.stdout + out.stderr[-2000:]
-    assert "refused:" in out.stdout and "uniform dtype" in out.stdout, out.stdout + out.stderr[-2000:]
+    router, outcome = _fsdp1_around_a_bf16_deepseek(tmp_path)
+    assert router == {"torch.float32"}, (router, outcome)
+    assert outcome.startswith("refused:") and "uniform dtype" in outcome, outcome
     job = Job(method="full", precision="bf16", micro_batch=1, seq_len=32)
     notes = estimate_memory(model_from_config(TR.TINY_CONFIGS["deepseek_v3"]), job,
                             Layout(2, 1, "fsdp", fsdp_version=1)).notes

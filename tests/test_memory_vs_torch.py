@@ -71,11 +71,28 @@ def _run(family, method, ckpt, batch, seq, optimizer="adamw", attn=None, precisi
 
 GRID = [(m, ck, b, s) for m in ("full", "lora") for ck in (False, True) for b, s in ((2, 24), (1, 40))]
 
+#: the steps test_model_states_exact measures (b=2, s=24, no checkpointing) are GRID cases of
+#: test_saved_activations_exact too: one measured step serves both tests (the first asks for it,
+#: the second takes it out), so each family runs it once instead of twice
+_SHARED_STEPS: dict = {}
+
+
+def _run_shared(family, method, ckpt, batch, seq, *, last):
+    """:func:`_run` (default options) through :data:`_SHARED_STEPS`: ``last=False`` keeps the
+    result for the other test, ``last=True`` takes it out (or measures, if nothing was kept)."""
+    key = (family, method, ckpt, batch, seq)
+    got = _SHARED_STEPS.pop(key, None) if last else _SHARED_STEPS.get(key)
+    if got is None:
+        got = _run(*key)
+        if not last:
+            _SHARED_STEPS[key] = got
+    return got
+
 
 @pytest.mark.parametrize("family", sorted(TR.TINY_CONFIGS))
 @pytest.mark.parametrize("method", ["full", "lora"])
 def test_model_states_exact(family, method, request):
-    spec, job, r, casts = _run(family, method, False, 2, 24)
+    spec, job, r, casts = _run_shared(family, method, False, 2, 24, last=False)
     st = model_states(spec, job)
     assert st.params_trainable * (4) == r.trainable_param_bytes
     assert st.trainable_weights == r.trainable_param_bytes
@@ -110,7 +127,7 @@ def test_other_optimizers_exact(family, method, optimizer):
 def test_saved_activations_exact(family, method, ckpt, batch, seq, request):
     """Every byte autograd saves (HF Trainer's autocast, sdpa; gemma2 eager) equals the formula
     on CPU. b = 1 exercises the padded-labels storage, s = 40 > window the sliding-window masks."""
-    spec, job, r, casts = _run(family, method, ckpt, batch, seq)
+    spec, job, r, casts = _run_shared(family, method, ckpt, batch, seq, last=True)
     measured = r.saved_activation_bytes - casts
     assert saved_activation_bytes(spec, job, backend="cpu") == measured
 

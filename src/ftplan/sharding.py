@@ -554,6 +554,11 @@ class _MomentSim(_Sim):
     def add(self, x, pool: str = "default") -> None:
         self.put("engine", x, pool)
 
+    def pool_overlap(self, pool: str, x) -> None:
+        """``x`` more bytes in ``pool`` for an instant, the totals left as they are: a pool's
+        allocation made before a free the walk orders first."""
+        self.pool_peak[pool] = max(self.pool_peak[pool], self.pool_cur[pool] + x)
+
 
 def _unit_label(u: Unit, layer: int | None) -> str:
     """How a moment names the unit it is at."""
@@ -599,7 +604,9 @@ def fsdp2_moment_peak(units: list[Unit], n: int, acts: ActivationSchedule, *, pa
     gradient shards cast on it as ``post_reduce_stream``), ``all_reduce`` (HSDP: the cast gradient
     shards, ``post_reduce_stream`` being the all-reduce stream), ``default`` (the rest: unsharded
     parameters of ``foreach_all_gather_copy_out``, autograd's unsharded gradients, the
-    reduce-scatter input allocated on the current stream, the activations). Not placed: the flat
+    reduce-scatter input allocated on the current stream, the activations). The cast gradient shard
+    is allocated before the reduce-dtype output is freed: the reduce-scatter pool sees both at once,
+    while the total keeps the order held on gloo (output freed, then the shard). Not placed: the flat
     ``param_dtype`` copy ``_get_param_all_gather_inputs``' foreach path makes of shards already in
     that dtype (at most one shard of the unit: 1/n of its all-gather output)."""
     s = _MomentSim()
@@ -834,11 +841,17 @@ def _fsdp2_walk(s: _Sim, units: list[Unit], n: int, *, param_b: Fraction | None,
         late = 0 if early_release else u.late * eb
         s.add(-unsh)  # post-backward reshard
         unsharded[gid] = False
+        kept = (sum(t.padded(n) * t.nbytes for t in u.tensors if t.trainable) / n * acts.grad_scale
+                if acts is not None else 0)
         if g:
             s.add(-held_rs)
             s.add(rs_in)
             s.add(-(g - late))
             s.add(rs_out, rs_pool)
+            if m is not None and rs_out and kept and grad_pool(u) == rs_pool:
+                # the cast gradient is allocated while the reduce-dtype output lives (``foreach_reduce``
+                # rebinds ``reduce_output`` to ``_to_dtype_if_needed``'s result): both in the pool
+                m.pool_overlap(rs_pool, kept)
             s.add(cast, rs_pool)  # (the backend's copy of the input)
             s.add(-cast, rs_pool)  # then the cast to the parameter dtype: the kept, resident sharded gradient
             if hsdp:
@@ -852,8 +865,7 @@ def _fsdp2_walk(s: _Sim, units: list[Unit], n: int, *, param_b: Fraction | None,
             s.add(-late)
             if acts is not None and acts.grad_scale:
                 # the kept sharded gradient (resident from here)
-                act("grads", sum(t.padded(n) * t.nbytes for t in u.tensors if t.trainable) / n * acts.grad_scale,
-                    grad_pool(u))
+                act("grads", kept, grad_pool(u))
 
     for pos, i in enumerate(order):
         u, gid, k = calls[i]

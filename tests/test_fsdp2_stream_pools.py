@@ -93,7 +93,7 @@ def test_estimate_reserves_the_pools_on_cuda_only():
     # the allocated peak keeps its composition
     assert sum(v for k, v in c.items() if k not in ("cuda_context", "nccl_buffers", "stream_pools",
                                                     "allocator_reserve")) == cuda.peak_allocated_bytes
-    assert c["stream_pools"] > 0 and any("cannot reuse" in n and "`stream_pools`" in n for n in cuda.notes)
+    assert c["stream_pools"] > 0 and any("cannot reuse" in n and "stream_pools" in n for n in cuda.notes)
     # reserved without the reserve holds at least the resident shards and states (default pool)
     # beside both side pools as derived by hand
     resident = 4 * TOTAL // N + c["optimizer_states"]

@@ -2973,7 +2973,7 @@ def _fsdp2_stream_pools(fm: MomentPeak, resident_default, other_default, peak_al
                  f"stream {side['reduce_scatter'] / gib:,.2f} GiB of cached blocks"
                  + (f" (the all-reduce stream {side['all_reduce'] / gib:,.2f} GiB)" if side["all_reduce"] else "")
                  + f" the compute stream cannot reuse (its own pool peaks at {default / gib:,.2f} GiB): "
-                 f"+{extra / gib:,.2f} GiB reserved over the allocated peak (`stream_pools`; CUDA caching "
+                 f"+{extra / gib:,.2f} GiB reserved over the allocated peak (component stream_pools; CUDA caching "
                  "allocator, per-stream pools; read from torch 2.13's source, not measured on a GPU)")
     return extra, reserve
 
@@ -3119,8 +3119,12 @@ def estimate_memory(
     # the gradient shards made so far), not the sum of the separate peaks
     fsdp2_moment = _fsdp2_moment(model, job, lm, act) if _fsdp2_moments(job, layout, lm, act) else None
     if fsdp2_moment is not None:
+        # (on the default stream's pool too: the recipe's casts run there; its FP8 all-gather's
+        # smaller all-gather pool is not planned)
         fsdp2_moment = dataclasses.replace(fsdp2_moment, total=fsdp2_moment.total + lowprec_delta,
-                                           engine=fsdp2_moment.engine + lowprec_delta)
+                                           engine=fsdp2_moment.engine + lowprec_delta,
+                                           pool_peaks=tuple((p, b + lowprec_delta if p == "default" else b)
+                                                            for p, b in fsdp2_moment.pool_peaks))
         fwd_bwd = resident - grads + fsdp2_moment.total
     if _one_device_full_backward(job, layout):
         # full fine-tuning on one device: backward frees the saved tensors as it

@@ -58,7 +58,13 @@ import published_multi_gpu as P  # noqa: E402
 #: +50.3 -> +44.3 %) but torchtitan's two go FURTHER UNDER (-5.3 -> -13.1, -5.7 -> -9.8 %: their
 #: moment is the loss's backward, before any gradient shard exists, where the old sum added every
 #: gradient shard and the engine's backward peak); the median rises 5.39 -> 6.08 because of them)
-RATCHET = {"median_abs_pct": 6.08, "max_abs_pct": 44.3, "under_5": 4}
+#: (-> 6.08 / 63.2 / 4: FSDP2's reserved figure on CUDA counts its side streams' cached blocks
+#: (stream_pools: the all-gather copy-in and reduce-scatter streams' pools, which the compute
+#: stream cannot reuse; read from torch 2.13's source, not measured on a GPU): torchtitan's rows
+#: come back up (-13.1 -> -6.8, -9.8 -> -7.4 %), torchtune's go further over (70B full +13.7 ->
+#: +34.9, 70B LoRA +15.9 -> +29.2, 405B QLoRA +44.3 -> +63.1 %: whether their README figure is
+#: allocated or reserved memory is not known); the median row is not one of them)
+RATCHET = {"median_abs_pct": 6.08, "max_abs_pct": 63.2, "under_5": 4}
 
 
 @pytest.fixture(scope="module")

@@ -62,6 +62,7 @@ COMPONENTS = (
     "activations",
     "logits_and_loss",
     "transient",
+    "stream_pools",
     "allocator_reserve",
 )
 
@@ -2942,6 +2943,41 @@ def _fsdp2_moment(model: ModelSpec, job: Job, lm, act: ActivationParts) -> Momen
     return fsdp2_moment_peak(list(units), n, acts, **kw)
 
 
+def _fsdp2_stream_pools(fm: MomentPeak, resident_default, other_default, peak_alloc: int, consts: MemoryConstants,
+                        notes: list[str]) -> tuple[int, int]:
+    """FSDP2 on CUDA: (``stream_pools``, ``allocator_reserve``), the reserved bytes beyond the
+    allocated peak that FSDP2's side streams keep, and the fragmentation reserve of the default pool.
+
+    The CUDA caching allocator gives a freed block only to an allocation on the stream that
+    allocated it (c10/cuda/CUDACachingAllocator.cpp: blocks ordered by (stream, size),
+    ``get_free_block``), and returns cached blocks to the driver only when an allocation fails or
+    on ``empty_cache``. FSDP2 allocates from three streams (``sharding.fsdp2_moment_peak``'s
+    ``pool_peaks``, read in torch 2.13's ``_fsdp_collectives.py``): its all-gather buffers under
+    the copy-in stream (``foreach_all_gather``), its reduce-scatter outputs and the kept gradient
+    shards under the reduce-scatter stream (``foreach_reduce``; HSDP's cast shards under the
+    all-reduce stream), the rest (parameter shards, optimizer states, unsharded parameters and
+    gradients, the reduce-scatter input, activations) on the default stream. From the second step on
+    each side pool holds blocks as large as its own peak (``zero_grad(set_to_none=True)`` frees the
+    gradient shards into the reduce-scatter pool), so reserved ~ the default pool's peak + each side
+    pool's peak + the reserve (``allocator_reserve_fraction`` of the default pool's peak: the pool
+    whose mixed sizes fragment). ``stream_pools`` is that sum less the allocated peak. The default
+    pool's peak: the largest of the walk's with the resident states but the gradient shards
+    (``resident_default``) and the other phases' default-pool bytes (``other_default``: the
+    optimizer step, the forward's end)."""
+    side = {p: int(fm.pool_peak(p)) for p in ("all_gather", "reduce_scatter", "all_reduce")}
+    default = int(max(resident_default + fm.pool_peak("default"), other_default)) + consts.cublas_workspace_bytes
+    reserve = max(int(default * consts.allocator_reserve_fraction), consts.allocator_reserve_min_bytes)
+    extra = max(0, default + sum(side.values()) - peak_alloc)
+    gib = 2**30
+    notes.append(f"fsdp2 on CUDA: its all-gather stream keeps {side['all_gather'] / gib:,.2f} GiB and its reduce-scatter "
+                 f"stream {side['reduce_scatter'] / gib:,.2f} GiB of cached blocks"
+                 + (f" (the all-reduce stream {side['all_reduce'] / gib:,.2f} GiB)" if side["all_reduce"] else "")
+                 + f" the compute stream cannot reuse (its own pool peaks at {default / gib:,.2f} GiB): "
+                 f"+{extra / gib:,.2f} GiB reserved over the allocated peak (component stream_pools; CUDA caching "
+                 "allocator, per-stream pools; read from torch 2.13's source, not measured on a GPU)")
+    return extra, reserve
+
+
 def _head_grad_bytes(model: ModelSpec, job: Job) -> int:
     """The gradients the loss's backward makes before any layer's: the output projection's (the
     tied embedding's when tied) and the final norm's weight."""
@@ -3083,8 +3119,12 @@ def estimate_memory(
     # the gradient shards made so far), not the sum of the separate peaks
     fsdp2_moment = _fsdp2_moment(model, job, lm, act) if _fsdp2_moments(job, layout, lm, act) else None
     if fsdp2_moment is not None:
+        # (on the default stream's pool too: the recipe's casts run there; its FP8 all-gather's
+        # smaller all-gather pool is not planned)
         fsdp2_moment = dataclasses.replace(fsdp2_moment, total=fsdp2_moment.total + lowprec_delta,
-                                           engine=fsdp2_moment.engine + lowprec_delta)
+                                           engine=fsdp2_moment.engine + lowprec_delta,
+                                           pool_peaks=tuple((p, b + lowprec_delta if p == "default" else b)
+                                                            for p, b in fsdp2_moment.pool_peaks))
         fwd_bwd = resident - grads + fsdp2_moment.total
     if _one_device_full_backward(job, layout):
         # full fine-tuning on one device: backward frees the saved tensors as it
@@ -3191,7 +3231,15 @@ def estimate_memory(
                         "every gradient made and the embedding's own, added to the tied head's"))
     peak_alloc = int(max(fwd_bwd, step, fwd_end)) + consts.cublas_workspace_bytes
     reserve = max(int(peak_alloc * consts.allocator_reserve_fraction), consts.allocator_reserve_min_bytes)
-    peak_reserved = peak_alloc + reserve
+    stream_pools = 0
+    if fsdp2_moment is not None and backend == "cuda":
+        all_grads = grads_total if grads_total is not None else grads
+        # the default pool at the optimizer step and at the forward's end: the gradient shards
+        # (in the reduce-scatter pool) left out
+        other = max(step - all_grads, fwd_end - (all_grads if job.grad_accum > 1 else 0))
+        stream_pools, reserve = _fsdp2_stream_pools(fsdp2_moment, resident - all_grads, other, peak_alloc, consts,
+                                                    notes)
+    peak_reserved = peak_alloc + stream_pools + reserve
     ctx = consts.context_bytes(gpu_vendor)
     # NCCL/RCCL communicators: device buffers outside the caching allocator, one set per process
     # group the rank runs collectives on
@@ -3212,6 +3260,7 @@ def estimate_memory(
         "activations": int(saved),
         "logits_and_loss": int(logits_saved),
         "transient": int(transient) + consts.cublas_workspace_bytes,
+        "stream_pools": stream_pools,
         "allocator_reserve": reserve,
     }
     if model.has_gated_deltanet and backend == "cuda":

@@ -51,6 +51,7 @@ _COMPONENT_STYLE: dict[str, tuple[str, str]] = {
     "logits_and_loss": ("logits + loss", "#e377c2"),
     "transient": ("transient peak", "#9c755f"),
     "step_temporaries": ("optimizer-step temporaries", "#9c755f"),
+    "stream_pools": ("FSDP2 stream pools", "#d4b9da"),
     "allocator_reserve": ("allocator reserve", "#c9c9c9"),
 }
 _PEAK_FWD_ONLY = ("activations", "logits_and_loss", "transient")

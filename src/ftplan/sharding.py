@@ -447,10 +447,17 @@ class _Sim:
     cur: Fraction = Fraction(0)
     peak: Fraction = Fraction(0)
 
-    def add(self, x) -> None:
+    def add(self, x, pool: str = "default") -> None:
         self.cur += x
         if self.cur > self.peak:
             self.peak = self.cur
+
+
+#: the CUDA caching allocator's pools an FSDP2 step allocates from (``fsdp2_moment_peak``'s
+#: ``pool_peaks``): the caching allocator keeps its free blocks per stream and hands a block only to
+#: an allocation on the stream it was allocated on (c10/cuda/CUDACachingAllocator.cpp,
+#: ``get_free_block``), so what one stream frees the others cannot reuse
+FSDP2_POOLS = ("default", "all_gather", "reduce_scatter", "all_reduce")
 
 
 @dataclass(frozen=True)
@@ -507,14 +514,24 @@ class MomentPeak:
     moment: str
     #: every moment's largest total, in step order
     moments: tuple[tuple[str, Fraction], ...] = ()
+    #: each stream pool's own peak over the step (``FSDP2_POOLS``; bytes above the resident
+    #: parameter shards and optimizer states, which the default stream allocated), as (pool, bytes)
+    pool_peaks: tuple[tuple[str, Fraction], ...] = ()
+
+    def pool_peak(self, pool: str) -> Fraction:
+        return dict(self.pool_peaks).get(pool, Fraction(0))
 
 
 class _MomentSim(_Sim):
     """``_Sim`` with the activations and kept gradients beside the engine's bytes: ``cur`` /
-    ``peak`` are the totals, ``parts`` the split, ``at_peak`` the split and moment at the peak."""
+    ``peak`` are the totals, ``parts`` the split, ``at_peak`` the split and moment at the peak;
+    ``pool_cur`` / ``pool_peak`` the same bytes by the stream pool they were allocated from
+    (``FSDP2_POOLS``), each pool's peak taken on its own."""
 
     def __init__(self) -> None:
         super().__init__()
+        self.pool_cur = {p: Fraction(0) for p in FSDP2_POOLS}
+        self.pool_peak = dict(self.pool_cur)
         self.parts = {"engine": Fraction(0), "grads": Fraction(0), "saved": Fraction(0),
                       "loss_saved": Fraction(0), "act_transient": Fraction(0)}
         self.where = "forward"
@@ -522,8 +539,11 @@ class _MomentSim(_Sim):
         #: the largest total of each moment
         self.by_moment: dict[str, Fraction] = {}
 
-    def put(self, kind: str, x) -> None:
+    def put(self, kind: str, x, pool: str = "default") -> None:
         self.parts[kind] += x
+        self.pool_cur[pool] += x
+        if self.pool_cur[pool] > self.pool_peak[pool]:
+            self.pool_peak[pool] = self.pool_cur[pool]
         self.cur += x
         if self.cur > self.by_moment.get(self.where, -1):
             self.by_moment[self.where] = self.cur
@@ -531,8 +551,13 @@ class _MomentSim(_Sim):
             self.peak = self.cur
             self.at_peak = (dict(self.parts), self.where)
 
-    def add(self, x) -> None:
-        self.put("engine", x)
+    def add(self, x, pool: str = "default") -> None:
+        self.put("engine", x, pool)
+
+    def pool_overlap(self, pool: str, x) -> None:
+        """``x`` more bytes in ``pool`` for an instant, the totals left as they are: a pool's
+        allocation made before a free the walk orders first."""
+        self.pool_peak[pool] = max(self.pool_peak[pool], self.pool_cur[pool] + x)
 
 
 def _unit_label(u: Unit, layer: int | None) -> str:
@@ -569,14 +594,28 @@ def fsdp2_moment_peak(units: list[Unit], n: int, acts: ActivationSchedule, *, pa
     gloo: 54 KB beside a tiny llama layer's recompute under torchtune's LoRA wrapping), and the
     logits torchtune's output projection makes chunk by chunk in the forward (placed after its last
     call). A layer's recompute and its unsharded weight gradients are counted whole together
-    (full fine-tuning: an upper bound, see benchmarks/fsdp2_moment_peak_cpu.py's ``expectation``)."""
+    (full fine-tuning: an upper bound, see benchmarks/fsdp2_moment_peak_cpu.py's ``expectation``).
+
+    ``pool_peaks``: the same bytes split by the CUDA stream that allocated them (``FSDP2_POOLS``;
+    torch 2.13 ``_fsdp_collectives.py``, read, not measured on a GPU), each pool's own peak over the
+    step: ``all_gather`` (``foreach_all_gather``: the cast or host-to-device copied shards and the
+    all-gather outputs, allocated under ``all_gather_copy_in_stream``), ``reduce_scatter``
+    (``foreach_reduce``: the reduce-scatter output under ``reduce_scatter_stream``, and the kept
+    gradient shards cast on it as ``post_reduce_stream``), ``all_reduce`` (HSDP: the cast gradient
+    shards, ``post_reduce_stream`` being the all-reduce stream), ``default`` (the rest: unsharded
+    parameters of ``foreach_all_gather_copy_out``, autograd's unsharded gradients, the
+    reduce-scatter input allocated on the current stream, the activations). The cast gradient shard
+    is allocated before the reduce-dtype output is freed: the reduce-scatter pool sees both at once,
+    while the total keeps the order held on gloo (output freed, then the shard). Not placed: the flat
+    ``param_dtype`` copy ``_get_param_all_gather_inputs``' foreach path makes of shards already in
+    that dtype (at most one shard of the unit: 1/n of its all-gather output)."""
     s = _MomentSim()
     _fsdp2_walk(s, units, n, param_b=param_b, reduce_b=reduce_b, hsdp=hsdp, offload=offload, backend=backend,
                 root_output_b=root_output_b, torch_version=torch_version, acts=acts)
     parts, where = s.at_peak
     return MomentPeak(total=s.peak, engine=parts["engine"], grads=parts["grads"], saved=parts["saved"],
                       loss_saved=parts["loss_saved"], act_transient=parts["act_transient"], moment=where,
-                      moments=tuple(s.by_moment.items()))
+                      moments=tuple(s.by_moment.items()), pool_peaks=tuple(s.pool_peak.items()))
 
 
 def fsdp2_transient_bytes(units: list[Unit], n: int, *, param_b: Fraction | None, reduce_b: Fraction,
@@ -641,9 +680,26 @@ def _fsdp2_walk(s: _Sim, units: list[Unit], n: int, *, param_b: Fraction | None,
         if m is not None:
             m.where = where
 
-    def act(kind: str, x) -> None:
+    def act(kind: str, x, pool: str = "default") -> None:
         if m is not None and x:
-            m.put(kind, x)
+            m.put(kind, x, pool)
+
+    # the stream pool of each allocation (``fsdp2_moment_peak``'s ``pool_peaks``; torch 2.13
+    # ``_fsdp_collectives.py``): ``foreach_all_gather`` casts the shards (``_get_param_all_gather_inputs``,
+    # the offloaded shard's host-to-device copy: ``FSDPParam.all_gather_inputs``) and allocates the
+    # all-gather output inside ``device_handle.stream(all_gather_copy_in_stream)`` (in forward and
+    # pre-backward: ``FSDPParamGroup.get_all_gather_streams``), while ``foreach_all_gather_copy_out``
+    # allocates the unsharded parameters on the current (default) stream; ``foreach_reduce``
+    # allocates the reduce-scatter input on the current stream, the reduce-scatter output inside
+    # ``device_handle.stream(reduce_scatter_stream)`` and the cast to the parameter dtype (the kept
+    # sharded gradient) on ``post_reduce_stream``: the reduce-scatter stream, HSDP's all-reduce stream
+    rs_pool = "reduce_scatter"
+
+    def grad_pool(u: Unit) -> str:
+        """The pool of a unit's kept sharded gradient: the reduce-scatter output itself when the
+        reduce dtype is the parameter's, else its cast on ``post_reduce_stream``."""
+        orig = max((t.nbytes for t in u.tensors if t.trainable), default=reduce_b)
+        return "all_reduce" if hsdp and orig != reduce_b else rs_pool
 
     def sizes(u: Unit):
         pb = (lambda t: t.nbytes) if param_b is None else (lambda t: param_b)  # noqa: E731
@@ -665,11 +721,11 @@ def _fsdp2_walk(s: _Sim, units: list[Unit], n: int, *, param_b: Fraction | None,
 
     def gather(u: Unit) -> Fraction:
         unsh, pad, shard_in, h2d, *_ = sizes(u)
-        s.add(h2d)
-        s.add(shard_in)
-        s.add(-h2d)
-        s.add(pad)
-        s.add(-shard_in)
+        s.add(h2d, "all_gather")
+        s.add(shard_in, "all_gather")
+        s.add(-h2d, "all_gather")
+        s.add(pad, "all_gather")
+        s.add(-shard_in, "all_gather")
         return pad
 
     early_release = torch_version >= 2.15
@@ -685,7 +741,8 @@ def _fsdp2_walk(s: _Sim, units: list[Unit], n: int, *, param_b: Fraction | None,
     layers_done = at_peak = 0
     if acts is not None:
         assert len(acts.layer_saved_bytes) == n_layers, (len(acts.layer_saved_bytes), n_layers)
-        act("grads", acts.grads_at_start)
+        # (the earlier micro-batches' gradient shards: allocated by their reduce-scatters)
+        act("grads", acts.grads_at_start, grad_pool(next((u for u in seq if u.numel(True)), seq[-1])))
         act("saved", acts.start_bytes)
     # the module each decoder-layer entry of ``seq`` is (its index among the layers)
     layer_of = {gid: i for i, gid in enumerate(g for g, u in enumerate(seq) if u.name.startswith("layer"))}
@@ -698,11 +755,11 @@ def _fsdp2_walk(s: _Sim, units: list[Unit], n: int, *, param_b: Fraction | None,
         unsh = sizes(u)[0]
         pad = gather(u)
         if early_release:
-            s.add(-held_ag)  # the previous all-gather output
+            s.add(-held_ag, "all_gather")  # the previous all-gather output
             s.add(unsh)  # copy-out
         else:
             s.add(unsh)  # copy-out
-            s.add(-held_ag)  # the previous all-gather output
+            s.add(-held_ag, "all_gather")  # the previous all-gather output
         held_ag = pad
         unsharded[gid] = True
         if s.peak > before:
@@ -723,7 +780,7 @@ def _fsdp2_walk(s: _Sim, units: list[Unit], n: int, *, param_b: Fraction | None,
     if acts is not None and acts.loss_in_forward:
         loss_forward()
     s.add(root_output_b)
-    s.add(-held_ag)
+    s.add(-held_ag, "all_gather")
     if acts is not None and not acts.loss_in_forward:
         loss_forward()
     forward_peak = s.peak
@@ -784,25 +841,31 @@ def _fsdp2_walk(s: _Sim, units: list[Unit], n: int, *, param_b: Fraction | None,
         late = 0 if early_release else u.late * eb
         s.add(-unsh)  # post-backward reshard
         unsharded[gid] = False
+        kept = (sum(t.padded(n) * t.nbytes for t in u.tensors if t.trainable) / n * acts.grad_scale
+                if acts is not None else 0)
         if g:
             s.add(-held_rs)
             s.add(rs_in)
             s.add(-(g - late))
-            s.add(rs_out)
-            s.add(cast)  # (the backend's copy of the input)
-            s.add(-cast)  # then the cast to the parameter dtype: the kept, resident sharded gradient
+            s.add(rs_out, rs_pool)
+            if m is not None and rs_out and kept and grad_pool(u) == rs_pool:
+                # the cast gradient is allocated while the reduce-dtype output lives (``foreach_reduce``
+                # rebinds ``reduce_output`` to ``_to_dtype_if_needed``'s result): both in the pool
+                m.pool_overlap(rs_pool, kept)
+            s.add(cast, rs_pool)  # (the backend's copy of the input)
+            s.add(-cast, rs_pool)  # then the cast to the parameter dtype: the kept, resident sharded gradient
             if hsdp:
                 # all-reduced across replicas in place; the group keeps it (``_all_reduce_state``,
                 # torch 2.13: so that the next unit's reduce-scatter cannot reuse the block while
                 # the all-reduce runs) until ``finalize_backward`` at the end of backward
                 held_ar += rs_out
             else:
-                s.add(-rs_out)
+                s.add(-rs_out, rs_pool)
             held_rs = rs_in
             s.add(-late)
             if acts is not None and acts.grad_scale:
                 # the kept sharded gradient (resident from here)
-                act("grads", sum(t.padded(n) * t.nbytes for t in u.tensors if t.trainable) / n * acts.grad_scale)
+                act("grads", kept, grad_pool(u))
 
     for pos, i in enumerate(order):
         u, gid, k = calls[i]
@@ -819,7 +882,7 @@ def _fsdp2_walk(s: _Sim, units: list[Unit], n: int, *, param_b: Fraction | None,
         if not unsharded[gid]:
             ag = prefetched.pop(gid) if gid in prefetched else gather(u)
             s.add(unsh)
-            s.add(-ag)
+            s.add(-ag, "all_gather")
             unsharded[gid] = True
         if u.calls > 1 and g and k > 0:
             # autograd sums the calls' weight gradients in its input buffer (out of place: the
@@ -862,8 +925,8 @@ def _fsdp2_walk(s: _Sim, units: list[Unit], n: int, *, param_b: Fraction | None,
             s.add(root_grad)  # the final norm's gradient, after the output unit's backward
             root_grad = Fraction(0)
     s.add(-held_rs)
-    s.add(-sum(prefetched.values(), Fraction(0)))
-    s.add(-held_ar)
+    s.add(-sum(prefetched.values(), Fraction(0)), "all_gather")
+    s.add(-held_ar, rs_pool)
     s.add(-root_output_b)
     if acts is not None:
         act("engine", -acts.held_bytes)

@@ -22,6 +22,7 @@ _COMPONENT_LABELS = {
     "activations": "saved activations",
     "logits_and_loss": "logits and loss",
     "transient": "transient buffers",
+    "stream_pools": "FSDP2 side-stream pools",
     "allocator_reserve": "allocator reserve",
 }
 

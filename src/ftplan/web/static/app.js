@@ -7,11 +7,13 @@
   const TOP = 1000; // plans requested for the table and the scatter
   const ROWS = 25; // table rows shown before "show all"
   const COMPONENTS = ["cuda_context", "frozen_weights", "trainable_weights", "master_weights", "gradients",
-    "optimizer_states", "comm_buffers", "activations", "logits_and_loss", "transient", "allocator_reserve"];
+    "optimizer_states", "comm_buffers", "activations", "logits_and_loss", "transient", "stream_pools",
+    "allocator_reserve"];
   const COLORS = {
     cuda_context: "#6b7280", frozen_weights: "#2563eb", trainable_weights: "#0891b2", master_weights: "#7c3aed",
     gradients: "#db2777", optimizer_states: "#dc2626", activations: "#16a34a", logits_and_loss: "#ca8a04",
     transient: "#ea580c", allocator_reserve: "#a3a3a3", comm_buffers: "#0d9488",
+    stream_pools: "#c084fc",
   };
   // form state <-> URL: every key is a string; only values that differ from DEFAULTS go in the URL.
   // DEFAULTS come from the options schema (GET /api/options), never copied here; PAGE holds the

@@ -2690,7 +2690,7 @@ def activation_parts(model: ModelSpec, job: Job, layout: Layout | None = None, *
     nope = _nope_kv_savings(model, job, dt, tp)
     if mode == "none":
         group_saved = [g.count * (x + bc) for (g, x), bc in zip(per_layer, base_copy)]
-        saved = sum(g.count * (x + bc) for (g, x), bc in zip(per_layer, base_copy)) - sum(nope.values())
+        saved = sum(group_saved) - sum(nope.values())
         if not dt.full:
             saved -= (_compiled_first_layer_discount(model, job, dt) if _compiled(model.groups[0], model, job, dt)
                       else _first_layer_discount(model, job, dt, backend)) + _lowprec_first_layer(model, job, dt,
